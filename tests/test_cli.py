@@ -1,0 +1,165 @@
+"""main([...]) end to end on CPU, and every bad input: one line, exit 2, no traceback."""
+import json
+import os
+
+import pytest
+import torch
+
+import NN_40_serving as S
+
+
+def run_main(args, capsys):
+    results = S.main(args)
+    return results, capsys.readouterr()
+
+
+def test_end_to_end_tiny_run(tiny_args, tmp_path, capsys):
+    results, out = run_main(tiny_args, capsys)
+    for title in ("A  decode batch sweep", "B  prefill vs decode", "C  static vs continuous"):
+        assert title in out.out
+    saved = json.loads((tmp_path / "results.json").read_text())
+    model = saved["config"]["model"]
+    assert (model["layers"], model["hidden"], model["heads"], model["vocab"], model["dtype"]) \
+        == (1, 64, 4, 128, "float32")
+    assert [r["batch"] for r in saved["A"]["rows"]] == [1, 4]
+    for r in saved["A"]["rows"]:
+        assert r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["p10_ms"] <= r["p90_ms"]
+    phases = [(r["phase"], r["tokens"], r["batch"]) for r in saved["B"]["rows"]]
+    assert phases == [("prefill", 16, 1), ("decode", 1, 1), ("decode", 1, 2)]
+    for r in saved["B"]["rows"]:
+        for key in ("step_ms", "us_per_token", "tflops", "intensity"):
+            assert r[key] > 0
+    for policy in ("static", "continuous"):
+        C = saved["C"][policy]
+        assert C["steps"] == len(C["occupied"]) and 0 < C["occupancy"] <= 1
+    assert saved["C"]["speedup"] == pytest.approx(saved["C"]["static"]["steps"]
+                                                  / saved["C"]["continuous"]["steps"])
+    for name in ("occupancy.png", "decode_batch.png", "prefill_decode.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert results["C"]["speedup"] == saved["C"]["speedup"]
+
+
+def test_simulation_alone_touches_no_device(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(S, "resolve_device", lambda name: pytest.fail("device probed"))
+    results, out = run_main(["--experiments", "C", "--out", str(tmp_path), "--no-figures"],
+                            capsys)
+    assert "A" not in results and "device" not in results["environment"]
+    assert not list(tmp_path.glob("*.png"))
+    # the post's setting: 600 requests, 32 slots; the default law lands near its structure
+    C = results["C"]
+    assert C["requests"] == 600 and C["slots"] == 32
+    assert C["static"]["occupancy"] < 0.3 < 0.7 < C["continuous"]["occupancy"]
+
+
+def test_korean_headers(tmp_path, capsys):
+    _, out = run_main(["--experiments", "C", "--out", str(tmp_path), "--lang", "ko",
+                       "--no-figures"], capsys)
+    assert "정적 배칭" in out.out and "슬롯 점유율" in out.out
+
+
+def test_lengths_file_drives_c(tmp_path, capsys):
+    path = tmp_path / "lengths.txt"
+    path.write_text("5\n1\n1\n1\n")
+    results, _ = run_main(["--experiments", "C", "--slots", "2", "--lengths-file", str(path),
+                           "--out", str(tmp_path), "--no-figures"], capsys)
+    assert results["C"]["static"]["steps"] == 6 and results["C"]["continuous"]["steps"] == 5
+
+
+def expect_usage_error(args, capsys, *fragments):
+    with pytest.raises(SystemExit) as exit_info:
+        S.main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err
+    return err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--experiments", "CX"], "unknown experiment"),
+    (["--slots", "0"], "positive integer"),
+    (["--requests", "-3"], "positive integer"),
+    (["--batch-sizes", "1,two"], "positive integers"),
+    (["--batch-sizes", "4,0"], "positive integers"),
+    (["--context", "1.5"], "positive integer"),
+    (["--lang", "fr"], "--lang"),
+    (["--no-such-flag"], "unrecognized"),
+])
+def test_bad_flags(args, fragment, capsys):
+    expect_usage_error(args, capsys, fragment)
+
+
+def test_bad_lengths_files(tmp_path, capsys):
+    missing = tmp_path / "missing.txt"
+    expect_usage_error(["--experiments", "C", "--lengths-file", str(missing)], capsys,
+                       "missing.txt")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing here\n\n")
+    expect_usage_error(["--experiments", "C", "--lengths-file", str(empty)], capsys, "no lengths")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("12\n7\nseven\n")
+    expect_usage_error(["--experiments", "C", "--lengths-file", str(bad)], capsys, "bad.txt:3")
+    negative = tmp_path / "negative.txt"
+    negative.write_text("12\n-4\n")
+    expect_usage_error(["--experiments", "C", "--lengths-file", str(negative)], capsys,
+                       "negative.txt:2")
+
+
+def test_unwritable_output(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    expect_usage_error(["--experiments", "C", "--out", str(blocker / "sub")], capsys,
+                       "cannot write")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present here")
+def test_cuda_without_cuda(capsys):
+    expect_usage_error(["--device", "cuda"], capsys, "no CUDA")
+
+
+def test_rows_that_do_not_fit_are_marked(tiny_args, tmp_path, capsys, monkeypatch):
+    # pretend the device has 64 MiB free: batch 4 at context 8 fits, batch 4096 does not
+    monkeypatch.setattr(S, "free_memory_bytes", lambda device: 64 * 2**20)
+    args = tiny_args + ["--experiments", "A", "--batch-sizes", "4,4096", "--context", "4000",
+                        "--max-positions", "4096"]
+    results, out = run_main(args, capsys)
+    fitted, skipped = results["A"]["rows"]
+    assert "step_ms" in fitted and "does not fit" in skipped["skipped"]
+    assert "does not fit" in out.out
+
+
+def test_model_too_large_for_memory(tiny_args, capsys, monkeypatch):
+    monkeypatch.setattr(S, "free_memory_bytes", lambda device: 2**20)
+    expect_usage_error(tiny_args + ["--experiments", "A"], capsys, "weights need")
+
+
+def test_context_past_the_position_table(tiny_args, capsys):
+    expect_usage_error(tiny_args + ["--experiments", "A", "--context", "100",
+                                    "--max-positions", "64"], capsys, "max-positions")
+
+
+def test_ctrl_c_prints_finished_tables(tiny_args, tmp_path, capsys, monkeypatch):
+    def interrupt(run, log):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(S, "run_batching_sim", interrupt)
+    with pytest.raises(SystemExit) as exit_info:
+        S.main(tiny_args + ["--experiments", "AC"])
+    assert exit_info.value.code == 130
+    captured = capsys.readouterr()
+    assert "A  decode batch sweep" in captured.out and "interrupted" in captured.err
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["interrupted"] and "A" in saved and "C" not in saved
+
+
+def test_write_atomic_leaves_no_partial_file(tmp_path):
+    target = tmp_path / "results.json"
+    target.write_text("old")
+
+    class Boom:
+        def __str__(self):
+            raise RuntimeError
+
+    with pytest.raises(TypeError):
+        S.write_atomic(str(target), Boom())
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["results.json"]

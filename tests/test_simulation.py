@@ -1,0 +1,64 @@
+"""Experiment C: the slot schedulers, by hand and by invariant."""
+import numpy as np
+import pytest
+
+import NN_40_serving as S
+
+
+def test_static_by_hand():
+    # groups [5, 1] and [1, 1]: 5 + 1 steps; the second group starts at step 5
+    sim = S.simulate_slots(np.array([5, 1, 1, 1]), 2, "static")
+    assert sim["steps"] == 6
+    assert sim["occupied"].tolist() == [2, 1, 1, 1, 1, 2]
+    assert sim["occupancy"] == pytest.approx(8 / 12)
+
+
+def test_continuous_by_hand():
+    # slot 0 runs the 5; slot 1 runs the three 1s at steps 0, 1, 2
+    sim = S.simulate_slots(np.array([5, 1, 1, 1]), 2, "continuous")
+    assert sim["steps"] == 5
+    assert sim["occupied"].tolist() == [2, 2, 2, 1, 1]
+    assert sim["occupancy"] == pytest.approx(8 / 10)
+
+
+def test_freed_slot_is_refilled_at_the_next_step():
+    # the 2 ends after step 1; the waiting 3 takes its slot at step 2
+    starts, steps = S.continuous_starts(np.array([4, 2, 3]), 2)
+    assert starts.tolist() == [0, 0, 2]
+    assert steps == 5
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_invariants(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 300, size=int(rng.integers(1, 400)))
+    slots = int(rng.integers(1, 40))
+    static = S.simulate_slots(lengths, slots, "static")
+    continuous = S.simulate_slots(lengths, slots, "continuous")
+    for sim in (static, continuous):
+        assert sim["occupied"].sum() == lengths.sum()  # occupied slot-steps = tokens
+        assert sim["occupied"].max() <= slots and sim["occupied"].min() >= 1
+        assert len(sim["occupied"]) == sim["steps"]
+    assert continuous["steps"] <= static["steps"]
+    group_maxima = sum(lengths[i:i + slots].max() for i in range(0, len(lengths), slots))
+    assert static["steps"] == group_maxima
+
+
+def test_one_slot_and_more_slots_than_requests():
+    lengths = np.array([7, 3, 9, 1])
+    for policy in ("static", "continuous"):
+        assert S.simulate_slots(lengths, 1, policy)["steps"] == lengths.sum()
+        assert S.simulate_slots(lengths, 10, policy)["steps"] == lengths.max()
+
+
+def test_lognormal_law_is_deterministic_and_clipped():
+    a, b = S.lognormal_lengths(5000, 7), S.lognormal_lengths(5000, 7)
+    assert (a == b).all()
+    assert a.min() >= 1 and a.max() <= S.LENGTH_MAX
+    assert abs(np.median(a) - S.LENGTH_MEDIAN) < 5
+
+
+def test_lengths_file(tmp_path):
+    path = tmp_path / "lengths.txt"
+    path.write_text("# generated lengths\n12\n\n  7  # a comment\n300\n")
+    assert S.read_lengths_file(str(path)).tolist() == [12, 7, 300]
