@@ -89,6 +89,10 @@ class RunConfig:
     device: str = None            # "cuda" or "cpu"; None when only C runs
     batch_sizes: tuple = (1, 8, 32, 128, 256)
     context: int = 128            # tokens already in each row's KV cache when a decode step runs
+    contexts: tuple = (128,)      # A sweeps every batch size at each of these contexts
+    graphs: str = "eager"         # "eager", "graph" or "both": CUDA graphs for decode (CUDA only)
+    peak_bandwidth_gbs: float = None  # replace the measured ceilings
+    peak_tflops: float = None
     prefill_lengths: tuple = (512, 2048)
     decode_batches: tuple = (1, 32)
     requests: int = 600
@@ -97,7 +101,7 @@ class RunConfig:
     lengths_file: str = None
     warmup: int = 3               # untimed calls at each shape
     reps: int = 50                # timed calls at each shape (fewer if a call is slow)
-    time_budget_s: float = 3.0    # per shape: stop repeating after this, but keep >= 5 calls
+    time_budget_s: float = 2.0    # per shape: stop repeating after this, but keep >= 5 calls
     out: str = "figures"
     figures: bool = True
     lang: str = "en"
@@ -316,11 +320,21 @@ def build_model(cfg, device, seed=0):
     return model.to(device=device, dtype=DTYPES[cfg.dtype]).eval()
 
 
-def new_kv_cache(cfg, batch, max_len, device, seed=0):
-    """(layers, 2, batch, heads, max_len, head_dim), filled with random values, never zeros."""
+def new_kv_cache(cfg, batch, max_len, device, seed=0, tile=256):
+    """(layers, 2, batch, heads, max_len, head_dim), filled with random values, never zeros.
+
+    One random (heads, tile, head_dim) block is copied across the cache: a copy runs at memory
+    speed where drawing gigabytes of random numbers on a CPU takes many seconds.
+    """
     shape = (cfg.layers, 2, batch, cfg.heads, max_len, cfg.head_dim)
-    g = torch.Generator(device=device).manual_seed(seed)
-    return torch.randn(shape, generator=g, device=device, dtype=DTYPES[cfg.dtype])
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    block = torch.randn(cfg.heads, min(tile, max_len), cfg.head_dim, generator=g)
+    block = block.to(device=device, dtype=DTYPES[cfg.dtype])
+    cache = torch.empty(shape, device=device, dtype=block.dtype)
+    for start in range(0, max_len, tile):
+        part = cache[..., start:start + tile, :]
+        part.copy_(block[:, :part.shape[-2]])
+    return cache
 
 
 def prefill(model, cache, tokens, rows=None):
@@ -366,13 +380,17 @@ def time_region(fn, device, warmup, reps, budget_s):
     """Median and p10/p90 of fn() in ms after `warmup` untimed calls.
 
     CUDA: events around each call. CPU: perf_counter. Repeats `reps` times or until `budget_s`
-    of timed calls, whichever comes first, but at least 5 times.
+    of timed calls, whichever comes first, but at least 5 times. Warm-up stops early once it
+    has spent a third of the budget (a slow shape needs one call to warm, not three).
     """
-    for _ in range(warmup):
-        fn()
     cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for i in range(warmup):  # at least one call; no more than budget_s / 3 of them
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        if time.perf_counter() - t0 > budget_s / 3:
+            break
     samples, spent = [], 0.0
     while len(samples) < reps and (spent < budget_s or len(samples) < 5):
         if cuda:
@@ -454,24 +472,37 @@ def gib(n_bytes):
 
 
 class Bench:
-    """The model on its device, and the timing settings shared by A and B."""
+    """The model on its device, the measured ceilings, and the timing settings of A and B."""
 
-    def __init__(self, run, device):
-        self.run, self.cfg, self.device = run, run.model, device
+    def __init__(self, run, device, log):
+        self.run, self.cfg, self.device, self.log = run, run.model, device, log
         weight_bytes = param_count(self.cfg) * self.cfg.dtype_bytes
         if weight_bytes > 0.9 * free_memory_bytes(device):
             raise UsageError(f"the model's weights need {gib(weight_bytes)} but the device has "
                              f"{gib(free_memory_bytes(device))} free; use smaller --layers/--hidden")
         self.model = build_model(self.cfg, device, seed=run.seed)
+        self.modes = ("eager", "graph") if run.graphs == "both" else (run.graphs,)
 
-    def time(self, fn):
+    def time(self, fn, mode="eager"):
+        """Time fn() as it is (eager) or replayed from a CUDA graph captured from it."""
+        if mode == "graph":
+            fn = cuda_graph(fn)
         return time_region(fn, self.device, self.run.warmup, self.run.reps, self.run.time_budget_s)
 
-    def time_decode(self, batch, context):
-        """Timing of one decode step of `batch` rows, each with `context` cached tokens."""
+    def time_decode(self, batch, context, mode="eager"):
+        """One decode step of `batch` rows, each with `context` cached tokens.
+
+        Each call first copies fresh random tokens into a static input buffer (one tiny copy,
+        in both modes), so a CUDA graph replays on new inputs.
+        """
         cache = new_kv_cache(self.cfg, batch, context + 1, self.device)
         next_tokens = cycle(random_tokens(self.cfg, (batch,), self.device, seed=batch))
-        timing = self.time(lambda: decode_step(self.model, cache, next_tokens(), context))
+        tokens = next_tokens().clone()
+
+        def step():
+            tokens.copy_(next_tokens())
+            return decode_step(self.model, cache, tokens, context)
+        timing = self.time(step, mode)
         del cache
         return timing
 
@@ -482,79 +513,170 @@ class Bench:
         del cache
         return timing
 
+    def linear_chain(self, mode):
+        """The model's own matmul weights as a bare chain of F.linear calls at batch 1.
+
+        The same weight bytes a batch-1 decode step reads, with nothing else around them: the
+        rate a decode step could reach if the model added no work of its own.
+        """
+        linears = [m for m in self.model.modules() if isinstance(m, nn.Linear)]
+        g = torch.Generator(device="cpu").manual_seed(1)
+        inputs = [torch.randn(1, m.in_features, generator=g).to(self.device, m.weight.dtype)
+                  for m in linears]
+
+        def chain():
+            for x, m in zip(inputs, linears):
+                F.linear(x, m.weight)
+        timing = self.time(chain, mode)
+        weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+        s = timing["median_ms"] / 1e3
+        return {"mode": mode, "step_ms": timing["median_ms"], "p10_ms": timing["p10_ms"],
+                "p90_ms": timing["p90_ms"], "reps": timing["n"], "bytes": weight_bytes,
+                "gbs": weight_bytes / s / 1e9}
+
     def skip_reason(self, batch, cache_len, new_tokens):
         ok, needed, free = fits(self.cfg, self.device, batch, cache_len, new_tokens)
         if ok:
             return None
         return f"does not fit: needs {gib(needed)}, {gib(free)} free"
 
-    def check_positions(self, length):
-        if length > self.cfg.max_positions:
-            raise UsageError(f"a sequence of {length} tokens exceeds --max-positions "
-                             f"{self.cfg.max_positions}")
 
 
-def roofline_row(cfg, timing, batch, new_tokens, context):
-    """Timing + the accounting of the step it timed: ms, tokens/s, TFLOP/s, intensity."""
+def cuda_graph(fn):
+    """Capture fn() into a CUDA graph (after warming it on a side stream); return a replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay  # the bound method keeps the graph (and its memory pool) alive
+
+
+def measure_ceilings(run, device, log):
+    """The device's limits in the run's dtype: copy bandwidth and square-matmul throughput.
+
+    Bandwidth: dst.copy_(src) over a buffer far past the last-level cache, counting bytes read
+    plus written. Matmul: a large square product of random (never zero) operands.
+    --peak-bandwidth-gbs / --peak-tflops replace a measurement.
+    """
+    dtype = DTYPES[run.model.dtype]
+    cuda = device.type == "cuda"
+    ceilings = {}
+    if run.peak_bandwidth_gbs:
+        ceilings.update(bandwidth_gbs=run.peak_bandwidth_gbs, bandwidth_source="given")
+    else:
+        n_bytes = (2 if cuda else 0.25) * 2**30
+        src = torch.randn(int(n_bytes // 4), device=device)  # fp32: the copy moves bytes
+        dst = torch.empty_like(src)
+        timing = time_region(lambda: dst.copy_(src), device, run.warmup, run.reps,
+                             run.time_budget_s)
+        ceilings.update(bandwidth_gbs=2 * n_bytes / (timing["median_ms"] / 1e3) / 1e9,
+                        bandwidth_source=f"measured: copy of {gib(n_bytes)}")
+        del src, dst
+    if run.peak_tflops:
+        ceilings.update(matmul_tflops=run.peak_tflops, matmul_source="given")
+    else:
+        n = 8192 if cuda else 2048
+        g = torch.Generator(device="cpu").manual_seed(2)
+        a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
+        timing = time_region(lambda: a @ b, device, run.warmup, run.reps, run.time_budget_s)
+        ceilings.update(matmul_tflops=2 * n**3 / (timing["median_ms"] / 1e3) / 1e12,
+                        matmul_source=f"measured: {n}x{n}x{n} {run.model.dtype} matmul")
+        del a, b
+    ceilings["ridge_flop_per_byte"] = ceilings["matmul_tflops"] * 1e3 / ceilings["bandwidth_gbs"]
+    log(f"ceilings: {ceilings['bandwidth_gbs']:.1f} GB/s, {ceilings['matmul_tflops']:.2f} "
+        f"TFLOP/s")
+    return ceilings
+
+
+def roofline_row(cfg, ceilings, timing, batch, new_tokens, context):
+    """Timing + the accounting of the step it timed: rates, intensity, MBU, MFU and bound.
+
+    MBU = achieved bytes/s (weights + KV cache + activations, the step_cost model) / measured
+    bandwidth; MFU = achieved FLOP/s / measured matmul rate. The bound is the side of the
+    ridge point (peak FLOP/s / peak bytes/s) the step's intensity falls on.
+    """
     cost = step_cost(cfg, batch, new_tokens, context)
     s = timing["median_ms"] / 1e3
     tokens = batch * new_tokens
+    intensity = cost["flops"] / cost["bytes"]
     return {"step_ms": timing["median_ms"], "p10_ms": timing["p10_ms"],
             "p90_ms": timing["p90_ms"], "reps": timing["n"],
             "tokens_per_s": tokens / s, "us_per_token": s * 1e6 / tokens,
             "tflops": cost["flops"] / s / 1e12, "gbs": cost["bytes"] / s / 1e9,
-            "intensity": cost["flops"] / cost["bytes"],
+            "mbu": cost["bytes"] / s / 1e9 / ceilings["bandwidth_gbs"],
+            "mfu": cost["flops"] / s / 1e12 / ceilings["matmul_tflops"],
+            "intensity": intensity,
+            "bound": "memory" if intensity < ceilings["ridge_flop_per_byte"] else "compute",
             "flops": cost["flops"], "bytes": cost["bytes"]}
 
 
-def run_decode_sweep(bench, log):
-    """A: decode step time and throughput against batch size, at a fixed context."""
+def kv_crossover_batch(cfg, context):
+    """Smallest batch whose KV-cache reads per decode step exceed the weight reads."""
+    cost = step_cost(cfg, 1, 1, context)
+    kv_per_row = cost["kv_read_bytes"]
+    return math.floor(cost["weight_bytes"] / kv_per_row) + 1 if kv_per_row else None
+
+
+def decode_row(bench, ceilings, batch, context, mode):
+    row = {"batch": batch, "context": context, "mode": mode}
+    reason = bench.skip_reason(batch, context + 1, 1)
+    if reason:
+        row["skipped"] = reason
+    else:
+        row.update(roofline_row(bench.cfg, ceilings, bench.time_decode(batch, context, mode),
+                                batch, 1, context))
+    return row
+
+
+def run_decode_sweep(bench, ceilings, log):
+    """A: decode step time and throughput against batch size, at each context, each mode."""
     run = bench.run
-    bench.check_positions(run.context + 1)
     rows = []
-    for batch in run.batch_sizes:
-        reason = bench.skip_reason(batch, run.context + 1, 1)
-        if reason:
-            rows.append({"batch": batch, "context": run.context, "skipped": reason})
-        else:
-            timing = bench.time_decode(batch, run.context)
-            rows.append({"batch": batch, "context": run.context,
-                         **roofline_row(bench.cfg, timing, batch, 1, run.context)})
-        log(f"A batch {batch}: " + row_progress(rows[-1]))
-    base = next((r for r in rows if r["batch"] == 1 and "skipped" not in r), None)
-    for r in rows:
-        if base and "skipped" not in r:
-            r["throughput_vs_1"] = r["tokens_per_s"] / base["tokens_per_s"]
-            r["wait_vs_1"] = r["step_ms"] / base["step_ms"]
-    return {"context": run.context, "rows": rows}
+    for context in run.contexts:
+        for mode in bench.modes:
+            for batch in run.batch_sizes:
+                rows.append(decode_row(bench, ceilings, batch, context, mode))
+                log(f"A context {context} {mode} batch {batch}: " + row_progress(rows[-1]))
+            group = [r for r in rows if r["context"] == context and r["mode"] == mode]
+            base = next((r for r in group if r["batch"] == 1 and "skipped" not in r), None)
+            for r in measured(group):
+                if base:
+                    r["throughput_vs_1"] = r["tokens_per_s"] / base["tokens_per_s"]
+                    r["wait_vs_1"] = r["step_ms"] / base["step_ms"]
+    crossover = {str(c): kv_crossover_batch(bench.cfg, c) for c in run.contexts}
+    return {"context": run.context, "contexts": list(run.contexts), "modes": list(bench.modes),
+            "kv_crossover_batch": crossover, "rows": rows}
 
 
-def run_prefill_decode(bench, log):
+def run_prefill_decode(bench, ceilings, log):
     """B: prefill of whole prompts against decode of one token alone and in a batch."""
     run = bench.run
     rows = []
     for tokens in run.prefill_lengths:
-        bench.check_positions(tokens)
-        row = {"phase": "prefill", "tokens": tokens, "batch": 1, "context": 0}
+        row = {"phase": "prefill", "tokens": tokens, "batch": 1, "context": 0, "mode": "eager"}
         reason = bench.skip_reason(1, tokens, tokens)
         if reason:
             row["skipped"] = reason
         else:
-            row.update(roofline_row(bench.cfg, bench.time_prefill(tokens), 1, tokens, 0))
+            row.update(roofline_row(bench.cfg, ceilings, bench.time_prefill(tokens), 1, tokens,
+                                    0))
         rows.append(row)
         log(f"B prefill {tokens}: " + row_progress(row))
-    bench.check_positions(run.context + 1)
-    for batch in run.decode_batches:
-        row = {"phase": "decode", "tokens": 1, "batch": batch, "context": run.context}
-        reason = bench.skip_reason(batch, run.context + 1, 1)
-        if reason:
-            row["skipped"] = reason
-        else:
-            row.update(roofline_row(bench.cfg, bench.time_decode(batch, run.context), batch, 1,
-                                    run.context))
-        rows.append(row)
-        log(f"B decode x{batch}: " + row_progress(row))
-    return {"rows": rows}
+    chain = []
+    for mode in bench.modes:
+        # the bare chain right before the decodes, so both see the machine in the same state
+        chain.append(bench.linear_chain(mode))
+        log(f"B linear chain {mode}: {chain[-1]['step_ms']:.3f} ms, {chain[-1]['gbs']:.1f} GB/s")
+        for batch in run.decode_batches:
+            rows.append({"phase": "decode", "tokens": 1,
+                         **decode_row(bench, ceilings, batch, run.context, mode)})
+            log(f"B decode {mode} x{batch}: " + row_progress(rows[-1]))
+    return {"rows": rows, "linear_chain": chain}
 
 
 def row_progress(row):
@@ -615,7 +737,9 @@ def run_batching_sim(run, log):
 HEADERS = {
     "en": {"batch": "batch", "step_ms": "step ms (= wait)", "tokens_per_s": "tokens/s",
            "throughput_vs_1": "throughput vs 1", "wait_vs_1": "wait vs 1",
-           "row": "one step", "us_per_token": "µs / token", "tflops": "TFLOP/s",
+           "row": "one step", "mode": "mode", "gbs": "GB/s", "mbu": "MBU",
+           "mfu": "MFU", "bound": "bound",
+           "A_contexts": "A  where the KV cache takes over: decode step ms ({mode})", "us_per_token": "µs / token", "tflops": "TFLOP/s",
            "intensity": "FLOP/byte", "policy": "policy", "steps": "total steps",
            "occupancy": "slot occupancy", "speedup": "speedup",
            "prefill": "prefill ({tokens} tokens)", "decode": "decode (batch {batch})",
@@ -625,7 +749,9 @@ HEADERS = {
                                               "({requests} requests, {slots} slots)"},
     "ko": {"batch": "배치 크기", "step_ms": "한 스텝 ms (= 대기)", "tokens_per_s": "처리량 (토큰/초)",
            "throughput_vs_1": "처리량 배율", "wait_vs_1": "대기 배율",
-           "row": "한 스텝", "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
+           "row": "한 스텝", "mode": "방식", "gbs": "GB/s", "mbu": "MBU",
+           "mfu": "MFU", "bound": "병목",
+           "A_contexts": "A  KV 캐시가 주도하는 지점: 디코드 한 스텝 ms ({mode})", "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
            "intensity": "산술 강도", "policy": "방식", "steps": "총 스텝",
            "occupancy": "슬롯 점유율", "speedup": "속도 향상",
            "prefill": "프리필 (질문 {tokens}토큰)", "decode": "디코드 (묶음 {batch})",
@@ -636,8 +762,9 @@ HEADERS = {
 
 
 def cell(row, key, fmt):
-    return row["skipped"] if key == "step_ms" and "skipped" in row else (
-        "" if key not in row else format(row[key], fmt))
+    if key == "step_ms" and "skipped" in row:
+        return row["skipped"]
+    return format(row[key], fmt) if key in row else ""
 
 
 def format_tables(results, lang="en"):
@@ -647,17 +774,20 @@ def format_tables(results, lang="en"):
     out = []
     if "A" in results:
         A = results["A"]
-        cols = [("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
-                ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")]
-        table = [[cell(r, k, f) for k, f in cols] for r in A["rows"]]
+        cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
+                ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
+        table = [[cell(r, k, f) for k, f in cols] for r in A["rows"]
+                 if r["context"] == A["context"]]
         out += [H["A"].format(**A), tabulate(table, [H[k] for k, _ in cols], stralign="right")]
+        if len(A["contexts"]) > 1:
+            out += [H["A_contexts"].format(mode=A["modes"][-1]), context_table(A, H)]
     if "B" in results:
-        cols = [("step_ms", ".3f"), ("us_per_token", ".1f"), ("tflops", ".2f"),
-                ("intensity", ".1f")]
+        cols = [("mode", "s"), ("step_ms", ".3f"), ("us_per_token", ".1f"), ("tflops", ".2f"),
+                ("intensity", ".1f")] + ROOFLINE_COLUMNS
         table = [[H[r["phase"]].format(**r)] + [cell(r, k, f) for k, f in cols]
                  for r in results["B"]["rows"]]
         out += [H["B"], tabulate(table, [H["row"]] + [H[k] for k, _ in cols],
-                                 stralign="right")]
+                                 stralign="right"), chain_text(results["B"])]
     if "C" in results:
         C = results["C"]
         table = [[H[p], f"{C[p]['steps']:,}", f"{100 * C[p]['occupancy']:.1f}%"]
@@ -674,6 +804,45 @@ def format_tables(results, lang="en"):
                        + spread_text(s["continuous_occupancy"], pct=True) + ", speedup "
                        + spread_text(s["speedup"]))
     return "\n\n".join(out)
+
+
+ROOFLINE_COLUMNS = [("gbs", ",.1f"), ("mbu", ".0%"), ("mfu", ".1%"), ("bound", "s")]
+
+
+def context_table(A, H):
+    """Decode step ms by batch (rows) and context (columns), in the fastest mode measured."""
+    from tabulate import tabulate
+    mode = A["modes"][-1]
+    by_key = {(r["batch"], r["context"]): r for r in A["rows"] if r["mode"] == mode}
+    batches = sorted({r["batch"] for r in A["rows"]})
+    table = [[b] + [cell(by_key[b, c], "step_ms", ".3f") for c in A["contexts"]]
+             for b in batches]
+    crossover = ", ".join(f"{b} at context {c}" for c, b in A["kv_crossover_batch"].items())
+    return (tabulate(table, [H["batch"]] + [f"ctx {c}: ms" for c in A["contexts"]],
+                     stralign="right")
+            + f"\nKV-cache reads exceed weight reads from batch {crossover}")
+
+
+def chain_text(B):
+    """How close decode at batch 1 comes to a bare chain of its own matmuls."""
+    lines = []
+    for chain in B["linear_chain"]:
+        decode = next((r for r in measured(B["rows"]) if r["phase"] == "decode"
+                       and r["batch"] == 1 and r["mode"] == chain["mode"]), None)
+        text = (f"bare F.linear chain over the same {chain['bytes'] / 1e6:,.0f} MB of weights "
+                f"({chain['mode']}, batch 1): {chain['step_ms']:.3f} ms, {chain['gbs']:.1f} GB/s")
+        if decode:
+            text += (f"; decode at batch 1 moves {decode['gbs']:.1f} GB/s = "
+                     f"{decode['gbs'] / chain['gbs']:.0%} of it")
+        lines.append(text)
+    return "\n".join(lines)
+
+
+def ceilings_line(ceilings, run):
+    note = "" if run.device == "cuda" else "  (CPU: eager only; CUDA graphs need CUDA)"
+    return (f"ceilings: {ceilings['bandwidth_gbs']:,.1f} GB/s ({ceilings['bandwidth_source']}), "
+            f"{ceilings['matmul_tflops']:.2f} TFLOP/s ({ceilings['matmul_source']}); ridge "
+            f"{ceilings['ridge_flop_per_byte']:.0f} FLOP/byte{note}")
 
 
 def spread_text(s, pct=False):
@@ -789,24 +958,31 @@ def measured(rows):
 
 def plot_decode_batch(results, path):
     import matplotlib.pyplot as plt
-    rows = measured(results["A"]["rows"])
-    batch = [r["batch"] for r in rows]
+    A = results["A"]
+    if not any(r["context"] == A["context"] for r in measured(A["rows"])):
+        return False
     fig, ax = plt.subplots(figsize=(8, 4.2))
-    ax.plot(batch, [r["step_ms"] for r in rows], "o-", color=RED, label="step time (each "
-                                                                      "user's wait)")
-    ax.fill_between(batch, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows], color=RED,
-                    alpha=0.15, linewidth=0)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("decode batch size")
-    ax.set_ylabel("step time (ms)", color=RED)
-    ax.set_ylim(bottom=0)
     ax2 = ax.twinx()
-    ax2.plot(batch, [r["tokens_per_s"] for r in rows], "s-", color=BLUE, label="tokens/s")
+    for mode, style in zip(A["modes"], ("--", "-") if len(A["modes"]) == 2 else ("-",)):
+        rows = [r for r in measured(A["rows"]) if r["context"] == A["context"]
+                and r["mode"] == mode]
+        batch = [r["batch"] for r in rows]
+        ax.plot(batch, [r["step_ms"] for r in rows], "o" + style, color=RED,
+                label=f"step time = each user's wait ({mode})")
+        ax.fill_between(batch, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows],
+                        color=RED, alpha=0.15, linewidth=0)
+        ax2.plot(batch, [r["tokens_per_s"] for r in rows], "s" + style, color=BLUE,
+                 label=f"tokens/s ({mode})")
+    ax.set_xscale("log", base=2)
+    batches = sorted({r["batch"] for r in measured(A["rows"])})
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("decode batch size")
+    ax.set_ylabel("step time (ms; band: p10-p90)", color=RED)
     ax2.set_ylabel("throughput (tokens/s)", color=BLUE)
+    ax.set_ylim(bottom=0)
     ax2.set_ylim(bottom=0)
-    ax.set_xticks(batch, [str(b) for b in batch])
-    ax.set_title(f"A: one decode step for the whole batch (context {results['A']['context']} "
-                 "tokens per row)", fontsize=10)
+    ax.set_title(f"A: one decode step for the whole batch (context {A['context']} tokens per "
+                 "row)", fontsize=10)
     fig.legend(loc="upper left", bbox_to_anchor=(0.1, 0.88), fontsize=8)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     save_figure(fig, results, path)
@@ -815,8 +991,10 @@ def plot_decode_batch(results, path):
 def plot_prefill_decode(results, path):
     import matplotlib.pyplot as plt
     rows = measured(results["B"]["rows"])
+    if not rows:
+        return False
     labels = [f"prefill\n{r['tokens']} tokens" if r["phase"] == "prefill"
-              else f"decode\nbatch {r['batch']}" for r in rows]
+              else f"decode\nbatch {r['batch']}\n{r['mode']}" for r in rows]
     colors = [RED if r["phase"] == "prefill" else BLUE for r in rows]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     bars = ax.bar(labels, [r["tflops"] for r in rows], color=colors)
@@ -832,9 +1010,79 @@ def plot_prefill_decode(results, path):
     save_figure(fig, results, path)
 
 
+def plot_roofline(results, path):
+    """Achieved TFLOP/s against arithmetic intensity, under the two measured ceilings."""
+    import matplotlib.pyplot as plt
+    ceil = results["environment"]["ceilings"]
+    points = []
+    if "A" in results:
+        points += [(r, f"A b{r['batch']}", BLUE) for r in measured(results["A"]["rows"])
+                   if r["context"] == results["A"]["context"]]
+    if "B" in results:
+        points += [(r, f"prefill {r['tokens']}" if r["phase"] == "prefill" else
+                    f"B decode b{r['batch']}", RED) for r in measured(results["B"]["rows"])]
+    if not points:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    xs = [r["intensity"] for r, _, _ in points] + [ceil["ridge_flop_per_byte"]]
+    x = np.geomspace(min(xs) / 2, max(xs) * 2, 200)
+    ax.plot(x, np.minimum(ceil["matmul_tflops"], ceil["bandwidth_gbs"] * x / 1e3), color=GREY,
+            label=f"roofline: {ceil['bandwidth_gbs']:,.0f} GB/s, "
+                  f"{ceil['matmul_tflops']:.3g} TFLOP/s")
+    for r, label, color in points:
+        marker = "o" if r.get("mode", "eager") == "eager" else "^"
+        ax.scatter(r["intensity"], r["tflops"], color=color, marker=marker, zorder=3,
+                   facecolors="none" if marker == "o" and color == BLUE else color)
+        ax.annotate(f"{label} {r.get('mode', 'eager')}", (r["intensity"], r["tflops"]),
+                    fontsize=7, xytext=(4, -3 if marker == "o" else 4),
+                    textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte, log)")
+    ax.set_ylabel("achieved TFLOP/s (log)")
+    ax.set_title("roofline: each A and B step against the measured ceilings "
+                 "(o eager, ^ CUDA graph)", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_decode_context(results, path):
+    """Decode step time and tokens/s against batch at each context: where the KV cache rules."""
+    import matplotlib.pyplot as plt
+    A = results["A"]
+    mode = A["modes"][-1]
+    if not measured(A["rows"]):
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+    colors = plt.get_cmap("viridis")(np.linspace(0, 0.85, len(A["contexts"])))
+    for context, color in zip(A["contexts"], colors):
+        rows = [r for r in measured(A["rows"]) if r["context"] == context and r["mode"] == mode]
+        batch = [r["batch"] for r in rows]
+        ax1.plot(batch, [r["step_ms"] for r in rows], "o-", color=color, label=f"context "
+                                                                             f"{context}")
+        ax2.plot(batch, [r["tokens_per_s"] for r in rows], "o-", color=color)
+        cross = A["kv_crossover_batch"][str(context)]
+        if cross and batch and cross <= max(batch):
+            ax1.axvline(cross, color=color, linestyle=":", linewidth=1)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("decode batch size")
+    ax1.set_ylabel("step time (ms)")
+    ax2.set_ylabel("tokens/s")
+    ax1.legend(fontsize=8)
+    ax1.set_title("step time (dotted: KV reads = weight reads)", fontsize=9)
+    ax2.set_title("throughput", fontsize=9)
+    fig.suptitle(f"A: decode at several contexts ({mode})", fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
 FIGURES = {"occupancy.png": ("C", plot_occupancy),
            "decode_batch.png": ("A", plot_decode_batch),
-           "prefill_decode.png": ("B", plot_prefill_decode)}
+           "prefill_decode.png": ("B", plot_prefill_decode),
+           "roofline.png": ("AB", plot_roofline),
+           "decode_context.png": ("A", plot_decode_context)}
 
 
 def draw_figures(results, out_dir):
@@ -842,9 +1090,9 @@ def draw_figures(results, out_dir):
     matplotlib.use("Agg")
     written = []
     for name, (experiment, plot) in FIGURES.items():
-        if experiment in results:
-            plot(results, os.path.join(out_dir, name))
-            written.append(name)
+        if any(e in results for e in experiment):
+            if plot(results, os.path.join(out_dir, name)) is not False:
+                written.append(name)
     return written
 
 
@@ -870,6 +1118,16 @@ def positive_int(text):
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -916,6 +1174,16 @@ def build_parser():
                    help="A: decode batch sizes (default 1,8,32,128,256)")
     a.add_argument("--context", type=positive_int, default=128,
                    help="tokens already in each row's KV cache at a decode step (default 128)")
+    a.add_argument("--contexts", type=int_list,
+                   help="A: contexts to sweep (default: --context and 1024, 4096 on CUDA; "
+                        "--context and 1024 on CPU)")
+    a.add_argument("--graphs", choices=["on", "off", "both"],
+                   help="decode steps replayed from CUDA graphs (on), eager (off) or both "
+                        "side by side (default: both on CUDA, off on CPU)")
+    a.add_argument("--peak-bandwidth-gbs", type=positive_float,
+                   help="use this memory bandwidth instead of measuring a copy")
+    a.add_argument("--peak-tflops", type=positive_float,
+                   help="use this matmul throughput instead of measuring one")
     a.add_argument("--prefill-lengths", type=int_list, default=(512, 2048),
                    help="B: prompt lengths (default 512,2048)")
     a.add_argument("--decode-batches", type=int_list, default=(1, 32),
@@ -954,16 +1222,28 @@ def parse_args(argv):
             if on_cpu and preset else "")
     if model.hidden % model.heads:
         raise UsageError(f"--hidden {model.hidden} is not divisible by --heads {model.heads}")
+    cuda = device is not None and device.type == "cuda"
+    if args.graphs in ("on", "both") and device is not None and not cuda:
+        raise UsageError(f"--graphs {args.graphs}: CUDA graphs need a CUDA device")
+    graphs = {"on": "graph", "off": "eager", "both": "both", None: "both" if cuda else "eager"}
+    contexts = args.contexts or ((args.context, 1024, 4096) if cuda else (args.context, 1024))
     run = dict(experiments=args.experiments, device=device and device.type,
                batch_sizes=args.batch_sizes, context=args.context,
+               contexts=tuple(sorted(set(contexts) | {args.context})),
+               graphs=graphs[args.graphs], peak_bandwidth_gbs=args.peak_bandwidth_gbs,
+               peak_tflops=args.peak_tflops,
                prefill_lengths=args.prefill_lengths, decode_batches=args.decode_batches,
                requests=args.requests, slots=args.slots, seed=args.seed,
                lengths_file=args.lengths_file, warmup=args.warmup, reps=args.reps,
                out=args.out, figures=not args.no_figures, lang=args.lang, quick=args.quick,
                preset_note=note)
+    longest = max(max(run["contexts"]) + 1, max(run["prefill_lengths"]))
+    if device is not None and longest > model.max_positions:
+        raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
+                         f"{model.max_positions}")
     if args.quick:  # every experiment small enough for a smoke run
         run.update(batch_sizes=tuple(b for b in args.batch_sizes if b <= 32) or (1,),
-                   context=min(args.context, 64),
+                   context=min(args.context, 64), contexts=(min(args.context, 64),),
                    prefill_lengths=tuple(max(1, t // 8) for t in args.prefill_lengths),
                    warmup=min(args.warmup, 1), reps=min(args.reps, 5))
         run["time_budget_s"] = 0.3
@@ -1010,11 +1290,14 @@ def _main(argv):
     try:
         with torch.inference_mode():
             if device:
-                bench = Bench(run, device)
+                bench = Bench(run, device, log)
+                ceilings = measure_ceilings(run, device, log)
+                results["environment"]["ceilings"] = ceilings
+                print(ceilings_line(ceilings, run), flush=True)
                 if "A" in run.experiments:
-                    results["A"] = run_decode_sweep(bench, log)
+                    results["A"] = run_decode_sweep(bench, ceilings, log)
                 if "B" in run.experiments:
-                    results["B"] = run_prefill_decode(bench, log)
+                    results["B"] = run_prefill_decode(bench, ceilings, log)
         if "C" in run.experiments:
             results["C"] = run_batching_sim(run, log)
     except KeyboardInterrupt:

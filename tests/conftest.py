@@ -15,6 +15,6 @@ TRACES = os.path.join(ROOT, "..", "shared", "traces")
 def tiny_args(tmp_path):
     """A configuration small enough for an end-to-end run on CPU in a second or two."""
     return ["--device", "cpu", "--layers", "1", "--hidden", "64", "--heads", "4", "--vocab", "128",
-            "--dtype", "float32", "--batch-sizes", "1,4", "--context", "8",
+            "--dtype", "float32", "--batch-sizes", "1,4", "--context", "8", "--contexts", "8,16",
             "--prefill-lengths", "16", "--decode-batches", "1,2", "--requests", "50",
             "--slots", "4", "--warmup", "1", "--reps", "3", "--out", str(tmp_path)]

@@ -21,9 +21,12 @@ def test_end_to_end_tiny_run(tiny_args, tmp_path, capsys):
     model = saved["config"]["model"]
     assert (model["layers"], model["hidden"], model["heads"], model["vocab"], model["dtype"]) \
         == (1, 64, 4, 128, "float32")
-    assert [r["batch"] for r in saved["A"]["rows"]] == [1, 4]
+    assert [(r["context"], r["batch"]) for r in saved["A"]["rows"]] == [(8, 1), (8, 4), (16, 1),
+                                                                          (16, 4)]
+    assert {r["mode"] for r in saved["A"]["rows"]} == {"eager"}  # CPU: no CUDA graphs
     for r in saved["A"]["rows"]:
         assert r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["p10_ms"] <= r["p90_ms"]
+        assert r["bound"] in ("memory", "compute") and r["mbu"] > 0 and r["mfu"] > 0
     phases = [(r["phase"], r["tokens"], r["batch"]) for r in saved["B"]["rows"]]
     assert phases == [("prefill", 16, 1), ("decode", 1, 1), ("decode", 1, 2)]
     for r in saved["B"]["rows"]:
@@ -34,7 +37,11 @@ def test_end_to_end_tiny_run(tiny_args, tmp_path, capsys):
         assert C["steps"] == len(C["occupied"]) and 0 < C["occupancy"] <= 1
     assert saved["C"]["speedup"] == pytest.approx(saved["C"]["static"]["steps"]
                                                   / saved["C"]["continuous"]["steps"])
-    for name in ("occupancy.png", "decode_batch.png", "prefill_decode.png"):
+    ceilings = saved["environment"]["ceilings"]
+    assert ceilings["bandwidth_gbs"] > 0 and ceilings["matmul_tflops"] > 0
+    assert saved["B"]["linear_chain"][0]["gbs"] > 0
+    for name in ("occupancy.png", "decode_batch.png", "prefill_decode.png", "roofline.png",
+                 "decode_context.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert results["C"]["speedup"] == saved["C"]["speedup"]
 
@@ -122,7 +129,7 @@ def test_rows_that_do_not_fit_are_marked(tiny_args, tmp_path, capsys, monkeypatc
     # pretend the device has 64 MiB free: batch 4 at context 8 fits, batch 4096 does not
     monkeypatch.setattr(S, "free_memory_bytes", lambda device: 64 * 2**20)
     args = tiny_args + ["--experiments", "A", "--batch-sizes", "4,4096", "--context", "4000",
-                        "--max-positions", "4096"]
+                        "--contexts", "4000", "--max-positions", "4096"]
     results, out = run_main(args, capsys)
     fitted, skipped = results["A"]["rows"]
     assert "step_ms" in fitted and "does not fit" in skipped["skipped"]

@@ -1,0 +1,74 @@
+"""Ceilings, MBU/MFU from the one byte/FLOP model, the KV crossover, and CUDA graphs."""
+import math
+
+import pytest
+import torch
+
+import NN_40_serving as S
+
+TINY = S.ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, dtype="float32")
+
+
+def test_ceilings_are_positive_and_finite_on_cpu():
+    run = S.RunConfig(model=TINY, warmup=1, reps=5, time_budget_s=0.2)
+    ceilings = S.measure_ceilings(run, torch.device("cpu"), log=lambda m: None)
+    for key in ("bandwidth_gbs", "matmul_tflops", "ridge_flop_per_byte"):
+        assert math.isfinite(ceilings[key]) and ceilings[key] > 0
+    assert ceilings["ridge_flop_per_byte"] == pytest.approx(
+        ceilings["matmul_tflops"] * 1e3 / ceilings["bandwidth_gbs"])
+
+
+def test_given_peaks_replace_measurements():
+    run = S.RunConfig(model=TINY, peak_bandwidth_gbs=1000.0, peak_tflops=100.0)
+    ceilings = S.measure_ceilings(run, torch.device("cpu"), log=lambda m: None)
+    assert (ceilings["bandwidth_gbs"], ceilings["matmul_tflops"]) == (1000.0, 100.0)
+    assert ceilings["ridge_flop_per_byte"] == 100.0
+
+
+def test_mbu_and_mfu_use_the_step_cost_model():
+    ceilings = {"bandwidth_gbs": 1000.0, "matmul_tflops": 100.0, "ridge_flop_per_byte": 100.0}
+    timing = {"median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.2, "n": 10}
+    cfg = S.ModelConfig()
+    row = S.roofline_row(cfg, ceilings, timing, 8, 1, 128)
+    cost = S.step_cost(cfg, 8, 1, 128)
+    assert row["bytes"] == cost["bytes"] and row["flops"] == cost["flops"]
+    assert row["mbu"] == pytest.approx(cost["bytes"] / 2e-3 / 1e12)
+    assert row["mfu"] == pytest.approx(cost["flops"] / 2e-3 / 100e12)
+    assert row["bound"] == "memory"  # intensity ~8 < ridge 100
+    prefill = S.roofline_row(cfg, ceilings, timing, 1, 2048, 0)
+    assert prefill["bound"] == "compute"
+
+
+def test_kv_crossover_batch_by_hand():
+    cfg = S.ModelConfig()
+    context = 1024
+    cost = S.step_cost(cfg, 1, 1, context)
+    b = S.kv_crossover_batch(cfg, context)
+    assert (b - 1) * cost["kv_read_bytes"] <= cost["weight_bytes"] < b * cost["kv_read_bytes"]
+    # the post's model, fp16: 98,304 bytes of KV per token, so 100.7 MB per row at context
+    # 1024, against 1.339 GB of weights read per step: 13.3 rows -> batch 14
+    assert S.kv_bytes_per_token(cfg) == 98304 and cost["weight_bytes"] == 1_339_244_544
+    assert b == 14
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+@torch.inference_mode()
+def test_cuda_graph_gives_the_eager_logits():
+    cfg = S.ModelConfig(layers=2, hidden=256, heads=4, vocab=1000, max_positions=128,
+                        dtype="float32")
+    device = torch.device("cuda")
+    model = S.build_model(cfg, device)
+    cache = S.new_kv_cache(cfg, 4, 33, device)
+    tokens = torch.randint(cfg.vocab, (4,), device=device)
+    out = {}
+
+    def step():
+        out["logits"] = S.decode_step(model, cache, tokens, 32)
+    replay = S.cuda_graph(step)
+    graphed_out = out["logits"]  # the graph's static output buffer
+    for _ in range(3):
+        tokens.copy_(torch.randint(cfg.vocab, (4,), device=device))
+        replay()
+        torch.cuda.synchronize()
+        eager = S.decode_step(model, cache, tokens, 32)
+        torch.testing.assert_close(graphed_out, eager, rtol=1e-5, atol=1e-5)
