@@ -79,6 +79,9 @@ CPU_PRESET = ModelConfig(layers=4, hidden=1024, heads=8, vocab=8192, max_positio
                          dtype="bfloat16")
 
 EXPERIMENTS = "ABC"
+# C prices steps in seconds with a roofline of these when no device was measured: the post's
+# RTX 5080 (960 GB/s by specification; 105.5 TFLOP/s, the post's best measured fp16 rate).
+REFERENCE_BANDWIDTH_GBS, REFERENCE_TFLOPS = 960.0, 105.5
 LENGTH_MEDIAN, LENGTH_SIGMA, LENGTH_MAX = 70, 1.0, 2048  # the default output-length law (C)
 
 
@@ -99,6 +102,17 @@ class RunConfig:
     slots: int = 32
     seed: int = 0
     lengths_file: str = None
+    prompt_len: int = 128         # prompt tokens of each generated request
+    trace: str = None             # a request trace CSV (replaces the generated lengths)
+    trace_limit: int = None
+    rate: object = None           # requests/s (float), "trace" (its timestamps), None (all at 0)
+    burstiness: float = 1.0       # shape of the gamma gaps: 1 = Poisson, below 1 burstier
+    rates: tuple = None           # the rate sweep (default: fractions of capacity)
+    chunk_tokens: int = 512       # chunked prefill: tokens per step, decodes included
+    cost: str = None              # "measured", "analytic"; default measured when A ran
+    slo_ttft_s: float = None
+    slo_tpot_s: float = None
+    save_requests: str = None
     warmup: int = 3               # untimed calls at each shape
     reps: int = 50                # timed calls at each shape (fewer if a call is slow)
     time_budget_s: float = 2.0    # per shape: stop repeating after this, but keep >= 5 calls
@@ -188,6 +202,309 @@ def simulate_slots(lengths, slots, policy):
     return {"steps": steps,
             "occupancy": float(lengths.sum() / (steps * slots)),
             "occupied": occupied_per_step(starts, lengths, steps)}
+
+
+# -----------------------------------------------------------------------------
+# serving simulation: requests in seconds, with prompts, arrivals and three schedulers
+# (pure NumPy). A step-cost model prices each forward pass; the schedulers decide what runs.
+
+
+@dataclass(frozen=True)
+class Requests:
+    arrival_s: np.ndarray  # (n,) sorted
+    prompt: np.ndarray     # (n,) prompt tokens
+    output: np.ndarray     # (n,) generated tokens (>= 1)
+    source: str
+
+
+TRACE_COLUMNS = [  # (prompt column, output column, timestamp column or None)
+    ("num_prefill_tokens", "num_decode_tokens", None),
+    ("ContextTokens", "GeneratedTokens", "TIMESTAMP"),
+]
+
+
+def parse_timestamp(text):
+    """'2023-11-16 18:15:46.6805900' -> POSIX seconds; datetime takes at most 6 digits of %f."""
+    date, _, frac = text.partition(".")
+    stamp = datetime.datetime.strptime(date, "%Y-%m-%d %H:%M:%S")
+    return stamp.replace(tzinfo=datetime.timezone.utc).timestamp() + float("0." + (frac or "0"))
+
+
+def read_trace(path, limit=None):
+    """A request trace CSV -> (prompt, output, timestamps or None), each row checked."""
+    import csv
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except OSError as e:
+        raise UsageError(f"cannot read trace {path}: {e.strerror}")
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise UsageError(f"{path}: not a CSV text file ({e})")
+    if not rows:
+        raise UsageError(f"{path}: empty trace")
+    header = [h.strip() for h in rows[0]]
+    for prompt_col, output_col, time_col in TRACE_COLUMNS:
+        if prompt_col in header and output_col in header:
+            break
+    else:
+        known = "; ".join(",".join(c for c in cols if c) for cols in TRACE_COLUMNS)
+        raise UsageError(f"{path}:1: no recognised columns (expected {known})")
+    cols = [header.index(prompt_col), header.index(output_col)]
+    has_time = time_col in header
+    body = rows[1:] if limit is None else rows[1:limit + 1]
+    prompt, output, stamps = [], [], []
+    for lineno, row in enumerate(body, 2):
+        if not any(cell.strip() for cell in row):
+            continue
+        try:
+            p, o = (int(row[c]) for c in cols)
+            stamp = parse_timestamp(row[header.index(time_col)].strip()) if has_time else 0.0
+        except (ValueError, IndexError):
+            raise UsageError(f"{path}:{lineno}: expected token counts"
+                             f"{' and a timestamp' if has_time else ''}, got {','.join(row)!r}")
+        if p < 0 or o <= 0:  # (an empty prompt still runs one token: the start token)
+            raise UsageError(f"{path}:{lineno}: token counts must be >= 0 (prompt) and > 0 "
+                             f"(output), got {p}, {o}")
+        if has_time and stamps and stamp < stamps[-1]:
+            raise UsageError(f"{path}:{lineno}: timestamp earlier than the line before")
+        prompt.append(p)
+        output.append(o)
+        stamps.append(stamp)
+    if not prompt:
+        raise UsageError(f"{path}: no requests in the trace")
+    times = np.array(stamps) - stamps[0] if has_time else None
+    return np.maximum(np.array(prompt, dtype=np.int64), 1), np.array(output, dtype=np.int64), \
+        times
+
+
+def arrival_times(n, rate, burstiness, rng):
+    """n arrival times: gamma-distributed gaps of mean 1/rate (shape = burstiness; 1 = Poisson,
+    below 1 burstier); all at t=0 when rate is None."""
+    if rate is None:
+        return np.zeros(n)
+    gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)
+    return np.cumsum(gaps) - gaps[0]
+
+
+def make_requests(run):
+    """The requests of C: lengths (log-normal law, lengths file or trace) and arrivals."""
+    rng = np.random.default_rng(run.seed + 1)
+    trace_times = None
+    if run.trace:
+        prompt, output, trace_times = read_trace(run.trace, run.trace_limit)
+        source = f"trace {os.path.basename(run.trace)}"
+    else:
+        output = request_lengths(run)
+        prompt = np.full(len(output), run.prompt_len, dtype=np.int64)
+        source = run.lengths_file or (f"log-normal (median {LENGTH_MEDIAN}, sigma "
+                                      f"{LENGTH_SIGMA}, max {LENGTH_MAX}), seed {run.seed}")
+    if run.rate == "trace":
+        if trace_times is None:
+            raise UsageError("--rate trace: the trace has no timestamps")
+        arrival = trace_times
+    else:
+        arrival = arrival_times(len(output), run.rate, run.burstiness, rng)
+    return Requests(arrival, prompt, output, source)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds of one forward pass: pass_s(tokens, kv_tokens) = f(tokens) + kv_s * kv_tokens.
+
+    f is piecewise linear through measured (or modelled) knots of tokens per pass, extended
+    linearly beyond the last; kv_s is the cost of reading one cached token's K and V.
+    """
+    tokens: tuple
+    seconds: tuple
+    kv_token_s: float
+    source: str
+
+    def pass_s(self, tokens, kv_tokens=0):
+        if tokens <= 0:
+            return 0.0
+        x, y = self.tokens, self.seconds
+        if tokens > x[-1] and len(x) > 1:
+            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            base = y[-1] + slope * (tokens - x[-1])
+        else:
+            base = float(np.interp(tokens, x, y))
+        return base + self.kv_token_s * kv_tokens
+
+    def decode_run_s(self, batch, kv_tokens, steps):
+        """k = steps decode passes of `batch` rows whose caches grow by one token a step."""
+        return steps * self.pass_s(batch, kv_tokens) + \
+            self.kv_token_s * batch * steps * (steps - 1) / 2
+
+
+def analytic_costs(cfg, bandwidth_gbs, tflops):
+    """Roofline pricing: each pass takes max(FLOPs / peak, bytes / bandwidth)."""
+    knots = [2**i for i in range(15)]
+    seconds = []
+    for n in knots:
+        cost = step_cost(cfg, n, 1, 0)
+        seconds.append(max(cost["flops"] / (tflops * 1e12), cost["bytes"] / (bandwidth_gbs * 1e9)))
+    return StepCosts(tuple(knots), tuple(seconds), kv_bytes_per_token(cfg) / (bandwidth_gbs * 1e9),
+                     f"analytic roofline ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} TFLOP/s, "
+                     f"{cfg.layers}x{cfg.hidden} {cfg.dtype})")
+
+
+def measured_costs(cfg, results):
+    """Pricing from this run's A rows (decode, by batch) and B rows (prefill, by tokens)."""
+    A = results["A"]
+    mode = A["modes"][-1]
+    rows = [r for r in measured(A["rows"]) if r["mode"] == mode]
+    ceil = results["environment"]["ceilings"]
+    kv_s = kv_bytes_per_token(cfg) / (ceil["bandwidth_gbs"] * 1e9)
+    slopes = []  # the cost of a cached token, from the same batch at two contexts
+    for b in {r["batch"] for r in rows}:
+        pts = sorted((r["batch"] * r["context"], r["step_ms"] / 1e3) for r in rows
+                     if r["batch"] == b)
+        if len(pts) > 1 and pts[-1][0] > pts[0][0]:
+            slopes.append((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]))
+    if slopes:
+        kv_s = max(float(np.median(slopes)), 0.0)
+    knots = {r["batch"]: r["step_ms"] / 1e3 - kv_s * r["batch"] * r["context"] for r in rows
+             if r["context"] == A["context"]}
+    for r in measured(results.get("B", {}).get("rows", [])):
+        if r["phase"] == "prefill":
+            knots.setdefault(r["tokens"], r["step_ms"] / 1e3)
+    x = sorted(knots)
+    return StepCosts(tuple(x), tuple(max(knots[k], 1e-9) for k in x), kv_s,
+                     f"measured on {results['environment']['device']} ({mode})")
+
+
+def percentiles(values):
+    if len(values) == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": float(np.mean(values)), "p50": float(p50), "p90": float(p90),
+            "p99": float(p99)}
+
+
+def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None):
+    """Run the requests through `slots` seats under one scheduler; per-request times and steps.
+
+    static      a batch forms from the waiting requests (up to `slots`), is prefilled, and
+                decodes until its longest request ends; then the next batch forms
+    continuous  each step first prefills the newcomers admitted into free slots (their first
+                token comes out of the prefill), then decodes everyone else one token
+    chunked     continuous, but a step runs at most `chunk_tokens` tokens: every decode first,
+                then prefill chunks of the admitted requests in order of admission
+    A prefill pass and a decode pass in one step are priced as two passes. Between events the
+    batch is fixed, so runs of identical decode steps are priced in one closed-form jump.
+    """
+    n = len(req.output)
+    arrival, prompt, output = req.arrival_s, req.prompt, req.output
+    start, first, finish = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    rid = np.full(slots, -1)             # request in each slot
+    left = np.zeros(slots, np.int64)     # tokens still to generate
+    pre = np.zeros(slots, np.int64)      # prompt tokens still to prefill
+    ctx = np.zeros(slots, np.int64)      # tokens in the slot's KV cache
+    order = np.zeros(slots, np.int64)    # admission sequence, for chunked prefill order
+    budget = chunk_tokens if scheduler == "chunked" else None
+    t, queue, done, steps, busy, longest_step_s = 0.0, 0, 0, 0, 0, 0.0
+    while done < n:
+        free = np.flatnonzero(rid < 0)
+        running = slots - len(free)
+        can_admit = scheduler != "static" or running == 0
+        if running == 0 and queue < n and arrival[queue] > t:
+            t = arrival[queue]  # idle until the next request arrives
+        new = []
+        if can_admit:
+            # chunked: admit only while this step's token budget has room for a first chunk
+            spare = math.inf if budget is None else \
+                budget - int(((rid >= 0) & (pre == 0)).sum()) - int(pre[rid >= 0].sum())
+            while len(new) < len(free) and queue < n and arrival[queue] <= t and spare > 0:
+                slot = free[len(new)]
+                rid[slot], pre[slot], ctx[slot], left[slot] = queue, prompt[queue], 0, \
+                    output[queue]
+                order[slot], start[queue] = queue, t
+                spare -= prompt[queue]
+                new.append(slot)
+                queue += 1
+        active = rid >= 0
+        decoding = active & (pre == 0)
+        if budget is None:
+            prefill_now = np.where(active & (pre > 0), pre, 0)
+        else:  # decodes first, then chunks in admission order
+            room = max(budget - int(decoding.sum()), 0)
+            prefill_now = np.zeros(slots, np.int64)
+            waiting = np.flatnonzero(active & (pre > 0))
+            for slot in waiting[np.argsort(order[waiting])]:
+                take = min(int(pre[slot]), room)
+                prefill_now[slot], room = take, room - take
+        n_dec = int(decoding.sum())
+        kv_dec = int(ctx[decoding].sum())
+        prefilling = prefill_now > 0
+        if not prefilling.any() and n_dec:
+            # a run of pure decode steps: until the first finish, or until an arrival could
+            # be admitted into a free slot
+            k = int(left[decoding].min())
+            if can_admit and running < slots and queue < n and scheduler != "static":
+                lo, hi = 1, k  # the first step count whose end reaches the next arrival
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if t + costs.decode_run_s(n_dec, kv_dec, mid) >= arrival[queue]:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                k = lo
+            t += costs.decode_run_s(n_dec, kv_dec, k)
+            longest_step_s = max(longest_step_s, costs.pass_s(n_dec, kv_dec + n_dec * (k - 1)))
+            steps += k
+            busy += k * running
+            left[decoding] -= k
+            ctx[decoding] += k
+        elif n_dec or prefilling.any():
+            step_s = costs.pass_s(int(prefill_now.sum()), int(ctx[prefilling].sum())) + \
+                costs.pass_s(n_dec, kv_dec)
+            t += step_s
+            longest_step_s = max(longest_step_s, step_s)
+            steps += 1
+            busy += running + len(new)
+            left[decoding] -= 1
+            ctx[decoding] += 1
+            pre -= prefill_now
+            ctx += prefill_now
+            emitted = prefilling & (pre == 0)  # a finished prefill emits the first token
+            first[rid[emitted]] = t
+            left[emitted] -= 1
+            ctx[emitted] += 1
+        else:
+            continue
+        for slot in np.flatnonzero((rid >= 0) & (pre == 0) & (left == 0)):
+            finish[rid[slot]] = t
+            rid[slot] = -1
+            done += 1
+    return {"start": start, "first_token": first, "finish": finish, "steps": steps,
+            "occupancy": busy / (steps * slots) if steps else 0.0,
+            "longest_step_s": longest_step_s}
+
+
+def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
+    ttft = sim["first_token"] - req.arrival_s
+    e2e = sim["finish"] - req.arrival_s
+    multi = req.output > 1
+    tpot = (sim["finish"][multi] - sim["first_token"][multi]) / (req.output[multi] - 1)
+    span = float(sim["finish"].max() - req.arrival_s.min())
+    metrics = {"steps": sim["steps"], "makespan_s": span,
+               "throughput_rps": len(e2e) / span, "output_tokens_per_s": req.output.sum() / span,
+               "occupancy": sim["occupancy"], "longest_step_s": sim["longest_step_s"],
+               "ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot), "e2e_s": percentiles(e2e)}
+    if slo_ttft_s or slo_tpot_s:
+        ok = np.ones(len(e2e), bool)
+        if slo_ttft_s:
+            ok &= ttft <= slo_ttft_s
+        if slo_tpot_s:
+            per_token = np.zeros(len(e2e))
+            per_token[multi] = tpot
+            ok &= per_token <= slo_tpot_s
+        metrics["goodput_rps"] = float(ok.sum() / span)
+        metrics["slo_attained"] = float(ok.mean())
+    return metrics
+
+
+SCHEDULERS = ("static", "continuous", "chunked")
 
 
 # -----------------------------------------------------------------------------
@@ -711,24 +1028,109 @@ def seed_spread(run, n_seeds=100):
                                  for k, a, b, c in zip(keys, p10, p50, p90)}}
 
 
-def run_batching_sim(run, log):
-    """C: static vs continuous batching over the same requests."""
-    lengths = request_lengths(run)
-    result = {"requests": len(lengths), "slots": run.slots,
-              "source": run.lengths_file or f"log-normal (median {LENGTH_MEDIAN}, sigma "
-                                            f"{LENGTH_SIGMA}, max {LENGTH_MAX}), seed {run.seed}",
-              "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
-                          "max": int(lengths.max()), "total": int(lengths.sum())}}
-    for policy in ("static", "continuous"):
-        sim = simulate_slots(lengths, run.slots, policy)
-        result[policy] = {"steps": sim["steps"], "occupancy": sim["occupancy"],
-                          "occupied": sim["occupied"].tolist()}
-    result["speedup"] = result["static"]["steps"] / result["continuous"]["steps"]
-    if not run.lengths_file:
-        result["seed_spread"] = seed_spread(run)
-    log(f"C: static {result['static']['steps']} steps, continuous "
-        f"{result['continuous']['steps']} steps")
+def run_batching_sim(run, log, results):
+    """C: static vs continuous batching in steps (the post's table), then in seconds under the
+    step-cost model for all three schedulers, and a sweep of arrival rates."""
+    result = {}
+    if not run.trace:  # the post's table: all requests at t=0, prefill ignored
+        lengths = request_lengths(run)
+        result.update(requests=len(lengths), slots=run.slots, lengths={
+            "median": float(np.median(lengths)), "mean": float(lengths.mean()),
+            "max": int(lengths.max()), "total": int(lengths.sum())})
+        for policy in ("static", "continuous"):
+            sim = simulate_slots(lengths, run.slots, policy)
+            result[policy] = {"steps": sim["steps"], "occupancy": sim["occupancy"],
+                              "occupied": sim["occupied"].tolist()}
+        result["speedup"] = result["static"]["steps"] / result["continuous"]["steps"]
+        if not run.lengths_file:
+            result["seed_spread"] = seed_spread(run)
+        log(f"C: static {result['static']['steps']} steps, continuous "
+            f"{result['continuous']['steps']} steps")
+    req = make_requests(run)
+    costs = step_costs(run, results)
+    result.update(source=req.source, requests=len(req.output), slots=run.slots,
+                  cost_model={"source": costs.source, "tokens": list(costs.tokens),
+                              "seconds": list(costs.seconds), "kv_token_s": costs.kv_token_s},
+                  arrivals=arrivals_text(run), prompt_tokens=percentiles(req.prompt),
+                  output_tokens=percentiles(req.output), schedulers={}, distributions={})
+    sims = {}
+    for name in SCHEDULERS:
+        sims[name] = simulate_serving(req, run.slots, costs, name, run.chunk_tokens)
+        result["schedulers"][name] = serving_metrics(req, sims[name], run.slo_ttft_s,
+                                                     run.slo_tpot_s)
+        ttft = np.sort(sims[name]["first_token"] - req.arrival_s)
+        e2e = np.sort(sims[name]["finish"] - req.arrival_s)
+        result["distributions"][name] = {"ttft_s": quantile_curve(ttft),
+                                         "e2e_s": quantile_curve(e2e)}
+        log(f"C {name}: {sims[name]['steps']} steps, "
+            f"{result['schedulers'][name]['makespan_s']:.2f} s")
+    if run.save_requests:
+        save_requests_csv(run.save_requests, req, sims)
+    result["rate_sweep"] = rate_sweep(run, req, costs, result["schedulers"]["continuous"])
     return result
+
+
+def step_costs(run, results):
+    if run.cost == "measured" or (run.cost is None and "A" in results):
+        if "A" not in results:
+            raise UsageError("--cost measured needs experiment A in the same run")
+        return measured_costs(run.model, results)
+    ceil = results["environment"].get("ceilings", {})
+    return analytic_costs(run.model, run.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
+                          or REFERENCE_BANDWIDTH_GBS,
+                          run.peak_tflops or ceil.get("matmul_tflops") or REFERENCE_TFLOPS)
+
+
+def arrivals_text(run):
+    if run.rate is None:
+        return "all at t=0"
+    if run.rate == "trace":
+        return "the trace's timestamps"
+    law = "Poisson" if run.burstiness == 1 else f"gamma gaps, burstiness {run.burstiness:g}"
+    return f"{law} at {run.rate:g} requests/s"
+
+
+def quantile_curve(sorted_values, points=200):
+    """A compact CDF for the JSON and the figure: values at evenly spaced quantiles."""
+    q = np.linspace(0, 1, points)
+    return np.quantile(sorted_values, q).tolist() if len(sorted_values) else []
+
+
+def rate_sweep(run, req, costs, continuous):
+    """Throughput and p99 latency of each scheduler as the arrival rate grows.
+
+    Rates: --rates, or fractions of the continuous scheduler's capacity (its throughput with
+    every request waiting at t=0, or as measured above).
+    """
+    capacity = continuous["throughput_rps"]
+    rates = run.rates or tuple(round(f * capacity, 6) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0,
+                                                                1.2))
+    rng = np.random.default_rng(run.seed + 2)
+    points = []
+    for rate in rates:
+        arrival = arrival_times(len(req.output), rate, run.burstiness, rng)
+        swept = Requests(arrival, req.prompt, req.output, req.source)
+        row = {"rate_rps": rate}
+        for name in SCHEDULERS:
+            m = serving_metrics(swept, simulate_serving(swept, run.slots, costs, name,
+                                                        run.chunk_tokens))
+            row[name] = {"throughput_rps": m["throughput_rps"], "e2e_p99_s": m["e2e_s"]["p99"],
+                         "ttft_p99_s": m["ttft_s"]["p99"]}
+        points.append(row)
+    return points
+
+
+def save_requests_csv(path, req, sims):
+    lines = ["scheduler,id,arrival,prompt,output,start,first_token,finish"]
+    for name, sim in sims.items():
+        for i in range(len(req.output)):
+            lines.append(f"{name},{i},{req.arrival_s[i]:.6f},{req.prompt[i]},{req.output[i]},"
+                         f"{sim['start'][i]:.6f},{sim['first_token'][i]:.6f},"
+                         f"{sim['finish'][i]:.6f}")
+    try:
+        write_atomic(path, "\n".join(lines) + "\n")
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror}")
 
 
 # -----------------------------------------------------------------------------
@@ -744,6 +1146,7 @@ HEADERS = {
            "occupancy": "slot occupancy", "speedup": "speedup",
            "prefill": "prefill ({tokens} tokens)", "decode": "decode (batch {batch})",
            "static": "static batching", "continuous": "continuous batching",
+           "chunked": "chunked prefill",
            "A": "A  decode batch sweep (context {context} tokens)",
            "B": "B  prefill vs decode", "C": "C  static vs continuous batching "
                                               "({requests} requests, {slots} slots)"},
@@ -756,6 +1159,7 @@ HEADERS = {
            "occupancy": "슬롯 점유율", "speedup": "속도 향상",
            "prefill": "프리필 (질문 {tokens}토큰)", "decode": "디코드 (묶음 {batch})",
            "static": "정적 배칭", "continuous": "연속 배칭",
+           "chunked": "분할 프리필",
            "A": "A  디코드 배치 크기 (문맥 {context}토큰)",
            "B": "B  프리필 대 디코드", "C": "C  정적 대 연속 배칭 (요청 {requests}개, 슬롯 {slots}개)"},
 }
@@ -788,13 +1192,13 @@ def format_tables(results, lang="en"):
                  for r in results["B"]["rows"]]
         out += [H["B"], tabulate(table, [H["row"]] + [H[k] for k, _ in cols],
                                  stralign="right"), chain_text(results["B"])]
-    if "C" in results:
+    if "C" in results and "static" in results["C"]:
         C = results["C"]
         table = [[H[p], f"{C[p]['steps']:,}", f"{100 * C[p]['occupancy']:.1f}%"]
                  for p in ("static", "continuous")]
         out += [H["C"].format(**C), tabulate(table, [H["policy"], H["steps"], H["occupancy"]],
                                              stralign="right"),
-                f"{H['speedup']}: {C['speedup']:.2f}x   (lengths: {C['source']}; median "
+                f"{H['speedup']}: {C['speedup']:.2f}x   (lengths: median "
                 f"{C['lengths']['median']:.0f}, mean {C['lengths']['mean']:.1f}, max "
                 f"{C['lengths']['max']:,})"]
         if "seed_spread" in C:
@@ -803,6 +1207,8 @@ def format_tables(results, lang="en"):
                        + spread_text(s["static_occupancy"], pct=True) + ", continuous "
                        + spread_text(s["continuous_occupancy"], pct=True) + ", speedup "
                        + spread_text(s["speedup"]))
+    if "C" in results:
+        out += [serving_table(results["C"], H)]
     return "\n\n".join(out)
 
 
@@ -843,6 +1249,27 @@ def ceilings_line(ceilings, run):
     return (f"ceilings: {ceilings['bandwidth_gbs']:,.1f} GB/s ({ceilings['bandwidth_source']}), "
             f"{ceilings['matmul_tflops']:.2f} TFLOP/s ({ceilings['matmul_source']}); ridge "
             f"{ceilings['ridge_flop_per_byte']:.0f} FLOP/byte{note}")
+
+
+def serving_table(C, H):
+    """C in seconds: each scheduler's throughput and latency percentiles."""
+    from tabulate import tabulate
+
+    def ms(d, key):
+        return f"{1e3 * d[key]:,.1f}" if d[key] is not None else "-"
+    table = []
+    for name, m in C["schedulers"].items():
+        table.append([H.get(name, name), f"{m['steps']:,}", f"{m['makespan_s']:,.2f}",
+                      f"{m['throughput_rps']:,.2f}", f"{m['output_tokens_per_s']:,.0f}",
+                      f"{100 * m['occupancy']:.1f}%"]
+                     + [ms(m[k], p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p99")]
+                     + ([f"{m['goodput_rps']:,.2f}"] if "goodput_rps" in m else []))
+    headers = [H["policy"], H["steps"], "seconds", "req/s", "tokens/s", H["occupancy"],
+               "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "E2E p50 ms",
+               "E2E p99 ms"] + (["goodput req/s"] if "goodput_rps" in m else [])
+    return (f"C  in seconds: {C['requests']:,} requests ({C['source']}), {C['slots']} slots, "
+            f"arrivals {C['arrivals']}\n   step costs: {C['cost_model']['source']}\n"
+            + tabulate(table, headers, stralign="right"))
 
 
 def spread_text(s, pct=False):
@@ -936,6 +1363,8 @@ def _png_bytes(fig):
 def plot_occupancy(results, path):
     import matplotlib.pyplot as plt
     C = results["C"]
+    if "static" not in C:  # a trace run has no step-count table
+        return False
     fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True, sharey=True)
     for ax, policy, color in zip(axes, ("static", "continuous"), (RED, BLUE)):
         occupied = np.asarray(C[policy]["occupied"])
@@ -1078,7 +1507,53 @@ def plot_decode_context(results, path):
     save_figure(fig, results, path)
 
 
+SCHEDULER_COLORS = {"static": RED, "continuous": BLUE, "chunked": "#2ca02c"}
+
+
+def plot_latency_cdf(results, path):
+    import matplotlib.pyplot as plt
+    C = results["C"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    for ax, key, label in zip(axes, ("ttft_s", "e2e_s"), ("time to first token", "end-to-end "
+                                                                                  "latency")):
+        for name, dist in C["distributions"].items():
+            values = np.asarray(dist[key])
+            ax.plot(values, np.linspace(0, 1, len(values)), color=SCHEDULER_COLORS[name],
+                    label=name, linestyle="--" if name == "chunked" else "-")
+        ax.set_xlabel(f"{label} (s)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of requests")
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"C: latency CDFs, {C['requests']:,} requests, {C['slots']} slots, arrivals "
+                 f"{C['arrivals']}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_rate_sweep(results, path):
+    import matplotlib.pyplot as plt
+    sweep = results["C"].get("rate_sweep") or []
+    if not sweep:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for name in SCHEDULERS:
+        ax.plot([p[name]["throughput_rps"] for p in sweep], [p[name]["e2e_p99_s"] for p in sweep],
+                "o--" if name == "chunked" else "o-", color=SCHEDULER_COLORS[name], label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("achieved throughput (requests/s)")
+    ax.set_ylabel("p99 end-to-end latency (s, log)")
+    ax.set_title("C: the serving curve: offered rate rising from "
+                 f"{sweep[0]['rate_rps']:.3g} to {sweep[-1]['rate_rps']:.3g} requests/s",
+                 fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
 FIGURES = {"occupancy.png": ("C", plot_occupancy),
+           "latency_cdf.png": ("C", plot_latency_cdf),
+           "rate_sweep.png": ("C", plot_rate_sweep),
            "decode_batch.png": ("A", plot_decode_batch),
            "prefill_decode.png": ("B", plot_prefill_decode),
            "roofline.png": ("AB", plot_roofline),
@@ -1129,6 +1604,18 @@ def positive_float(text):
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def rate_value(text):
+    return "trace" if text == "trace" else positive_float(text)
+
+
+def float_list(text):
+    try:
+        return tuple(positive_float(v) for v in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers, got "
+                                         f"{text!r}")
 
 
 def nonnegative_int(text):
@@ -1196,6 +1683,25 @@ def build_parser():
     c.add_argument("--seed", type=nonnegative_int, default=0)
     c.add_argument("--lengths-file", metavar="PATH",
                    help="generated lengths, one positive integer per line ('#' comments)")
+    c.add_argument("--prompt-len", type=positive_int, default=128,
+                   help="prompt tokens of each generated request (default 128)")
+    c.add_argument("--trace", metavar="CSV", help="a request trace: columns num_prefill_tokens,"
+                   "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
+    c.add_argument("--trace-limit", type=positive_int, metavar="N", help="first N trace rows")
+    c.add_argument("--rate", type=rate_value, help="arrivals per second (Poisson, or gamma with "
+                   "--burstiness), or 'trace' for the trace's timestamps (default: all at t=0)")
+    c.add_argument("--burstiness", type=positive_float, default=1.0,
+                   help="gamma shape of the gaps: 1 = Poisson, below 1 burstier")
+    c.add_argument("--rates", type=float_list, help="rate sweep, requests/s (default: 0.2-1.2x "
+                   "the continuous scheduler's capacity)")
+    c.add_argument("--chunk-tokens", type=positive_int, default=512,
+                   help="chunked prefill: tokens per step, decodes included (default 512)")
+    c.add_argument("--cost", choices=["measured", "analytic"],
+                   help="price steps from this run's A/B rows or from a roofline (default: "
+                        "measured when A runs)")
+    c.add_argument("--slo-ttft-ms", type=positive_float, help="goodput: TTFT bound")
+    c.add_argument("--slo-tpot-ms", type=positive_float, help="goodput: TPOT bound")
+    c.add_argument("--save-requests", metavar="CSV", help="write every request's times")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="figures", help="directory for results.json and figures")
     o.add_argument("--no-figures", action="store_true")
@@ -1234,9 +1740,16 @@ def parse_args(argv):
                peak_tflops=args.peak_tflops,
                prefill_lengths=args.prefill_lengths, decode_batches=args.decode_batches,
                requests=args.requests, slots=args.slots, seed=args.seed,
-               lengths_file=args.lengths_file, warmup=args.warmup, reps=args.reps,
+               lengths_file=args.lengths_file, prompt_len=args.prompt_len, trace=args.trace,
+               trace_limit=args.trace_limit, rate=args.rate, burstiness=args.burstiness,
+               rates=args.rates, chunk_tokens=args.chunk_tokens, cost=args.cost,
+               slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
+               slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
+               save_requests=args.save_requests, warmup=args.warmup, reps=args.reps,
                out=args.out, figures=not args.no_figures, lang=args.lang, quick=args.quick,
                preset_note=note)
+    if args.rate == "trace" and not args.trace:
+        raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
     longest = max(max(run["contexts"]) + 1, max(run["prefill_lengths"]))
     if device is not None and longest > model.max_positions:
         raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
@@ -1277,8 +1790,13 @@ def log(message):
 def _main(argv):
     run = parse_args(argv)
     device = run.device and torch.device(run.device)
-    if run.lengths_file and "C" in run.experiments:
-        read_lengths_file(run.lengths_file)  # fail before any long measurement
+    if "C" in run.experiments:  # fail on a bad input file before any long measurement
+        if run.lengths_file:
+            read_lengths_file(run.lengths_file)
+        if run.trace:
+            make_requests(run)
+        if run.cost == "measured" and "A" not in run.experiments:
+            raise UsageError("--cost measured needs experiment A in the same run")
     prepare_out_dir(run.out)
     cfg = run.model
     results = {"environment": environment(run, device, argv),
@@ -1299,7 +1817,7 @@ def _main(argv):
                 if "B" in run.experiments:
                     results["B"] = run_prefill_decode(bench, ceilings, log)
         if "C" in run.experiments:
-            results["C"] = run_batching_sim(run, log)
+            results["C"] = run_batching_sim(run, log, results)
     except KeyboardInterrupt:
         interrupted = True
         results["interrupted"] = True

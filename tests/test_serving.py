@@ -1,0 +1,154 @@
+"""Experiment C in seconds: arrivals, schedulers, traces, metrics."""
+import os
+
+import numpy as np
+import pytest
+
+import NN_40_serving as S
+from conftest import TRACES
+
+COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
+                    source="test")
+
+
+def poisson_requests(n, rate, seed=0, prompt=32):
+    rng = np.random.default_rng(seed)
+    output = S.lognormal_lengths(n, seed)
+    return S.Requests(S.arrival_times(n, rate, 1.0, rng), np.full(n, prompt), output, "test")
+
+
+def test_one_slot_is_a_fifo_queue_lindley():
+    req = poisson_requests(300, rate=20.0)
+    sim = S.simulate_serving(req, 1, COSTS, "continuous")
+    previous_finish = 0.0
+    for i in range(len(req.output)):
+        assert sim["start"][i] == max(req.arrival_s[i], previous_finish)
+        previous_finish = sim["finish"][i]
+
+
+def test_all_at_zero_reproduces_the_step_counts():
+    lengths = S.lognormal_lengths(600, 3)
+    req = S.Requests(np.zeros(600), np.full(600, 50), lengths, "test")
+    zero_prefill = S.StepCosts((1, 2), (0.0, 0.0), 0.0, "free prefill")
+    for costs in (zero_prefill, COSTS):  # step counts do not depend on the prices
+        for policy in ("static", "continuous"):
+            sim = S.simulate_serving(req, 32, costs, policy)
+            assert sim["steps"] == S.simulate_slots(lengths, 32, policy)["steps"]
+
+
+def test_chunked_with_an_unlimited_budget_equals_continuous():
+    req = poisson_requests(400, rate=50.0)
+    a = S.simulate_serving(req, 16, COSTS, "continuous")
+    b = S.simulate_serving(req, 16, COSTS, "chunked", chunk_tokens=10**9)
+    for key in ("start", "first_token", "finish"):
+        np.testing.assert_array_equal(a[key], b[key])
+    assert a["steps"] == b["steps"]
+
+
+@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+def test_tokens_are_conserved_and_times_ordered(scheduler):
+    req = poisson_requests(300, rate=30.0, prompt=700)
+    sim = S.simulate_serving(req, 8, COSTS, scheduler, chunk_tokens=256)
+    # every slot-step holds a request that is prefilling or emitting a token
+    assert np.all(req.arrival_s <= sim["start"])
+    assert np.all(sim["start"] < sim["first_token"])
+    assert np.all(sim["first_token"] <= sim["finish"])
+    if scheduler != "chunked":  # one prefill step + (output - 1) decode steps per request
+        assert round(sim["occupancy"] * sim["steps"] * 8) == req.output.sum()
+
+
+def test_chunked_prefill_bounds_each_step():
+    # a long prompt arrives while others decode: chunked spreads it over several steps
+    req = S.Requests(np.array([0.0, 0.0, 0.05]), np.array([10, 10, 4000]),
+                     np.array([400, 400, 5]), "test")
+    whole = S.simulate_serving(req, 4, COSTS, "continuous")
+    chunked = S.simulate_serving(req, 4, COSTS, "chunked", chunk_tokens=512)
+    # the decoders' worst stall: the whole 4000-token prefill vs at most 512 tokens a step
+    assert whole["longest_step_s"] == pytest.approx(COSTS.pass_s(4000) + COSTS.pass_s(2, 2 * 60),
+                                                    rel=0.05)
+    assert chunked["longest_step_s"] < COSTS.pass_s(512, 4000) + COSTS.pass_s(2, 2 * 400)
+    assert chunked["longest_step_s"] < 0.5 * whole["longest_step_s"]
+    assert chunked["first_token"][2] > whole["first_token"][2]  # the long prompt waits longer
+
+
+def test_same_seed_same_results(tmp_path, capsys):
+    args = ["--experiments", "C", "--rate", "50", "--no-figures", "--requests", "200",
+            "--rates", "20,40"]
+    a = S.main(args + ["--out", str(tmp_path / "a")])["C"]
+    b = S.main(args + ["--out", str(tmp_path / "b")])["C"]
+    assert a["schedulers"] == b["schedulers"] and a["rate_sweep"] == b["rate_sweep"]
+
+
+def test_serving_json_contract_and_request_csv(tmp_path, capsys):
+    csv_path = tmp_path / "requests.csv"
+    results = S.main(["--experiments", "C", "--rate", "40", "--requests", "100", "--out",
+                      str(tmp_path), "--save-requests", str(csv_path), "--slo-ttft-ms", "500",
+                      "--slo-tpot-ms", "50", "--rates", "10,30"])
+    for name in S.SCHEDULERS:
+        m = results["C"]["schedulers"][name]
+        for key in ("throughput_rps", "output_tokens_per_s", "occupancy", "goodput_rps"):
+            assert m[key] >= 0
+        for key in ("ttft_s", "tpot_s", "e2e_s"):
+            assert set(m[key]) == {"mean", "p50", "p90", "p99"}
+            assert m[key]["p50"] <= m[key]["p90"] <= m[key]["p99"]
+    lines = csv_path.read_text().splitlines()
+    assert lines[0] == "scheduler,id,arrival,prompt,output,start,first_token,finish"
+    assert len(lines) == 1 + 3 * 100
+    for name in ("latency_cdf.png", "rate_sweep.png", "occupancy.png"):
+        assert (tmp_path / name).exists()
+
+
+TRACE_FILES = ["sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+               "AzureLLMInferenceTrace_conv.csv",
+               "bwb_stats_llama2_tokenizer_filtered_v2.csv"]
+
+
+@pytest.mark.parametrize("name", TRACE_FILES)
+def test_shared_traces_parse(name):
+    path = os.path.join(TRACES, name)
+    if not os.path.exists(path):
+        pytest.skip("shared traces are not beside the project")
+    prompt, output, times = S.read_trace(path, limit=500)
+    assert len(prompt) == len(output) == 500 and prompt.min() >= 1 and output.min() >= 1
+    if name.startswith("Azure"):
+        assert times[0] == 0 and np.all(np.diff(times) >= 0)
+        assert times[1] == pytest.approx(4.3145790, abs=1e-6)  # 18:15:50.9951690 - 46.6805900
+    else:
+        assert times is None
+
+
+def test_azure_trace_with_its_timestamps(tmp_path, capsys):
+    path = os.path.join(TRACES, TRACE_FILES[1])
+    if not os.path.exists(path):
+        pytest.skip("shared traces are not beside the project")
+    results = S.main(["--experiments", "C", "--trace", path, "--trace-limit", "300", "--rate",
+                      "trace", "--slots", "16", "--out", str(tmp_path), "--no-figures",
+                      "--rates", "2"])
+    assert results["C"]["requests"] == 300 and "static" not in results["C"]
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("a,b\n1,2\n", "no recognised columns"),
+    ("num_prefill_tokens,num_decode_tokens\n5,7\n-3,4\n", ":3:"),
+    ("num_prefill_tokens,num_decode_tokens\n5,seven\n", ":2:"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.6805900,3,4\r\n"
+     "2023-11-16 18:15:45.0000000,3,4\r\n", ":3: timestamp earlier"),
+])
+def test_bad_traces(tmp_path, capsys, content, fragment):
+    from test_cli import expect_usage_error
+    path = tmp_path / "trace.csv"
+    path.write_bytes(content.encode())
+    err = expect_usage_error(["--experiments", "C", "--trace", str(path)], capsys, fragment)
+    assert "trace.csv" in err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--rate", "0"], "positive number"),
+    (["--rate", "-2"], "positive number"),
+    (["--chunk-tokens", "0"], "positive integer"),
+    (["--rate", "trace"], "no timestamps"),
+    (["--cost", "measured"], "needs experiment A"),
+])
+def test_bad_serving_flags(args, fragment, capsys):
+    from test_cli import expect_usage_error
+    expect_usage_error(["--experiments", "C"] + args, capsys, fragment)
