@@ -118,6 +118,8 @@ class RunConfig:
     time_budget_s: float = 2.0    # per shape: stop repeating after this, but keep >= 5 calls
     out: str = "figures"
     figures: bool = True
+    dpi: int = 100
+    format: str = "png"
     lang: str = "en"
     quick: bool = False
     preset_note: str = ""
@@ -1334,7 +1336,10 @@ def to_json(results):
 # -----------------------------------------------------------------------------
 # figures (drawn from the results dictionary alone)
 
+# one palette for every figure: static red and continuous blue (as in the post), chunked green;
+# prefill (compute) orange and decode (memory) purple; throughput dark grey
 RED, BLUE, GREY = "#d62728", "#1f77b4", "#7f7f7f"
+PREFILL, DECODE, DARK = "#ff7f0e", "#9467bd", "#333333"
 
 
 def figure_note(results):
@@ -1345,19 +1350,18 @@ def figure_note(results):
             f"({cfg['params'] / 1e6:,.0f} M params), {env['date'][:10]}")
 
 
+FIGURE_STYLE = {"dpi": 100, "format": "png"}  # set from --dpi / --format by draw_figures
+
+
 def save_figure(fig, results, path):
-    fig.text(0.99, 0.005, figure_note(results), ha="right", va="bottom", fontsize=7, color=GREY)
-    buf = _png_bytes(fig)
-    write_atomic(path, buf, mode="wb")
-
-
-def _png_bytes(fig):
+    """Note the device, dtype and model on the figure, then write it atomically."""
     import io
     import matplotlib.pyplot as plt
+    fig.text(0.99, 0.005, figure_note(results), ha="right", va="bottom", fontsize=7, color=GREY)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=150)
+    fig.savefig(buf, format=FIGURE_STYLE["format"], dpi=FIGURE_STYLE["dpi"])
     plt.close(fig)
-    return buf.getvalue()
+    write_atomic(path, buf.getvalue(), mode="wb")
 
 
 def plot_occupancy(results, path):
@@ -1396,18 +1400,18 @@ def plot_decode_batch(results, path):
         rows = [r for r in measured(A["rows"]) if r["context"] == A["context"]
                 and r["mode"] == mode]
         batch = [r["batch"] for r in rows]
-        ax.plot(batch, [r["step_ms"] for r in rows], "o" + style, color=RED,
+        ax.plot(batch, [r["step_ms"] for r in rows], "o" + style, color=DECODE,
                 label=f"step time = each user's wait ({mode})")
         ax.fill_between(batch, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows],
-                        color=RED, alpha=0.15, linewidth=0)
-        ax2.plot(batch, [r["tokens_per_s"] for r in rows], "s" + style, color=BLUE,
+                        color=DECODE, alpha=0.15, linewidth=0)
+        ax2.plot(batch, [r["tokens_per_s"] for r in rows], "s" + style, color=DARK,
                  label=f"tokens/s ({mode})")
     ax.set_xscale("log", base=2)
     batches = sorted({r["batch"] for r in measured(A["rows"])})
     ax.set_xticks(batches, [str(b) for b in batches])
     ax.set_xlabel("decode batch size")
-    ax.set_ylabel("step time (ms; band: p10-p90)", color=RED)
-    ax2.set_ylabel("throughput (tokens/s)", color=BLUE)
+    ax.set_ylabel("step time (ms; band: p10-p90)", color=DECODE)
+    ax2.set_ylabel("throughput (tokens/s)", color=DARK)
     ax.set_ylim(bottom=0)
     ax2.set_ylim(bottom=0)
     ax.set_title(f"A: one decode step for the whole batch (context {A['context']} tokens per "
@@ -1424,7 +1428,7 @@ def plot_prefill_decode(results, path):
         return False
     labels = [f"prefill\n{r['tokens']} tokens" if r["phase"] == "prefill"
               else f"decode\nbatch {r['batch']}\n{r['mode']}" for r in rows]
-    colors = [RED if r["phase"] == "prefill" else BLUE for r in rows]
+    colors = [PREFILL if r["phase"] == "prefill" else DECODE for r in rows]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     bars = ax.bar(labels, [r["tflops"] for r in rows], color=colors)
     ax.set_yscale("log")
@@ -1445,11 +1449,12 @@ def plot_roofline(results, path):
     ceil = results["environment"]["ceilings"]
     points = []
     if "A" in results:
-        points += [(r, f"A b{r['batch']}", BLUE) for r in measured(results["A"]["rows"])
+        points += [(r, f"b{r['batch']}", DECODE) for r in measured(results["A"]["rows"])
                    if r["context"] == results["A"]["context"]]
     if "B" in results:
         points += [(r, f"prefill {r['tokens']}" if r["phase"] == "prefill" else
-                    f"B decode b{r['batch']}", RED) for r in measured(results["B"]["rows"])]
+                    f"B b{r['batch']}", PREFILL if r["phase"] == "prefill" else DARK)
+                   for r in measured(results["B"]["rows"])]
     if not points:
         return False
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -1458,19 +1463,19 @@ def plot_roofline(results, path):
     ax.plot(x, np.minimum(ceil["matmul_tflops"], ceil["bandwidth_gbs"] * x / 1e3), color=GREY,
             label=f"roofline: {ceil['bandwidth_gbs']:,.0f} GB/s, "
                   f"{ceil['matmul_tflops']:.3g} TFLOP/s")
-    for r, label, color in points:
-        marker = "o" if r.get("mode", "eager") == "eager" else "^"
+    for i, (r, label, color) in enumerate(points):
+        marker = "o" if r["mode"] == "eager" else "^"
         ax.scatter(r["intensity"], r["tflops"], color=color, marker=marker, zorder=3,
-                   facecolors="none" if marker == "o" and color == BLUE else color)
-        ax.annotate(f"{label} {r.get('mode', 'eager')}", (r["intensity"], r["tflops"]),
-                    fontsize=7, xytext=(4, -3 if marker == "o" else 4),
-                    textcoords="offset points")
+                   facecolors="none" if color == DECODE else color)
+        # alternate labels above and below so neighbouring batches do not overprint
+        ax.annotate(label, (r["intensity"], r["tflops"]), fontsize=7, xytext=(
+            4, 5 if i % 2 else -9), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte, log)")
     ax.set_ylabel("achieved TFLOP/s (log)")
-    ax.set_title("roofline: each A and B step against the measured ceilings "
-                 "(o eager, ^ CUDA graph)", fontsize=10)
+    ax.set_title("roofline: A (open, decode sweep) and B (filled) against the measured "
+                 "ceilings; o eager, ^ CUDA graph", fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     save_figure(fig, results, path)
@@ -1551,7 +1556,45 @@ def plot_rate_sweep(results, path):
     save_figure(fig, results, path)
 
 
-FIGURES = {"occupancy.png": ("C", plot_occupancy),
+def plot_phases(results, path, decode_steps=24):
+    """One request to scale: a prefill block, then a train of decode steps; beneath, the same
+    steps shared by a batch. Widths, rates and bounds are this run's measured B rows."""
+    import matplotlib.pyplot as plt
+    rows = measured(results["B"]["rows"])
+    prefills = [r for r in rows if r["phase"] == "prefill"]
+    decodes = [r for r in rows if r["phase"] == "decode"]
+    mode = decodes[-1]["mode"] if decodes else None
+    alone = next((r for r in decodes if r["batch"] == 1 and r["mode"] == mode), None)
+    shared = max((r for r in decodes if r["mode"] == mode), key=lambda r: r["batch"],
+                 default=None)
+    if not prefills or not alone:
+        return False
+    pre = prefills[-1]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    lanes = [(1.0, alone, "one user")]
+    if shared and shared["batch"] > 1:
+        lanes.append((0.0, shared, f"batch of {shared['batch']}"))
+    for y, dec, label in lanes:
+        ax.broken_barh([(0, pre["step_ms"])], (y + 0.1, 0.8), color=PREFILL)
+        ax.broken_barh([(pre["step_ms"] + i * dec["step_ms"], dec["step_ms"] * 0.85)
+                        for i in range(decode_steps)], (y + 0.1, 0.8), color=DECODE)
+        ax.text(pre["step_ms"] + decode_steps * dec["step_ms"], y + 0.5,
+                f"  {label}: {dec['us_per_token']:,.0f} µs/token, {dec['tflops']:.3g} TFLOP/s, "
+                f"{dec['bound']}-bound", va="center", fontsize=8)
+    ax.text(pre["step_ms"] / 2, 1.5, f"prefill {pre['tokens']} tokens\n{pre['tflops']:.3g} "
+            f"TFLOP/s\n{pre['bound']}-bound", ha="center", va="center", fontsize=8,
+            color="white")
+    ax.set_yticks([y + 0.5 for y, _, _ in lanes], [label for _, _, label in lanes])
+    longest = pre["step_ms"] + decode_steps * max(d["step_ms"] for _, d, _ in lanes)
+    ax.set_xlim(0, longest * 1.9)
+    ax.set_xlabel(f"time (ms): prefill, then {decode_steps} decode steps of one token each")
+    ax.set_title("two phases of one request, to scale (this run's B rows)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    save_figure(fig, results, path)
+
+
+FIGURES = {"phases.png": ("B", plot_phases),
+           "occupancy.png": ("C", plot_occupancy),
            "latency_cdf.png": ("C", plot_latency_cdf),
            "rate_sweep.png": ("C", plot_rate_sweep),
            "decode_batch.png": ("A", plot_decode_batch),
@@ -1560,15 +1603,21 @@ FIGURES = {"occupancy.png": ("C", plot_occupancy),
            "decode_context.png": ("A", plot_decode_context)}
 
 
-def draw_figures(results, out_dir):
+def draw_figures(results, out_dir, dpi=100, fmt="png"):
+    """Every figure the results support -> (written, missing: {name: why not})."""
     import matplotlib
     matplotlib.use("Agg")
-    written = []
+    FIGURE_STYLE.update(dpi=dpi, format=fmt)
+    written, missing = [], {}
     for name, (experiment, plot) in FIGURES.items():
-        if any(e in results for e in experiment):
-            if plot(results, os.path.join(out_dir, name)) is not False:
-                written.append(name)
-    return written
+        name = name.replace(".png", "." + fmt)
+        if not any(e in results for e in experiment):
+            missing[name] = f"needs experiment {' or '.join(experiment)}"
+        elif plot(results, os.path.join(out_dir, name)) is False:
+            missing[name] = "no measured rows to draw"
+        else:
+            written.append(name)
+    return written, missing
 
 
 # -----------------------------------------------------------------------------
@@ -1705,6 +1754,11 @@ def build_parser():
     o = p.add_argument_group("output")
     o.add_argument("--out", default="figures", help="directory for results.json and figures")
     o.add_argument("--no-figures", action="store_true")
+    o.add_argument("--replot", metavar="RESULTS_JSON", help="redraw the figures of a saved "
+                   "results.json into --out; runs nothing, touches no device")
+    o.add_argument("--dpi", type=positive_int, default=100,
+                   help="figure resolution: 100 = 800 px wide, one blog column; 200 for 2x")
+    o.add_argument("--format", choices=["png", "svg"], default="png")
     o.add_argument("--lang", default="en", help="table headers: en or ko")
     o.add_argument("--quick", action="store_true", help="shrink every experiment (smoke run)")
     return p
@@ -1746,7 +1800,8 @@ def parse_args(argv):
                slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
                slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
                save_requests=args.save_requests, warmup=args.warmup, reps=args.reps,
-               out=args.out, figures=not args.no_figures, lang=args.lang, quick=args.quick,
+               out=args.out, figures=not args.no_figures, dpi=args.dpi, format=args.format,
+               lang=args.lang, quick=args.quick,
                preset_note=note)
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
@@ -1787,7 +1842,34 @@ def log(message):
     print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def replot(argv):
+    """--replot: redraw from a saved results.json; no experiment runs, no device is touched."""
+    args = build_parser().parse_args(argv)
+    try:
+        with open(args.replot, encoding="utf-8") as f:
+            results = json.load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read {args.replot}: {e.strerror}")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UsageError(f"{args.replot}: not a JSON file")
+    if not (isinstance(results, dict) and isinstance(results.get("environment"), dict)
+            and isinstance(results.get("config"), dict)):
+        raise UsageError(f"{args.replot}: not a results.json written by NN_40_serving.py")
+    prepare_out_dir(args.out)
+    try:
+        written, missing = draw_figures(results, args.out, args.dpi, args.format)
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        raise UsageError(f"{args.replot}: lacks a field the figures need ({e!r}); it may come "
+                         "from another version of the script")
+    print(f"redrew {', '.join(written) or 'nothing'} into {args.out}")
+    for name, why in missing.items():
+        print(f"could not draw {name}: {why}")
+    return {"written": written, "missing": missing}
+
+
 def _main(argv):
+    if build_parser().parse_args(argv).replot:
+        return replot(argv)
     run = parse_args(argv)
     device = run.device and torch.device(run.device)
     if "C" in run.experiments:  # fail on a bad input file before any long measurement
@@ -1824,7 +1906,7 @@ def _main(argv):
     print("\n" + format_tables(results, run.lang) + "\n", flush=True)
     write_atomic(os.path.join(run.out, "results.json"), to_json(results))
     if run.figures and not interrupted:
-        written = draw_figures(results, run.out)
+        written, _ = draw_figures(results, run.out, run.dpi, run.format)
         print(f"wrote {os.path.join(run.out, 'results.json')} and {', '.join(written)}")
     if interrupted:
         print("interrupted: the tables above are the experiments that finished",

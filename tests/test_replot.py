@@ -1,0 +1,45 @@
+"""--replot redraws from a saved results.json without running anything."""
+import json
+
+import pytest
+
+import NN_40_serving as S
+from test_cli import expect_usage_error
+
+
+def test_replot_redraws_the_same_set(tiny_args, tmp_path, capsys, monkeypatch):
+    S.main(tiny_args)
+    drawn = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert "phases.png" in drawn and len(drawn) == len(S.FIGURES)
+    monkeypatch.setattr(S, "Bench", lambda *a: pytest.fail("replot ran an experiment"))
+    monkeypatch.setattr(S, "resolve_device", lambda *a: pytest.fail("replot probed a device"))
+    again = tmp_path / "again"
+    result = S.main(["--replot", str(tmp_path / "results.json"), "--out", str(again),
+                     "--format", "svg"])
+    assert sorted(p.name for p in again.iterdir()) == [n.replace(".png", ".svg") for n in drawn]
+    assert result["missing"] == {}
+
+
+def test_replot_of_c_only_draws_c_and_says_so(tmp_path, capsys):
+    S.main(["--experiments", "C", "--requests", "100", "--rates", "5,10", "--out",
+            str(tmp_path)])
+    capsys.readouterr()
+    result = S.main(["--replot", str(tmp_path / "results.json"), "--out", str(tmp_path / "r")])
+    assert sorted(result["written"]) == ["latency_cdf.png", "occupancy.png", "rate_sweep.png"]
+    out = capsys.readouterr().out
+    assert "could not draw roofline.png: needs experiment A or B" in out
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("{not json", "not a JSON file"),
+    ('["a", "list"]', "not a results.json"),
+    ('{"environment": {}, "config": {}, "C": {"static": {}}}', "lacks a field"),
+])
+def test_replot_of_bad_files(tmp_path, capsys, content, fragment):
+    path = tmp_path / "results.json"
+    path.write_text(content)
+    expect_usage_error(["--replot", str(path), "--out", str(tmp_path / "r")], capsys, fragment)
+
+
+def test_replot_of_a_missing_file(tmp_path, capsys):
+    expect_usage_error(["--replot", str(tmp_path / "nope.json")], capsys, "cannot read")
