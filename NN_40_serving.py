@@ -507,6 +507,7 @@ def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
 
 
 SCHEDULERS = ("static", "continuous", "chunked")
+SWEEP_REQUESTS = 2000  # requests per point of the rate sweep
 
 
 # -----------------------------------------------------------------------------
@@ -1102,8 +1103,11 @@ def rate_sweep(run, req, costs, continuous):
     """Throughput and p99 latency of each scheduler as the arrival rate grows.
 
     Rates: --rates, or fractions of the continuous scheduler's capacity (its throughput with
-    every request waiting at t=0, or as measured above).
+    every request waiting at t=0, or as measured above). Each point replays the first
+    SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals.
     """
+    req = Requests(req.arrival_s[:SWEEP_REQUESTS], req.prompt[:SWEEP_REQUESTS],
+                   req.output[:SWEEP_REQUESTS], req.source)
     capacity = continuous["throughput_rps"]
     rates = run.rates or tuple(round(f * capacity, 6) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0,
                                                                 1.2))
