@@ -1503,8 +1503,10 @@ def plot_decode_context(results, path):
         cross = A["kv_crossover_batch"][str(context)]
         if cross and batch and cross <= max(batch):
             ax1.axvline(cross, color=color, linestyle=":", linewidth=1)
+    batches = sorted({r["batch"] for r in measured(A["rows"])})
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
         ax.set_xlabel("decode batch size")
     ax1.set_ylabel("step time (ms)")
     ax2.set_ylabel("tokens/s")
@@ -1547,7 +1549,8 @@ def plot_rate_sweep(results, path):
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for name in SCHEDULERS:
         ax.plot([p[name]["throughput_rps"] for p in sweep], [p[name]["e2e_p99_s"] for p in sweep],
-                "o--" if name == "chunked" else "o-", color=SCHEDULER_COLORS[name], label=name)
+                "o--" if name == "chunked" else "o-", color=SCHEDULER_COLORS[name], label=name,
+                linewidth=3 if name == "continuous" else 1.5)  # visible under chunked
     ax.set_yscale("log")
     ax.set_xlabel("achieved throughput (requests/s)")
     ax.set_ylabel("p99 end-to-end latency (s, log)")
