@@ -1031,12 +1031,12 @@ def seed_spread(run, n_seeds=100):
                                  for k, a, b, c in zip(keys, p10, p50, p90)}}
 
 
-def run_batching_sim(run, log, results):
+def run_batching_sim(run, req, log, results):
     """C: static vs continuous batching in steps (the post's table), then in seconds under the
     step-cost model for all three schedulers, and a sweep of arrival rates."""
     result = {}
     if not run.trace:  # the post's table: all requests at t=0, prefill ignored
-        lengths = request_lengths(run)
+        lengths = req.output
         result.update(requests=len(lengths), slots=run.slots, lengths={
             "median": float(np.median(lengths)), "mean": float(lengths.mean()),
             "max": int(lengths.max()), "total": int(lengths.sum())})
@@ -1049,7 +1049,6 @@ def run_batching_sim(run, log, results):
             result["seed_spread"] = seed_spread(run)
         log(f"C: static {result['static']['steps']} steps, continuous "
             f"{result['continuous']['steps']} steps")
-    req = make_requests(run)
     costs = step_costs(run, results)
     result.update(source=req.source, requests=len(req.output), slots=run.slots,
                   cost_model={"source": costs.source, "tokens": list(costs.tokens),
@@ -1881,11 +1880,9 @@ def _main(argv):
         return replot(argv)
     run = parse_args(argv)
     device = run.device and torch.device(run.device)
-    if "C" in run.experiments:  # fail on a bad input file before any long measurement
-        if run.lengths_file:
-            read_lengths_file(run.lengths_file)
-        if run.trace:
-            make_requests(run)
+    requests = None
+    if "C" in run.experiments:  # read C's input once, failing before any long measurement
+        requests = make_requests(run)
         if run.cost == "measured" and "A" not in run.experiments:
             raise UsageError("--cost measured needs experiment A in the same run")
     prepare_out_dir(run.out)
@@ -1908,7 +1905,7 @@ def _main(argv):
                 if "B" in run.experiments:
                     results["B"] = run_prefill_decode(bench, ceilings, log)
         if "C" in run.experiments:
-            results["C"] = run_batching_sim(run, log, results)
+            results["C"] = run_batching_sim(run, requests, log, results)
     except KeyboardInterrupt:
         interrupted = True
         results["interrupted"] = True
