@@ -83,6 +83,11 @@ EXPERIMENTS = "ABC"
 # RTX 5080 (960 GB/s by specification; 105.5 TFLOP/s, the post's best measured fp16 rate).
 REFERENCE_BANDWIDTH_GBS, REFERENCE_TFLOPS = 960.0, 105.5
 LENGTH_MEDIAN, LENGTH_SIGMA, LENGTH_MAX = 70, 1.0, 2048  # the default output-length law (C)
+# The KV cache's memory in C, unless --kv-memory-gb: on CUDA, this share of the device's memory
+# less the weights (vLLM's default gpu_memory_utilization); on CPU, a deliberately small cache,
+# so that memory and not the slots limits the batch; with no device (C alone, analytic prices),
+# the post's RTX 5080 and its 16 GB.
+KV_MEMORY_FRACTION, CPU_KV_MEMORY_GB, REFERENCE_MEMORY_GB = 0.9, 0.5, 16.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,10 @@ class RunConfig:
     slo_ttft_s: float = None
     slo_tpot_s: float = None
     save_requests: str = None
+    kv_policies: tuple = ("reserve", "paged")  # C's KV-cache study
+    kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
+    block_tokens: int = 16        # paged: tokens per block
+    max_output: int = None        # reserve: output tokens reserved per request
     warmup: int = 3               # untimed calls at each shape
     reps: int = 50                # timed calls at each shape (fewer if a call is slow)
     time_budget_s: float = 2.0    # per shape: stop repeating after this, but keep >= 5 calls
@@ -383,7 +392,54 @@ def percentiles(values):
             "p99": float(p99)}
 
 
-def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None):
+@dataclass(frozen=True)
+class KVBudget:
+    """The KV cache's memory in the serving simulation, counted in tokens.
+
+    reserve  on admission a request reserves prompt + max_output tokens, contiguously, until it
+             finishes (FasterTransformer, Orca); admission waits while that does not fit
+    paged    blocks of block_tokens are allocated as a sequence grows (PagedAttention). When a
+             step needs a block and none is free, the most recently admitted request is
+             preempted: its blocks are freed, and when it is readmitted its prompt and the
+             tokens it had generated are prefilled again (recompute, vLLM's default)
+    A request holds one token of KV for every token it has prefilled or generated.
+    """
+    policy: str                # "reserve" or "paged"
+    capacity_tokens: float     # math.inf: unlimited
+    block_tokens: int = 16
+    max_output: int = 0        # reserve: output tokens reserved for every request
+
+    def whole_blocks(self, tokens):
+        """Tokens rounded up to whole blocks (paged); unchanged for a reservation."""
+        b = self.block_tokens if self.policy == "paged" else 1
+        return -(-tokens // b) * b
+
+    def block_sum(self, ctx, k):
+        """sum over j = 1..k of whole_blocks(ctx + j), for an array of contexts (paged)."""
+        b = self.block_tokens
+
+        def g(m):  # sum over x = 1..m of ceil(x / b)
+            q, r = np.divmod(m, b)
+            return b * q * (q + 1) // 2 + r * (q + 1)
+        return int((b * (g(ctx + k) - g(ctx))).sum())
+
+
+def check_kv_budget(req, kv):
+    """Every request must fit alone, or the simulation could never finish it."""
+    if kv.policy == "reserve" and req.output.max() > kv.max_output:
+        raise UsageError(f"--max-output {kv.max_output} is below the longest output in the "
+                         f"requests ({req.output.max():,} tokens)")
+    alone = req.prompt + (kv.max_output if kv.policy == "reserve" else req.output)
+    worst = int(np.argmax(kv.whole_blocks(alone)))
+    if kv.whole_blocks(alone[worst]) > kv.capacity_tokens:
+        raise UsageError(f"the KV budget holds {kv.capacity_tokens:,.0f} tokens, but request "
+                         f"{worst} alone needs {kv.whole_blocks(alone[worst]):,} ({kv.policy}: "
+                         f"prompt {req.prompt[worst]:,} + output "
+                         f"{kv.max_output if kv.policy == 'reserve' else req.output[worst]:,}); "
+                         "raise --kv-memory-gb")
+
+
+def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
     """Run the requests through `slots` seats under one scheduler; per-request times and steps.
 
     static      a batch forms from the waiting requests (up to `slots`), is prefilled, and
@@ -392,8 +448,11 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None):
                 token comes out of the prefill), then decodes everyone else one token
     chunked     continuous, but a step runs at most `chunk_tokens` tokens: every decode first,
                 then prefill chunks of the admitted requests in order of admission
+    kv          a KVBudget: admission also waits for KV memory, and a paged cache preempts
+                (None: memory is unlimited and not tracked)
     A prefill pass and a decode pass in one step are priced as two passes. Between events the
-    batch is fixed, so runs of identical decode steps are priced in one closed-form jump.
+    batch is fixed, so runs of identical decode steps are priced in one closed-form jump (in a
+    jump, each step is weighted by the jump's mean step time in the memory averages).
     """
     n = len(req.output)
     arrival, prompt, output = req.arrival_s, req.prompt, req.output
@@ -402,28 +461,23 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None):
     left = np.zeros(slots, np.int64)     # tokens still to generate
     pre = np.zeros(slots, np.int64)      # prompt tokens still to prefill
     ctx = np.zeros(slots, np.int64)      # tokens in the slot's KV cache
-    order = np.zeros(slots, np.int64)    # admission sequence, for chunked prefill order
+    order = np.zeros(slots, np.int64)    # admission sequence: chunk order, preemption victim
+    alloc = np.zeros(slots, np.int64)    # KV tokens allocated to the slot (with kv)
+    to_prefill, remaining = prompt.copy(), output.copy()  # per request, as preemption left it
+    retry = []                           # preempted requests (a heap of ids), readmitted first
     budget = chunk_tokens if scheduler == "chunked" else None
-    t, queue, done, steps, busy, longest_step_s = 0.0, 0, 0, 0, 0, 0.0
-    while done < n:
-        free = np.flatnonzero(rid < 0)
-        running = slots - len(free)
-        can_admit = scheduler != "static" or running == 0
-        if running == 0 and queue < n and arrival[queue] > t:
-            t = arrival[queue]  # idle until the next request arrives
-        new = []
-        if can_admit:
-            # chunked: admit only while this step's token budget has room for a first chunk
-            spare = math.inf if budget is None else \
-                budget - int(((rid >= 0) & (pre == 0)).sum()) - int(pre[rid >= 0].sum())
-            while len(new) < len(free) and queue < n and arrival[queue] <= t and spare > 0:
-                slot = free[len(new)]
-                rid[slot], pre[slot], ctx[slot], left[slot] = queue, prompt[queue], 0, \
-                    output[queue]
-                order[slot], start[queue] = queue, t
-                spare -= prompt[queue]
-                new.append(slot)
-                queue += 1
+    capacity = kv.capacity_tokens if kv else math.inf
+    paged = kv is not None and kv.policy == "paged"
+    t, queue, done, steps, busy, admissions, longest_step_s = 0.0, 0, 0, 0, 0, 0, 0.0
+    prefill_s = decode_s = 0.0
+    generated = np.zeros(n, np.int64)    # tokens each request has emitted
+    mem = {"held_s": 0.0, "alloc_s": 0.0, "running_s": 0.0, "peak_running": 0,
+           "max_alloc": 0, "preemptions": 0, "recomputed_tokens": 0, "series": [],
+           "peak_held": 0, "peak_contexts": []}
+
+    def plan():
+        """This step's work for the admitted requests: decoding rows, prefill chunk per slot,
+        and KV tokens each slot grows by (a finished prefill also emits a token)."""
         active = rid >= 0
         decoding = active & (pre == 0)
         if budget is None:
@@ -435,12 +489,80 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None):
             for slot in waiting[np.argsort(order[waiting])]:
                 take = min(int(pre[slot]), room)
                 prefill_now[slot], room = take, room - take
+        grow = decoding + prefill_now + ((prefill_now > 0) & (prefill_now == pre))
+        return decoding, prefill_now, grow
+
+    def extra_blocks(grow):
+        """KV tokens a paged cache must add for the planned step."""
+        return int(np.maximum(kv.whole_blocks(ctx + grow) - alloc, 0)[rid >= 0].sum())
+
+    def preempt(slot):
+        r = rid[slot]
+        to_prefill[r] = prompt[r] + output[r] - left[slot] if pre[slot] == 0 else prompt[r]
+        remaining[r] = left[slot]
+        mem["preemptions"] += 1
+        mem["recomputed_tokens"] += int(ctx[slot])
+        rid[slot], alloc[slot], pre[slot], ctx[slot], left[slot] = -1, 0, 0, 0, 0
+        heapq.heappush(retry, r)
+
+    while done < n:
+        free = np.flatnonzero(rid < 0)
+        running = slots - len(free)
+        can_admit = scheduler != "static" or running == 0
+        if running == 0 and not retry and queue < n and arrival[queue] > t:
+            t = arrival[queue]  # idle until the next request arrives
+        decoding, prefill_now, grow = plan()
+        if paged:  # make room for the running requests' step, newest first out
+            while extra_blocks(grow) > capacity - alloc.sum():
+                active = np.flatnonzero(rid >= 0)
+                preempt(active[np.argmax(order[active])])
+                decoding, prefill_now, grow = plan()
+            free = np.flatnonzero(rid < 0)
+            running = slots - len(free)
+            can_admit = scheduler != "static" or running == 0
+        new = []
+        if can_admit:
+            # chunked: admit only while this step's token budget has room for a first chunk
+            spare = math.inf if budget is None else \
+                budget - int(((rid >= 0) & (pre == 0)).sum()) - int(pre[rid >= 0].sum())
+            room_kv = capacity - alloc.sum() - (extra_blocks(grow) if paged else 0)
+            while len(new) < len(free) and spare > 0:
+                if retry:
+                    r = retry[0]
+                elif queue < n and arrival[queue] <= t:
+                    r = queue
+                else:
+                    break
+                chunk = min(int(to_prefill[r]), spare)
+                need = 0 if kv is None else kv.whole_blocks(
+                    chunk + (chunk == to_prefill[r])) if paged else prompt[r] + kv.max_output
+                if need > room_kv:
+                    break  # first come, first served: nobody overtakes the head of the line
+                if retry:
+                    heapq.heappop(retry)
+                else:
+                    queue += 1
+                slot = free[len(new)]
+                rid[slot], pre[slot], ctx[slot], left[slot] = r, to_prefill[r], 0, remaining[r]
+                order[slot], admissions = admissions, admissions + 1
+                if np.isnan(start[r]):
+                    start[r] = t
+                if kv is not None and not paged:
+                    alloc[slot] = need
+                spare -= to_prefill[r]
+                room_kv -= need
+                new.append(slot)
+            if new:
+                decoding, prefill_now, grow = plan()
+        if paged:
+            alloc[rid >= 0] = np.maximum(alloc, kv.whole_blocks(ctx + grow))[rid >= 0]
         n_dec = int(decoding.sum())
         kv_dec = int(ctx[decoding].sum())
         prefilling = prefill_now > 0
+        running = int((rid >= 0).sum())
         if not prefilling.any() and n_dec:
-            # a run of pure decode steps: until the first finish, or until an arrival could
-            # be admitted into a free slot
+            # a run of pure decode steps: until the first finish, until an arrival could be
+            # admitted into a free slot, or (paged) until the free blocks run out
             k = int(left[decoding].min())
             if can_admit and running < slots and queue < n and scheduler != "static":
                 lo, hi = 1, k  # the first step count whose end reaches the next arrival
@@ -451,36 +573,80 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None):
                     else:
                         lo = mid + 1
                 k = lo
-            t += costs.decode_run_s(n_dec, kv_dec, k)
+            if paged and k > 1:  # the most steps whose new blocks fit (one step always does)
+                c, room = ctx[decoding], capacity - alloc.sum() + alloc[decoding].sum()
+                lo, hi = 1, k
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if kv.whole_blocks(c + mid).sum() <= room:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                k = lo
+            step_s = costs.decode_run_s(n_dec, kv_dec, k)
+            if kv is not None:
+                held = int(ctx[rid >= 0].sum())
+                held_sum = k * held + n_dec * k * (k + 1) // 2
+                if paged:
+                    alloc_sum = k * int(alloc[(rid >= 0) & ~decoding].sum()) + kv.block_sum(
+                        ctx[decoding], k)
+                    alloc[decoding] = kv.whole_blocks(ctx[decoding] + k)
+                else:
+                    alloc_sum = k * int(alloc.sum())
+                mem["held_s"] += step_s * held_sum / k
+                mem["alloc_s"] += step_s * alloc_sum / k
+            t += step_s
+            decode_s += step_s
             longest_step_s = max(longest_step_s, costs.pass_s(n_dec, kv_dec + n_dec * (k - 1)))
             steps += k
             busy += k * running
+            generated[rid[decoding]] += k
             left[decoding] -= k
             ctx[decoding] += k
         elif n_dec or prefilling.any():
-            step_s = costs.pass_s(int(prefill_now.sum()), int(ctx[prefilling].sum())) + \
-                costs.pass_s(n_dec, kv_dec)
+            prefill_part = costs.pass_s(int(prefill_now.sum()), int(ctx[prefilling].sum()))
+            step_s = prefill_part + costs.pass_s(n_dec, kv_dec)
             t += step_s
+            prefill_s += prefill_part
+            decode_s += step_s - prefill_part
             longest_step_s = max(longest_step_s, step_s)
             steps += 1
-            busy += running + len(new)
+            busy += running
+            generated[rid[decoding]] += 1
             left[decoding] -= 1
             ctx[decoding] += 1
             pre -= prefill_now
             ctx += prefill_now
-            emitted = prefilling & (pre == 0)  # a finished prefill emits the first token
-            first[rid[emitted]] = t
+            emitted = prefilling & (pre == 0)  # a finished prefill emits a token
+            unseen = emitted & np.isnan(first[np.maximum(rid, 0)])
+            first[rid[unseen]] = t
+            generated[rid[emitted]] += 1
             left[emitted] -= 1
             ctx[emitted] += 1
+            if kv is not None:
+                mem["held_s"] += step_s * int(ctx[rid >= 0].sum())
+                mem["alloc_s"] += step_s * int(alloc.sum())
         else:
             continue
+        if kv is not None:
+            held = int(ctx[rid >= 0].sum())
+            mem["running_s"] += step_s * running
+            mem["peak_running"] = max(mem["peak_running"], running)
+            mem["max_alloc"] = max(mem["max_alloc"], int(alloc.sum()))
+            mem["series"].append((t, held, int(alloc.sum()), running))
+            if held > mem["peak_held"]:
+                mem["peak_held"], mem["peak_contexts"] = held, ctx[rid >= 0].tolist()
         for slot in np.flatnonzero((rid >= 0) & (pre == 0) & (left == 0)):
             finish[rid[slot]] = t
-            rid[slot] = -1
+            rid[slot], alloc[slot] = -1, 0
             done += 1
-    return {"start": start, "first_token": first, "finish": finish, "steps": steps,
-            "occupancy": busy / (steps * slots) if steps else 0.0,
-            "longest_step_s": longest_step_s}
+    sim = {"start": start, "first_token": first, "finish": finish, "steps": steps,
+           "occupancy": busy / (steps * slots) if steps else 0.0,
+           "longest_step_s": longest_step_s, "prefill_s": prefill_s, "decode_s": decode_s,
+           "generated": generated}
+    if kv is not None:
+        sim["kv"] = mem
+    return sim
 
 
 def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
@@ -592,21 +758,22 @@ class Block(nn.Module):
         self.fc = nn.Linear(h, 4 * h, bias=False)
         self.out = nn.Linear(4 * h, h, bias=False)
 
-    def forward(self, x, cache, rows, index, positions, kv_len, mask):
+    def forward(self, x, cache, index, positions, spans):
         # x (B, T, h); cache (2, B_cache, H, S_max, D); index (B,) the cache row of each batch
-        # row (rows is None when those are simply the first B rows); positions (B, T)
+        # row; positions (B, T); spans: see attention_spans (None for a prefill)
         B, T, h = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
         q, k, v = (t.view(B, T, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
         # write this step's K/V at each row's own positions: cache[row, :, pos] = (H, D)
         cache[0][index[:, None], :, positions] = k.transpose(1, 2)
         cache[1][index[:, None], :, positions] = v.transpose(1, 2)
-        if kv_len is None:  # prefill from an empty row: attend among the new tokens only
+        if spans is None:  # prefill from an empty row: attend among the new tokens only
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # decode: attend to the first kv_len cached keys (the mask hides a row's future)
-            keys, values = cache[:, :B, :, :kv_len] if rows is None else \
-                cache[:, :, :, :kv_len].index_select(1, rows)
-            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        else:  # decode: each span of rows reads a view of its own cached keys, no mask
+            parts = [F.scaled_dot_product_attention(q[i:j], cache[0, row:row + j - i, :, :n],
+                                                    cache[1, row:row + j - i, :, :n])
+                     for i, j, row, n in spans]
+            y = parts[0] if len(parts) == 1 else torch.cat(parts)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, h))
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
@@ -621,12 +788,16 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.hidden)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
-    def forward(self, tokens, positions, cache, rows=None, kv_len=None, mask=None):
-        """tokens, positions (B, T) -> logits of each row's last token (B, vocab)."""
+    def forward(self, tokens, positions, cache, rows=None, spans=None):
+        """tokens, positions (B, T) -> logits of each row's last token (B, vocab).
+
+        rows: the cache row of each batch row (default: rows 0..B-1); spans: None for a prefill
+        into empty rows, else the decode's attention spans (see attention_spans).
+        """
         index = torch.arange(len(tokens), device=tokens.device) if rows is None else rows
         x = self.tok_embed(tokens) + self.pos_embed(positions)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache[layer], rows, index, positions, kv_len, mask)
+            x = block(x, cache[layer], index, positions, spans)
         return self.lm_head(self.ln_f(x[:, -1]))
 
 
@@ -667,23 +838,40 @@ def prefill(model, cache, tokens, rows=None):
     return model(tokens, positions, cache, rows)
 
 
-def decode_step(model, cache, tokens, positions, rows=None, kv_len=None):
+def attention_spans(rows, positions):
+    """Group a decode's batch rows for attention: [(i, j, first cache row, keys), ...].
+
+    A span is a run of batch rows i..j-1 whose cache rows are consecutive and whose positions
+    are equal, so it attends to a view of the cache (rows row..row+j-i-1, the first `keys`
+    positions) with no mask and no padding: each row reads exactly its own context. One span
+    when every row is at the same position (A and B, a static batch).
+    """
+    spans, i = [], 0
+    for j in range(1, len(rows) + 1):
+        if j == len(rows) or rows[j] != rows[j - 1] + 1 or positions[j] != positions[i]:
+            spans.append((i, j, rows[i], positions[i] + 1))
+            i = j
+    return spans
+
+
+def decode_step(model, cache, tokens, positions, rows=None):
     """One new token per row (B,); logits (B, vocab).
 
-    positions: an int when every row is at the same position (no mask: all cached keys are
-    visible), or a (B,) tensor of each row's own position. kv_len bounds the keys read
-    (default: the furthest row's position + 1); pass it to keep shapes static for a CUDA graph
-    and to avoid a device sync.
+    positions: an int when every row is at the same position (one attention span, no host
+    values read: what a CUDA graph captures), or a sequence of each row's own position.
+    rows: the cache row of each token (default 0..B-1), a list or a tensor.
     """
-    B = len(tokens)
+    B, device = len(tokens), tokens.device
+    row_list = list(range(B)) if rows is None else [int(r) for r in rows]
     if isinstance(positions, int):
-        kv_len, mask = positions + 1, None
-        positions = torch.full((B, 1), positions, device=tokens.device)
+        positions = [positions] * B
+        position_tensor = torch.full((B, 1), positions[0], device=device)
     else:
-        kv_len = int(positions.max()) + 1 if kv_len is None else kv_len
-        positions = positions[:, None]
-        mask = (torch.arange(kv_len, device=tokens.device) <= positions)[:, None, None, :]
-    return model(tokens[:, None], positions, cache, rows, kv_len, mask)
+        positions = [int(p) for p in positions]
+        position_tensor = torch.tensor(positions, device=device)[:, None]
+    index = None if rows is None else torch.as_tensor(row_list, device=device)
+    return model(tokens[:, None], position_tensor, cache, index,
+                 attention_spans(row_list, positions))
 
 
 # -----------------------------------------------------------------------------
@@ -783,6 +971,24 @@ def fits(cfg, device, batch, cache_len, new_tokens, margin=0.9):
     return needed <= margin * free, needed, free
 
 
+def kv_budget_bytes(run, device):
+    """(bytes for C's KV cache, where the figure comes from); see KV_MEMORY_FRACTION."""
+    cfg = run.model
+    weights = param_count(cfg) * cfg.dtype_bytes
+    if run.kv_memory_gb:
+        return run.kv_memory_gb * 1e9, "--kv-memory-gb"
+    if device is not None and device.type == "cuda":
+        total = torch.cuda.mem_get_info(device)[1]
+        return (KV_MEMORY_FRACTION * total - weights,
+                f"{KV_MEMORY_FRACTION:g} x {gib(total)} of {device_name(device)} less "
+                f"{gib(weights)} of weights")
+    if device is not None:
+        return CPU_KV_MEMORY_GB * 1e9, "the CPU default"
+    return (KV_MEMORY_FRACTION * REFERENCE_MEMORY_GB * 1e9 - weights,
+            f"the post's RTX 5080: {KV_MEMORY_FRACTION:g} x {REFERENCE_MEMORY_GB:g} GB less "
+            f"{gib(weights)} of weights")
+
+
 def gib(n_bytes):
     return f"{n_bytes / 2**30:.2f} GiB"
 
@@ -860,6 +1066,35 @@ class Bench:
             return None
         return f"does not fit: needs {gib(needed)}, {gib(free)} free"
 
+
+
+def kv_device_check(bench, kv):
+    """Allocate the KV cache C's budget holds, as one row per request running at the peak of
+    the continuous schedule, and time one decode step with each row at its peak context."""
+    cfg, contexts = bench.cfg, kv["peak"]["contexts"]
+    batch = len(contexts)
+    row_tokens = min(kv["budget_tokens"] // batch, cfg.max_positions)
+    positions = [min(c, row_tokens) - 1 for c in contexts]  # the token each row decodes next
+    clamped = sum(c > row_tokens for c in contexts)
+    check = {"device": device_name(bench.device), "batch": batch, "row_tokens": row_tokens,
+             "bytes": batch * row_tokens * kv_bytes_per_token(cfg), "clamped_rows": clamped}
+    shape = f"{batch} rows x {row_tokens:,} tokens = {check['bytes'] / 1e9:.2f} GB"
+    reason = bench.skip_reason(batch, row_tokens, 1)
+    if reason:
+        check.update(skipped=reason, text=f"the budget's KV cache ({shape}) {reason}")
+        return check
+    cache = new_kv_cache(cfg, batch, row_tokens, bench.device)
+    next_tokens = cycle(random_tokens(cfg, (batch,), bench.device, seed=batch))
+    timing = time_region(lambda: decode_step(bench.model, cache, next_tokens(), positions),
+                         bench.device, bench.run.warmup, min(bench.run.reps, 10),
+                         bench.run.time_budget_s)
+    del cache
+    check.update(step_ms=timing["median_ms"], p10_ms=timing["p10_ms"], p90_ms=timing["p90_ms"],
+                 text=f"allocated the budget's KV cache as {shape} and ran a decode step at "
+                      f"the peak's {batch} contexts (max {max(contexts):,}"
+                      f"{f', {clamped} clamped to the row' if clamped else ''}): "
+                      f"{timing['median_ms']:.1f} ms")
+    return check
 
 
 def cuda_graph(fn):
@@ -1031,9 +1266,10 @@ def seed_spread(run, n_seeds=100):
                                  for k, a, b, c in zip(keys, p10, p50, p90)}}
 
 
-def run_batching_sim(run, req, log, results):
+def run_batching_sim(run, req, log, results, kv=None):
     """C: static vs continuous batching in steps (the post's table), then in seconds under the
-    step-cost model for all three schedulers, and a sweep of arrival rates."""
+    step-cost model for all three schedulers, a sweep of arrival rates, and (kv: kv_setup's
+    budgets) the KV-cache study."""
     result = {}
     if not run.trace:  # the post's table: all requests at t=0, prefill ignored
         lengths = req.output
@@ -1069,6 +1305,70 @@ def run_batching_sim(run, req, log, results):
     if run.save_requests:
         save_requests_csv(run.save_requests, req, sims)
     result["rate_sweep"] = rate_sweep(run, req, costs, result["schedulers"]["continuous"])
+    if kv:
+        result["kv"] = kv_study(run, req, costs, *kv, log)
+    return result
+
+
+def kv_setup(run, req, device):
+    """C's KV budgets, one per policy, checked against every request before anything runs."""
+    memory_bytes, source = kv_budget_bytes(run, device)
+    per_token = kv_bytes_per_token(run.model)
+    if memory_bytes < per_token:
+        raise UsageError(f"no memory is left for the KV cache ({source}: "
+                         f"{memory_bytes / 1e9:.2f} GB); give --kv-memory-gb")
+    generated = not (run.trace or run.lengths_file)
+    max_output = run.max_output or (LENGTH_MAX if generated else int(req.output.max()))
+    info = {"memory_bytes": memory_bytes, "memory_source": source, "bytes_per_token": per_token,
+            "budget_tokens": int(memory_bytes // per_token), "block_tokens": run.block_tokens,
+            "max_output": max_output}
+    budgets = [KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output)
+               for policy in run.kv_policies]
+    for kv in budgets:
+        check_kv_budget(req, kv)
+    return info, budgets
+
+
+def kv_metrics(req, sim, kv):
+    """Memory use of one simulated run: time averages over the makespan, and its latencies."""
+    m, mem = serving_metrics(req, sim), sim["kv"]
+    utilization = mem["held_s"] / mem["alloc_s"] if mem["alloc_s"] else 0.0
+    if kv.policy == "reserve":  # reserved for output the request never produced
+        unused = (kv.max_output - req.output) * (sim["finish"] - sim["start"])
+        fragmentation = float(unused.sum()) / mem["alloc_s"] if mem["alloc_s"] else 0.0
+    else:  # the empty tails of the last blocks
+        fragmentation = 1.0 - utilization
+    return {"utilization": utilization, "fragmentation": fragmentation,
+            "peak_concurrency": mem["peak_running"],
+            "mean_concurrency": mem["running_s"] / m["makespan_s"],
+            "preemptions": mem["preemptions"], "recomputed_tokens": mem["recomputed_tokens"],
+            "max_allocated_tokens": mem["max_alloc"],
+            **{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "makespan_s", "steps",
+                                 "ttft_s", "tpot_s", "e2e_s")}}
+
+
+def thin(rows, points=400):
+    """At most `points` evenly spaced rows of a time series, the last one included."""
+    keep = np.unique(np.linspace(0, len(rows) - 1, min(points, len(rows))).astype(int))
+    return [rows[i] for i in keep]
+
+
+def kv_study(run, req, costs, info, budgets, log):
+    """C's KV cache: every allocation policy with every scheduler, against the memory budget."""
+    result = {**info, "series": {}}
+    for kv in budgets:
+        result[kv.policy] = {}
+        for name in SCHEDULERS:
+            sim = simulate_serving(req, run.slots, costs, name, run.chunk_tokens, kv)
+            m = result[kv.policy][name] = kv_metrics(req, sim, kv)
+            log(f"C kv {kv.policy} {name}: KV used {m['utilization']:.1%}, peak "
+                f"{m['peak_concurrency']} requests, {m['preemptions']} preemptions")
+            if name == "continuous":
+                t, held, alloc, running = zip(*thin(sim["kv"]["series"]))
+                result["series"][kv.policy] = {"t_s": t, "held_tokens": held,
+                                               "allocated_tokens": alloc, "running": running}
+                result["peak"] = {"policy": kv.policy, "scheduler": name,
+                                  "contexts": sim["kv"]["peak_contexts"]}
     return result
 
 
@@ -1216,6 +1516,8 @@ def format_tables(results, lang="en"):
                        + spread_text(s["speedup"]))
     if "C" in results:
         out += [serving_table(results["C"], H)]
+        if "kv" in results["C"]:
+            out += [kv_table(results["C"]["kv"], H)]
     return "\n\n".join(out)
 
 
@@ -1277,6 +1579,30 @@ def serving_table(C, H):
     return (f"C  in seconds: {C['requests']:,} requests ({C['source']}), {C['slots']} slots, "
             f"arrivals {C['arrivals']}\n   step costs: {C['cost_model']['source']}\n"
             + tabulate(table, headers, stralign="right"))
+
+
+def kv_table(kv, H):
+    """C's KV-cache study: memory use, concurrency and latency of each policy and scheduler."""
+    from tabulate import tabulate
+    table = []
+    for policy in ("reserve", "paged"):
+        for name, m in kv.get(policy, {}).items():
+            table.append([policy, H.get(name, name), f"{m['throughput_rps']:,.2f}",
+                          f"{m['peak_concurrency']} / {m['mean_concurrency']:.1f}",
+                          f"{m['utilization']:.1%}", f"{m['fragmentation']:.1%}",
+                          f"{m['max_allocated_tokens']:,}", f"{m['preemptions']:,}",
+                          f"{m['recomputed_tokens']:,}", f"{1e3 * m['ttft_s']['p99']:,.0f}",
+                          f"{1e3 * m['e2e_s']['p99']:,.0f}"])
+    lines = [f"C  KV cache: {kv['memory_bytes'] / 1e9:,.2f} GB ({kv['memory_source']}) = "
+             f"{kv['budget_tokens']:,} tokens of {kv['bytes_per_token']:,} bytes; reserve: prompt "
+             f"+ {kv['max_output']:,} output tokens each; paged: blocks of {kv['block_tokens']}",
+             tabulate(table, ["allocation", H["policy"], "req/s", "requests peak / mean", "KV used",
+                              "never used", "max allocated", "preempted", "recomputed",
+                              "TTFT p99 ms", "E2E p99 ms"], stralign="right")]
+    check = kv.get("device_check")
+    if check:
+        lines.append(f"on {check['device']}: {check['text']}")
+    return "\n".join(lines)
 
 
 def spread_text(s, pct=False):
@@ -1601,10 +1927,47 @@ def plot_phases(results, path, decode_steps=24):
     save_figure(fig, results, path)
 
 
+KV_COLORS = {"reserve": "#8c564b", "paged": "#17becf"}
+
+
+def plot_kv_memory(results, path):
+    """KV tokens held against tokens reserved or allocated, and requests running, over time
+    (the continuous scheduler under each allocation policy)."""
+    import matplotlib.pyplot as plt
+    kv = results["C"].get("kv")
+    if not kv or not kv["series"]:
+        return False
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5.4), sharex=True)
+    for policy, series in kv["series"].items():
+        color, m = KV_COLORS[policy], kv[policy]["continuous"]
+        ax1.plot(series["t_s"], series["allocated_tokens"], color=color, linestyle="--",
+                 label=f"{policy}: allocated")
+        ax1.plot(series["t_s"], series["held_tokens"], color=color,
+                 linewidth=3 if policy == "reserve" else 1.5, label=f"{policy}: held ({m['utilization']:.0%} of allocated)")
+        ax2.plot(series["t_s"], series["running"], color=color, drawstyle="steps-post",
+                 label=f"{policy}: peak {m['peak_concurrency']}, mean "
+                       f"{m['mean_concurrency']:.1f}, {m['preemptions']:,} preemptions")
+    ax1.axhline(kv["budget_tokens"], color=GREY, linewidth=1)
+    ax1.annotate(f"budget {kv['budget_tokens']:,} tokens", (0, kv["budget_tokens"]),
+                 xytext=(2, -10), textcoords="offset points", fontsize=8, color=GREY)
+    ax1.set_ylabel("KV tokens")
+    ax1.set_ylim(0, kv["budget_tokens"] * 1.08)
+    ax1.legend(fontsize=7, loc="center right")
+    ax2.set_ylabel("requests running")
+    ax2.set_xlabel("time (s)")
+    ax2.set_ylim(bottom=0)
+    ax2.legend(fontsize=7, loc="lower center")
+    fig.suptitle(f"C: KV memory under continuous batching: {results['C']['slots']} slots, "
+                 f"{kv['memory_bytes'] / 1e9:.2f} GB of KV cache", fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
 FIGURES = {"phases.png": ("B", plot_phases),
            "occupancy.png": ("C", plot_occupancy),
            "latency_cdf.png": ("C", plot_latency_cdf),
            "rate_sweep.png": ("C", plot_rate_sweep),
+           "kv_memory.png": ("C", plot_kv_memory),
            "decode_batch.png": ("A", plot_decode_batch),
            "prefill_decode.png": ("B", plot_prefill_decode),
            "roofline.png": ("AB", plot_roofline),
@@ -1759,6 +2122,18 @@ def build_parser():
     c.add_argument("--slo-ttft-ms", type=positive_float, help="goodput: TTFT bound")
     c.add_argument("--slo-tpot-ms", type=positive_float, help="goodput: TPOT bound")
     c.add_argument("--save-requests", metavar="CSV", help="write every request's times")
+    c.add_argument("--kv-policy", choices=["reserve", "paged", "both"], default="both",
+                   help="KV-cache allocation: a contiguous reservation of prompt + max output, "
+                        "or blocks allocated as a sequence grows (default: both)")
+    c.add_argument("--kv-memory-gb", type=positive_float, help="memory for the KV cache, GB "
+                   f"(default: {KV_MEMORY_FRACTION:g} x CUDA memory - weights; "
+                   f"{CPU_KV_MEMORY_GB:g} on CPU; {KV_MEMORY_FRACTION:g} x "
+                   f"{REFERENCE_MEMORY_GB:g} - weights, the post's RTX 5080, with no device)")
+    c.add_argument("--block-tokens", type=positive_int, default=16,
+                   help="paged: tokens per KV block (default 16)")
+    c.add_argument("--max-output", type=positive_int, help="reserve: output tokens reserved per "
+                   f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for "
+                   "the log-normal law)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="figures", help="directory for results.json and figures")
     o.add_argument("--no-figures", action="store_true")
@@ -1807,7 +2182,11 @@ def parse_args(argv):
                rates=args.rates, chunk_tokens=args.chunk_tokens, cost=args.cost,
                slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
                slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
-               save_requests=args.save_requests, warmup=args.warmup, reps=args.reps,
+               save_requests=args.save_requests,
+               kv_policies=("reserve", "paged") if args.kv_policy == "both" else
+               (args.kv_policy,), kv_memory_gb=args.kv_memory_gb,
+               block_tokens=args.block_tokens, max_output=args.max_output,
+               warmup=args.warmup, reps=args.reps,
                out=args.out, figures=not args.no_figures, dpi=args.dpi, format=args.format,
                lang=args.lang, quick=args.quick,
                preset_note=note)
@@ -1880,9 +2259,10 @@ def _main(argv):
         return replot(argv)
     run = parse_args(argv)
     device = run.device and torch.device(run.device)
-    requests = None
+    requests = kv = None
     if "C" in run.experiments:  # read C's input once, failing before any long measurement
         requests = make_requests(run)
+        kv = kv_setup(run, requests, device)
         if run.cost == "measured" and "A" not in run.experiments:
             raise UsageError("--cost measured needs experiment A in the same run")
     prepare_out_dir(run.out)
@@ -1905,7 +2285,11 @@ def _main(argv):
                 if "B" in run.experiments:
                     results["B"] = run_prefill_decode(bench, ceilings, log)
         if "C" in run.experiments:
-            results["C"] = run_batching_sim(run, requests, log, results)
+            results["C"] = run_batching_sim(run, requests, log, results, kv)
+            if device and "peak" in results["C"].get("kv", {}):  # the budget is real
+                with torch.inference_mode():
+                    results["C"]["kv"]["device_check"] = kv_device_check(bench,
+                                                                         results["C"]["kv"])
     except KeyboardInterrupt:
         interrupted = True
         results["interrupted"] = True

@@ -1,0 +1,120 @@
+"""C's KV-cache study: reservation vs paged blocks against a memory budget."""
+import math
+
+import numpy as np
+import pytest
+
+import NN_40_serving as S
+from test_cli import expect_usage_error, run_main
+
+COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
+                    source="test")
+
+
+def requests(n=300, seed=0, prompt=64, rate=None):
+    rng = np.random.default_rng(seed)
+    output = S.lognormal_lengths(n, seed)
+    arrival = S.arrival_times(n, rate, 1.0, rng)
+    return S.Requests(arrival, np.full(n, prompt), output, "test")
+
+
+def test_whole_blocks_and_block_sum_by_hand():
+    paged = S.KVBudget("paged", 100, block_tokens=4)
+    assert paged.whole_blocks(np.array([1, 4, 5, 8, 9])).tolist() == [4, 4, 8, 8, 12]
+    # contexts 0 and 3 for 5 steps: blocks of 1..5 and of 4..8 tokens
+    assert paged.block_sum(np.array([0, 3]), 5) == (4 + 4 + 4 + 4 + 8) + (4 + 8 + 8 + 8 + 8)
+    assert S.KVBudget("reserve", 100).whole_blocks(7) == 7
+
+
+@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+@pytest.mark.parametrize("policy", ["reserve", "paged"])
+def test_unlimited_memory_equals_the_plain_scheduler(policy, scheduler):
+    req = requests(rate=40.0)
+    kv = S.KVBudget(policy, math.inf, 16, int(req.output.max()))
+    plain = S.simulate_serving(req, 16, COSTS, scheduler, 256)
+    limited = S.simulate_serving(req, 16, COSTS, scheduler, 256, kv)
+    assert limited["steps"] == plain["steps"] and limited["kv"]["preemptions"] == 0
+    for key in ("start", "first_token", "finish"):
+        np.testing.assert_array_equal(limited[key], plain[key])
+
+
+def test_two_reservations_fit_by_hand():
+    # 4 requests (prompt 4, output 4) reserving 4 + 4 tokens in a budget of 16: two at a time;
+    # each pair takes a prefill step and 3 decode steps
+    req = S.Requests(np.zeros(4), np.full(4, 4), np.full(4, 4), "hand")
+    sim = S.simulate_serving(req, 4, COSTS, "continuous", kv=S.KVBudget("reserve", 16, 1, 4))
+    assert sim["steps"] == 8 and sim["kv"]["peak_running"] == 2
+    assert sim["start"].tolist() == [0, 0, sim["finish"][0], sim["finish"][0]]
+
+
+@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+def test_reserve_never_holds_more_than_the_budget(scheduler):
+    req = requests()
+    kv = S.KVBudget("reserve", 8_000, 16, 2048)
+    sim = S.simulate_serving(req, 32, COSTS, scheduler, 256, kv)
+    t, held, alloc, running = np.array(sim["kv"]["series"]).T
+    assert alloc.max() <= kv.capacity_tokens and sim["kv"]["max_alloc"] <= kv.capacity_tokens
+    assert (held <= alloc).all()
+    assert sim["kv"]["peak_running"] == 8_000 // (64 + 2048)  # three reservations fit
+    np.testing.assert_array_equal(sim["generated"], req.output)
+
+
+@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+def test_paged_stays_within_the_budget_and_a_block_per_request(scheduler):
+    req = requests()
+    kv = S.KVBudget("paged", 3_000, 16)
+    sim = S.simulate_serving(req, 32, COSTS, scheduler, 256, kv)
+    t, held, alloc, running = np.array(sim["kv"]["series"]).T
+    assert alloc.max() <= kv.capacity_tokens
+    assert (held <= alloc).all() and (alloc - held < kv.block_tokens * np.maximum(running, 1)).all()
+    assert sim["kv"]["preemptions"] > 0  # the budget binds: this case exercises preemption
+    # preemption loses no work: every request emits exactly its output length
+    np.testing.assert_array_equal(sim["generated"], req.output)
+    assert np.all(sim["first_token"] <= sim["finish"]) and not np.isnan(sim["finish"]).any()
+
+
+def test_paged_packs_more_requests_than_reserve():
+    req = requests(prompt=128)
+    kv = {p: S.KVBudget(p, 20_000, 16, 2048) for p in ("reserve", "paged")}
+    sims = {p: S.simulate_serving(req, 64, COSTS, "continuous", kv=kv[p]) for p in kv}
+    assert sims["reserve"]["kv"]["peak_running"] == 20_000 // (128 + 2048)
+    assert sims["paged"]["kv"]["peak_running"] > 3 * sims["reserve"]["kv"]["peak_running"]
+    assert sims["paged"]["finish"].max() < sims["reserve"]["finish"].max()
+    used = {p: S.kv_metrics(req, sims[p], kv[p])["utilization"] for p in kv}
+    assert used["reserve"] < 0.3 < 0.9 < used["paged"]
+
+
+def test_a_request_that_cannot_fit_is_refused():
+    req = S.Requests(np.zeros(2), np.array([10, 500]), np.array([5, 5]), "test")
+    with pytest.raises(S.UsageError, match="request 1 alone needs 512"):
+        S.check_kv_budget(req, S.KVBudget("paged", 300, 16))
+    with pytest.raises(S.UsageError, match="below the longest output"):
+        S.check_kv_budget(req, S.KVBudget("reserve", 10_000, 16, max_output=4))
+
+
+def test_budget_below_a_prompt_exits_2(capsys):
+    # the post's model holds 98,304 bytes of KV per token: 10 MB is 101 tokens < a 128 prompt
+    expect_usage_error(["--experiments", "C", "--kv-memory-gb", "0.01", "--no-figures"],
+                       capsys, "raise --kv-memory-gb")
+
+
+def test_kv_results_and_figure(tmp_path, capsys):
+    results, out = run_main(["--experiments", "C", "--requests", "200", "--kv-memory-gb", "1",
+                             "--slots", "64", "--out", str(tmp_path)], capsys)
+    kv = results["C"]["kv"]
+    assert kv["budget_tokens"] == int(1e9 // S.kv_bytes_per_token(S.ModelConfig()))
+    for policy in ("reserve", "paged"):
+        for name in S.SCHEDULERS:
+            m = kv[policy][name]
+            assert {"utilization", "peak_concurrency", "mean_concurrency", "preemptions",
+                    "max_allocated_tokens", "throughput_rps"} <= set(m)
+            assert m["max_allocated_tokens"] <= kv["budget_tokens"]
+    assert "C  KV cache: 1.00 GB (--kv-memory-gb)" in out.out
+    assert (tmp_path / "kv_memory.png").stat().st_size > 10_000
+
+
+def test_the_budget_is_allocated_on_the_device(tiny_args, capsys):
+    results, out = run_main(tiny_args + ["--experiments", "AC", "--no-figures"], capsys)
+    check = results["C"]["kv"]["device_check"]
+    assert check["batch"] == len(results["C"]["kv"]["peak"]["contexts"]) <= 4
+    assert check["step_ms"] > 0 and "allocated the budget's KV cache" in out.out
