@@ -78,7 +78,7 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 CPU_PRESET = ModelConfig(layers=4, hidden=1024, heads=8, vocab=8192, max_positions=4096,
                          dtype="bfloat16")
 
-EXPERIMENTS = "ABC"
+EXPERIMENTS = "ABCD"
 # C prices steps in seconds with a roofline of these when no device was measured: the post's
 # RTX 5080 (960 GB/s by specification; 105.5 TFLOP/s, the post's best measured fp16 rate).
 REFERENCE_BANDWIDTH_GBS, REFERENCE_TFLOPS = 960.0, 105.5
@@ -118,6 +118,7 @@ class RunConfig:
     slo_ttft_s: float = None
     slo_tpot_s: float = None
     save_requests: str = None
+    engine_requests: int = None   # D's requests (default: ENGINE_REQUESTS_CPU on CPU, else requests)
     kv_policies: tuple = ("reserve", "paged")  # C's KV-cache study
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     block_tokens: int = 16        # paged: tokens per block
@@ -359,29 +360,36 @@ def analytic_costs(cfg, bandwidth_gbs, tflops):
                      f"{cfg.layers}x{cfg.hidden} {cfg.dtype})")
 
 
-def measured_costs(cfg, results):
-    """Pricing from this run's A rows (decode, by batch) and B rows (prefill, by tokens)."""
-    A = results["A"]
-    mode = A["modes"][-1]
-    rows = [r for r in measured(A["rows"]) if r["mode"] == mode]
-    ceil = results["environment"]["ceilings"]
-    kv_s = kv_bytes_per_token(cfg) / (ceil["bandwidth_gbs"] * 1e9)
+def fit_step_costs(decode_rows, prefill_rows, context, kv_token_s, source):
+    """StepCosts from measured passes: decode rows (batch, context, step_ms) and prefill rows
+    (tokens, step_ms). The KV slope comes from one batch timed at two contexts (else the given
+    kv_token_s); the knots are the decodes at `context` less their KV reads, then prefills."""
     slopes = []  # the cost of a cached token, from the same batch at two contexts
-    for b in {r["batch"] for r in rows}:
-        pts = sorted((r["batch"] * r["context"], r["step_ms"] / 1e3) for r in rows
+    for b in {r["batch"] for r in decode_rows}:
+        pts = sorted((r["batch"] * r["context"], r["step_ms"] / 1e3) for r in decode_rows
                      if r["batch"] == b)
         if len(pts) > 1 and pts[-1][0] > pts[0][0]:
             slopes.append((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]))
     if slopes:
-        kv_s = max(float(np.median(slopes)), 0.0)
-    knots = {r["batch"]: r["step_ms"] / 1e3 - kv_s * r["batch"] * r["context"] for r in rows
-             if r["context"] == A["context"]}
-    for r in measured(results.get("B", {}).get("rows", [])):
-        if r["phase"] == "prefill":
-            knots.setdefault(r["tokens"], r["step_ms"] / 1e3)
+        kv_token_s = max(float(np.median(slopes)), 0.0)
+    knots = {r["batch"]: r["step_ms"] / 1e3 - kv_token_s * r["batch"] * r["context"]
+             for r in decode_rows if r["context"] == context}
+    for r in prefill_rows:
+        knots.setdefault(r["tokens"], r["step_ms"] / 1e3)
     x = sorted(knots)
-    return StepCosts(tuple(x), tuple(max(knots[k], 1e-9) for k in x), kv_s,
-                     f"measured on {results['environment']['device']} ({mode})")
+    return StepCosts(tuple(x), tuple(max(knots[k], 1e-9) for k in x), kv_token_s, source)
+
+
+def measured_costs(cfg, results):
+    """Pricing from this run's A rows (decode, by batch) and B rows (prefill, by tokens)."""
+    A = results["A"]
+    mode = A["modes"][-1]
+    ceil = results["environment"]["ceilings"]
+    prefills = [r for r in measured(results.get("B", {}).get("rows", []))
+                if r["phase"] == "prefill"]
+    return fit_step_costs([r for r in measured(A["rows"]) if r["mode"] == mode], prefills,
+                          A["context"], kv_bytes_per_token(cfg) / (ceil["bandwidth_gbs"] * 1e9),
+                          f"measured on {results['environment']['device']} ({mode})")
 
 
 def percentiles(values):
@@ -1009,13 +1017,14 @@ class Bench:
         self.model = build_model(self.cfg, device, seed=run.seed)
         self.modes = ("eager", "graph") if run.graphs == "both" else (run.graphs,)
 
-    def time(self, fn, mode="eager"):
+    def time(self, fn, mode="eager", budget_s=None):
         """Time fn() as it is (eager) or replayed from a CUDA graph captured from it."""
         if mode == "graph":
             fn = cuda_graph(fn)
-        return time_region(fn, self.device, self.run.warmup, self.run.reps, self.run.time_budget_s)
+        return time_region(fn, self.device, self.run.warmup, self.run.reps,
+                           budget_s or self.run.time_budget_s)
 
-    def time_decode(self, batch, context, mode="eager"):
+    def time_decode(self, batch, context, mode="eager", budget_s=None):
         """One decode step of `batch` rows, each with `context` cached tokens.
 
         Each call first copies fresh random tokens into a static input buffer (one tiny copy,
@@ -1028,14 +1037,15 @@ class Bench:
         def step():
             tokens.copy_(next_tokens())
             return decode_step(self.model, cache, tokens, context)
-        timing = self.time(step, mode)
+        timing = self.time(step, mode, budget_s)
         del cache
         return timing
 
-    def time_prefill(self, tokens):
-        cache = new_kv_cache(self.cfg, 1, tokens, self.device)
-        next_prompt = cycle(random_tokens(self.cfg, (1, tokens), self.device, seed=tokens))
-        timing = self.time(lambda: prefill(self.model, cache, next_prompt()))
+    def time_prefill(self, tokens, batch=1, budget_s=None):
+        """A prefill of `batch` prompts of `tokens` tokens each into empty cache rows."""
+        cache = new_kv_cache(self.cfg, batch, tokens, self.device)
+        next_prompt = cycle(random_tokens(self.cfg, (batch, tokens), self.device, seed=tokens))
+        timing = self.time(lambda: prefill(self.model, cache, next_prompt()), budget_s=budget_s)
         del cache
         return timing
 
@@ -1439,6 +1449,177 @@ def save_requests_csv(path, req, sims):
 
 
 # -----------------------------------------------------------------------------
+# experiment D: a real serving engine on the model (device code)
+# A queue of requests, `slots` rows of one static KV cache, and a scheduler that picks who runs
+# each step. The running requests always occupy rows 0..B-1 (a finished request's row is
+# refilled by moving the last row into it), so a decode step reads views of the cache, and
+# rows admitted together share a position and one attention span.
+
+ENGINE_REQUESTS_CPU = 64  # D's requests on CPU unless --engine-requests (on CUDA: --requests)
+
+
+def run_engine(model, cache, prompts, output_lens, policy):
+    """Serve every request under `policy` ("static" or "continuous"), greedily.
+
+    prompts: (n, P) tokens on the model's device; output_lens: tokens each request generates
+    (exactly that many: end-of-sequence is ignored, as serving benchmarks do). Each step admits
+    waiting requests into free rows (continuous: every step; static: only once the batch has
+    emptied), prefills them (the prefill emits their first token), then decodes every other
+    running request one token. -> generated tokens per request, and a timed log of the steps.
+    """
+    device, P = prompts.device, prompts.shape[1]
+    slots = cache.shape[2]
+    waiting = list(range(len(output_lens)))[::-1]   # a stack: the next request is last
+    generated = [[] for _ in output_lens]
+    running, position = [], []                      # request and next position of each row
+    next_token = torch.zeros(slots, dtype=torch.long, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    log = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0}
+    sync()
+    t0 = time.perf_counter()
+    while waiting or running:
+        old, new = len(running), []
+        if policy == "continuous" or not running:
+            new = [waiting.pop() for _ in range(min(slots - old, len(waiting)))]
+        if new:  # prefill the newcomers into rows old..old+k-1: their first tokens
+            t_pass = time.perf_counter()
+            rows = torch.arange(old, old + len(new), device=device)
+            next_token[old:old + len(new)] = prefill(model, cache, prompts[new], rows).argmax(-1)
+            running += new
+            position += [P] * len(new)
+            sync()
+            log["prefill_s"] += time.perf_counter() - t_pass
+        if old:  # one decode step for everyone else, each row at its own position
+            t_pass = time.perf_counter()
+            logits = decode_step(model, cache, next_token[:old], position[:old])
+            next_token[:old] = logits.argmax(-1)
+            position[:old] = [p + 1 for p in position[:old]]
+            sync()
+            log["decode_s"] += time.perf_counter() - t_pass
+        for r, token in zip(running, next_token[:len(running)].tolist()):
+            generated[r].append(token)
+        log["t_s"].append(time.perf_counter() - t0)
+        log["running"].append(len(running))
+        finished = [i for i, r in enumerate(running) if len(generated[r]) == output_lens[r]]
+        for row in reversed(finished):  # move the last row into each finished one
+            last = len(running) - 1
+            if row != last:
+                n = position[last]
+                cache[:, :, row, :, :n].copy_(cache[:, :, last, :, :n])
+                next_token[row] = next_token[last]
+                running[row], position[row] = running[last], position[last]
+            running.pop()
+            position.pop()
+    sync()
+    log["wall_s"] = time.perf_counter() - t0
+    return generated, log
+
+
+def engine_lengths(run):
+    """D's requests: the output lengths of C's law, fewer of them on CPU."""
+    n = run.engine_requests or (ENGINE_REQUESTS_CPU if run.device == "cpu" else run.requests)
+    return lognormal_lengths(n, run.seed)
+
+
+def check_engine(run, lengths, device):
+    """D's KV cache (slots rows of prompt + longest output) must fit the model and memory."""
+    longest = run.prompt_len + int(lengths.max())
+    if longest > run.model.max_positions:
+        raise UsageError(f"D: a request of {longest:,} tokens (prompt {run.prompt_len} + output "
+                         f"{lengths.max():,}) exceeds --max-positions {run.model.max_positions:,}")
+    ok, needed, free = fits(run.model, device, run.slots, longest, run.prompt_len)
+    if not ok:
+        raise UsageError(f"D: the engine's KV cache ({run.slots} rows x {longest:,} tokens) does "
+                         f"not fit: needs {gib(needed)}, {gib(free)} free; lower --slots")
+
+
+def engine_costs(bench, prompt_len):
+    """D's step costs, measured here with the engine's own passes: decode steps by batch (the
+    full batch also at a longer context, for the cost of a cached token) and batched prefills
+    of whole prompts. Half the usual time per shape."""
+    run, budget_s = bench.run, bench.run.time_budget_s / 2
+    long_context = min(prompt_len + 512, bench.cfg.max_positions - 1)
+    decode, prefills = [], []
+    for batch in sorted({1, max(1, run.slots // 4), run.slots}):
+        for context in (prompt_len, long_context) if batch == run.slots else (prompt_len,):
+            t = bench.time_decode(batch, context, budget_s=budget_s)
+            decode.append({"batch": batch, "context": context, "step_ms": t["median_ms"],
+                           "p10_ms": t["p10_ms"], "p90_ms": t["p90_ms"]})
+    for batch in sorted({1, run.slots}):
+        t = bench.time_prefill(prompt_len, batch, budget_s=budget_s)
+        prefills.append({"batch": batch, "tokens": batch * prompt_len, "step_ms": t["median_ms"],
+                         "p10_ms": t["p10_ms"], "p90_ms": t["p90_ms"]})
+    costs = fit_step_costs(decode, prefills, prompt_len, 0.0,
+                           f"measured for D on {device_name(bench.device)}")
+    return costs, decode + prefills
+
+
+def run_serving_engine(bench, lengths, log):
+    """D: static and continuous batching for real; the measured speedup beside the one C's
+    simulation predicts for the same requests, priced with step costs measured here."""
+    run, cfg, device = bench.run, bench.cfg, bench.device
+    n, P = len(lengths), run.prompt_len
+    costs, cost_rows = engine_costs(bench, P)
+    knots = ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in zip(costs.tokens, costs.seconds))
+    log(f"D step costs, ms by tokens per pass: {knots}; {1e6 * costs.kv_token_s:.2f} µs per "
+        "cached token")
+    g = torch.Generator(device="cpu").manual_seed(run.seed + 3)
+    prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
+    cache = new_kv_cache(cfg, run.slots, P + int(lengths.max()), device)
+    run_engine(bench.model, cache, prompts[:2], [2, 2], "continuous")  # warm the engine's path
+    req = Requests(np.zeros(n), np.full(n, P), lengths, "D")
+    result = {"requests": n, "slots": run.slots, "prompt_tokens": P,
+              "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
+                          "max": int(lengths.max()), "total": int(lengths.sum())},
+              "cost_model": {"source": costs.source, "tokens": list(costs.tokens),
+                             "seconds": list(costs.seconds), "kv_token_s": costs.kv_token_s,
+                             "rows": cost_rows}}
+    for policy in ("static", "continuous"):
+        _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy)
+        sim = simulate_serving(req, run.slots, costs, policy)
+        steps, wall = len(elog["t_s"]), elog["wall_s"]
+        result[policy] = {
+            "wall_s": wall, "output_tokens_per_s": float(lengths.sum()) / wall, "steps": steps,
+            "occupancy": sum(elog["running"]) / (steps * run.slots),
+            "prefill_s": elog["prefill_s"], "decode_s": elog["decode_s"],
+            "other_s": wall - elog["prefill_s"] - elog["decode_s"],
+            "predicted": {"wall_s": float(sim["finish"].max()), "steps": sim["steps"],
+                          "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"]},
+            "timeline": dict(zip(("t_s", "running"),
+                                 zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))))}
+        log(f"D {policy}: {wall:.2f} s measured, {sim['finish'].max():.2f} s predicted, "
+            f"{steps} steps")
+    del cache
+    result["speedup_measured"] = result["static"]["wall_s"] / result["continuous"]["wall_s"]
+    result["speedup_predicted"] = (result["static"]["predicted"]["wall_s"]
+                                   / result["continuous"]["predicted"]["wall_s"])
+    result["verdict"] = engine_verdict(result)
+    return result
+
+
+def engine_verdict(D, tolerance=0.15):
+    """Whether the measured speedup agrees with C's prediction; if not, the cost C priced
+    worst: prefill passes, decode passes, or the host work between them (not priced at all)."""
+    measured, predicted = D["speedup_measured"], D["speedup_predicted"]
+    off = measured / predicted - 1
+    text = f"measured {measured:.2f}x, predicted {predicted:.2f}x ({off:+.0%})"
+    if abs(off) <= tolerance:
+        return text + f": within {tolerance:.0%}"
+    gaps = []
+    for mode in ("static", "continuous"):
+        d, p = D[mode], D[mode]["predicted"]
+        gaps += [(d["decode_s"] - p["decode_s"], mode, "decode passes", d["decode_s"],
+                  p["decode_s"]),
+                 (d["prefill_s"] - p["prefill_s"], mode, "prefill passes", d["prefill_s"],
+                  p["prefill_s"]),
+                 (d["other_s"], mode, "host work between passes (scheduling, sampling, moving "
+                  "rows), which C does not price", d["other_s"], 0.0)]
+    gap, mode, what, got, priced = max(gaps, key=lambda g: abs(g[0]))
+    return (text + f": outside {tolerance:.0%}; the largest gap is {mode}'s {what}: "
+            f"{got:.2f} s measured, {priced:.2f} s priced")
+
+
+# -----------------------------------------------------------------------------
 # reporting: banner, tables, results.json
 
 HEADERS = {
@@ -1518,6 +1699,8 @@ def format_tables(results, lang="en"):
         out += [serving_table(results["C"], H)]
         if "kv" in results["C"]:
             out += [kv_table(results["C"]["kv"], H)]
+    if "D" in results:
+        out += [engine_table(results["D"], H)]
     return "\n\n".join(out)
 
 
@@ -1603,6 +1786,27 @@ def kv_table(kv, H):
     if check:
         lines.append(f"on {check['device']}: {check['text']}")
     return "\n".join(lines)
+
+
+def engine_table(D, H):
+    """D: the engine's measured wall time and its parts beside what C's simulation priced."""
+    from tabulate import tabulate
+    table = []
+    for policy in ("static", "continuous"):
+        d, p = D[policy], D[policy]["predicted"]
+        table.append([H[policy], f"{d['wall_s']:,.2f}", f"{p['wall_s']:,.2f}",
+                      f"{d['output_tokens_per_s']:,.0f}", f"{d['steps']:,}",
+                      f"{100 * d['occupancy']:.1f}%", f"{d['prefill_s']:,.2f} / {p['prefill_s']:,.2f}",
+                      f"{d['decode_s']:,.2f} / {p['decode_s']:,.2f}", f"{d['other_s']:,.2f}"])
+    lengths = D["lengths"]
+    return (f"D  a real engine on the model: {D['requests']} requests (median output "
+            f"{lengths['median']:.0f}, max {lengths['max']:,}), prompts of {D['prompt_tokens']} "
+            f"tokens, {D['slots']} slots, greedy\n   predicted: C's simulation of the same "
+            f"requests, priced with step costs {D['cost_model']['source']}\n"
+            + tabulate(table, [H["policy"], "wall s", "predicted s", "tokens/s", H["steps"],
+                               H["occupancy"], "prefill s (meas / pred)",
+                               "decode s (meas / pred)", "between passes s"], stralign="right")
+            + f"\n{H['speedup']}: {D['verdict']}")
 
 
 def spread_text(s, pct=False):
@@ -1963,11 +2167,34 @@ def plot_kv_memory(results, path):
     save_figure(fig, results, path)
 
 
+def plot_engine(results, path):
+    """D's measured occupancy over wall time, in the form of occupancy.png."""
+    import matplotlib.pyplot as plt
+    D = results["D"]
+    fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True, sharey=True)
+    for ax, policy, color in zip(axes, ("static", "continuous"), (RED, BLUE)):
+        d = D[policy]
+        ax.fill_between(d["timeline"]["t_s"], d["timeline"]["running"], step="pre", color=color,
+                        alpha=0.8, linewidth=0)
+        ax.set_ylim(0, D["slots"] * 1.05)
+        ax.set_ylabel("occupied slots")
+        ax.set_title(f"{policy}: {d['wall_s']:,.1f} s measured ({d['predicted']['wall_s']:,.1f} "
+                     f"s predicted), {d['steps']:,} steps, {100 * d['occupancy']:.1f}% occupancy",
+                     fontsize=9, loc="left")
+    axes[1].set_xlabel("wall time (s)")
+    fig.suptitle(f"D: a real engine, {D['requests']} requests, {D['slots']} slots: continuous is "
+                 f"{D['speedup_measured']:.2f}x faster (C predicts {D['speedup_predicted']:.2f}x)",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
 FIGURES = {"phases.png": ("B", plot_phases),
            "occupancy.png": ("C", plot_occupancy),
            "latency_cdf.png": ("C", plot_latency_cdf),
            "rate_sweep.png": ("C", plot_rate_sweep),
            "kv_memory.png": ("C", plot_kv_memory),
+           "engine.png": ("D", plot_engine),
            "decode_batch.png": ("A", plot_decode_batch),
            "prefill_decode.png": ("B", plot_prefill_decode),
            "roofline.png": ("AB", plot_roofline),
@@ -2066,7 +2293,7 @@ def build_parser():
     p = ArgumentParser(prog="NN_40_serving.py", description=__doc__.split("\n\n")[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiments", type=experiment_letters, default=EXPERIMENTS,
-                   help="which experiments to run, e.g. AB or C (default: ABC)")
+                   help="which experiments to run, e.g. AB or C (default: ABCD)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     m = p.add_argument_group("model (on CPU, unset fields come from the CPU preset: 4 layers, "
                              "hidden 1024, 8 heads, vocab 8192, bfloat16)")
@@ -2134,6 +2361,9 @@ def build_parser():
     c.add_argument("--max-output", type=positive_int, help="reserve: output tokens reserved per "
                    f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for "
                    "the log-normal law)")
+    d = p.add_argument_group("D (shares --slots, --prompt-len and --seed with C)")
+    d.add_argument("--engine-requests", type=positive_int, help="requests the engine serves "
+                   f"(default: {ENGINE_REQUESTS_CPU} on CPU, --requests on CUDA)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="figures", help="directory for results.json and figures")
     o.add_argument("--no-figures", action="store_true")
@@ -2148,9 +2378,10 @@ def build_parser():
 
 
 def parse_args(argv):
-    """argv -> RunConfig: the device resolved (when A or B runs), CPU preset and --quick applied."""
+    """argv -> RunConfig: the device resolved (when A, B or D runs), CPU preset and --quick
+    applied."""
     args = build_parser().parse_args(argv)
-    device = resolve_device(args.device) if set("AB") & set(args.experiments) else None
+    device = resolve_device(args.device) if set("ABD") & set(args.experiments) else None
     if args.lang not in HEADERS:
         raise UsageError(f"--lang {args.lang!r}: choose from {', '.join(HEADERS)}")
     fields = {f: getattr(args, f) for f in ("layers", "hidden", "heads", "vocab",
@@ -2182,7 +2413,7 @@ def parse_args(argv):
                rates=args.rates, chunk_tokens=args.chunk_tokens, cost=args.cost,
                slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
                slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
-               save_requests=args.save_requests,
+               save_requests=args.save_requests, engine_requests=args.engine_requests,
                kv_policies=("reserve", "paged") if args.kv_policy == "both" else
                (args.kv_policy,), kv_memory_gb=args.kv_memory_gb,
                block_tokens=args.block_tokens, max_output=args.max_output,
@@ -2200,7 +2431,8 @@ def parse_args(argv):
         run.update(batch_sizes=tuple(b for b in args.batch_sizes if b <= 32) or (1,),
                    context=min(args.context, 64), contexts=(min(args.context, 64),),
                    prefill_lengths=tuple(max(1, t // 8) for t in args.prefill_lengths),
-                   warmup=min(args.warmup, 1), reps=min(args.reps, 5))
+                   warmup=min(args.warmup, 1), reps=min(args.reps, 5),
+                   engine_requests=args.engine_requests or 16)
         run["time_budget_s"] = 0.3
     return RunConfig(model=model, **run)
 
@@ -2265,6 +2497,9 @@ def _main(argv):
         kv = kv_setup(run, requests, device)
         if run.cost == "measured" and "A" not in run.experiments:
             raise UsageError("--cost measured needs experiment A in the same run")
+    lengths = engine_lengths(run) if "D" in run.experiments else None
+    if lengths is not None:  # D's cache must hold the longest request, in memory
+        check_engine(run, lengths, device)
     prepare_out_dir(run.out)
     cfg = run.model
     results = {"environment": environment(run, device, argv),
@@ -2277,6 +2512,7 @@ def _main(argv):
         with torch.inference_mode():
             if device:
                 bench = Bench(run, device, log)
+            if set("AB") & set(run.experiments):
                 ceilings = measure_ceilings(run, device, log)
                 results["environment"]["ceilings"] = ceilings
                 print(ceilings_line(ceilings, run), flush=True)
@@ -2290,6 +2526,9 @@ def _main(argv):
                 with torch.inference_mode():
                     results["C"]["kv"]["device_check"] = kv_device_check(bench,
                                                                          results["C"]["kv"])
+        if "D" in run.experiments:
+            with torch.inference_mode():
+                results["D"] = run_serving_engine(bench, lengths, log)
     except KeyboardInterrupt:
         interrupted = True
         results["interrupted"] = True

@@ -1,0 +1,84 @@
+"""Experiment D: the real engine, against generating alone and against C's step counts."""
+import numpy as np
+import pytest
+import torch
+
+import NN_40_serving as S
+from test_cli import expect_usage_error, run_main
+
+TINY = S.ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, dtype="float32")
+
+
+def test_attention_spans_by_hand():
+    # rows 0,1 at position 5 share a span; row 2 starts a new one (position 7); row 4 is not
+    # next to row 2 in the cache; rows 4,5 at 7 share one again
+    assert S.attention_spans([0, 1, 2, 4, 5], [5, 5, 7, 7, 7]) == \
+        [(0, 2, 0, 6), (2, 3, 2, 8), (3, 5, 4, 8)]
+    assert S.attention_spans(list(range(4)), [9] * 4) == [(0, 4, 0, 10)]
+
+
+def generate_alone(model, prompt, n):
+    """The plain reference: the whole sequence through the model for every token, no cache."""
+    seq = prompt.tolist()
+    for _ in range(n):
+        cache = S.new_kv_cache(TINY, 1, len(seq), "cpu")
+        seq.append(int(S.prefill(model, cache, torch.tensor([seq]))[0].argmax()))
+    return seq[len(prompt):]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_every_request_generates_what_it_would_alone(policy):
+    model = S.build_model(TINY, "cpu", seed=3)
+    lengths = [7, 1, 12, 3, 3, 9, 2, 15, 5, 1]  # different lengths share batches of 4 slots
+    prompts = torch.randint(TINY.vocab, (len(lengths), 6), generator=torch.Generator()
+                            .manual_seed(0))
+    cache = S.new_kv_cache(TINY, 4, 6 + max(lengths), "cpu")
+    generated, log = S.run_engine(model, cache, prompts, lengths, policy)
+    for prompt, n, tokens in zip(prompts, lengths, generated):
+        assert tokens == generate_alone(model, prompt, n)
+    assert max(log["running"]) == 4 and len(set(lengths)) > 4
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_engine_takes_the_steps_the_simulation_counts(policy):
+    model = S.build_model(TINY, "cpu")
+    lengths = S.lognormal_lengths(40, 5, median=8, max_len=40)
+    prompts = torch.randint(TINY.vocab, (40, 4))
+    cache = S.new_kv_cache(TINY, 8, 4 + int(lengths.max()), "cpu")
+    _, log = S.run_engine(model, cache, prompts, lengths.tolist(), policy)
+    req = S.Requests(np.zeros(40), np.full(40, 4), lengths, "test")
+    sim = S.simulate_serving(req, 8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"), policy)
+    assert len(log["t_s"]) == sim["steps"]
+    assert sum(log["running"]) == round(sim["occupancy"] * sim["steps"] * 8)
+
+
+def test_verdict_names_the_cost_the_simulation_missed():
+    def mode(wall, other):
+        return {"wall_s": wall, "prefill_s": 1.0, "decode_s": wall - 1.0 - other,
+                "other_s": other, "predicted": {"wall_s": wall - other, "prefill_s": 1.0,
+                                                "decode_s": wall - 1.0 - other}}
+    D = {"static": mode(10.0, 0.1), "continuous": mode(5.0, 2.0)}
+    D["speedup_measured"], D["speedup_predicted"] = 10.0 / 5.0, 9.9 / 3.0
+    verdict = S.engine_verdict(D)
+    assert "outside 15%" in verdict and "continuous's host work between passes" in verdict
+    D["speedup_predicted"] = 2.1
+    assert S.engine_verdict(D).endswith("within 15%")
+
+
+def test_d_end_to_end(tiny_args, tmp_path, capsys):
+    results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
+                                         "--max-positions", "4096"], capsys)
+    D = results["D"]
+    for policy in ("static", "continuous"):
+        assert {"wall_s", "output_tokens_per_s", "steps", "occupancy"} <= set(D[policy])
+        assert D[policy]["steps"] == D[policy]["predicted"]["steps"]
+    assert D["speedup_measured"] > 0 and D["speedup_predicted"] > 0
+    assert "D  a real engine on the model" in out.out and "speedup: measured" in out.out
+    assert (tmp_path / "engine.png").stat().st_size > 10_000
+
+
+def test_d_longer_than_the_position_table(tiny_args, capsys):
+    expect_usage_error(tiny_args + ["--experiments", "D", "--max-positions", "64"], capsys,
+                       "exceeds --max-positions")
