@@ -104,3 +104,14 @@ def test_memory_estimate_refuses_what_cannot_fit():
     ok, needed, free = S.fits(cfg, S.torch.device("cpu"), 1_000_000, 8192, 1)
     assert not ok and needed > 700 * 2**40
     assert S.fits(cfg, S.torch.device("cpu"), 1, 16, 1)[0]
+
+
+@torch.inference_mode()
+def test_padded_decode_equals_one_call_per_span():
+    model = S.build_model(TINY, "cpu", seed=2)
+    cache = S.new_kv_cache(TINY, 5, 20, "cpu", seed=4)
+    tokens = torch.randint(TINY.vocab, (5,))
+    positions = [3, 3, 11, 0, 19]
+    spans = S.decode_step(model, cache.clone(), tokens, positions)
+    padded = S.decode_step(model, cache.clone(), tokens, positions, pad=True)
+    torch.testing.assert_close(padded, spans, rtol=1e-5, atol=1e-5)
