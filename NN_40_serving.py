@@ -2,19 +2,23 @@
 NN_40_serving.py -- inference serving, measured.
 
 The runnable companion to the post "Inference serving: throughput, latency and empty seats".
-It measures, on your GPU (or your CPU), the post's three claims:
+It measures, on your GPU (or your CPU), the post's three claims, then checks the simulation:
 
   A  decode batch sweep   a bigger decode batch barely lengthens anyone's wait, because a
                           decode step is bound by reading the weights, not by arithmetic
   B  prefill vs decode    the same device runs prefill near its arithmetic peak and decode
                           hundreds of times below it (arithmetic intensity ~ tokens per read)
   C  static vs continuous static batching leaves seats empty until a batch's longest request
-                          ends; refilling a freed seat at once (continuous) fills them
+                          ends; refilling a freed seat at once (continuous) fills them; in
+                          seconds, with arrivals and tail latency, and against a KV-cache
+                          memory budget (reserved vs paged)
+  D  a real engine        both policies run for real on the model, the measured speedup set
+                          beside the one C predicts
 
-A and B run a real decoder-only transformer (random weights, nothing downloaded) with a static
-KV cache; C is a pure Python/NumPy simulation that touches no torch device.
+A, B and D run a real decoder-only transformer (random weights, nothing downloaded) with a
+static KV cache; C is a pure Python/NumPy simulation that touches no torch device.
 
-    python NN_40_serving.py                    # A, B, C; CUDA if present, else a CPU preset
+    python NN_40_serving.py                    # A-D; CUDA if present, else a CPU preset
     python NN_40_serving.py --experiments C    # the simulation alone
     python NN_40_serving.py --quick            # a smoke run of everything
     python NN_40_serving.py --help             # every flag
@@ -324,12 +328,22 @@ class StepCosts:
     """Seconds of one forward pass: pass_s(tokens, kv_tokens) = f(tokens) + kv_s * kv_tokens.
 
     f is piecewise linear through measured (or modelled) knots of tokens per pass, extended
-    linearly beyond the last; kv_s is the cost of reading one cached token's K and V.
+    linearly beyond the last; kv_s is the cost of reading one cached token's K and V: one
+    value, or interpolated by tokens per pass between values measured at several batches
+    (kv_by_batch: ((batch, seconds), ...)), since a small batch reads its cache less
+    efficiently on some devices.
     """
     tokens: tuple
     seconds: tuple
     kv_token_s: float
     source: str
+    kv_by_batch: tuple = ()
+
+    def kv_s(self, tokens):
+        if not self.kv_by_batch:
+            return self.kv_token_s
+        batches, seconds = zip(*self.kv_by_batch)
+        return float(np.interp(tokens, batches, seconds))
 
     def pass_s(self, tokens, kv_tokens=0):
         if tokens <= 0:
@@ -340,12 +354,18 @@ class StepCosts:
             base = y[-1] + slope * (tokens - x[-1])
         else:
             base = float(np.interp(tokens, x, y))
-        return base + self.kv_token_s * kv_tokens
+        return base + self.kv_s(tokens) * kv_tokens if kv_tokens else base
 
     def decode_run_s(self, batch, kv_tokens, steps):
         """k = steps decode passes of `batch` rows whose caches grow by one token a step."""
         return steps * self.pass_s(batch, kv_tokens) + \
-            self.kv_token_s * batch * steps * (steps - 1) / 2
+            self.kv_s(batch) * batch * steps * (steps - 1) / 2
+
+    def describe(self):
+        """The model's numbers, for results.json."""
+        return {"source": self.source, "tokens": list(self.tokens),
+                "seconds": list(self.seconds), "kv_token_s": self.kv_token_s,
+                "kv_by_batch": [list(p) for p in self.kv_by_batch]}
 
 
 def analytic_costs(cfg, bandwidth_gbs, tflops):
@@ -362,22 +382,25 @@ def analytic_costs(cfg, bandwidth_gbs, tflops):
 
 def fit_step_costs(decode_rows, prefill_rows, context, kv_token_s, source):
     """StepCosts from measured passes: decode rows (batch, context, step_ms) and prefill rows
-    (tokens, step_ms). The KV slope comes from one batch timed at two contexts (else the given
-    kv_token_s); the knots are the decodes at `context` less their KV reads, then prefills."""
-    slopes = []  # the cost of a cached token, from the same batch at two contexts
-    for b in {r["batch"] for r in decode_rows}:
+    (tokens, step_ms). Each batch timed at two contexts gives the cost of its cached tokens
+    (else the given kv_token_s); the knots are the decodes at `context` less their KV reads,
+    then the prefills."""
+    by_batch = {}  # the cost of a cached token, from the same batch at two contexts
+    for b in sorted({r["batch"] for r in decode_rows}):
         pts = sorted((r["batch"] * r["context"], r["step_ms"] / 1e3) for r in decode_rows
                      if r["batch"] == b)
         if len(pts) > 1 and pts[-1][0] > pts[0][0]:
-            slopes.append((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]))
-    if slopes:
-        kv_token_s = max(float(np.median(slopes)), 0.0)
-    knots = {r["batch"]: r["step_ms"] / 1e3 - kv_token_s * r["batch"] * r["context"]
+            by_batch[b] = max((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]), 0.0)
+    if by_batch:
+        kv_token_s = float(np.median(list(by_batch.values())))
+    costs = StepCosts((1,), (0.0,), kv_token_s, source, tuple(by_batch.items()))
+    knots = {r["batch"]: r["step_ms"] / 1e3 - costs.kv_s(r["batch"]) * r["batch"] * r["context"]
              for r in decode_rows if r["context"] == context}
     for r in prefill_rows:
         knots.setdefault(r["tokens"], r["step_ms"] / 1e3)
     x = sorted(knots)
-    return StepCosts(tuple(x), tuple(max(knots[k], 1e-9) for k in x), kv_token_s, source)
+    return dataclasses.replace(costs, tokens=tuple(x),
+                               seconds=tuple(max(knots[k], 1e-9) for k in x))
 
 
 def measured_costs(cfg, results):
@@ -897,7 +920,7 @@ def decode_step(model, cache, tokens, positions, rows=None, pad=False):
 def percentile_summary(samples_ms):
     p10, p50, p90 = np.percentile(samples_ms, [10, 50, 90])
     return {"median_ms": float(p50), "p10_ms": float(p10), "p90_ms": float(p90),
-            "n": len(samples_ms)}
+            "mean_ms": float(np.mean(samples_ms)), "n": len(samples_ms)}
 
 
 def time_region(fn, device, warmup, reps, budget_s):
@@ -1305,8 +1328,7 @@ def run_batching_sim(run, req, log, results, kv=None):
             f"{result['continuous']['steps']} steps")
     costs = step_costs(run, results)
     result.update(source=req.source, requests=len(req.output), slots=run.slots,
-                  cost_model={"source": costs.source, "tokens": list(costs.tokens),
-                              "seconds": list(costs.seconds), "kv_token_s": costs.kv_token_s},
+                  cost_model=costs.describe(),
                   arrivals=arrivals_text(run), prompt_tokens=percentiles(req.prompt),
                   output_tokens=percentiles(req.output), schedulers={}, distributions={})
     sims = {}
@@ -1543,23 +1565,24 @@ def check_engine(run, lengths, device):
 
 
 def engine_costs(bench, prompt_len):
-    """D's step costs, measured here with the engine's own passes: decode steps by batch (the
-    full batch also at a longer context, for the cost of a cached token) and batched prefills
-    of whole prompts. Half the usual time per shape."""
+    """D's step costs, measured here with the engine's own passes: decode steps by batch, each
+    also at a longer context (the cost of a cached token), and batched prefills of whole
+    prompts, half the usual time per shape. They are fitted on each shape's mean, not its
+    median: the engine's wall time is a sum of steps, and a sum grows with the mean."""
     run, budget_s = bench.run, bench.run.time_budget_s / 2
     long_context = min(prompt_len + 512, bench.cfg.max_positions - 1)
-    decode, prefills = [], []
-    for batch in sorted({1, max(1, run.slots // 4), run.slots}):
-        for context in (prompt_len, long_context) if batch == run.slots else (prompt_len,):
-            t = bench.time_decode(batch, context, budget_s=budget_s)
-            decode.append({"batch": batch, "context": context, "step_ms": t["median_ms"],
-                           "p10_ms": t["p10_ms"], "p90_ms": t["p90_ms"]})
-    for batch in sorted({1, run.slots}):
-        t = bench.time_prefill(prompt_len, batch, budget_s=budget_s)
-        prefills.append({"batch": batch, "tokens": batch * prompt_len, "step_ms": t["median_ms"],
-                         "p10_ms": t["p10_ms"], "p90_ms": t["p90_ms"]})
+
+    def row(t, **shape):
+        return {**shape, "step_ms": t["mean_ms"], "median_ms": t["median_ms"],
+                "p10_ms": t["p10_ms"], "p90_ms": t["p90_ms"]}
+    decode = [row(bench.time_decode(batch, context, budget_s=budget_s), batch=batch,
+                  context=context)
+              for batch in sorted({1, max(1, run.slots // 4), run.slots})
+              for context in (prompt_len, long_context)]
+    prefills = [row(bench.time_prefill(prompt_len, batch, budget_s=budget_s), batch=batch,
+                    tokens=batch * prompt_len) for batch in sorted({1, run.slots})]
     costs = fit_step_costs(decode, prefills, prompt_len, 0.0,
-                           f"measured for D on {device_name(bench.device)}")
+                           f"measured for D on {device_name(bench.device)} (means)")
     return costs, decode + prefills
 
 
@@ -1570,8 +1593,9 @@ def run_serving_engine(bench, lengths, log):
     n, P = len(lengths), run.prompt_len
     costs, cost_rows = engine_costs(bench, P)
     knots = ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in zip(costs.tokens, costs.seconds))
-    log(f"D step costs, ms by tokens per pass: {knots}; {1e6 * costs.kv_token_s:.2f} µs per "
-        "cached token")
+    per_token = ", ".join(f"{b}: {1e6 * v:.2f}" for b, v in costs.kv_by_batch)
+    log(f"D step costs, ms by tokens per pass: {knots}; µs per cached token by batch: "
+        f"{per_token}")
     g = torch.Generator(device="cpu").manual_seed(run.seed + 3)
     prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
     cache = new_kv_cache(cfg, run.slots, P + int(lengths.max()), device)
@@ -1580,9 +1604,7 @@ def run_serving_engine(bench, lengths, log):
     result = {"requests": n, "slots": run.slots, "prompt_tokens": P,
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
                           "max": int(lengths.max()), "total": int(lengths.sum())},
-              "cost_model": {"source": costs.source, "tokens": list(costs.tokens),
-                             "seconds": list(costs.seconds), "kv_token_s": costs.kv_token_s,
-                             "rows": cost_rows}}
+              "cost_model": {**costs.describe(), "rows": cost_rows}}
     for policy in ("static", "continuous"):
         _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy)
         sim = simulate_serving(req, run.slots, costs, policy)
@@ -2185,8 +2207,9 @@ def plot_engine(results, path):
     fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True, sharey=True)
     for ax, policy, color in zip(axes, ("static", "continuous"), (RED, BLUE)):
         d = D[policy]
-        ax.fill_between(d["timeline"]["t_s"], d["timeline"]["running"], step="pre", color=color,
-                        alpha=0.8, linewidth=0)
+        t, running = d["timeline"]["t_s"], d["timeline"]["running"]
+        ax.fill_between([0.0, *t], [running[0], *running], step="pre", color=color, alpha=0.8,
+                        linewidth=0)  # each step's slots fill the interval that ends with it
         ax.set_ylim(0, D["slots"] * 1.05)
         ax.set_ylabel("occupied slots")
         ax.set_title(f"{policy}: {d['wall_s']:,.1f} s measured ({d['predicted']['wall_s']:,.1f} "

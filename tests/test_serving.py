@@ -152,3 +152,20 @@ def test_bad_traces(tmp_path, capsys, content, fragment):
 def test_bad_serving_flags(args, fragment, capsys):
     from test_cli import expect_usage_error
     expect_usage_error(["--experiments", "C"] + args, capsys, fragment)
+
+
+def test_step_costs_fit_by_hand():
+    # f(1) = 10 ms, f(4) = 16 ms; a cached token costs 2 µs at batch 1 and 1 µs at batch 4
+    def row(batch, context, kv_s, f):
+        return {"batch": batch, "context": context, "step_ms": 1e3 * (f + kv_s * batch * context)}
+    decode = [row(1, 100, 2e-6, 0.010), row(1, 500, 2e-6, 0.010),
+              row(4, 100, 1e-6, 0.016), row(4, 500, 1e-6, 0.016)]
+    costs = S.fit_step_costs(decode, [{"tokens": 64, "step_ms": 50.0}], 100, 0.0, "hand")
+    assert costs.tokens == (1, 4, 64)
+    np.testing.assert_allclose(costs.seconds, (0.010, 0.016, 0.050))
+    np.testing.assert_allclose([s for _, s in costs.kv_by_batch], (2e-6, 1e-6))
+    # batch 2 sits a third of the way from 1 to 4 in both f and the cost of a cached token
+    assert costs.pass_s(2, 1000) == pytest.approx(0.012 + 1000 * (2e-6 - 1e-6 / 3))
+    # a run of 3 decode steps of 2 rows, caches growing from 1000 tokens
+    assert costs.decode_run_s(2, 1000, 3) == pytest.approx(
+        sum(costs.pass_s(2, 1000 + 2 * j) for j in range(3)))
