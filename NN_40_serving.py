@@ -2466,7 +2466,8 @@ def parse_args(argv):
                    context=min(args.context, 64), contexts=(min(args.context, 64),),
                    prefill_lengths=tuple(max(1, t // 8) for t in args.prefill_lengths),
                    warmup=min(args.warmup, 1), reps=min(args.reps, 5),
-                   engine_requests=args.engine_requests or 16)
+                   engine_requests=args.engine_requests or 16,
+                   prompt_len=min(args.prompt_len, 32))
         run["time_budget_s"] = 0.3
     return RunConfig(model=model, **run)
 
