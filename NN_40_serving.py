@@ -897,13 +897,12 @@ def decode_step(model, cache, tokens, positions, rows=None, pad=False):
     GPU one kernel beats dozens of tiny launches.
     """
     B, device = len(tokens), tokens.device
+    if isinstance(positions, int) and rows is None:  # the timed path of A and B: one span
+        return model(tokens[:, None], torch.full((B, 1), positions, device=device), cache,
+                     None, [(0, B, 0, positions + 1)])
     row_list = list(range(B)) if rows is None else [int(r) for r in rows]
-    if isinstance(positions, int):
-        positions = [positions] * B
-        position_tensor = torch.full((B, 1), positions[0], device=device)
-    else:
-        positions = [int(p) for p in positions]
-        position_tensor = torch.tensor(positions, device=device)[:, None]
+    positions = [positions] * B if isinstance(positions, int) else [int(p) for p in positions]
+    position_tensor = torch.tensor(positions, device=device)[:, None]
     index = None if rows is None else torch.as_tensor(row_list, device=device)
     spans, mask = attention_spans(row_list, positions), None
     if pad and len(spans) > 1 and row_list == list(range(row_list[0], row_list[0] + B)):
@@ -990,9 +989,11 @@ def device_name(device):
 
 
 def free_memory_bytes(device):
-    """Memory free for new allocations on the device."""
+    """Memory free for new allocations on the device (on CUDA, with what PyTorch's caching
+    allocator holds but does not use)."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -1101,8 +1102,8 @@ class Bench:
                 "p90_ms": timing["p90_ms"], "reps": timing["n"], "bytes": weight_bytes,
                 "gbs": weight_bytes / s / 1e9}
 
-    def skip_reason(self, batch, cache_len, new_tokens):
-        ok, needed, free = fits(self.cfg, self.device, batch, cache_len, new_tokens)
+    def skip_reason(self, batch, cache_len, new_tokens, margin=0.9):
+        ok, needed, free = fits(self.cfg, self.device, batch, cache_len, new_tokens, margin)
         if ok:
             return None
         return f"does not fit: needs {gib(needed)}, {gib(free)} free"
@@ -1110,29 +1111,32 @@ class Bench:
 
 
 def kv_device_check(bench, kv):
-    """Allocate the KV cache C's budget holds, as one row per request running at the peak of
-    the continuous schedule, and time one decode step with each row at its peak context."""
+    """Allocate the KV cache C's budget holds, as rows of the longest sequence that fits (at
+    least one row per request running at the peak of the continuous schedule), and time one
+    decode step over the first rows, each at the context its request had at the peak."""
     cfg, contexts = bench.cfg, kv["peak"]["contexts"]
     batch = len(contexts)
     row_tokens = min(kv["budget_tokens"] // batch, cfg.max_positions)
+    n_rows = max(batch, kv["budget_tokens"] // row_tokens)
     positions = [min(c, row_tokens) - 1 for c in contexts]  # the token each row decodes next
     clamped = sum(c > row_tokens for c in contexts)
-    check = {"device": device_name(bench.device), "batch": batch, "row_tokens": row_tokens,
-             "bytes": batch * row_tokens * kv_bytes_per_token(cfg), "clamped_rows": clamped}
-    shape = f"{batch} rows x {row_tokens:,} tokens = {check['bytes'] / 1e9:.2f} GB"
-    reason = bench.skip_reason(batch, row_tokens, 1)
+    check = {"device": device_name(bench.device), "rows": n_rows, "batch": batch,
+             "row_tokens": row_tokens, "bytes": n_rows * row_tokens * kv_bytes_per_token(cfg),
+             "clamped_rows": clamped}
+    shape = f"{n_rows:,} rows x {row_tokens:,} tokens = {check['bytes'] / 1e9:.2f} GB"
+    reason = bench.skip_reason(n_rows, row_tokens, 1, margin=1.0)  # the budget has its margin
     if reason:
         check.update(skipped=reason, text=f"the budget's KV cache ({shape}) {reason}")
         return check
-    cache = new_kv_cache(cfg, batch, row_tokens, bench.device)
+    cache = new_kv_cache(cfg, n_rows, row_tokens, bench.device)
     next_tokens = cycle(random_tokens(cfg, (batch,), bench.device, seed=batch))
     timing = time_region(lambda: decode_step(bench.model, cache, next_tokens(), positions),
                          bench.device, bench.run.warmup, min(bench.run.reps, 10),
                          bench.run.time_budget_s)
     del cache
     check.update(step_ms=timing["median_ms"], p10_ms=timing["p10_ms"], p90_ms=timing["p90_ms"],
-                 text=f"allocated the budget's KV cache as {shape} and ran a decode step at "
-                      f"the peak's {batch} contexts (max {max(contexts):,}"
+                 text=f"allocated the budget's KV cache as {shape} and ran a decode step of "
+                      f"the peak's {batch} requests at their contexts (max {max(contexts):,}"
                       f"{f', {clamped} clamped to the row' if clamped else ''}): "
                       f"{timing['median_ms']:.1f} ms")
     return check

@@ -118,3 +118,12 @@ def test_the_budget_is_allocated_on_the_device(tiny_args, capsys):
     check = results["C"]["kv"]["device_check"]
     assert check["batch"] == len(results["C"]["kv"]["peak"]["contexts"]) <= 4
     assert check["step_ms"] > 0 and "allocated the budget's KV cache" in out.out
+
+
+def test_a_budget_the_device_cannot_hold_is_marked(tiny_args, capsys, monkeypatch):
+    monkeypatch.setattr(S, "free_memory_bytes", lambda device: 64 * 2**20)
+    results, out = run_main(tiny_args + ["--experiments", "AC", "--kv-memory-gb", "5",
+                                         "--no-figures"], capsys)
+    check = results["C"]["kv"]["device_check"]
+    assert check["bytes"] > 4e9 and check["skipped"].startswith("does not fit")
+    assert "does not fit" in out.out
