@@ -122,7 +122,8 @@ class RunConfig:
     slo_ttft_s: float = None
     slo_tpot_s: float = None
     save_requests: str = None
-    engine_requests: int = None   # D's requests (default: ENGINE_REQUESTS_CPU on CPU, else requests)
+    engine_requests: int = None   # D's requests (default: ENGINE_REQUESTS_CPU on CPU, else
+                                  # requests)
     kv_policies: tuple = ("reserve", "paged")  # C's KV-cache study
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     block_tokens: int = 16        # paged: tokens per block
@@ -529,7 +530,7 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
 
     def preempt(slot):
         r = rid[slot]
-        to_prefill[r] = prompt[r] + output[r] - left[slot] if pre[slot] == 0 else prompt[r]
+        to_prefill[r] = prompt[r] + output[r] - left[slot]  # the prompt and what it generated
         remaining[r] = left[slot]
         mem["preemptions"] += 1
         mem["recomputed_tokens"] += int(ctx[slot])
@@ -564,9 +565,13 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
                     r = queue
                 else:
                     break
-                chunk = min(int(to_prefill[r]), spare)
-                need = 0 if kv is None else kv.whole_blocks(
-                    chunk + (chunk == to_prefill[r])) if paged else prompt[r] + kv.max_output
+                chunk = min(int(to_prefill[r]), spare)  # its first step's prefill
+                if kv is None:
+                    need = 0
+                elif paged:  # the chunk's blocks (a whole prompt also emits a token)
+                    need = kv.whole_blocks(chunk + (chunk == to_prefill[r]))
+                else:
+                    need = prompt[r] + kv.max_output
                 if need > room_kv:
                     break  # first come, first served: nobody overtakes the head of the line
                 if retry:
@@ -1045,7 +1050,8 @@ class Bench:
         weight_bytes = param_count(self.cfg) * self.cfg.dtype_bytes
         if weight_bytes > 0.9 * free_memory_bytes(device):
             raise UsageError(f"the model's weights need {gib(weight_bytes)} but the device has "
-                             f"{gib(free_memory_bytes(device))} free; use smaller --layers/--hidden")
+                             f"{gib(free_memory_bytes(device))} free; use smaller "
+                             "--layers/--hidden")
         self.model = build_model(self.cfg, device, seed=run.seed)
         self.modes = ("eager", "graph") if run.graphs == "both" else (run.graphs,)
 
@@ -1069,17 +1075,13 @@ class Bench:
         def step():
             tokens.copy_(next_tokens())
             return decode_step(self.model, cache, tokens, context)
-        timing = self.time(step, mode, budget_s)
-        del cache
-        return timing
+        return self.time(step, mode, budget_s)
 
     def time_prefill(self, tokens, batch=1, budget_s=None):
         """A prefill of `batch` prompts of `tokens` tokens each into empty cache rows."""
         cache = new_kv_cache(self.cfg, batch, tokens, self.device)
         next_prompt = cycle(random_tokens(self.cfg, (batch, tokens), self.device, seed=tokens))
-        timing = self.time(lambda: prefill(self.model, cache, next_prompt()), budget_s=budget_s)
-        del cache
-        return timing
+        return self.time(lambda: prefill(self.model, cache, next_prompt()), budget_s=budget_s)
 
     def linear_chain(self, mode):
         """The model's own matmul weights as a bare chain of F.linear calls at batch 1.
@@ -1133,7 +1135,6 @@ def kv_device_check(bench, kv):
     timing = time_region(lambda: decode_step(bench.model, cache, next_tokens(), positions),
                          bench.device, bench.run.warmup, min(bench.run.reps, 10),
                          bench.run.time_budget_s)
-    del cache
     check.update(step_ms=timing["median_ms"], p10_ms=timing["p10_ms"], p90_ms=timing["p90_ms"],
                  text=f"allocated the budget's KV cache as {shape} and ran a decode step of "
                       f"the peak's {batch} requests at their contexts (max {max(contexts):,}"
@@ -1603,7 +1604,7 @@ def run_serving_engine(bench, lengths, log):
     g = torch.Generator(device="cpu").manual_seed(run.seed + 3)
     prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
     cache = new_kv_cache(cfg, run.slots, P + int(lengths.max()), device)
-    run_engine(bench.model, cache, prompts[:2], [2, 2], "continuous")  # warm the engine's path
+    run_engine(bench.model, cache, prompts[:2], [2, 2], "continuous")  # warm the engine
     req = Requests(np.zeros(n), np.full(n, P), lengths, "D")
     result = {"requests": n, "slots": run.slots, "prompt_tokens": P,
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
@@ -1613,6 +1614,7 @@ def run_serving_engine(bench, lengths, log):
         _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy)
         sim = simulate_serving(req, run.slots, costs, policy)
         steps, wall = len(elog["t_s"]), elog["wall_s"]
+        t, running = zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))
         result[policy] = {
             "wall_s": wall, "output_tokens_per_s": float(lengths.sum()) / wall, "steps": steps,
             "occupancy": sum(elog["running"]) / (steps * run.slots),
@@ -1620,11 +1622,9 @@ def run_serving_engine(bench, lengths, log):
             "other_s": wall - elog["prefill_s"] - elog["decode_s"],
             "predicted": {"wall_s": float(sim["finish"].max()), "steps": sim["steps"],
                           "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"]},
-            "timeline": dict(zip(("t_s", "running"),
-                                 zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))))}
+            "timeline": {"t_s": t, "running": running}}
         log(f"D {policy}: {wall:.2f} s measured, {sim['finish'].max():.2f} s predicted, "
             f"{steps} steps")
-    del cache
     result["speedup_measured"] = result["static"]["wall_s"] / result["continuous"]["wall_s"]
     result["speedup_predicted"] = (result["static"]["predicted"]["wall_s"]
                                    / result["continuous"]["predicted"]["wall_s"])
@@ -1832,7 +1832,8 @@ def engine_table(D, H):
         d, p = D[policy], D[policy]["predicted"]
         table.append([H[policy], f"{d['wall_s']:,.2f}", f"{p['wall_s']:,.2f}",
                       f"{d['output_tokens_per_s']:,.0f}", f"{d['steps']:,}",
-                      f"{100 * d['occupancy']:.1f}%", f"{d['prefill_s']:,.2f} / {p['prefill_s']:,.2f}",
+                      f"{100 * d['occupancy']:.1f}%",
+                      f"{d['prefill_s']:,.2f} / {p['prefill_s']:,.2f}",
                       f"{d['decode_s']:,.2f} / {p['decode_s']:,.2f}", f"{d['other_s']:,.2f}"])
     lengths = D["lengths"]
     return (f"D  a real engine on the model: {D['requests']} requests (median output "
@@ -2184,7 +2185,8 @@ def plot_kv_memory(results, path):
         ax1.plot(series["t_s"], series["allocated_tokens"], color=color, linestyle="--",
                  label=f"{policy}: allocated")
         ax1.plot(series["t_s"], series["held_tokens"], color=color,
-                 linewidth=3 if policy == "reserve" else 1.5, label=f"{policy}: held ({m['utilization']:.0%} of allocated)")
+                 linewidth=3 if policy == "reserve" else 1.5,  # visible under paged
+                 label=f"{policy}: held ({m['utilization']:.0%} of allocated)")
         ax2.plot(series["t_s"], series["running"], color=color, drawstyle="steps-post",
                  label=f"{policy}: peak {m['peak_concurrency']}, mean "
                        f"{m['mean_concurrency']:.1f}, {m['preemptions']:,} preemptions")

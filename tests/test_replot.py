@@ -1,5 +1,4 @@
 """--replot redraws from a saved results.json without running anything."""
-import json
 
 import pytest
 
