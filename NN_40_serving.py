@@ -508,8 +508,7 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
            "peak_held": 0, "peak_contexts": []}
 
     def plan():
-        """This step's work for the admitted requests: decoding rows, prefill chunk per slot,
-        and KV tokens each slot grows by (a finished prefill also emits a token)."""
+        """This step's work for the admitted requests: decoding rows, prefill chunk per slot."""
         active = rid >= 0
         decoding = active & (pre == 0)
         if budget is None:
@@ -521,12 +520,13 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
             for slot in waiting[np.argsort(order[waiting])]:
                 take = min(int(pre[slot]), room)
                 prefill_now[slot], room = take, room - take
-        grow = decoding + prefill_now + ((prefill_now > 0) & (prefill_now == pre))
-        return decoding, prefill_now, grow
+        return decoding, prefill_now
 
-    def extra_blocks(grow):
-        """KV tokens a paged cache must add for the planned step."""
-        return int(np.maximum(kv.whole_blocks(ctx + grow) - alloc, 0)[rid >= 0].sum())
+    def grown_blocks(decoding, prefill_now):
+        """Each slot's whole blocks after the planned step (a finished prefill also emits a
+        token), never fewer than it has."""
+        grow = decoding + prefill_now + ((prefill_now > 0) & (prefill_now == pre))
+        return np.maximum(alloc, np.where(rid >= 0, kv.whole_blocks(ctx + grow), 0))
 
     def preempt(slot):
         r = rid[slot]
@@ -543,12 +543,10 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
         can_admit = scheduler != "static" or running == 0
         if running == 0 and not retry and queue < n and arrival[queue] > t:
             t = arrival[queue]  # idle until the next request arrives
-        decoding, prefill_now, grow = plan()
         if paged:  # make room for the running requests' step, newest first out
-            while extra_blocks(grow) > capacity - alloc.sum():
+            while grown_blocks(*plan()).sum() > capacity:
                 active = np.flatnonzero(rid >= 0)
                 preempt(active[np.argmax(order[active])])
-                decoding, prefill_now, grow = plan()
             free = np.flatnonzero(rid < 0)
             running = slots - len(free)
             can_admit = scheduler != "static" or running == 0
@@ -557,7 +555,7 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
             # chunked: admit only while this step's token budget has room for a first chunk
             spare = math.inf if budget is None else \
                 budget - int(((rid >= 0) & (pre == 0)).sum()) - int(pre[rid >= 0].sum())
-            room_kv = capacity - alloc.sum() - (extra_blocks(grow) if paged else 0)
+            room_kv = capacity - (grown_blocks(*plan()).sum() if paged else alloc.sum())
             while len(new) < len(free) and spare > 0:
                 if retry:
                     r = retry[0]
@@ -588,14 +586,13 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
                 spare -= to_prefill[r]
                 room_kv -= need
                 new.append(slot)
-            if new:
-                decoding, prefill_now, grow = plan()
+        decoding, prefill_now = plan()
         if paged:
-            alloc[rid >= 0] = np.maximum(alloc, kv.whole_blocks(ctx + grow))[rid >= 0]
+            alloc[:] = grown_blocks(decoding, prefill_now)
         n_dec = int(decoding.sum())
         kv_dec = int(ctx[decoding].sum())
         prefilling = prefill_now > 0
-        running = int((rid >= 0).sum())
+        running += len(new)
         if not prefilling.any() and n_dec:
             # a run of pure decode steps: until the first finish, until an arrival could be
             # admitted into a free slot, or (paged) until the free blocks run out
@@ -636,7 +633,8 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
             longest_step_s = max(longest_step_s, costs.pass_s(n_dec, kv_dec + n_dec * (k - 1)))
             steps += k
             busy += k * running
-            generated[rid[decoding]] += k
+            if kv is not None:  # (tracked only where preemption could lose a token)
+                generated[rid[decoding]] += k
             left[decoding] -= k
             ctx[decoding] += k
         elif n_dec or prefilling.any():
@@ -648,15 +646,17 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
             longest_step_s = max(longest_step_s, step_s)
             steps += 1
             busy += running
-            generated[rid[decoding]] += 1
+            if kv is not None:
+                generated[rid[decoding]] += 1
             left[decoding] -= 1
             ctx[decoding] += 1
             pre -= prefill_now
             ctx += prefill_now
             emitted = prefilling & (pre == 0)  # a finished prefill emits a token
-            unseen = emitted & np.isnan(first[np.maximum(rid, 0)])
-            first[rid[unseen]] = t
-            generated[rid[emitted]] += 1
+            ids = rid[emitted]
+            first[ids] = np.fmin(first[ids], t)  # a readmitted request keeps its first token
+            if kv is not None:
+                generated[ids] += 1
             left[emitted] -= 1
             ctx[emitted] += 1
             if kv is not None:
@@ -678,10 +678,9 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
             done += 1
     sim = {"start": start, "first_token": first, "finish": finish, "steps": steps,
            "occupancy": busy / (steps * slots) if steps else 0.0,
-           "longest_step_s": longest_step_s, "prefill_s": prefill_s, "decode_s": decode_s,
-           "generated": generated}
+           "longest_step_s": longest_step_s, "prefill_s": prefill_s, "decode_s": decode_s}
     if kv is not None:
-        sim["kv"] = mem
+        sim["kv"], sim["generated"] = mem, generated
     return sim
 
 
