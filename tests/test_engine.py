@@ -82,3 +82,18 @@ def test_d_end_to_end(tiny_args, tmp_path, capsys):
 def test_d_longer_than_the_position_table(tiny_args, capsys):
     expect_usage_error(tiny_args + ["--experiments", "D", "--max-positions", "64"], capsys,
                        "exceeds --max-positions")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.inference_mode()
+def test_engine_on_cuda_pads_and_still_generates_what_it_would_alone():
+    # on CUDA the engine's decode is one padded, masked attention call per layer
+    model = S.build_model(TINY, "cuda", seed=3)
+    lengths = [7, 1, 12, 3, 3, 9, 2, 15, 5, 1]
+    prompts = torch.randint(TINY.vocab, (len(lengths), 6), generator=torch.Generator()
+                            .manual_seed(0)).cuda()
+    cache = S.new_kv_cache(TINY, 4, 6 + max(lengths), "cuda")
+    generated, _ = S.run_engine(model, cache, prompts, lengths, "continuous")
+    cpu_model = S.build_model(TINY, "cpu", seed=3)
+    for prompt, n, tokens in zip(prompts.cpu(), lengths, generated):
+        assert tokens == generate_alone(cpu_model, prompt, n)
