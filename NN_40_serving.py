@@ -1508,7 +1508,9 @@ def run_engine(model, cache, prompts, output_lens, policy):
     running, position = [], []                      # request and next position of each row
     next_token = torch.zeros(slots, dtype=torch.long, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    log = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0}
+    pad = device.type == "cuda"  # one padded attention call per layer (see decode_step)
+    log = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0, "attention_calls": 0,
+           "decode_steps": 0}
     sync()
     t0 = time.perf_counter()
     while waiting or running:
@@ -1525,8 +1527,10 @@ def run_engine(model, cache, prompts, output_lens, policy):
             log["prefill_s"] += time.perf_counter() - t_pass
         if old:  # one decode step for everyone else, each row at its own position
             t_pass = time.perf_counter()
-            logits = decode_step(model, cache, next_token[:old], position[:old],
-                                 pad=device.type == "cuda")
+            logits = decode_step(model, cache, next_token[:old], position[:old], pad=pad)
+            log["attention_calls"] += 1 if pad else len(attention_spans(range(old),
+                                                                        position[:old]))
+            log["decode_steps"] += 1
             next_token[:old] = logits.argmax(-1)
             position[:old] = [p + 1 for p in position[:old]]
             sync()
@@ -1619,6 +1623,7 @@ def run_serving_engine(bench, lengths, log):
             "occupancy": sum(elog["running"]) / (steps * run.slots),
             "prefill_s": elog["prefill_s"], "decode_s": elog["decode_s"],
             "other_s": wall - elog["prefill_s"] - elog["decode_s"],
+            "attention_calls_per_decode": elog["attention_calls"] / max(elog["decode_steps"], 1),
             "predicted": {"wall_s": float(sim["finish"].max()), "steps": sim["steps"],
                           "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"]},
             "timeline": {"t_s": t, "running": running}}
@@ -1843,7 +1848,10 @@ def engine_table(D, H):
                                H["occupancy"], "prefill s (meas / pred)",
                                "decode s (meas / pred)", "between passes s"], stralign="right",
                                disable_numparse=True)
-            + f"\n{H['speedup']}: {D['verdict']}")
+            + f"\nattention calls per layer per decode step: static "
+            f"{D['static']['attention_calls_per_decode']:.1f}, continuous "
+            f"{D['continuous']['attention_calls_per_decode']:.1f} (the step costs were timed "
+            f"with one)\n{H['speedup']}: {D['verdict']}")
 
 
 def spread_text(s, pct=False):
