@@ -127,3 +127,21 @@ def test_a_budget_the_device_cannot_hold_is_marked(tiny_args, capsys, monkeypatc
     check = results["C"]["kv"]["device_check"]
     assert check["bytes"] > 4e9 and check["skipped"].startswith("does not fit")
     assert "does not fit" in out.out
+
+
+def test_memory_averages_by_hand():
+    # one request, prompt 4, output 6, every pass 1 s: a prefill step (4 tokens + the emitted
+    # one held), then a closed-form run of 5 decode steps; held 5, 6, ..., 10 tokens
+    req = S.Requests(np.zeros(1), np.array([4]), np.array([6]), "hand")
+    unit = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit")
+    paged = S.simulate_serving(req, 1, unit, "continuous", kv=S.KVBudget("paged", 100, 4))
+    assert paged["steps"] == 6 and paged["finish"][0] == 6.0
+    assert paged["kv"]["held_s"] == 5 + 6 + 7 + 8 + 9 + 10
+    assert paged["kv"]["alloc_s"] == 8 + 8 + 8 + 8 + 12 + 12  # blocks of 4 as it grows
+    reserve = S.KVBudget("reserve", 100, max_output=10)
+    sim = S.simulate_serving(req, 1, unit, "continuous", kv=reserve)
+    assert sim["kv"]["alloc_s"] == 6 * (4 + 10)
+    m = S.kv_metrics(req, sim, reserve)
+    assert m["utilization"] == pytest.approx(45 / 84)
+    assert m["fragmentation"] == pytest.approx(4 * 6 / 84)  # 4 reserved tokens never used
+    assert m["mean_concurrency"] == 1.0 and m["peak_concurrency"] == 1
