@@ -1944,25 +1944,35 @@ def save_figure(fig, results, path):
     write_atomic(path, buf.getvalue(), mode="wb")
 
 
-def plot_occupancy(results, path):
+def plot_slot_panels(results, path, slots, panels, xlabel, title):
+    """Occupied slots over time, static (red) over continuous (blue), the post's figure.
+
+    panels: [(x, occupied, step, panel title)] for static, then continuous; step is
+    matplotlib's: "post" when each value holds from its x on, "pre" when it holds up to it.
+    """
     import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True, sharey=True)
+    for ax, (x, occupied, step, panel_title), color in zip(axes, panels, (RED, BLUE)):
+        ax.fill_between(x, occupied, step=step, color=color, alpha=0.8, linewidth=0)
+        ax.set_ylim(0, slots * 1.05)
+        ax.set_ylabel("occupied slots")
+        ax.set_title(panel_title, fontsize=9, loc="left")
+    axes[1].set_xlabel(xlabel)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_occupancy(results, path):
     C = results["C"]
     if "static" not in C:  # a trace run has no step-count table
         return False
-    fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True, sharey=True)
-    for ax, policy, color in zip(axes, ("static", "continuous"), (RED, BLUE)):
-        occupied = np.asarray(C[policy]["occupied"])
-        ax.fill_between(np.arange(len(occupied)), occupied, step="post", color=color, alpha=0.8,
-                        linewidth=0)
-        ax.set_ylim(0, C["slots"] * 1.05)
-        ax.set_ylabel("occupied slots")
-        ax.set_title(f"{policy} batching: {C[policy]['steps']:,} steps, "
-                     f"{100 * C[policy]['occupancy']:.1f}% occupancy", fontsize=10, loc="left")
-    axes[1].set_xlabel("decode step")
-    fig.suptitle(f"{C['requests']} requests, {C['slots']} slots: continuous batching is "
-                 f"{C['speedup']:.2f}x faster", fontsize=11)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
+    panels = [(np.arange(len(C[p]["occupied"])), C[p]["occupied"], "post",
+               f"{p} batching: {C[p]['steps']:,} steps, {100 * C[p]['occupancy']:.1f}% occupancy")
+              for p in ("static", "continuous")]
+    plot_slot_panels(results, path, C["slots"], panels, "decode step",
+                     f"{C['requests']} requests, {C['slots']} slots: continuous batching is "
+                     f"{C['speedup']:.2f}x faster")
 
 
 def measured(rows):
@@ -2215,25 +2225,20 @@ def plot_kv_memory(results, path):
 
 def plot_engine(results, path):
     """D's measured occupancy over wall time, in the form of occupancy.png."""
-    import matplotlib.pyplot as plt
     D = results["D"]
-    fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True, sharey=True)
-    for ax, policy, color in zip(axes, ("static", "continuous"), (RED, BLUE)):
+    panels = []
+    for policy in ("static", "continuous"):
         d = D[policy]
         t, running = d["timeline"]["t_s"], d["timeline"]["running"]
-        ax.fill_between([0.0, *t], [running[0], *running], step="pre", color=color, alpha=0.8,
-                        linewidth=0)  # each step's slots fill the interval that ends with it
-        ax.set_ylim(0, D["slots"] * 1.05)
-        ax.set_ylabel("occupied slots")
-        ax.set_title(f"{policy}: {d['wall_s']:,.1f} s measured ({d['predicted']['wall_s']:,.1f} "
-                     f"s predicted), {d['steps']:,} steps, {100 * d['occupancy']:.1f}% occupancy",
-                     fontsize=9, loc="left")
-    axes[1].set_xlabel("wall time (s)")
-    fig.suptitle(f"D: a real engine, {D['requests']} requests, {D['slots']} slots: continuous is "
-                 f"{D['speedup_measured']:.2f}x faster (C predicts {D['speedup_predicted']:.2f}x)",
-                 fontsize=10)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
+        # each step's slots fill the interval that ends with it, the first from t = 0
+        panels.append(([0.0, *t], [running[0], *running], "pre",
+                       f"{policy}: {d['wall_s']:,.1f} s measured ({d['predicted']['wall_s']:,.1f} "
+                       f"s predicted), {d['steps']:,} steps, {100 * d['occupancy']:.1f}% "
+                       "occupancy"))
+    plot_slot_panels(results, path, D["slots"], panels, "wall time (s)",
+                     f"D: a real engine, {D['requests']} requests, {D['slots']} slots: continuous "
+                     f"is {D['speedup_measured']:.2f}x faster (C predicts "
+                     f"{D['speedup_predicted']:.2f}x)")
 
 
 FIGURES = {"phases.png": ("B", plot_phases),
