@@ -538,18 +538,15 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
         heapq.heappush(retry, r)
 
     while done < n:
+        if paged:  # make room for the running requests' step, newest first out
+            while grown_blocks(*plan()).sum() > capacity:
+                active = np.flatnonzero(rid >= 0)
+                preempt(active[np.argmax(order[active])])
         free = np.flatnonzero(rid < 0)
         running = slots - len(free)
         can_admit = scheduler != "static" or running == 0
         if running == 0 and not retry and queue < n and arrival[queue] > t:
             t = arrival[queue]  # idle until the next request arrives
-        if paged:  # make room for the running requests' step, newest first out
-            while grown_blocks(*plan()).sum() > capacity:
-                active = np.flatnonzero(rid >= 0)
-                preempt(active[np.argmax(order[active])])
-            free = np.flatnonzero(rid < 0)
-            running = slots - len(free)
-            can_admit = scheduler != "static" or running == 0
         new = []
         if can_admit:
             # chunked: admit only while this step's token budget has room for a first chunk
