@@ -446,14 +446,22 @@ class KVBudget:
         b = self.block_tokens if self.policy == "paged" else 1
         return -(-tokens // b) * b
 
-    def block_sum(self, ctx, k):
-        """sum over j = 1..k of whole_blocks(ctx + j), for an array of contexts (paged)."""
-        b = self.block_tokens
+    def block_sums(self, ctx, k):
+        """(sum, sum weighted by j) over j = 1..k of whole_blocks(ctx + j), summed over an
+        array of contexts (paged): the blocks a run of k decode steps holds after each step."""
+        b, ctx = self.block_tokens, np.asarray(ctx, dtype=object)  # exact integers
 
-        def g(m):  # sum over x = 1..m of ceil(x / b)
-            q, r = np.divmod(m, b)
+        def g1(m):  # sum over x = 1..m of ceil(x / b)
+            q, r = m // b, m % b
             return b * q * (q + 1) // 2 + r * (q + 1)
-        return int((b * (g(ctx + k) - g(ctx))).sum())
+
+        def g2(m):  # sum over x = 1..m of x * ceil(x / b)
+            q, r = m // b, m % b
+            s1, s2 = q * (q + 1) // 2, q * (q + 1) * (2 * q + 1) // 6
+            return b * (b * (2 * s2 - s1) + s1) // 2 + (q + 1) * (r * q * b + r * (r + 1) // 2)
+        plain = g1(ctx + k) - g1(ctx)
+        weighted = g2(ctx + k) - g2(ctx) - ctx * plain
+        return int(b * plain.sum()), int(b * weighted.sum())
 
 
 def check_kv_budget(req, kv):
@@ -614,17 +622,18 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
                         hi = mid - 1
                 k = lo
             step_s = costs.decode_run_s(n_dec, kv_dec, k)
-            if kv is not None:
+            if kv is not None:  # step j of the run takes a + e (j - 1) seconds
+                a, e = costs.pass_s(n_dec, kv_dec), costs.kv_s(n_dec) * n_dec
                 held = int(ctx[rid >= 0].sum())
-                held_sum = k * held + n_dec * k * (k + 1) // 2
+                mem["held_s"] += a * (k * held + n_dec * k * (k + 1) // 2) + e * (
+                    held * k * (k - 1) // 2 + n_dec * (k - 1) * k * (k + 1) // 3)
                 if paged:
-                    alloc_sum = k * int(alloc[(rid >= 0) & ~decoding].sum()) + kv.block_sum(
-                        ctx[decoding], k)
+                    plain, weighted = kv.block_sums(ctx[decoding], k)
+                    other = int(alloc[(rid >= 0) & ~decoding].sum())
+                    mem["alloc_s"] += other * step_s + a * plain + e * (weighted - plain)
                     alloc[decoding] = kv.whole_blocks(ctx[decoding] + k)
                 else:
-                    alloc_sum = k * int(alloc.sum())
-                mem["held_s"] += step_s * held_sum / k
-                mem["alloc_s"] += step_s * alloc_sum / k
+                    mem["alloc_s"] += int(alloc.sum()) * step_s
             t += step_s
             decode_s += step_s
             longest_step_s = max(longest_step_s, costs.pass_s(n_dec, kv_dec + n_dec * (k - 1)))

@@ -18,11 +18,19 @@ def requests(n=300, seed=0, prompt=64, rate=None):
     return S.Requests(arrival, np.full(n, prompt), output, "test")
 
 
-def test_whole_blocks_and_block_sum_by_hand():
+def test_whole_blocks_and_block_sums_by_hand():
     paged = S.KVBudget("paged", 100, block_tokens=4)
     assert paged.whole_blocks(np.array([1, 4, 5, 8, 9])).tolist() == [4, 4, 8, 8, 12]
     # contexts 0 and 3 for 5 steps: blocks of 1..5 and of 4..8 tokens
-    assert paged.block_sum(np.array([0, 3]), 5) == (4 + 4 + 4 + 4 + 8) + (4 + 8 + 8 + 8 + 8)
+    assert paged.block_sums(np.array([0, 3]), 5) == (
+        (4 + 4 + 4 + 4 + 8) + (4 + 8 + 8 + 8 + 8),
+        (1 * 4 + 2 * 4 + 3 * 4 + 4 * 4 + 5 * 8) + (1 * 4 + 2 * 8 + 3 * 8 + 4 * 8 + 5 * 8))
+    for b in (1, 3, 16):  # against a brute-force sum
+        blocks = S.KVBudget("paged", 100, block_tokens=b)
+        ctx = np.array([0, 1, 2, 15, 16, 17, 100])
+        brute = [[blocks.whole_blocks(c + j) for j in range(1, 40)] for c in ctx]
+        assert blocks.block_sums(ctx, 39) == (sum(map(sum, brute)), sum(
+            j * x for row in brute for j, x in enumerate(row, 1)))
     assert S.KVBudget("reserve", 100).whole_blocks(7) == 7
 
 
@@ -145,3 +153,17 @@ def test_memory_averages_by_hand():
     assert m["utilization"] == pytest.approx(45 / 84)
     assert m["fragmentation"] == pytest.approx(4 * 6 / 84)  # 4 reserved tokens never used
     assert m["mean_concurrency"] == 1.0 and m["peak_concurrency"] == 1
+
+
+def test_memory_integrals_are_exact_per_step():
+    # one request, prompt 4, output 6, a pass costs 1 s + 0.5 s per cached token: a prefill
+    # step (1 s, then 5 tokens held), then one run of 5 decode steps over 5..9 cached tokens
+    # (3.5, 4, 4.5, 5, 5.5 s; then 6..10 held); each step weighs what it holds by its own time
+    req = S.Requests(np.zeros(1), np.array([4]), np.array([6]), "hand")
+    costs = S.StepCosts((1, 2), (1.0, 1.0), 0.5, "linear")
+    sim = S.simulate_serving(req, 1, costs, "continuous", kv=S.KVBudget("paged", 100, 4))
+    assert sim["finish"][0] == 1 + 3.5 + 4 + 4.5 + 5 + 5.5
+    assert sim["kv"]["held_s"] == pytest.approx(1 * 5 + 3.5 * 6 + 4 * 7 + 4.5 * 8 + 5 * 9
+                                                + 5.5 * 10)
+    assert sim["kv"]["alloc_s"] == pytest.approx(1 * 8 + 3.5 * 8 + 4 * 8 + 4.5 * 8 + 5 * 12
+                                                 + 5.5 * 12)  # blocks of 4 for 5..10 tokens
