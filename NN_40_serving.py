@@ -339,28 +339,39 @@ class StepCosts:
     kv_token_s: float
     source: str
     kv_by_batch: tuple = ()
+    # (f, kv_s) by tokens per pass: a simulation prices the same few shapes millions of times
+    _rates: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def rates(self, tokens):
+        """(f(tokens) seconds, kv_s(tokens) seconds per cached token), memoized."""
+        rates = self._rates.get(tokens)
+        if rates is None:
+            x, y = self.tokens, self.seconds
+            if tokens > x[-1] and len(x) > 1:
+                f = y[-1] + (y[-1] - y[-2]) / (x[-1] - x[-2]) * (tokens - x[-1])
+            else:
+                f = float(np.interp(tokens, x, y))
+            kv_s = self.kv_token_s
+            if self.kv_by_batch:
+                batches, seconds = zip(*self.kv_by_batch)
+                kv_s = float(np.interp(tokens, batches, seconds))
+            rates = self._rates[tokens] = (f, kv_s)
+        return rates
 
     def kv_s(self, tokens):
-        if not self.kv_by_batch:
-            return self.kv_token_s
-        batches, seconds = zip(*self.kv_by_batch)
-        return float(np.interp(tokens, batches, seconds))
+        return self.rates(tokens)[1]
 
     def pass_s(self, tokens, kv_tokens=0):
         if tokens <= 0:
             return 0.0
-        x, y = self.tokens, self.seconds
-        if tokens > x[-1] and len(x) > 1:
-            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
-            base = y[-1] + slope * (tokens - x[-1])
-        else:
-            base = float(np.interp(tokens, x, y))
-        return base + self.kv_s(tokens) * kv_tokens if kv_tokens else base
+        f, kv_s = self.rates(tokens)
+        return f + kv_s * kv_tokens if kv_tokens else f
 
-    def decode_run_s(self, batch, kv_tokens, steps):
-        """k = steps decode passes of `batch` rows whose caches grow by one token a step."""
-        return steps * self.pass_s(batch, kv_tokens) + \
-            self.kv_s(batch) * batch * steps * (steps - 1) / 2
+    def run_s(self, tokens, kv_tokens, steps):
+        """`steps` passes of `tokens` new tokens each (a decode of that many rows, or one
+        prompt's chunk), the cache growing by those tokens after every pass."""
+        return steps * self.pass_s(tokens, kv_tokens) + \
+            self.kv_s(tokens) * tokens * steps * (steps - 1) / 2
 
     def describe(self):
         """The model's numbers, for results.json."""
@@ -433,35 +444,28 @@ class KVBudget:
     paged    blocks of block_tokens are allocated as a sequence grows (PagedAttention). When a
              step needs a block and none is free, the most recently admitted request is
              preempted: its blocks are freed, and when it is readmitted its prompt and the
-             tokens it had generated are prefilled again (recompute, vLLM's default)
+             tokens it had generated are prefilled again (recompute, vLLM's default).
+             Admission leaves `watermark` of the budget's blocks free (vLLM's watermark), so
+             a newcomer does not take the blocks the running requests are about to grow into
     A request holds one token of KV for every token it has prefilled or generated.
     """
     policy: str                # "reserve" or "paged"
     capacity_tokens: float     # math.inf: unlimited
     block_tokens: int = 16
     max_output: int = 0        # reserve: output tokens reserved for every request
+    watermark: float = 0.0     # paged: share of the blocks admission keeps free
 
     def whole_blocks(self, tokens):
         """Tokens rounded up to whole blocks (paged); unchanged for a reservation."""
         b = self.block_tokens if self.policy == "paged" else 1
         return -(-tokens // b) * b
 
-    def block_sums(self, ctx, k):
-        """(sum, sum weighted by j) over j = 1..k of whole_blocks(ctx + j), summed over an
-        array of contexts (paged): the blocks a run of k decode steps holds after each step."""
-        b, ctx = self.block_tokens, np.asarray(ctx, dtype=object)  # exact integers
-
-        def g1(m):  # sum over x = 1..m of ceil(x / b)
-            q, r = m // b, m % b
-            return b * q * (q + 1) // 2 + r * (q + 1)
-
-        def g2(m):  # sum over x = 1..m of x * ceil(x / b)
-            q, r = m // b, m % b
-            s1, s2 = q * (q + 1) // 2, q * (q + 1) * (2 * q + 1) // 6
-            return b * (b * (2 * s2 - s1) + s1) // 2 + (q + 1) * (r * q * b + r * (r + 1) // 2)
-        plain = g1(ctx + k) - g1(ctx)
-        weighted = g2(ctx + k) - g2(ctx) - ctx * plain
-        return int(b * plain.sum()), int(b * weighted.sum())
+    @property
+    def watermark_tokens(self):
+        if self.policy != "paged" or math.isinf(self.capacity_tokens):
+            return 0
+        return int(self.watermark * (self.capacity_tokens // self.block_tokens)) \
+            * self.block_tokens
 
 
 def check_kv_budget(req, kv):
@@ -471,15 +475,454 @@ def check_kv_budget(req, kv):
                          f"requests ({req.output.max():,} tokens)")
     alone = req.prompt + (kv.max_output if kv.policy == "reserve" else req.output)
     worst = int(np.argmax(kv.whole_blocks(alone)))
-    if kv.whole_blocks(alone[worst]) > kv.capacity_tokens:
-        raise UsageError(f"the KV budget holds {kv.capacity_tokens:,.0f} tokens, but request "
-                         f"{worst} alone needs {kv.whole_blocks(alone[worst]):,} ({kv.policy}: "
-                         f"prompt {req.prompt[worst]:,} + output "
+    if kv.whole_blocks(alone[worst]) + kv.watermark_tokens > kv.capacity_tokens:
+        watermark = (f", with {kv.watermark_tokens:,} kept free by the watermark"
+                     if kv.watermark_tokens else "")
+        raise UsageError(f"the KV budget holds {kv.capacity_tokens:,.0f} tokens{watermark}, but "
+                         f"request {worst} alone needs {kv.whole_blocks(alone[worst]):,} "
+                         f"({kv.policy}: prompt {req.prompt[worst]:,} + output "
                          f"{kv.max_output if kv.policy == 'reserve' else req.output[worst]:,}); "
                          "raise --kv-memory-gb")
 
 
-def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
+# -----------------------------------------------------------------------------
+# serving simulation, the engine: events, not steps (pure Python)
+# The loop moves from event to event: an arrival, an admission, a prefill (or a chunk of one),
+# a finish, a preemption, or, when memory binds, the block boundary the cache cannot pass.
+# Between two events the batch is fixed and every step is alike but for its growing caches,
+# so a run of k steps is priced in closed form: step j takes a + e (j - 1) seconds. Nothing is
+# done per step or per slot: the decoding requests are kept as aggregates (how many, their
+# cached tokens, a heap of the steps at which they end), so an event costs O(log slots).
+
+
+class Seq:
+    """A request while it holds a slot (nano-vllm's Sequence).
+
+    While it prefills, `pre` prompt tokens are still to run and `ctx` tokens are cached. Once
+    it decodes it gains one cached token and emits one token every step, so only its start
+    is kept: it holds base + steps tokens at global step `steps` and ends at step `end`.
+    """
+    __slots__ = ("id", "order", "pre", "ctx", "left", "left0", "base", "end", "alloc")
+
+    def __init__(self, rid, order, pre, left):
+        self.id, self.order, self.pre, self.ctx = rid, order, pre, 0
+        self.left = self.left0 = left  # tokens still to emit (left0: at admission)
+        self.base = self.end = None    # set when it starts to decode
+        self.alloc = 0                 # KV tokens allocated to it (reservation; paged prefill)
+
+
+class Reservation:
+    """KV allocator: prompt + max_output tokens reserved at admission, held to the finish."""
+    preempts, watermark = False, 0
+
+    def __init__(self, kv):
+        self.capacity, self.max_output, self.total = kv.capacity_tokens, kv.max_output, 0
+
+    def need(self, prompt, chunk, to_prefill):
+        return prompt + self.max_output
+
+    def admit(self, seq, need):
+        seq.alloc = need
+        self.total += need
+
+    def planned(self, sim, plan):
+        """Tokens allocated once the planned step has run."""
+        return self.total
+
+    def join(self, seq, steps):
+        pass
+
+    def release(self, seq, ctx):
+        self.total -= seq.alloc
+
+    def advance(self, sim, plan, k, a, e):
+        """Allocate for k steps (step j takes a + e (j - 1) s); -> integral of tokens x s."""
+        return self.total * (a * k + e * k * (k - 1) / 2)
+
+
+class PagedBlocks:
+    """KV allocator: blocks of b tokens taken as a request grows; the newest is preempted when
+    a step needs a block that is not free.
+
+    A decoder holding base + s tokens at step s takes a new block at every step s with
+    s = 1 - base (mod b), so the decoders are kept as counts by that phase, and a run of k steps
+    costs O(phases) whatever k is.
+    """
+    preempts = True
+
+    def __init__(self, kv):
+        self.b, self.capacity, self.watermark = kv.block_tokens, kv.capacity_tokens, \
+            kv.watermark_tokens
+        self.total = 0    # tokens in allocated blocks
+        self.phase = {}   # step (mod b) at which decoders take a block -> how many do
+
+    def blocks(self, tokens):
+        return -(-tokens // self.b) * self.b
+
+    def need(self, prompt, chunk, to_prefill):  # the first chunk's blocks (+ a first token)
+        return self.blocks(chunk + (chunk == to_prefill))
+
+    def admit(self, seq, need):
+        pass  # blocks are taken by the steps
+
+    def planned(self, sim, plan):
+        grow = sum(self.blocks(s.ctx + c + (c == s.pre)) - s.alloc for s, c in plan)
+        return self.total + self.b * self.phase.get((sim.steps + 1) % self.b, 0) + grow
+
+    def join(self, seq, steps):
+        key = (1 - seq.base) % self.b
+        self.phase[key] = self.phase.get(key, 0) + 1
+
+    def release(self, seq, ctx):
+        self.total -= self.blocks(ctx)
+        if seq.base is not None:
+            key = (1 - seq.base) % self.b
+            self.phase[key] -= 1
+            if not self.phase[key]:
+                del self.phase[key]
+
+    def crossings(self, s0, k):
+        """The decoders' new blocks in steps s0+1..s0+k: [(first step j, times, rows)]."""
+        b, phase = self.b, self.phase
+        if k < len(phase):  # fewer steps than phases: look each step up
+            return [(j, 1, phase[(s0 + j) % b]) for j in range(1, k + 1)
+                    if (s0 + j) % b in phase]
+        out = []
+        for key, rows in phase.items():
+            j = (key - s0 - 1) % b + 1
+            if j <= k:
+                out.append((j, (k - j) // b + 1, rows))
+        return out
+
+    def max_steps(self, sim, plan, k):
+        """The most steps, up to k, whose blocks fit (the first always does)."""
+        free = self.capacity - self.total
+        if not plan:  # decoders only: the block that does not fit, found by its period
+            if self.b * sum(m * rows for _, m, rows in self.crossings(sim.steps, k)) <= free:
+                return k
+            fit = int(free // self.b)  # blocks that still fit
+            periods, rest = divmod(fit, sim.n_dec)
+            for j, rows in sorted(((key - sim.steps - 1) % self.b + 1, rows)
+                                  for key, rows in self.phase.items()):
+                if rest < rows:
+                    return min(k, periods * self.b + j - 1)
+                rest -= rows
+        (seq, c), = plan  # one prompt's chunks beside the decoders: bisect
+
+        def fits(steps):
+            grown = sum(m * rows for _, m, rows in self.crossings(sim.steps, steps))
+            return self.b * grown + self.blocks(seq.ctx + c * steps) - seq.alloc <= free
+        lo, hi = 1, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        return lo
+
+    def advance(self, sim, plan, k, a, e):
+        """Allocate for k steps (step j takes a + e (j - 1) s); -> integral of tokens x s."""
+        b = self.b
+        elapsed = a * k + e * k * (k - 1) / 2
+        integral, grown = self.total * elapsed, 0
+        for j0, m, rows in self.crossings(sim.steps, k):
+            # a block taken at step j is held from step j to k: D(k) - D(j - 1) seconds,
+            # where D(x) = a x + e x (x - 1) / 2; summed over j = j0, j0 + b, ... (m of them)
+            x0 = j0 - 1
+            sx = m * x0 + b * m * (m - 1) / 2
+            sxx = m * x0 * x0 + x0 * b * m * (m - 1) + b * b * (m - 1) * m * (2 * m - 1) / 6
+            integral += b * rows * (m * elapsed - (a * sx + e * (sxx - sx) / 2))
+            grown += b * rows * m
+        for seq, c in plan:  # the prompts' chunks
+            emit = c == seq.pre
+            for j in range(1, k + 1):
+                integral += (a + e * (j - 1)) * (self.blocks(seq.ctx + c * j + emit) - seq.alloc)
+            new = self.blocks(seq.ctx + c * k + emit)
+            grown += new - seq.alloc
+            seq.alloc = new
+        self.total += grown
+        return integral
+
+
+def schedule_prefill(prefilling, n_dec, chunk_tokens):
+    """This step's prefill: [(request, tokens)], oldest first. Whole prompts, or (chunked)
+    what the step's token budget leaves after one token for each decoding request."""
+    if chunk_tokens is None:
+        return [(s, s.pre) for s in prefilling]
+    room, plan = chunk_tokens - n_dec, []
+    for s in prefilling:
+        if room <= 0:
+            break
+        plan.append((s, min(s.pre, room)))
+        room -= plan[-1][1]
+    return plan
+
+
+class SimulationStalled(RuntimeError):
+    """The simulation can no longer make progress (nothing runs and nothing can be admitted)."""
+
+
+class ServingSim:
+    """One run of the serving simulation; see simulate_serving."""
+
+    def __init__(self, req, slots, costs, scheduler, chunk_tokens=None, kv=None,
+                 progress=None):
+        self.arrival, self.prompt, self.output = (a.tolist() for a in (req.arrival_s,
+                                                                       req.prompt, req.output))
+        self.n, self.slots, self.costs, self.scheduler = len(self.output), slots, costs, scheduler
+        self.chunk_tokens = chunk_tokens if scheduler == "chunked" else None
+        self.kv = None if kv is None else (PagedBlocks if kv.policy == "paged"
+                                           else Reservation)(kv)
+        self.capacity = kv.capacity_tokens if kv else math.inf
+        self.progress = progress
+        n = self.n
+        self.start, self.first, self.finish = [math.nan] * n, [math.nan] * n, [math.nan] * n
+        self.to_prefill, self.remaining = list(self.prompt), list(self.output)
+        self.generated = [0] * n         # tokens each request has emitted
+        self.queue, self.retry = 0, []   # next request to arrive; preempted ids (a heap)
+        self.running = {}                # admission order -> Seq, oldest first
+        self.prefilling = []             # running requests with prompt left, oldest first
+        self.pre_total = self.pre_ctx = 0  # their prompt tokens left, and cached
+        self.n_dec = self.base_sum = 0   # decoding requests, and the sum of their bases
+        self.ends = []                   # heap of (end step, order) of the decoding requests
+        self.t, self.steps, self.busy, self.done = 0.0, 0, 0, 0
+        self.iterations = self.admissions = 0
+        self.prefill_s = self.decode_s = self.longest_step_s = 0.0
+        self.mem = {"held_s": 0.0, "alloc_s": 0.0, "running_s": 0.0, "peak_running": 0,
+                    "max_alloc": 0, "preemptions": 0, "recomputed_tokens": 0, "series": [],
+                    "peak_held": 0, "peak_contexts": []}
+        self.series_stride = 1
+
+    def run(self):
+        clock = time.perf_counter()
+        while self.done < self.n:
+            self.iterations += 1
+            if self.kv is not None and self.kv.preempts:
+                self.make_room()
+            blocked = self.admit()
+            plan = schedule_prefill(self.prefilling, self.n_dec, self.chunk_tokens)
+            if not plan and not self.n_dec:
+                raise SimulationStalled(
+                    f"the {self.scheduler} simulation stalled at t = {self.t:.3f} s with "
+                    f"{self.n - self.done:,} requests unfinished and none running")
+            self.advance(plan, self.steps_until_event(plan, blocked))
+            self.finish_due()
+            if self.progress and not self.iterations % 65536 and \
+                    time.perf_counter() - clock > 10:
+                clock = time.perf_counter()
+                self.progress(f"{self.done:,} / {self.n:,} requests finished, "
+                              f"{self.t:,.1f} s simulated")
+        return self.result()
+
+    def make_room(self):
+        """Preempt the newest request while the planned step needs more blocks than exist."""
+        while self.running and self.kv.planned(self, schedule_prefill(
+                self.prefilling, self.n_dec, self.chunk_tokens)) > self.capacity:
+            seq = self.running[next(reversed(self.running))]
+            left, ctx = self.leave(seq)
+            r = seq.id
+            self.to_prefill[r] = self.prompt[r] + self.output[r] - left  # prompt + generated
+            self.remaining[r] = left
+            self.mem["preemptions"] += 1
+            self.mem["recomputed_tokens"] += ctx
+            heapq.heappush(self.retry, r)
+
+    def admit(self):
+        """Admit waiting requests (preempted first, then by arrival) into free slots, first
+        come first served. -> True when the head of the line waits for memory."""
+        if not self.running and not self.retry and self.queue < self.n and \
+                self.arrival[self.queue] > self.t:
+            self.t = self.arrival[self.queue]  # idle until the next request arrives
+        if self.scheduler == "static" and self.running:
+            return False
+        free = self.slots - len(self.running)
+        spare = self.spare()
+        kv = self.kv
+        room = math.inf if kv is None else self.capacity - kv.planned(
+            self, schedule_prefill(self.prefilling, self.n_dec, self.chunk_tokens))
+        while free and spare > 0:
+            if self.retry:
+                r = self.retry[0]
+            elif self.queue < self.n and self.arrival[self.queue] <= self.t:
+                r = self.queue
+            else:
+                return False
+            chunk = min(self.to_prefill[r], spare)  # its first step's prefill
+            need = 0 if kv is None else kv.need(self.prompt[r], chunk, self.to_prefill[r])
+            if need + (kv.watermark if kv else 0) > room:
+                return True
+            if self.retry:
+                heapq.heappop(self.retry)
+            else:
+                self.queue += 1
+            seq = Seq(r, self.admissions, self.to_prefill[r], self.remaining[r])
+            self.admissions += 1
+            if self.start[r] != self.start[r]:  # (nan: its first admission)
+                self.start[r] = self.t
+            if kv is not None:
+                kv.admit(seq, need)
+            self.running[seq.order] = seq
+            self.prefilling.append(seq)
+            self.pre_total += seq.pre
+            spare, room, free = spare - seq.pre, room - need, free - 1
+        return False
+
+    def spare(self):
+        """Prompt tokens this step could still take in (chunked: its token budget)."""
+        if self.chunk_tokens is None:
+            return math.inf
+        return self.chunk_tokens - self.n_dec - self.pre_total
+
+    def steps_until_event(self, plan, blocked):
+        """How many identical steps run before the next event can change the batch."""
+        k = self.ends[0][0] - self.steps if self.n_dec else math.inf  # the next finish
+        if plan:
+            seq, chunk = plan[0]
+            if len(plan) > 1 or chunk == seq.pre:
+                return 1  # a prefill ends (or several run): one step
+            k = min(k, (seq.pre - 1) // chunk)  # chunks of one prompt, short of its last
+        elif not blocked and self.scheduler != "static" and len(self.running) < self.slots \
+                and self.queue < self.n and self.spare() > 0:
+            k = self.steps_to_reach(self.arrival[self.queue], k)  # a newcomer could join
+        if self.kv is not None and self.kv.preempts and k > 1:
+            k = self.kv.max_steps(self, plan, k)
+        return k
+
+    def steps_to_reach(self, when, k):
+        """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
+        n, kv = self.n_dec, self.base_sum + self.n_dec * self.steps
+        run_s = self.costs.run_s
+        a, e = self.costs.pass_s(n, kv), self.costs.kv_s(n) * n
+        gap = when - self.t  # solve a x + e x (x - 1) / 2 = gap, then settle on integers
+        if e > 0:
+            x = ((e / 2 - a) + math.sqrt((a - e / 2) ** 2 + 2 * e * max(gap, 0))) / e
+        else:
+            x = gap / a if a > 0 else k
+        x = min(max(1, math.ceil(x)), k)
+        while x > 1 and self.t + run_s(n, kv, x - 1) >= when:
+            x -= 1
+        while x < k and self.t + run_s(n, kv, x) < when:
+            x += 1
+        return x
+
+    def advance(self, plan, k):
+        """Run k steps: price them, account memory, move every running request on."""
+        costs, n_dec, steps0 = self.costs, self.n_dec, self.steps
+        kv_dec = self.base_sum + n_dec * steps0
+        tokens = sum(c for _, c in plan)
+        kv_pre = sum(s.ctx for s, _ in plan)
+        # step j takes a + e (j - 1) s: a prefill pass and a decode pass whose caches grow
+        a_pre, a_dec = costs.pass_s(tokens, kv_pre), costs.pass_s(n_dec, kv_dec)
+        e_pre, e_dec = costs.kv_s(tokens) * tokens, costs.kv_s(n_dec) * n_dec
+        prefill_s = a_pre * k + e_pre * k * (k - 1) / 2
+        decode_s = a_dec * k + e_dec * k * (k - 1) / 2
+        step_s = prefill_s + decode_s
+        running = len(self.running)
+        emitted = [s for s, c in plan if c == s.pre]  # a finished prefill emits a token
+        if self.kv is not None:  # (before the clock moves: the allocator reads the run's start)
+            held = self.account(plan, k, a_pre + a_dec, e_pre + e_dec, tokens + n_dec,
+                                len(emitted), step_s, running)
+        self.t += step_s
+        self.prefill_s += prefill_s
+        self.decode_s += decode_s
+        self.longest_step_s = max(self.longest_step_s, a_pre + a_dec + (e_pre + e_dec) * (k - 1))
+        self.steps += k
+        self.busy += k * running
+        for s, c in plan:
+            s.pre -= c * k
+            s.ctx += c * k
+        self.pre_total -= tokens * k
+        self.pre_ctx += tokens * k
+        del self.prefilling[:len(emitted)]  # (those are the oldest: chunks go oldest first)
+        for s in emitted:
+            self.pre_ctx -= s.ctx
+            if self.first[s.id] != self.first[s.id]:  # (a readmitted one keeps its first)
+                self.first[s.id] = self.t
+            s.left -= 1
+            s.ctx += 1
+        if self.kv is not None:
+            self.record(held, running)
+        for s in emitted:
+            if s.left == 0:
+                self.end(s)
+            else:  # it decodes from the next step on
+                s.base, s.end = s.ctx - self.steps, self.steps + s.left
+                self.n_dec += 1
+                self.base_sum += s.base
+                heapq.heappush(self.ends, (s.end, s.order))
+                if self.kv is not None:
+                    self.kv.join(s, self.steps)
+
+    def account(self, plan, k, a, e, growth, emitted, step_s, running):
+        """Memory integrals over the k steps just priced (step j: a + e (j - 1) s), the
+        tokens held and allocated after each step weighted by its seconds. -> tokens held
+        after the last step."""
+        mem = self.mem
+        held0 = self.base_sum + self.n_dec * self.steps + self.pre_ctx
+        mem["held_s"] += a * (k * held0 + growth * k * (k + 1) // 2) + e * (
+            held0 * k * (k - 1) // 2 + growth * (k - 1) * k * (k + 1) // 3) \
+            + emitted * (a + e * (k - 1))
+        mem["alloc_s"] += self.kv.advance(self, plan, k, a, e)
+        mem["running_s"] += step_s * running
+        return held0 + growth * k + emitted
+
+    def record(self, held, running):
+        """Peaks, and a point of the memory series (every stride-th iteration, at most 4,096)."""
+        mem = self.mem
+        mem["peak_running"] = max(mem["peak_running"], running)
+        mem["max_alloc"] = max(mem["max_alloc"], self.kv.total)
+        if held > mem["peak_held"]:
+            mem["peak_held"] = held
+            mem["peak_contexts"] = [s.ctx if s.base is None else s.base + self.steps
+                                    for s in self.running.values()]
+        if self.iterations % self.series_stride == 0:
+            mem["series"].append((self.t, held, self.kv.total, running))
+            if len(mem["series"]) >= 4096:  # every other point, and half as often from now on
+                del mem["series"][1::2]
+                self.series_stride *= 2
+
+    def finish_due(self):
+        """Retire the decoding requests whose last step has run."""
+        ends, running = self.ends, self.running
+        while ends and (ends[0][0] <= self.steps or ends[0][1] not in running):
+            order = heapq.heappop(ends)[1]
+            if order in running:  # (else preempted since it was pushed)
+                self.end(running[order])
+
+    def end(self, seq):
+        self.leave(seq)
+        self.finish[seq.id] = self.t
+        self.done += 1
+
+    def leave(self, seq):
+        """Take a request out of its slot (finished or preempted). -> (tokens still to emit,
+        tokens it had cached)."""
+        del self.running[seq.order]
+        if seq.base is None:  # prefilling (or a prefill that emitted its last token)
+            if seq.pre:
+                self.prefilling.remove(seq)
+                self.pre_total -= seq.pre
+                self.pre_ctx -= seq.ctx
+            left, ctx = seq.left, seq.ctx
+        else:
+            self.n_dec -= 1
+            self.base_sum -= seq.base
+            left, ctx = seq.end - self.steps, seq.base + self.steps
+        if self.kv is not None:
+            self.kv.release(seq, ctx)
+        self.generated[seq.id] += seq.left0 - left
+        return left, ctx
+
+    def result(self):
+        sim = {"start": np.array(self.start), "first_token": np.array(self.first),
+               "finish": np.array(self.finish), "steps": self.steps,
+               "occupancy": self.busy / (self.steps * self.slots) if self.steps else 0.0,
+               "longest_step_s": self.longest_step_s, "prefill_s": self.prefill_s,
+               "decode_s": self.decode_s, "iterations": self.iterations}
+        if self.kv is not None:
+            sim["kv"], sim["generated"] = self.mem, np.array(self.generated)
+        return sim
+
+
+def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None, progress=None):
     """Run the requests through `slots` seats under one scheduler; per-request times and steps.
 
     static      a batch forms from the waiting requests (up to `slots`), is prefilled, and
@@ -490,204 +933,12 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None):
                 then prefill chunks of the admitted requests in order of admission
     kv          a KVBudget: admission also waits for KV memory, and a paged cache preempts
                 (None: memory is unlimited and not tracked)
-    A prefill pass and a decode pass in one step are priced as two passes. Between events the
-    batch is fixed, so runs of identical decode steps are priced in one closed-form jump (in a
-    jump, each step is weighted by the jump's mean step time in the memory averages).
+    progress    called with a line of progress now and then on a long run
+    A prefill pass and a decode pass in one step are priced as two passes. -> start,
+    first_token and finish of every request (s), steps, occupancy, the loop's iterations, and
+    with kv the memory it held and allocated (integrals over time, peaks, a thinned series).
     """
-    n = len(req.output)
-    arrival, prompt, output = req.arrival_s, req.prompt, req.output
-    start, first, finish = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-    rid = np.full(slots, -1)             # request in each slot
-    left = np.zeros(slots, np.int64)     # tokens still to generate
-    pre = np.zeros(slots, np.int64)      # prompt tokens still to prefill
-    ctx = np.zeros(slots, np.int64)      # tokens in the slot's KV cache
-    order = np.zeros(slots, np.int64)    # admission sequence: chunk order, preemption victim
-    alloc = np.zeros(slots, np.int64)    # KV tokens allocated to the slot (with kv)
-    to_prefill, remaining = prompt.copy(), output.copy()  # per request, as preemption left it
-    retry = []                           # preempted requests (a heap of ids), readmitted first
-    budget = chunk_tokens if scheduler == "chunked" else None
-    capacity = kv.capacity_tokens if kv else math.inf
-    paged = kv is not None and kv.policy == "paged"
-    t, queue, done, steps, busy, admissions, longest_step_s = 0.0, 0, 0, 0, 0, 0, 0.0
-    prefill_s = decode_s = 0.0
-    generated = np.zeros(n, np.int64)    # tokens each request has emitted
-    mem = {"held_s": 0.0, "alloc_s": 0.0, "running_s": 0.0, "peak_running": 0,
-           "max_alloc": 0, "preemptions": 0, "recomputed_tokens": 0, "series": [],
-           "peak_held": 0, "peak_contexts": []}
-
-    def plan():
-        """This step's work for the admitted requests: decoding rows, prefill chunk per slot."""
-        active = rid >= 0
-        decoding = active & (pre == 0)
-        if budget is None:
-            prefill_now = np.where(active & (pre > 0), pre, 0)
-        else:  # decodes first, then chunks in admission order
-            room = max(budget - int(decoding.sum()), 0)
-            prefill_now = np.zeros(slots, np.int64)
-            waiting = np.flatnonzero(active & (pre > 0))
-            for slot in waiting[np.argsort(order[waiting])]:
-                take = min(int(pre[slot]), room)
-                prefill_now[slot], room = take, room - take
-        return decoding, prefill_now
-
-    def grown_blocks(decoding, prefill_now):
-        """Each slot's whole blocks after the planned step (a finished prefill also emits a
-        token), never fewer than it has."""
-        grow = decoding + prefill_now + ((prefill_now > 0) & (prefill_now == pre))
-        return np.maximum(alloc, np.where(rid >= 0, kv.whole_blocks(ctx + grow), 0))
-
-    def preempt(slot):
-        r = rid[slot]
-        to_prefill[r] = prompt[r] + output[r] - left[slot]  # the prompt and what it generated
-        remaining[r] = left[slot]
-        mem["preemptions"] += 1
-        mem["recomputed_tokens"] += int(ctx[slot])
-        rid[slot], alloc[slot], pre[slot], ctx[slot], left[slot] = -1, 0, 0, 0, 0
-        heapq.heappush(retry, r)
-
-    while done < n:
-        if paged:  # make room for the running requests' step, newest first out
-            while grown_blocks(*plan()).sum() > capacity:
-                active = np.flatnonzero(rid >= 0)
-                preempt(active[np.argmax(order[active])])
-        free = np.flatnonzero(rid < 0)
-        running = slots - len(free)
-        can_admit = scheduler != "static" or running == 0
-        if running == 0 and not retry and queue < n and arrival[queue] > t:
-            t = arrival[queue]  # idle until the next request arrives
-        new = []
-        if can_admit:
-            # chunked: admit only while this step's token budget has room for a first chunk
-            spare = math.inf if budget is None else \
-                budget - int(((rid >= 0) & (pre == 0)).sum()) - int(pre[rid >= 0].sum())
-            room_kv = capacity - (grown_blocks(*plan()).sum() if paged else alloc.sum())
-            while len(new) < len(free) and spare > 0:
-                if retry:
-                    r = retry[0]
-                elif queue < n and arrival[queue] <= t:
-                    r = queue
-                else:
-                    break
-                chunk = min(int(to_prefill[r]), spare)  # its first step's prefill
-                if kv is None:
-                    need = 0
-                elif paged:  # the chunk's blocks (a whole prompt also emits a token)
-                    need = kv.whole_blocks(chunk + (chunk == to_prefill[r]))
-                else:
-                    need = prompt[r] + kv.max_output
-                if need > room_kv:
-                    break  # first come, first served: nobody overtakes the head of the line
-                if retry:
-                    heapq.heappop(retry)
-                else:
-                    queue += 1
-                slot = free[len(new)]
-                rid[slot], pre[slot], ctx[slot], left[slot] = r, to_prefill[r], 0, remaining[r]
-                order[slot], admissions = admissions, admissions + 1
-                if np.isnan(start[r]):
-                    start[r] = t
-                if kv is not None and not paged:
-                    alloc[slot] = need
-                spare -= to_prefill[r]
-                room_kv -= need
-                new.append(slot)
-        decoding, prefill_now = plan()
-        if paged:
-            alloc[:] = grown_blocks(decoding, prefill_now)
-        n_dec = int(decoding.sum())
-        kv_dec = int(ctx[decoding].sum())
-        prefilling = prefill_now > 0
-        running += len(new)
-        if not prefilling.any() and n_dec:
-            # a run of pure decode steps: until the first finish, until an arrival could be
-            # admitted into a free slot, or (paged) until the free blocks run out
-            k = int(left[decoding].min())
-            if can_admit and running < slots and queue < n and scheduler != "static":
-                lo, hi = 1, k  # the first step count whose end reaches the next arrival
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if t + costs.decode_run_s(n_dec, kv_dec, mid) >= arrival[queue]:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                k = lo
-            if paged and k > 1:  # the most steps whose new blocks fit (one step always does)
-                c, room = ctx[decoding], capacity - alloc.sum() + alloc[decoding].sum()
-                lo, hi = 1, k
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if kv.whole_blocks(c + mid).sum() <= room:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                k = lo
-            step_s = costs.decode_run_s(n_dec, kv_dec, k)
-            if kv is not None:  # step j of the run takes a + e (j - 1) seconds
-                a, e = costs.pass_s(n_dec, kv_dec), costs.kv_s(n_dec) * n_dec
-                held = int(ctx[rid >= 0].sum())
-                mem["held_s"] += a * (k * held + n_dec * k * (k + 1) // 2) + e * (
-                    held * k * (k - 1) // 2 + n_dec * (k - 1) * k * (k + 1) // 3)
-                if paged:
-                    plain, weighted = kv.block_sums(ctx[decoding], k)
-                    other = int(alloc[(rid >= 0) & ~decoding].sum())
-                    mem["alloc_s"] += other * step_s + a * plain + e * (weighted - plain)
-                    alloc[decoding] = kv.whole_blocks(ctx[decoding] + k)
-                else:
-                    mem["alloc_s"] += int(alloc.sum()) * step_s
-            t += step_s
-            decode_s += step_s
-            longest_step_s = max(longest_step_s, costs.pass_s(n_dec, kv_dec + n_dec * (k - 1)))
-            steps += k
-            busy += k * running
-            if kv is not None:  # (tracked only where preemption could lose a token)
-                generated[rid[decoding]] += k
-            left[decoding] -= k
-            ctx[decoding] += k
-        elif n_dec or prefilling.any():
-            prefill_part = costs.pass_s(int(prefill_now.sum()), int(ctx[prefilling].sum()))
-            step_s = prefill_part + costs.pass_s(n_dec, kv_dec)
-            t += step_s
-            prefill_s += prefill_part
-            decode_s += step_s - prefill_part
-            longest_step_s = max(longest_step_s, step_s)
-            steps += 1
-            busy += running
-            if kv is not None:
-                generated[rid[decoding]] += 1
-            left[decoding] -= 1
-            ctx[decoding] += 1
-            pre -= prefill_now
-            ctx += prefill_now
-            emitted = prefilling & (pre == 0)  # a finished prefill emits a token
-            ids = rid[emitted]
-            first[ids] = np.fmin(first[ids], t)  # a readmitted request keeps its first token
-            if kv is not None:
-                generated[ids] += 1
-            left[emitted] -= 1
-            ctx[emitted] += 1
-            if kv is not None:
-                mem["held_s"] += step_s * int(ctx[rid >= 0].sum())
-                mem["alloc_s"] += step_s * int(alloc.sum())
-        else:
-            continue
-        if kv is not None:
-            held = int(ctx[rid >= 0].sum())
-            mem["running_s"] += step_s * running
-            mem["peak_running"] = max(mem["peak_running"], running)
-            mem["max_alloc"] = max(mem["max_alloc"], int(alloc.sum()))
-            mem["series"].append((t, held, int(alloc.sum()), running))
-            if held > mem["peak_held"]:
-                mem["peak_held"], mem["peak_contexts"] = held, ctx[rid >= 0].tolist()
-        for slot in np.flatnonzero((rid >= 0) & (pre == 0) & (left == 0)):
-            finish[rid[slot]] = t
-            rid[slot], alloc[slot] = -1, 0
-            done += 1
-    sim = {"start": start, "first_token": first, "finish": finish, "steps": steps,
-           "occupancy": busy / (steps * slots) if steps else 0.0,
-           "longest_step_s": longest_step_s, "prefill_s": prefill_s, "decode_s": decode_s}
-    if kv is not None:
-        sim["kv"], sim["generated"] = mem, generated
-    return sim
+    return ServingSim(req, slots, costs, scheduler, chunk_tokens, kv, progress).run()
 
 
 def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):

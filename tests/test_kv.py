@@ -18,20 +18,48 @@ def requests(n=300, seed=0, prompt=64, rate=None):
     return S.Requests(arrival, np.full(n, prompt), output, "test")
 
 
-def test_whole_blocks_and_block_sums_by_hand():
+def test_whole_blocks_by_hand():
     paged = S.KVBudget("paged", 100, block_tokens=4)
     assert paged.whole_blocks(np.array([1, 4, 5, 8, 9])).tolist() == [4, 4, 8, 8, 12]
-    # contexts 0 and 3 for 5 steps: blocks of 1..5 and of 4..8 tokens
-    assert paged.block_sums(np.array([0, 3]), 5) == (
-        (4 + 4 + 4 + 4 + 8) + (4 + 8 + 8 + 8 + 8),
-        (1 * 4 + 2 * 4 + 3 * 4 + 4 * 4 + 5 * 8) + (1 * 4 + 2 * 8 + 3 * 8 + 4 * 8 + 5 * 8))
-    for b in (1, 3, 16):  # against a brute-force sum
-        blocks = S.KVBudget("paged", 100, block_tokens=b)
-        ctx = np.array([0, 1, 2, 15, 16, 17, 100])
-        brute = [[blocks.whole_blocks(c + j) for j in range(1, 40)] for c in ctx]
-        assert blocks.block_sums(ctx, 39) == (sum(map(sum, brute)), sum(
-            j * x for row in brute for j, x in enumerate(row, 1)))
     assert S.KVBudget("reserve", 100).whole_blocks(7) == 7
+    assert S.KVBudget("paged", 1000, 16, watermark=0.01).watermark_tokens == 0 * 16
+    assert S.KVBudget("paged", 16_000, 16, watermark=0.01).watermark_tokens == 10 * 16
+
+
+class Decoders:
+    """A stand-in for the simulation: decoding requests at global step `steps`."""
+    def __init__(self, steps, contexts):
+        self.steps, self.n_dec = steps, len(contexts)
+        self.seqs = []
+        for ctx in contexts:
+            seq = S.Seq(0, 0, 0, 1)
+            seq.base = ctx - steps
+            self.seqs.append(seq)
+
+
+@pytest.mark.parametrize("b", [1, 3, 16])
+@pytest.mark.parametrize("k", [1, 2, 5, 40])
+def test_paged_runs_against_step_by_step(b, k):
+    # decoders holding these contexts run k steps, step j taking a + e (j - 1) s: the blocks
+    # they take and the integral of allocated tokens against summing every step
+    contexts, s0, a, e = [1, 2, 3, 15, 16, 17, 100, 100], 7, 0.5, 0.01
+    sim = Decoders(s0, contexts)
+    paged = S.PagedBlocks(S.KVBudget("paged", 10**6, b))
+    for seq, ctx in zip(sim.seqs, contexts):
+        paged.total += paged.blocks(ctx)
+        paged.join(seq, s0)
+    before = paged.total
+    integral = paged.advance(sim, [], k, a, e)
+    by_step = [sum(paged.blocks(c + j) for c in contexts) for j in range(1, k + 1)]
+    assert paged.total == by_step[-1]
+    assert integral == pytest.approx(sum((a + e * (j - 1)) * x
+                                         for j, x in enumerate(by_step, 1)), rel=1e-12)
+    # the most steps that fit a budget: every budget between the first and the last step's
+    paged.total = before
+    for capacity in range(by_step[0], by_step[-1] + 1):
+        paged.capacity = capacity
+        want = max(j for j, x in enumerate(by_step, 1) if x <= capacity)
+        assert paged.max_steps(sim, [], k) == want, capacity
 
 
 @pytest.mark.parametrize("scheduler", S.SCHEDULERS)

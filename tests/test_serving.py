@@ -167,5 +167,5 @@ def test_step_costs_fit_by_hand():
     # batch 2 sits a third of the way from 1 to 4 in both f and the cost of a cached token
     assert costs.pass_s(2, 1000) == pytest.approx(0.012 + 1000 * (2e-6 - 1e-6 / 3))
     # a run of 3 decode steps of 2 rows, caches growing from 1000 tokens
-    assert costs.decode_run_s(2, 1000, 3) == pytest.approx(
+    assert costs.run_s(2, 1000, 3) == pytest.approx(
         sum(costs.pass_s(2, 1000 + 2 * j) for j in range(3)))
