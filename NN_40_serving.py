@@ -33,6 +33,7 @@ It prints a banner and one table per experiment, and writes OUT/results.json and
 import argparse
 import dataclasses
 import datetime
+import functools
 import heapq
 import json
 import math
@@ -128,6 +129,8 @@ class RunConfig:
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     block_tokens: int = 16        # paged: tokens per block
     max_output: int = None        # reserve: output tokens reserved per request
+    watermark: float = 0.01       # paged: share of the blocks admission keeps free (vLLM's)
+    jobs: int = 1                 # worker processes for C's independent simulations
     warmup: int = 3               # untimed calls at each shape
     reps: int = 50                # timed calls at each shape (fewer if a call is slow)
     time_budget_s: float = 2.0    # per shape: stop repeating after this, but keep >= 5 calls
@@ -329,7 +332,7 @@ class StepCosts:
     """Seconds of one forward pass: pass_s(tokens, kv_tokens) = f(tokens) + kv_s * kv_tokens.
 
     f is piecewise linear through measured (or modelled) knots of tokens per pass, extended
-    linearly beyond the last; kv_s is the cost of reading one cached token's K and V: one
+    linearly beyond the last (flat if the last two knots fall); kv_s is the cost of reading one cached token's K and V: one
     value, or interpolated by tokens per pass between values measured at several batches
     (kv_by_batch: ((batch, seconds), ...)), since a small batch reads its cache less
     efficiently on some devices.
@@ -347,8 +350,8 @@ class StepCosts:
         rates = self._rates.get(tokens)
         if rates is None:
             x, y = self.tokens, self.seconds
-            if tokens > x[-1] and len(x) > 1:
-                f = y[-1] + (y[-1] - y[-2]) / (x[-1] - x[-2]) * (tokens - x[-1])
+            if tokens > x[-1] and len(x) > 1:  # (never falling: noisy knots may)
+                f = y[-1] + max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0) * (tokens - x[-1])
             else:
                 f = float(np.interp(tokens, x, y))
             kv_s = self.kv_token_s
@@ -445,8 +448,11 @@ class KVBudget:
              step needs a block and none is free, the most recently admitted request is
              preempted: its blocks are freed, and when it is readmitted its prompt and the
              tokens it had generated are prefilled again (recompute, vLLM's default).
-             Admission leaves `watermark` of the budget's blocks free (vLLM's watermark), so
-             a newcomer does not take the blocks the running requests are about to grow into
+             Admission (vLLM's can_allocate) needs free blocks for the whole prompt and leaves
+             `watermark` of the budget's blocks free besides, so that a newcomer does not
+             take the blocks the running requests are about to grow into; a watermark of 0
+             admits on the first step's blocks alone (the naive rule: under chunked prefill a
+             prompt admitted on its first chunk is preempted by its own next one)
     A request holds one token of KV for every token it has prefilled or generated.
     """
     policy: str                # "reserve" or "paged"
@@ -559,7 +565,12 @@ class PagedBlocks:
     def blocks(self, tokens):
         return -(-tokens // self.b) * self.b
 
-    def need(self, prompt, chunk, to_prefill):  # the first chunk's blocks (+ a first token)
+    def need(self, prompt, chunk, to_prefill):
+        """Tokens of free blocks a newcomer needs. With a watermark, vLLM's rule: blocks for
+        all it will prefill (and its first token), so that chunked prefill does not admit a
+        prompt whose next chunks would preempt it again; with none, only its first step's."""
+        if self.watermark:
+            return self.blocks(to_prefill + 1)
         return self.blocks(chunk + (chunk == to_prefill))
 
     def admit(self, seq, need):
@@ -947,7 +958,8 @@ def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
     multi = req.output > 1
     tpot = (sim["finish"][multi] - sim["first_token"][multi]) / (req.output[multi] - 1)
     span = float(sim["finish"].max() - req.arrival_s.min())
-    metrics = {"steps": sim["steps"], "makespan_s": span,
+    metrics = {"steps": sim["steps"], "iterations": sim["iterations"],
+               "simulation_s": sim.get("wall_s"), "makespan_s": span,
                "throughput_rps": len(e2e) / span, "output_tokens_per_s": req.output.sum() / span,
                "occupancy": sim["occupancy"], "longest_step_s": sim["longest_step_s"],
                "ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot), "e2e_s": percentiles(e2e)}
@@ -1553,14 +1565,16 @@ def request_lengths(run):
     return lognormal_lengths(run.requests, run.seed)
 
 
-def seed_spread(run, n_seeds=100):
-    """Occupancy and speedup over many seeds of the default law: how much one draw says."""
+def seed_spread(n, slots):
+    """Occupancy and speedup of the post's table over many draws of the default law: how much
+    one draw says. 100 seeds, fewer past 20,000 requests (a large draw varies little)."""
+    n_seeds = max(5, min(100, 2_000_000 // n))
     stats = []
     for seed in range(n_seeds):
-        lengths = lognormal_lengths(run.requests, seed)
-        static = static_starts(lengths, run.slots)[1]
-        continuous = continuous_starts(lengths, run.slots)[1]
-        total = lengths.sum() / run.slots
+        lengths = lognormal_lengths(n, seed)
+        static = static_starts(lengths, slots)[1]
+        continuous = continuous_starts(lengths, slots)[1]
+        total = lengths.sum() / slots
         stats.append((total / static, total / continuous, static / continuous))
     p10, p50, p90 = np.percentile(np.array(stats), [10, 50, 90], axis=0)
     keys = ("static_occupancy", "continuous_occupancy", "speedup")
@@ -1568,46 +1582,103 @@ def seed_spread(run, n_seeds=100):
                                  for k, a, b, c in zip(keys, p10, p50, p90)}}
 
 
+def binned(occupied, max_points=20_000):
+    """Occupied slots per step for the JSON: as they are, or past max_points steps as means
+    over bins of whole steps. -> (values, steps per value)."""
+    if len(occupied) <= max_points:
+        return occupied.tolist(), 1
+    per = -(-len(occupied) // max_points)
+    starts = np.arange(0, len(occupied), per)
+    sums = np.add.reduceat(occupied, starts)
+    return (sums / np.diff(np.append(starts, len(occupied)))).tolist(), per
+
+
+def post_table(run, lengths):
+    """The post's table: static vs continuous in decode steps, all requests at t=0."""
+    result = {"requests": len(lengths), "slots": run.slots, "lengths": {
+        "median": float(np.median(lengths)), "mean": float(lengths.mean()),
+        "max": int(lengths.max()), "total": int(lengths.sum())}}
+    for policy in ("static", "continuous"):
+        sim = simulate_slots(lengths, run.slots, policy)
+        occupied, per = binned(sim["occupied"])
+        result[policy] = {"steps": sim["steps"], "occupancy": sim["occupancy"],
+                          "occupied": occupied, "occupied_bin_steps": per}
+    result["speedup"] = result["static"]["steps"] / result["continuous"]["steps"]
+    return result
+
+
+def simulation_task(label, req, slots, costs, scheduler, chunk_tokens, kv=None):
+    """One timed simulation, with progress lines on a long one (run in a worker process)."""
+    t0 = time.perf_counter()
+    sim = simulate_serving(req, slots, costs, scheduler, chunk_tokens, kv,
+                           functools.partial(log_labelled, label))
+    sim["wall_s"] = time.perf_counter() - t0
+    return sim
+
+
+def run_parallel(calls, jobs):
+    """[(function, args)] -> [function(*args)], in order; in up to `jobs` worker processes.
+
+    On Linux the workers are forked: they inherit the loaded module (no fresh torch import)
+    and touch no device, which is what makes forking safe after CUDA has been used."""
+    if jobs <= 1 or len(calls) <= 1:
+        return [fn(*args) for fn, args in calls]
+    import concurrent.futures
+    import multiprocessing
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(calls)), context) as pool:
+        futures = [pool.submit(fn, *args) for fn, args in calls]
+        return [f.result() for f in futures]
+
+
 def run_batching_sim(run, req, log, results, kv=None):
     """C: static vs continuous batching in steps (the post's table), then in seconds under the
-    step-cost model for all three schedulers, a sweep of arrival rates, and (kv: kv_setup's
-    budgets) the KV-cache study."""
-    result = {}
-    if not run.trace:  # the post's table: all requests at t=0, prefill ignored
-        lengths = req.output
-        result.update(requests=len(lengths), slots=run.slots, lengths={
-            "median": float(np.median(lengths)), "mean": float(lengths.mean()),
-            "max": int(lengths.max()), "total": int(lengths.sum())})
-        for policy in ("static", "continuous"):
-            sim = simulate_slots(lengths, run.slots, policy)
-            result[policy] = {"steps": sim["steps"], "occupancy": sim["occupancy"],
-                              "occupied": sim["occupied"].tolist()}
-        result["speedup"] = result["static"]["steps"] / result["continuous"]["steps"]
-        if not run.lengths_file:
-            result["seed_spread"] = seed_spread(run)
-        log(f"C: static {result['static']['steps']} steps, continuous "
-            f"{result['continuous']['steps']} steps")
+    step-cost model for all three schedulers, (kv: kv_setup's budgets) the KV-cache study, and
+    a sweep of arrival rates; the independent simulations run in --jobs worker processes."""
+    t0 = time.perf_counter()
+    result = {} if run.trace else post_table(run, req.output)
+    if "static" in result:
+        log(f"C: static {result['static']['steps']:,} steps, continuous "
+            f"{result['continuous']['steps']:,} steps")
     costs = step_costs(run, results)
     result.update(source=req.source, requests=len(req.output), slots=run.slots,
                   cost_model=costs.describe(),
                   arrivals=arrivals_text(run), prompt_tokens=percentiles(req.prompt),
                   output_tokens=percentiles(req.output), schedulers={}, distributions={})
-    sims = {}
-    for name in SCHEDULERS:
-        sims[name] = simulate_serving(req, run.slots, costs, name, run.chunk_tokens)
-        result["schedulers"][name] = serving_metrics(req, sims[name], run.slo_ttft_s,
-                                                     run.slo_tpot_s)
-        ttft = np.sort(sims[name]["first_token"] - req.arrival_s)
-        e2e = np.sort(sims[name]["finish"] - req.arrival_s)
-        result["distributions"][name] = {"ttft_s": quantile_curve(ttft),
-                                         "e2e_s": quantile_curve(e2e)}
-        log(f"C {name}: {sims[name]['steps']} steps, "
-            f"{result['schedulers'][name]['makespan_s']:.2f} s")
-    if run.save_requests:
-        save_requests_csv(run.save_requests, req, sims)
-    result["rate_sweep"] = rate_sweep(run, req, costs, result["schedulers"]["continuous"])
+    runs = [(f"C {name}", name, None) for name in SCHEDULERS]
     if kv:
-        result["kv"] = kv_study(run, req, costs, *kv, log)
+        runs += [(f"C kv {budget.policy} {name}", name, budget) for budget in kv[1]
+                 for name in SCHEDULERS]
+    calls = [(simulation_task, (label, req, run.slots, costs, name, run.chunk_tokens, budget))
+             for label, name, budget in runs]
+    if "static" in result and not run.lengths_file:
+        calls.append((seed_spread, (run.requests, run.slots)))
+    done = run_parallel(calls, run.jobs)
+    if len(done) > len(runs):
+        result["seed_spread"] = done.pop()
+    sims = dict(zip((label for label, _, _ in runs), done))
+    for label, name, budget in runs:
+        sim = sims[label]
+        log(f"{label}: {sim['steps']:,} steps, {sim['finish'].max():,.2f} s simulated, "
+            f"{sim['iterations']:,} iterations in {sim['wall_s']:.2f} s")
+    for name in SCHEDULERS:
+        sim = sims[f"C {name}"]
+        result["schedulers"][name] = serving_metrics(req, sim, run.slo_ttft_s, run.slo_tpot_s)
+        result["distributions"][name] = {
+            "ttft_s": quantile_curve(np.sort(sim["first_token"] - req.arrival_s)),
+            "e2e_s": quantile_curve(np.sort(sim["finish"] - req.arrival_s))}
+    if run.save_requests:
+        save_requests_csv(run.save_requests, req, {name: sims[f"C {name}"]
+                                                   for name in SCHEDULERS})
+    if kv:
+        result["kv"] = kv_study(req, sims, *kv)
+    result["rate_sweep"] = rate_sweep(run, req, costs, result["schedulers"]["continuous"])
+    every = list(sims.values()) + [sim for point in result["rate_sweep"] for sim in
+                                   point.pop("sims")]
+    result["simulation"] = {"runs": len(every), "jobs": run.jobs,
+                            "iterations": sum(s["iterations"] for s in every),
+                            "simulation_s": sum(s["wall_s"] for s in every),
+                            "wall_s": time.perf_counter() - t0}
     return result
 
 
@@ -1622,8 +1693,9 @@ def kv_setup(run, req, device):
     max_output = run.max_output or (LENGTH_MAX if generated else int(req.output.max()))
     info = {"memory_bytes": memory_bytes, "memory_source": source, "bytes_per_token": per_token,
             "budget_tokens": int(memory_bytes // per_token), "block_tokens": run.block_tokens,
-            "max_output": max_output}
-    budgets = [KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output)
+            "max_output": max_output, "watermark": run.watermark}
+    budgets = [KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output,
+                        run.watermark if policy == "paged" else 0.0)
                for policy in run.kv_policies]
     for kv in budgets:
         check_kv_budget(req, kv)
@@ -1645,7 +1717,7 @@ def kv_metrics(req, sim, kv):
             "preemptions": mem["preemptions"], "recomputed_tokens": mem["recomputed_tokens"],
             "max_allocated_tokens": mem["max_alloc"],
             **{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "makespan_s", "steps",
-                                 "ttft_s", "tpot_s", "e2e_s")}}
+                                 "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")}}
 
 
 def thin(rows, points=400):
@@ -1654,16 +1726,15 @@ def thin(rows, points=400):
     return [rows[i] for i in keep]
 
 
-def kv_study(run, req, costs, info, budgets, log):
-    """C's KV cache: every allocation policy with every scheduler, against the memory budget."""
+def kv_study(req, sims, info, budgets):
+    """C's KV cache: every allocation policy with every scheduler, against the memory budget
+    (sims: the finished simulations, by label)."""
     result = {**info, "series": {}}
     for kv in budgets:
         result[kv.policy] = {}
         for name in SCHEDULERS:
-            sim = simulate_serving(req, run.slots, costs, name, run.chunk_tokens, kv)
-            m = result[kv.policy][name] = kv_metrics(req, sim, kv)
-            log(f"C kv {kv.policy} {name}: KV used {m['utilization']:.1%}, peak "
-                f"{m['peak_concurrency']} requests, {m['preemptions']} preemptions")
+            sim = sims[f"C kv {kv.policy} {name}"]
+            result[kv.policy][name] = kv_metrics(req, sim, kv)
             if name == "continuous":
                 t, held, alloc, running = zip(*thin(sim["kv"]["series"]))
                 result["series"][kv.policy] = {"t_s": t, "held_tokens": held,
@@ -1704,7 +1775,8 @@ def rate_sweep(run, req, costs, continuous):
 
     Rates: --rates, or fractions of the continuous scheduler's capacity (its throughput with
     every request waiting at t=0, or as measured above). Each point replays the first
-    SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals.
+    SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals. Each point keeps its
+    simulations under "sims" for the caller's count of the work.
     """
     req = Requests(req.arrival_s[:SWEEP_REQUESTS], req.prompt[:SWEEP_REQUESTS],
                    req.output[:SWEEP_REQUESTS], req.source)
@@ -1712,14 +1784,16 @@ def rate_sweep(run, req, costs, continuous):
     rates = run.rates or tuple(round(f * capacity, 6) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0,
                                                                 1.2))
     rng = np.random.default_rng(run.seed + 2)
+    swept = [Requests(arrival_times(len(req.output), rate, run.burstiness, rng), req.prompt,
+                      req.output, req.source) for rate in rates]
+    sims = run_parallel([(simulation_task, (f"C sweep {rate:g}/s {name}", r, run.slots, costs,
+                                            name, run.chunk_tokens))
+                         for rate, r in zip(rates, swept) for name in SCHEDULERS], run.jobs)
     points = []
-    for rate in rates:
-        arrival = arrival_times(len(req.output), rate, run.burstiness, rng)
-        swept = Requests(arrival, req.prompt, req.output, req.source)
-        row = {"rate_rps": rate}
-        for name in SCHEDULERS:
-            m = serving_metrics(swept, simulate_serving(swept, run.slots, costs, name,
-                                                        run.chunk_tokens))
+    for i, (rate, r) in enumerate(zip(rates, swept)):
+        row = {"rate_rps": rate, "sims": sims[3 * i:3 * i + 3]}
+        for name, sim in zip(SCHEDULERS, row["sims"]):
+            m = serving_metrics(r, sim)
             row[name] = {"throughput_rps": m["throughput_rps"], "e2e_p99_s": m["e2e_s"]["p99"],
                          "ttft_p99_s": m["ttft_s"]["p99"]}
         points.append(row)
@@ -2055,9 +2129,16 @@ def serving_table(C, H):
     headers = [H["policy"], H["steps"], "seconds", "req/s", "tokens/s", H["occupancy"],
                "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "E2E p50 ms",
                "E2E p99 ms"] + (["goodput req/s"] if "goodput_rps" in m else [])
-    return (f"C  in seconds: {C['requests']:,} requests ({C['source']}), {C['slots']} slots, "
+    text = (f"C  in seconds: {C['requests']:,} requests ({C['source']}), {C['slots']} slots, "
             f"arrivals {C['arrivals']}\n   step costs: {C['cost_model']['source']}\n"
             + tabulate(table, headers, stralign="right", disable_numparse=True))
+    work = C.get("simulation")
+    if work:
+        text += (f"\n{work['runs']} simulations (these, the KV study's and the rate sweep's): "
+                 f"{work['iterations']:,} loop iterations in {work['simulation_s']:,.2f} s "
+                 f"({work['iterations'] / max(work['simulation_s'], 1e-9):,.0f} per second), "
+                 f"{work['wall_s']:,.2f} s of wall time on {work['jobs']} worker processes")
+    return text
 
 
 def kv_table(kv, H):
@@ -2074,7 +2155,9 @@ def kv_table(kv, H):
                           f"{1e3 * m['e2e_s']['p99']:,.0f}"])
     lines = [f"C  KV cache: {kv['memory_bytes'] / 1e9:,.2f} GB ({kv['memory_source']}) = "
              f"{kv['budget_tokens']:,} tokens of {kv['bytes_per_token']:,} bytes; reserve: prompt "
-             f"+ {kv['max_output']:,} output tokens each; paged: blocks of {kv['block_tokens']}",
+             f"+ {kv['max_output']:,} output tokens each; paged: blocks of {kv['block_tokens']}"
+             + (f", admitted when the prompt's blocks fit and {kv['watermark']:.0%} stay free"
+                if kv.get("watermark") else ", admitted when the first step's blocks fit"),
              tabulate(table, ["allocation", H["policy"], "req/s", "requests peak / mean", "KV used",
                               "never used", "max allocated", "preempted", "recomputed",
                               "TTFT p99 ms", "E2E p99 ms"], stralign="right",
@@ -2562,6 +2645,16 @@ def positive_float(text):
     return value
 
 
+def fraction(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
 def rate_value(text):
     return "trace" if text == "trace" else positive_float(text)
 
@@ -2667,6 +2760,13 @@ def build_parser():
                    f"{REFERENCE_MEMORY_GB:g} - weights, the post's RTX 5080, with no device)")
     c.add_argument("--block-tokens", type=positive_int, default=16,
                    help="paged: tokens per KV block (default 16)")
+    c.add_argument("--watermark", type=fraction, default=0.01,
+                   help="paged: admit as vLLM does, when the whole prompt's blocks fit and "
+                        "this share of the blocks stays free (default 0.01); 0 admits on the "
+                        "first step's blocks alone")
+    c.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
+                   help="worker processes for C's simulations (default: the machine's cores, "
+                        f"{os.cpu_count()} here)")
     c.add_argument("--max-output", type=positive_int, help="reserve: output tokens reserved per "
                    f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for "
                    "the log-normal law)")
@@ -2726,6 +2826,7 @@ def parse_args(argv):
                kv_policies=("reserve", "paged") if args.kv_policy == "both" else
                (args.kv_policy,), kv_memory_gb=args.kv_memory_gb,
                block_tokens=args.block_tokens, max_output=args.max_output,
+               watermark=args.watermark, jobs=args.jobs,
                warmup=args.warmup, reps=args.reps,
                out=args.out, figures=not args.no_figures, dpi=args.dpi, format=args.format,
                lang=args.lang, quick=args.quick,
@@ -2769,6 +2870,10 @@ def main(argv=None):
 
 def log(message):
     print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def log_labelled(label, message):
+    log(f"{label}: {message}")
 
 
 def replot(argv):

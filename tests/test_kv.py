@@ -195,3 +195,41 @@ def test_memory_integrals_are_exact_per_step():
                                                 + 5.5 * 10)
     assert sim["kv"]["alloc_s"] == pytest.approx(1 * 8 + 3.5 * 8 + 4 * 8 + 4.5 * 8 + 5 * 12
                                                  + 5.5 * 12)  # blocks of 4 for 5..10 tokens
+
+
+def test_the_newest_request_is_preempted():
+    # A then B (prompt 2, output 5 each) in 8 tokens of blocks of 1: after the prefill (3 + 3
+    # held) and one decode step (4 + 4), the next step needs 10: B, the newer, is preempted
+    # (its 2 prompt + 2 generated tokens to recompute) and waits until A has finished
+    req = S.Requests(np.zeros(2), np.array([2, 2]), np.array([5, 5]), "hand")
+    sim = S.simulate_serving(req, 2, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"), "continuous",
+                             kv=S.KVBudget("paged", 8, 1))
+    assert sim["kv"]["preemptions"] == 1 and sim["kv"]["recomputed_tokens"] == 4
+    # A decodes alone to its end at 5 s; B is prefilled again (4 tokens) and ends at 8 s
+    assert sim["finish"].tolist() == [5.0, 8.0] and sim["steps"] == 8
+    assert sim["first_token"].tolist() == [1.0, 1.0]  # B keeps its first token
+    np.testing.assert_array_equal(sim["generated"], req.output)
+
+
+def test_the_watermark_keeps_blocks_free_at_admission():
+    # two prompts of 45 tokens (+ a first token) in 100 tokens of blocks of 1: without a
+    # watermark both fit (46 + 46); keeping 10% free, the second waits for the first
+    req = S.Requests(np.zeros(2), np.array([45, 45]), np.array([1, 1]), "hand")
+    for watermark, together in ((0.0, 2), (0.1, 1)):
+        kv = S.KVBudget("paged", 100, 1, watermark=watermark)
+        sim = S.simulate_serving(req, 2, COSTS, "continuous", kv=kv)
+        assert sim["kv"]["peak_running"] == together
+
+
+def test_the_watermark_stops_chunked_prefill_thrashing():
+    # long prompts in a small cache: admitted on their first chunk, prompts are preempted by
+    # their own next chunks; admitted on their whole prompt (vLLM's rule), they are not
+    req = requests(n=200, prompt=1500, rate=20.0)
+    runs = {w: S.simulate_serving(req, 32, COSTS, "chunked", 256,
+                                  S.KVBudget("paged", 12_000, 16, watermark=w))
+            for w in (0.0, 0.01)}
+    naive, vllm = runs[0.0]["kv"]["preemptions"], runs[0.01]["kv"]["preemptions"]
+    assert naive > 5 * max(vllm, 1)
+    assert runs[0.01]["finish"].max() < runs[0.0]["finish"].max()
+    for sim in runs.values():
+        assert sim["iterations"] <= 6 * 200 + 3 * sim["kv"]["preemptions"]

@@ -71,12 +71,23 @@ def test_chunked_prefill_bounds_each_step():
     assert chunked["first_token"][2] > whole["first_token"][2]  # the long prompt waits longer
 
 
-def test_same_seed_same_results(tmp_path, capsys):
+def without_wall_times(value):
+    """How long each simulation took is the one thing that may differ between runs."""
+    if isinstance(value, dict):
+        return {k: without_wall_times(v) for k, v in value.items()
+                if k not in ("simulation_s", "wall_s")}
+    return value
+
+
+def test_same_seed_same_results_with_any_jobs(tmp_path, capsys):
     args = ["--experiments", "C", "--rate", "50", "--no-figures", "--requests", "200",
             "--rates", "20,40"]
-    a = S.main(args + ["--out", str(tmp_path / "a")])["C"]
-    b = S.main(args + ["--out", str(tmp_path / "b")])["C"]
+    a = S.main(args + ["--out", str(tmp_path / "a"), "--jobs", "1"])["C"]
+    b = S.main(args + ["--out", str(tmp_path / "b"), "--jobs", "2"])["C"]  # worker processes
+    a, b = without_wall_times(a), without_wall_times(b)
     assert a["schedulers"] == b["schedulers"] and a["rate_sweep"] == b["rate_sweep"]
+    assert a["kv"] == b["kv"] and a["seed_spread"] == b["seed_spread"]
+    assert all(m["iterations"] > 0 for m in a["schedulers"].values())
 
 
 def test_serving_json_contract_and_request_csv(tmp_path, capsys):
@@ -169,3 +180,44 @@ def test_step_costs_fit_by_hand():
     # a run of 3 decode steps of 2 rows, caches growing from 1000 tokens
     assert costs.run_s(2, 1000, 3) == pytest.approx(
         sum(costs.pass_s(2, 1000 + 2 * j) for j in range(3)))
+
+
+UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
+
+
+def test_latency_definitions_by_hand():
+    # A (prompt 4, output 3) arrives at 0, B (prompt 2, output 2) at 0.5; 2 slots, 1 s a pass.
+    # step 1 [0, 1]: prefill A (its first token at 1). step 2 [1, 3]: B is admitted, a prefill
+    # pass for B and a decode pass for A (2 s; B's first token at 3). step 3 [3, 4]: both
+    # decode their last token.
+    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 2]), np.array([3, 2]), "hand")
+    sim = S.simulate_serving(req, 2, UNIT, "continuous")
+    assert sim["first_token"].tolist() == [1.0, 3.0] and sim["finish"].tolist() == [4.0, 4.0]
+    m = S.serving_metrics(req, sim)
+    assert m["ttft_s"]["mean"] == (1.0 + 2.5) / 2  # first token - arrival
+    assert m["e2e_s"]["mean"] == (4.0 + 3.5) / 2   # finish - arrival
+    # TPOT, as vLLM defines it: (finish - first token) / (output - 1)
+    assert m["tpot_s"]["mean"] == ((4 - 1) / 2 + (4 - 3) / 1) / 2
+    assert sim["steps"] == 3 and m["occupancy"] == (1 + 2 + 2) / (3 * 2)
+    assert m["makespan_s"] == 4.0 and m["throughput_rps"] == 2 / 4.0
+    assert m["output_tokens_per_s"] == 5 / 4.0
+
+
+def test_iterations_do_not_grow_with_output_lengths():
+    req = S.Requests(np.zeros(300), np.full(300, 64), S.lognormal_lengths(300, 1), "short")
+    long = S.Requests(req.arrival_s, req.prompt, req.output * 50, "50x longer")
+    for scheduler in S.SCHEDULERS:
+        short_sim = S.simulate_serving(req, 16, COSTS, scheduler, 256)
+        long_sim = S.simulate_serving(long, 16, COSTS, scheduler, 256)
+        assert long_sim["steps"] > 40 * short_sim["steps"]
+        # (not equal: which requests end at the same step, and so share an event, differs)
+        assert long_sim["iterations"] <= 1.2 * short_sim["iterations"] <= 1.2 * 6 * 300
+
+
+def test_a_simulation_that_cannot_progress_raises(monkeypatch):
+    # an allocator that never frees its blocks: the requests behind the first ones can never
+    # be admitted, and the simulation must say so instead of looping
+    monkeypatch.setattr(S.PagedBlocks, "release", lambda self, seq, ctx: None)
+    req = poisson_requests(50, rate=100.0)
+    with pytest.raises(S.SimulationStalled, match="stalled"):
+        S.simulate_serving(req, 4, COSTS, "continuous", kv=S.KVBudget("paged", 2_000, 16))
