@@ -642,11 +642,13 @@ class PagedBlocks:
             sxx = m * x0 * x0 + x0 * b * m * (m - 1) + b * b * (m - 1) * m * (2 * m - 1) / 6
             integral += b * rows * (m * elapsed - (a * sx + e * (sxx - sx) / 2))
             grown += b * rows * m
-        for seq, c in plan:  # the prompts' chunks
-            emit = c == seq.pre
-            for j in range(1, k + 1):
-                integral += (a + e * (j - 1)) * (self.blocks(seq.ctx + c * j + emit) - seq.alloc)
-            new = self.blocks(seq.ctx + c * k + emit)
+        for seq, c in plan:  # the prompts' chunks: blocks held from the step that takes them
+            new = self.blocks(seq.ctx + c * k + (c == seq.pre))
+            if k == 1:
+                integral += a * (new - seq.alloc)
+            else:
+                integral += sum((a + e * (j - 1)) * (self.blocks(seq.ctx + c * j) - seq.alloc)
+                                for j in range(1, k + 1))
             grown += new - seq.alloc
             seq.alloc = new
         self.total += grown
@@ -706,9 +708,8 @@ class ServingSim:
         clock = time.perf_counter()
         while self.done < self.n:
             self.iterations += 1
-            if self.kv is not None and self.kv.preempts:
-                self.make_room()
-            blocked = self.admit()
+            planned = self.make_room() if self.kv is not None and self.kv.preempts else ()
+            blocked = self.admit(planned)
             plan = schedule_prefill(self.prefilling, self.n_dec, self.chunk_tokens)
             if not plan and not self.n_dec:
                 raise SimulationStalled(
@@ -724,9 +725,12 @@ class ServingSim:
         return self.result()
 
     def make_room(self):
-        """Preempt the newest request while the planned step needs more blocks than exist."""
-        while self.running and self.kv.planned(self, schedule_prefill(
-                self.prefilling, self.n_dec, self.chunk_tokens)) > self.capacity:
+        """Preempt the newest request while the planned step needs more blocks than exist.
+        -> the step's prefill plan, as it then stands."""
+        while True:
+            plan = schedule_prefill(self.prefilling, self.n_dec, self.chunk_tokens)
+            if not self.running or self.kv.planned(self, plan) <= self.capacity:
+                return plan
             seq = self.running[next(reversed(self.running))]
             left, ctx = self.leave(seq)
             r = seq.id
@@ -736,19 +740,19 @@ class ServingSim:
             self.mem["recomputed_tokens"] += ctx
             heapq.heappush(self.retry, r)
 
-    def admit(self):
+    def admit(self, planned):
         """Admit waiting requests (preempted first, then by arrival) into free slots, first
-        come first served. -> True when the head of the line waits for memory."""
-        if not self.running and not self.retry and self.queue < self.n and \
-                self.arrival[self.queue] > self.t:
+        come first served, with room for the memory the planned step (its prefill plan) takes.
+        -> True when the head of the line waits for memory."""
+        if self.running:
+            if self.scheduler == "static":
+                return False
+        elif not self.retry and self.queue < self.n and self.arrival[self.queue] > self.t:
             self.t = self.arrival[self.queue]  # idle until the next request arrives
-        if self.scheduler == "static" and self.running:
-            return False
         free = self.slots - len(self.running)
         spare = self.spare()
         kv = self.kv
-        room = math.inf if kv is None else self.capacity - kv.planned(
-            self, schedule_prefill(self.prefilling, self.n_dec, self.chunk_tokens))
+        room = math.inf if kv is None else self.capacity - kv.planned(self, planned)
         while free and spare > 0:
             if self.retry:
                 r = self.retry[0]
@@ -816,18 +820,21 @@ class ServingSim:
 
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
-        costs, n_dec, steps0 = self.costs, self.n_dec, self.steps
-        kv_dec = self.base_sum + n_dec * steps0
-        tokens = sum(c for _, c in plan)
-        kv_pre = sum(s.ctx for s, _ in plan)
+        n_dec, tokens, kv_pre, emitted = self.n_dec, 0, 0, []
+        for s, c in plan:
+            tokens += c
+            kv_pre += s.ctx
+            if c == s.pre:
+                emitted.append(s)  # a finished prefill emits a token
         # step j takes a + e (j - 1) s: a prefill pass and a decode pass whose caches grow
-        a_pre, a_dec = costs.pass_s(tokens, kv_pre), costs.pass_s(n_dec, kv_dec)
-        e_pre, e_dec = costs.kv_s(tokens) * tokens, costs.kv_s(n_dec) * n_dec
+        (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.costs.rates(tokens), self.costs.rates(n_dec)
+        a_pre = f_pre + kv_s_pre * kv_pre if tokens else 0.0
+        a_dec = f_dec + kv_s_dec * (self.base_sum + n_dec * self.steps) if n_dec else 0.0
+        e_pre, e_dec = kv_s_pre * tokens, kv_s_dec * n_dec
         prefill_s = a_pre * k + e_pre * k * (k - 1) / 2
         decode_s = a_dec * k + e_dec * k * (k - 1) / 2
         step_s = prefill_s + decode_s
         running = len(self.running)
-        emitted = [s for s, c in plan if c == s.pre]  # a finished prefill emits a token
         if self.kv is not None:  # (before the clock moves: the allocator reads the run's start)
             held = self.account(plan, k, a_pre + a_dec, e_pre + e_dec, tokens + n_dec,
                                 len(emitted), step_s, running)
@@ -842,11 +849,20 @@ class ServingSim:
             s.ctx += c * k
         self.pre_total -= tokens * k
         self.pre_ctx += tokens * k
-        del self.prefilling[:len(emitted)]  # (those are the oldest: chunks go oldest first)
+        if emitted:
+            self.emit_first_tokens(emitted, held if self.kv is not None else 0, running)
+        elif self.kv is not None:
+            self.record(held, running)
+
+    def emit_first_tokens(self, emitted, held, running):
+        """The requests whose prefill has just ended emit a token; each then decodes (or,
+        with nothing left to emit, finishes)."""
+        del self.prefilling[:len(emitted)]  # (the oldest: chunks go oldest first)
+        first, steps = self.first, self.steps
         for s in emitted:
             self.pre_ctx -= s.ctx
-            if self.first[s.id] != self.first[s.id]:  # (a readmitted one keeps its first)
-                self.first[s.id] = self.t
+            if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
+                first[s.id] = self.t
             s.left -= 1
             s.ctx += 1
         if self.kv is not None:
@@ -854,13 +870,13 @@ class ServingSim:
         for s in emitted:
             if s.left == 0:
                 self.end(s)
-            else:  # it decodes from the next step on
-                s.base, s.end = s.ctx - self.steps, self.steps + s.left
+            else:
+                s.base, s.end = s.ctx - steps, steps + s.left
                 self.n_dec += 1
                 self.base_sum += s.base
                 heapq.heappush(self.ends, (s.end, s.order))
                 if self.kv is not None:
-                    self.kv.join(s, self.steps)
+                    self.kv.join(s, steps)
 
     def account(self, plan, k, a, e, growth, emitted, step_s, running):
         """Memory integrals over the k steps just priced (step j: a + e (j - 1) s), the
