@@ -2250,6 +2250,9 @@ def write_atomic(path, data, mode="w"):
     try:
         with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
             f.write(data)
+        umask = os.umask(0)  # mkstemp makes the file private; give it a plain file's mode
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

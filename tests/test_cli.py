@@ -170,3 +170,10 @@ def test_write_atomic_leaves_no_partial_file(tmp_path):
     with pytest.raises(TypeError):
         S.write_atomic(str(target), Boom())
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["results.json"]
+
+
+def test_write_atomic_gives_a_plain_files_mode(tmp_path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    S.write_atomic(str(tmp_path / "atomic.txt"), "x")
+    assert (tmp_path / "atomic.txt").stat().st_mode == plain.stat().st_mode
