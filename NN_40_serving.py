@@ -87,7 +87,11 @@ EXPERIMENTS = "ABCD"
 # C prices steps in seconds with a roofline of these when no device was measured: the post's
 # RTX 5080 (960 GB/s by specification; 105.5 TFLOP/s, the post's best measured fp16 rate).
 REFERENCE_BANDWIDTH_GBS, REFERENCE_TFLOPS = 960.0, 105.5
-LENGTH_MEDIAN, LENGTH_SIGMA, LENGTH_MAX = 70, 1.0, 2048  # the default output-length law (C)
+# The post's output lengths: floor(e^N(4.2, 0.9^2)), at least 1, 600 draws from NumPy's
+# default_rng(3): median 70.5, max 1,327, the post's "median 70, max 1,327" (and its table to
+# the step). Longer draws of other seeds or sizes are capped at LENGTH_MAX (a reservation's
+# default output, and what D's position table must hold).
+LENGTH_MU, LENGTH_SIGMA, LENGTH_MAX, LENGTH_SEED = 4.2, 0.9, 2048, 3
 # The KV cache's memory in C, unless --kv-memory-gb: on CUDA, this share of the device's memory
 # less the weights (vLLM's default gpu_memory_utilization); on CPU, a deliberately small cache,
 # so that memory and not the slots limits the batch; with no device (C alone, analytic prices),
@@ -110,7 +114,7 @@ class RunConfig:
     decode_batches: tuple = (1, 32)
     requests: int = 600
     slots: int = 32
-    seed: int = 0
+    seed: int = LENGTH_SEED
     lengths_file: str = None
     prompt_len: int = 128         # prompt tokens of each generated request
     trace: str = None             # a request trace CSV (replaces the generated lengths)
@@ -147,11 +151,10 @@ class RunConfig:
 # workload: generated lengths of the requests (pure NumPy)
 
 
-def lognormal_lengths(n, seed, median=LENGTH_MEDIAN, sigma=LENGTH_SIGMA, max_len=LENGTH_MAX):
-    """n generated lengths from a log-normal law (median, sigma of log), rounded, in [1, max]."""
-    rng = np.random.default_rng(seed)
-    draws = rng.lognormal(math.log(median), sigma, size=n)
-    return np.clip(np.rint(draws), 1, max_len).astype(np.int64)
+def lognormal_lengths(n, seed, mu=LENGTH_MU, sigma=LENGTH_SIGMA, max_len=LENGTH_MAX):
+    """n generated lengths: floor(e^x), x ~ N(mu, sigma^2) (median e^mu), in [1, max_len]."""
+    draws = np.random.default_rng(seed).lognormal(mu, sigma, size=n)
+    return np.clip(np.floor(draws), 1, max_len).astype(np.int64)
 
 
 def read_lengths_file(path):
@@ -316,8 +319,8 @@ def make_requests(run):
     else:
         output = request_lengths(run)
         prompt = np.full(len(output), run.prompt_len, dtype=np.int64)
-        source = run.lengths_file or (f"log-normal (median {LENGTH_MEDIAN}, sigma "
-                                      f"{LENGTH_SIGMA}, max {LENGTH_MAX}), seed {run.seed}")
+        source = run.lengths_file or (f"the post's law: floor(e^N({LENGTH_MU:g}, "
+                                      f"{LENGTH_SIGMA:g}^2)) <= {LENGTH_MAX}, seed {run.seed}")
     if run.rate == "trace":
         if trace_times is None:
             raise UsageError("--rate trace: the trace has no timestamps")
@@ -2748,7 +2751,9 @@ def build_parser():
     c = p.add_argument_group("C")
     c.add_argument("--requests", type=positive_int, default=600)
     c.add_argument("--slots", type=positive_int, default=32)
-    c.add_argument("--seed", type=nonnegative_int, default=0)
+    c.add_argument("--seed", type=nonnegative_int, default=LENGTH_SEED,
+                   help=f"draw of the length law, the model's weights and D's prompts (default "
+                        f"{LENGTH_SEED}: the post's lengths)")
     c.add_argument("--lengths-file", metavar="PATH",
                    help="generated lengths, one positive integer per line ('#' comments)")
     c.add_argument("--prompt-len", type=positive_int, default=128,

@@ -52,10 +52,12 @@ def test_simulation_alone_touches_no_device(tmp_path, capsys, monkeypatch):
                             capsys)
     assert "A" not in results and "device" not in results["environment"]
     assert not list(tmp_path.glob("*.png"))
-    # the post's setting: 600 requests, 32 slots; the default law lands near its structure
+    # the post's setting and lengths: 600 requests, 32 slots, its table
     C = results["C"]
     assert C["requests"] == 600 and C["slots"] == 32
-    assert C["static"]["occupancy"] < 0.3 < 0.7 < C["continuous"]["occupancy"]
+    assert (C["static"]["steps"], C["continuous"]["steps"]) == (9602, 2444)
+    assert "9,602" in out.out and "20.3%" in out.out and "79.9%" in out.out
+    assert "3.93x" in out.out
 
 
 def test_korean_headers(tmp_path, capsys):

@@ -1,4 +1,6 @@
 """Experiment D: the real engine, against generating alone and against C's step counts."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -44,7 +46,7 @@ def test_every_request_generates_what_it_would_alone(policy):
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_engine_takes_the_steps_the_simulation_counts(policy):
     model = S.build_model(TINY, "cpu")
-    lengths = S.lognormal_lengths(40, 5, median=8, max_len=40)
+    lengths = S.lognormal_lengths(40, 5, mu=math.log(8), max_len=40)
     prompts = torch.randint(TINY.vocab, (40, 4))
     cache = S.new_kv_cache(TINY, 8, 4 + int(lengths.max()), "cpu")
     _, log = S.run_engine(model, cache, prompts, lengths.tolist(), policy)

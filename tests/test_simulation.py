@@ -55,7 +55,22 @@ def test_lognormal_law_is_deterministic_and_clipped():
     a, b = S.lognormal_lengths(5000, 7), S.lognormal_lengths(5000, 7)
     assert (a == b).all()
     assert a.min() >= 1 and a.max() <= S.LENGTH_MAX
-    assert abs(np.median(a) - S.LENGTH_MEDIAN) < 5
+    assert abs(np.median(a) - np.exp(S.LENGTH_MU)) < 5
+
+
+def test_the_default_law_draws_the_posts_lengths_and_table():
+    lengths = S.lognormal_lengths(600, S.LENGTH_SEED)
+    # NumPy's own draw, by the post's recipe
+    expected = np.floor(np.random.default_rng(3).lognormal(mean=4.2, sigma=0.9, size=600))
+    assert lengths.tolist() == expected.astype(int).tolist()
+    assert (lengths.min(), np.median(lengths), lengths.max(), lengths.sum()) == \
+        (3, 70.5, 1327, 62467)
+    static = S.simulate_slots(lengths, 32, "static")
+    continuous = S.simulate_slots(lengths, 32, "continuous")
+    assert (static["steps"], round(100 * static["occupancy"], 1)) == (9602, 20.3)
+    # the post prints 2,445 steps, but its own 79.9% (62,467 / (steps x 32)) needs 2,444
+    assert (continuous["steps"], round(100 * continuous["occupancy"], 1)) == (2444, 79.9)
+    assert round(static["steps"] / continuous["steps"], 2) == 3.93
 
 
 def test_lengths_file(tmp_path):
