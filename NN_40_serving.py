@@ -65,6 +65,7 @@ class ModelConfig:
     vocab: int = 32000
     max_positions: int = 8192  # rows of the learned position table = longest sequence
     dtype: str = "float16"
+    arch: str = "transformer"  # or "post": the post's proxy for A and B (see PostProxy)
 
     @property
     def head_dim(self):
@@ -1010,13 +1011,15 @@ SWEEP_REQUESTS = 2000  # requests per point of the rate sweep
 
 def param_count(cfg):
     h = cfg.hidden
+    if cfg.arch == "post":
+        return cfg.layers * h * h
     return cfg.layers * (12 * h * h + 4 * h) + 2 * h + h * cfg.vocab + (cfg.vocab
                                                                         + cfg.max_positions) * h
 
 
 def kv_bytes_per_token(cfg):
-    """K and V of one token in every layer."""
-    return cfg.layers * 2 * cfg.hidden * cfg.dtype_bytes
+    """K and V of one token in every layer (the post's proxy keeps none)."""
+    return 0 if cfg.arch == "post" else cfg.layers * 2 * cfg.hidden * cfg.dtype_bytes
 
 
 def step_cost(cfg, batch, new_tokens, context):
@@ -1027,9 +1030,17 @@ def step_cost(cfg, batch, new_tokens, context):
     bytes: weights read once (matmuls, norms, looked-up embedding rows) + the KV cache read
            (the cached context of every row) + the KV written (the new tokens) + activations
            (each matmul's input and output once, and the logits): a lower bound on traffic.
+    The post's proxy (--arch post) is its L square matmuls alone: 2 L h^2 FLOPs per token,
+    its weights read once, each matmul's input and output; no attention and no KV cache.
     """
     h, L, e = cfg.hidden, cfg.layers, cfg.dtype_bytes
     tokens = batch * new_tokens
+    if cfg.arch == "post":
+        flops, weight_bytes, activation_bytes = 2 * tokens * L * h * h, L * h * h * e, \
+            2 * L * h * tokens * e
+        return {"flops": flops, "matmul_flops": flops, "attention_flops": 0,
+                "weight_bytes": weight_bytes, "kv_read_bytes": 0, "kv_write_bytes": 0,
+                "activation_bytes": activation_bytes, "bytes": weight_bytes + activation_bytes}
     keys_seen = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # per row, per layer
     matmul_flops = 2 * tokens * L * 12 * h * h + 2 * batch * h * cfg.vocab
     attention_flops = 4 * h * L * batch * keys_seen
@@ -1055,6 +1066,8 @@ def memory_needed_bytes(cfg, batch, cache_len, new_tokens):
     """
     e = cfg.dtype_bytes
     tokens = batch * new_tokens
+    if cfg.arch == "post":  # a cycle of 8 fresh inputs, and a matmul's input and output
+        return 10 * tokens * cfg.hidden * e
     kv = batch * cache_len * kv_bytes_per_token(cfg)
     activations = (tokens * 10 * cfg.hidden * e + batch * cfg.vocab * 4
                    + batch * cfg.heads * new_tokens * cache_len * 4)
@@ -1125,10 +1138,27 @@ class Transformer(nn.Module):
         return self.lm_head(self.ln_f(x[:, -1]))
 
 
+class PostProxy(nn.Module):
+    """The model the post's A and B figures fit (--arch post): per token, `layers` square
+    h x h matmuls in a row, and nothing else: no attention, KV cache, norms, embeddings or LM
+    head. Its FLOPs are the post's 2 L h^2 per token; its weights, L h^2."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+                                    for _ in range(cfg.layers))
+
+    def forward(self, x):  # (..., h) -> (..., h)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
 def build_model(cfg, device, seed=0):
     """Random weights from a fixed seed, scaled so activations stay O(1) in fp16."""
     torch.manual_seed(seed)
-    model = Transformer(cfg)
+    model = PostProxy(cfg) if cfg.arch == "post" else Transformer(cfg)
     for name, p in model.named_parameters():
         if p.dim() == 2:
             nn.init.normal_(p, std=0.02 if "embed" in name else p.shape[1] ** -0.5)
@@ -1253,6 +1283,13 @@ def random_tokens(cfg, shape, device, n=8, seed=0):
     return [torch.randint(cfg.vocab, shape, generator=g).to(device) for _ in range(n)]
 
 
+def random_activations(cfg, shape, device, n=8, seed=0):
+    """A few fresh random (shape..., hidden) inputs for the post's proxy, in its dtype."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return [torch.randn(*shape, cfg.hidden, generator=g).to(device, DTYPES[cfg.dtype])
+            for _ in range(n)]
+
+
 def cycle(items):
     state = {"i": 0}
 
@@ -1342,30 +1379,43 @@ class Bench:
         self.model = build_model(self.cfg, device, seed=run.seed)
         self.modes = ("eager", "graph") if run.graphs == "both" else (run.graphs,)
 
-    def time(self, fn, mode="eager", budget_s=None):
-        """Time fn() as it is (eager) or replayed from a CUDA graph captured from it."""
-        if mode == "graph":
-            fn = cuda_graph(fn)
+    def time(self, step, mode="eager", budget_s=None, feed=None):
+        """Time feed() + step(), step as it is (eager) or replayed from a CUDA graph captured
+        from it. feed, which copies fresh inputs into the buffers step reads, runs eagerly
+        before every call, outside any graph: a graph replays the copies it captured, from
+        the tensors it captured, so inside one every replay would see the same input."""
+        run = cuda_graph(step) if mode == "graph" else step
+        fn = run
+        if feed is not None:
+            def fn():
+                feed()
+                run()
         return time_region(fn, self.device, self.run.warmup, self.run.reps,
                            budget_s or self.run.time_budget_s)
 
     def time_decode(self, batch, context, mode="eager", budget_s=None):
-        """One decode step of `batch` rows, each with `context` cached tokens.
-
-        Each call first copies fresh random tokens into a static input buffer (one tiny copy,
-        in both modes), so a CUDA graph replays on new inputs.
-        """
+        """One decode step of `batch` rows, each with `context` cached tokens (the post's proxy:
+        `batch` tokens through its matmuls). Fresh random tokens are copied into a static input
+        buffer before each step (one tiny copy, in both modes)."""
+        if self.cfg.arch == "post":
+            x = torch.empty(batch, self.cfg.hidden, device=self.device,
+                            dtype=DTYPES[self.cfg.dtype])
+            next_x = cycle(random_activations(self.cfg, (batch,), self.device, seed=batch))
+            return self.time(lambda: self.model(x), mode, budget_s,
+                             feed=lambda: x.copy_(next_x()))
         cache = new_kv_cache(self.cfg, batch, context + 1, self.device)
         next_tokens = cycle(random_tokens(self.cfg, (batch,), self.device, seed=batch))
         tokens = next_tokens().clone()
-
-        def step():
-            tokens.copy_(next_tokens())
-            return decode_step(self.model, cache, tokens, context)
-        return self.time(step, mode, budget_s)
+        return self.time(lambda: decode_step(self.model, cache, tokens, context), mode, budget_s,
+                         feed=lambda: tokens.copy_(next_tokens()))
 
     def time_prefill(self, tokens, batch=1, budget_s=None):
-        """A prefill of `batch` prompts of `tokens` tokens each into empty cache rows."""
+        """A prefill of `batch` prompts of `tokens` tokens each into empty cache rows (the
+        post's proxy: batch x tokens tokens through its matmuls)."""
+        if self.cfg.arch == "post":
+            next_x = cycle(random_activations(self.cfg, (batch, tokens), self.device,
+                                              seed=tokens))
+            return self.time(lambda: self.model(next_x()), budget_s=budget_s)
         cache = new_kv_cache(self.cfg, batch, tokens, self.device)
         next_prompt = cycle(random_tokens(self.cfg, (batch, tokens), self.device, seed=tokens))
         return self.time(lambda: prefill(self.model, cache, next_prompt()), budget_s=budget_s)
@@ -2238,9 +2288,15 @@ def banner(results):
     if "device" in env:
         lines.append(f"device: {env['device']}" + (f", CUDA {env['cuda']}" if env["cuda"] else
                                                    f", {env['threads']} torch threads"))
-        lines.append(f"model: {cfg['layers']} layers, hidden {cfg['hidden']}, {cfg['heads']} "
-                     f"heads, vocab {cfg['vocab']}, {cfg['dtype']}: "
-                     f"{cfg['params'] / 1e6:,.1f} M parameters, {gib(cfg['weight_bytes'])}")
+        if cfg.get("arch") == "post":
+            lines.append(f"model: the post's proxy, {cfg['layers']} square {cfg['hidden']} x "
+                         f"{cfg['hidden']} {cfg['dtype']} matmuls per token (no attention, KV "
+                         f"cache, norms, embeddings or LM head): {cfg['params'] / 1e6:,.1f} M "
+                         f"parameters, {gib(cfg['weight_bytes'])}")
+        else:
+            lines.append(f"model: {cfg['layers']} layers, hidden {cfg['hidden']}, {cfg['heads']} "
+                         f"heads, vocab {cfg['vocab']}, {cfg['dtype']}: "
+                         f"{cfg['params'] / 1e6:,.1f} M parameters, {gib(cfg['weight_bytes'])}")
         if results["config"].get("preset_note"):
             lines.append(results["config"]["preset_note"])
     return "\n".join(lines)
@@ -2438,8 +2494,8 @@ def plot_decode_context(results, path):
     import matplotlib.pyplot as plt
     A = results["A"]
     mode = A["modes"][-1]
-    if not measured(A["rows"]):
-        return False
+    if not measured(A["rows"]) or results["config"]["model"].get("arch") == "post":
+        return False  # (the post's proxy has no KV cache: its context changes nothing)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
     colors = plt.get_cmap("viridis")(np.linspace(0, 0.85, len(A["contexts"])))
     for context, color in zip(A["contexts"], colors):
@@ -2716,8 +2772,13 @@ class ArgumentParser(argparse.ArgumentParser):
 def build_parser():
     p = ArgumentParser(prog="NN_40_serving.py", description=__doc__.split("\n\n")[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--experiments", type=experiment_letters, default=EXPERIMENTS,
-                   help="which experiments to run, e.g. AB or C (default: ABCD)")
+    p.add_argument("--experiments", type=experiment_letters,
+                   help="which experiments to run, e.g. AB or C (default: ABCD; AB with "
+                        "--arch post)")
+    p.add_argument("--arch", choices=["transformer", "post"], default="transformer",
+                   help="the model A and B time: a real decoder-only transformer (default), "
+                        "or the post's proxy, `layers` square h x h matmuls per token and "
+                        "nothing else, which is what the post's A and B figures measure")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     m = p.add_argument_group("model (on CPU, unset fields come from the CPU preset: 4 layers, "
                              "hidden 1024, 8 heads, vocab 8192, bfloat16)")
@@ -2814,6 +2875,10 @@ def parse_args(argv):
     """argv -> RunConfig: the device resolved (when A, B or D runs), CPU preset and --quick
     applied."""
     args = build_parser().parse_args(argv)
+    if args.arch == "post" and set(args.experiments or "") - set("AB"):
+        raise UsageError("--arch post: the post's proxy has no attention and no KV cache, so "
+                         "only A and B run on it; run C and D without --arch post")
+    args.experiments = args.experiments or ("AB" if args.arch == "post" else EXPERIMENTS)
     device = resolve_device(args.device) if set("ABD") & set(args.experiments) else None
     if args.lang not in HEADERS:
         raise UsageError(f"--lang {args.lang!r}: choose from {', '.join(HEADERS)}")
@@ -2822,7 +2887,7 @@ def parse_args(argv):
     on_cpu = device is not None and device.type == "cpu"
     if args.quick and on_cpu and fields["layers"] is None:
         fields["layers"] = 2
-    model = dataclasses.replace(CPU_PRESET if on_cpu else ModelConfig(),
+    model = dataclasses.replace(CPU_PRESET if on_cpu else ModelConfig(), arch=args.arch,
                                 **{f: v for f, v in fields.items() if v is not None})
     preset = [f"{f}={getattr(CPU_PRESET, f)}" for f, v in fields.items() if v is None]
     note = ("CPU preset (fp16 matmul is ~1000x slower than bf16 on CPU): " + ", ".join(preset)
@@ -2834,6 +2899,8 @@ def parse_args(argv):
         raise UsageError(f"--graphs {args.graphs}: CUDA graphs need a CUDA device")
     graphs = {"on": "graph", "off": "eager", "both": "both", None: "both" if cuda else "eager"}
     contexts = args.contexts or ((args.context, 1024, 4096) if cuda else (args.context, 1024))
+    if args.arch == "post":  # no KV cache: the context changes nothing
+        contexts = (args.context,)
     run = dict(experiments=args.experiments, device=device and device.type,
                batch_sizes=args.batch_sizes, context=args.context,
                contexts=tuple(sorted(set(contexts) | {args.context})),
@@ -2858,7 +2925,7 @@ def parse_args(argv):
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
     longest = max(max(run["contexts"]) + 1, max(run["prefill_lengths"]))
-    if device is not None and longest > model.max_positions:
+    if device is not None and model.arch == "transformer" and longest > model.max_positions:
         raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
                          f"{model.max_positions}")
     if args.quick:  # every experiment small enough for a smoke run

@@ -179,3 +179,22 @@ def test_write_atomic_gives_a_plain_files_mode(tmp_path):
     plain.write_text("x")
     S.write_atomic(str(tmp_path / "atomic.txt"), "x")
     assert (tmp_path / "atomic.txt").stat().st_mode == plain.stat().st_mode
+
+
+def test_arch_post_runs_a_and_b_on_the_proxy(tiny_args, tmp_path, capsys):
+    args = [a for a in tiny_args]
+    results, out = run_main(args + ["--arch", "post", "--no-figures"], capsys)
+    assert set(results) >= {"A", "B"} and not set(results) & {"C", "D"}
+    assert results["config"]["model"]["arch"] == "post"
+    assert results["A"]["contexts"] == [8]  # no KV cache: one context is all there is
+    assert "the post's proxy, 1 square 64 x 64 float32 matmuls per token" in out.out
+    for row in S.measured(results["B"]["rows"]):  # FLOPs = 2 L h^2 per token
+        tokens = row["tokens"] * row["batch"]
+        assert row["flops"] == 2 * 64 * 64 * tokens
+        assert row["tflops"] == pytest.approx(row["flops"] / row["step_ms"] * 1e3 / 1e12)
+
+
+@pytest.mark.parametrize("experiments", ["ABC", "D", "AC"])
+def test_arch_post_refuses_c_and_d(experiments, capsys):
+    expect_usage_error(["--arch", "post", "--experiments", experiments], capsys,
+                       "only A and B run on it")

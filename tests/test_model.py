@@ -1,4 +1,5 @@
 """The transformer, its KV cache and the FLOP/byte model."""
+import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -115,3 +116,24 @@ def test_padded_decode_equals_one_call_per_span():
     spans = S.decode_step(model, cache.clone(), tokens, positions)
     padded = S.decode_step(model, cache.clone(), tokens, positions, pad=True)
     torch.testing.assert_close(padded, spans, rtol=1e-5, atol=1e-5)
+
+
+POST = S.ModelConfig(layers=3, hidden=64, heads=4, vocab=97, dtype="float32", arch="post")
+
+
+@torch.inference_mode()
+def test_the_posts_proxy_counts_2_l_h_squared_per_token():
+    model = S.build_model(POST, "cpu")
+    assert isinstance(model, S.PostProxy) and len(model.layers) == 3
+    assert S.param_count(POST) == sum(p.numel() for p in model.parameters()) == 3 * 64 * 64
+    for tokens in (1, 32, 512):
+        with FlopCounterMode(display=False) as counter:
+            model(torch.randn(tokens, 64))
+        cost = S.step_cost(POST, tokens, 1, 128)  # (the context changes nothing: no KV cache)
+        assert cost["flops"] == counter.get_total_flops() == 2 * 3 * 64**2 * tokens
+        assert cost["weight_bytes"] == weight_bytes_of(model) == 3 * 64 * 64 * 4
+        assert cost["kv_read_bytes"] == cost["kv_write_bytes"] == 0
+    assert S.kv_bytes_per_token(POST) == 0 and S.kv_crossover_batch(POST, 1024) is None
+    # the post's own figure: prefill 512 in 0.664 ms is 77.6 TFLOP/s only under this count
+    post = S.ModelConfig(arch="post")
+    assert S.step_cost(post, 1, 512, 0)["flops"] / 0.664e-3 / 1e12 == pytest.approx(77.6, abs=0.05)
