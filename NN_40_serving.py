@@ -1385,11 +1385,11 @@ class Bench:
         before every call, outside any graph: a graph replays the copies it captured, from
         the tensors it captured, so inside one every replay would see the same input."""
         run = cuda_graph(step) if mode == "graph" else step
-        fn = run
-        if feed is not None:
-            def fn():
+
+        def fn():
+            if feed is not None:
                 feed()
-                run()
+            run()
         return time_region(fn, self.device, self.run.warmup, self.run.reps,
                            budget_s or self.run.time_budget_s)
 
