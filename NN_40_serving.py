@@ -145,7 +145,7 @@ class RunConfig:
     format: str = "png"
     lang: str = "en"
     quick: bool = False
-    preset_note: str = ""
+    preset: tuple = ()            # the model fields the CPU preset set ("layers=4", ...)
 
 
 # -----------------------------------------------------------------------------
@@ -316,12 +316,11 @@ def make_requests(run):
     trace_times = None
     if run.trace:
         prompt, output, trace_times = read_trace(run.trace, run.trace_limit)
-        source = f"trace {os.path.basename(run.trace)}"
+        source = os.path.basename(run.trace)
     else:
         output = request_lengths(run)
         prompt = np.full(len(output), run.prompt_len, dtype=np.int64)
-        source = run.lengths_file or (f"the post's law: floor(e^N({LENGTH_MU:g}, "
-                                      f"{LENGTH_SIGMA:g}^2)) <= {LENGTH_MAX}, seed {run.seed}")
+        source = run.lengths_file or f"the post's law, seed {run.seed}"
     if run.rate == "trace":
         if trace_times is None:
             raise UsageError("--rate trace: the trace has no timestamps")
@@ -395,8 +394,9 @@ def analytic_costs(cfg, bandwidth_gbs, tflops):
         cost = step_cost(cfg, n, 1, 0)
         seconds.append(max(cost["flops"] / (tflops * 1e12), cost["bytes"] / (bandwidth_gbs * 1e9)))
     return StepCosts(tuple(knots), tuple(seconds), kv_bytes_per_token(cfg) / (bandwidth_gbs * 1e9),
-                     f"analytic roofline ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} TFLOP/s, "
-                     f"{cfg.layers}x{cfg.hidden} {cfg.dtype})")
+                     {"kind": "pricing_analytic", "bandwidth_gbs": bandwidth_gbs,
+                      "tflops": tflops, "layers": cfg.layers, "hidden": cfg.hidden,
+                      "dtype": cfg.dtype})
 
 
 def fit_step_costs(decode_rows, prefill_rows, context, kv_token_s, source):
@@ -431,7 +431,8 @@ def measured_costs(cfg, results):
                 if r["phase"] == "prefill"]
     return fit_step_costs([r for r in measured(A["rows"]) if r["mode"] == mode], prefills,
                           A["context"], kv_bytes_per_token(cfg) / (ceil["bandwidth_gbs"] * 1e9),
-                          f"measured on {results['environment']['device']} ({mode})")
+                          {"kind": "pricing_measured",
+                           "device": results["environment"]["device"], "mode": mode})
 
 
 def percentiles(values):
@@ -1314,7 +1315,7 @@ def resolve_device(name):
 def device_name(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} threads)"
+    return f"CPU ({platform.processor() or platform.machine()} x {os.cpu_count()})"
 
 
 def free_memory_bytes(device):
@@ -1345,17 +1346,18 @@ def kv_budget_bytes(run, device):
     cfg = run.model
     weights = param_count(cfg) * cfg.dtype_bytes
     if run.kv_memory_gb:
-        return run.kv_memory_gb * 1e9, "--kv-memory-gb"
+        return run.kv_memory_gb * 1e9, {"kind": "memory_flag"}
     if device is not None and device.type == "cuda":
         total = torch.cuda.mem_get_info(device)[1]
         return (KV_MEMORY_FRACTION * total - weights,
-                f"{KV_MEMORY_FRACTION:g} x {gib(total)} of {device_name(device)} less "
-                f"{gib(weights)} of weights")
+                {"kind": "memory_cuda", "fraction": KV_MEMORY_FRACTION,
+                 "total_gib": total / 2**30, "device": device_name(device),
+                 "weights_gib": weights / 2**30})
     if device is not None:
-        return CPU_KV_MEMORY_GB * 1e9, "the CPU default"
+        return CPU_KV_MEMORY_GB * 1e9, {"kind": "memory_cpu"}
     return (KV_MEMORY_FRACTION * REFERENCE_MEMORY_GB * 1e9 - weights,
-            f"the post's RTX 5080: {KV_MEMORY_FRACTION:g} x {REFERENCE_MEMORY_GB:g} GB less "
-            f"{gib(weights)} of weights")
+            {"kind": "memory_reference", "fraction": KV_MEMORY_FRACTION,
+             "total_gb": REFERENCE_MEMORY_GB, "weights_gib": weights / 2**30})
 
 
 def gib(n_bytes):
@@ -1442,10 +1444,10 @@ class Bench:
                 "gbs": weight_bytes / s / 1e9}
 
     def skip_reason(self, batch, cache_len, new_tokens, margin=0.9):
+        """None when the step fits the device's memory, else what it needs and what is free."""
         ok, needed, free = fits(self.cfg, self.device, batch, cache_len, new_tokens, margin)
-        if ok:
-            return None
-        return f"does not fit: needs {gib(needed)}, {gib(free)} free"
+        return None if ok else {"kind": "does_not_fit", "needed_gib": needed / 2**30,
+                                "free_gib": free / 2**30}
 
 
 
@@ -1461,22 +1463,17 @@ def kv_device_check(bench, kv):
     clamped = sum(c > row_tokens for c in contexts)
     check = {"device": device_name(bench.device), "rows": n_rows, "batch": batch,
              "row_tokens": row_tokens, "bytes": n_rows * row_tokens * kv_bytes_per_token(cfg),
-             "clamped_rows": clamped}
-    shape = f"{n_rows:,} rows x {row_tokens:,} tokens = {check['bytes'] / 1e9:.2f} GB"
+             "clamped_rows": clamped, "max_context": max(contexts)}
     reason = bench.skip_reason(n_rows, row_tokens, 1, margin=1.0)  # the budget has its margin
     if reason:
-        check.update(skipped=reason, text=f"the budget's KV cache ({shape}) {reason}")
+        check["skipped"] = reason
         return check
     cache = new_kv_cache(cfg, n_rows, row_tokens, bench.device)
     next_tokens = cycle(random_tokens(cfg, (batch,), bench.device, seed=batch))
     timing = time_region(lambda: decode_step(bench.model, cache, next_tokens(), positions),
                          bench.device, bench.run.warmup, min(bench.run.reps, 10),
                          bench.run.time_budget_s)
-    check.update(step_ms=timing["median_ms"], p10_ms=timing["p10_ms"], p90_ms=timing["p90_ms"],
-                 text=f"allocated the budget's KV cache as {shape} and ran a decode step of "
-                      f"the peak's {batch} requests at their contexts (max {max(contexts):,}"
-                      f"{f', {clamped} clamped to the row' if clamped else ''}): "
-                      f"{timing['median_ms']:.1f} ms")
+    check.update(step_ms=timing["median_ms"], p10_ms=timing["p10_ms"], p90_ms=timing["p90_ms"])
     return check
 
 
@@ -1505,7 +1502,7 @@ def measure_ceilings(run, device, log):
     cuda = device.type == "cuda"
     ceilings = {}
     if run.peak_bandwidth_gbs:
-        ceilings.update(bandwidth_gbs=run.peak_bandwidth_gbs, bandwidth_source="given")
+        ceilings.update(bandwidth_gbs=run.peak_bandwidth_gbs, bandwidth_source={"kind": "given"})
     else:
         n_bytes = (2 if cuda else 0.25) * 2**30
         src = torch.randn(int(n_bytes // 4), device=device)  # fp32: the copy moves bytes
@@ -1513,17 +1510,18 @@ def measure_ceilings(run, device, log):
         timing = time_region(lambda: dst.copy_(src), device, run.warmup, run.reps,
                              run.time_budget_s)
         ceilings.update(bandwidth_gbs=2 * n_bytes / (timing["median_ms"] / 1e3) / 1e9,
-                        bandwidth_source=f"measured: copy of {gib(n_bytes)}")
+                        bandwidth_source={"kind": "measured_copy", "gib": n_bytes / 2**30})
         del src, dst
     if run.peak_tflops:
-        ceilings.update(matmul_tflops=run.peak_tflops, matmul_source="given")
+        ceilings.update(matmul_tflops=run.peak_tflops, matmul_source={"kind": "given"})
     else:
         n = 8192 if cuda else 2048
         g = torch.Generator(device="cpu").manual_seed(2)
         a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
         timing = time_region(lambda: a @ b, device, run.warmup, run.reps, run.time_budget_s)
         ceilings.update(matmul_tflops=2 * n**3 / (timing["median_ms"] / 1e3) / 1e12,
-                        matmul_source=f"measured: {n}x{n}x{n} {run.model.dtype} matmul")
+                        matmul_source={"kind": "measured_matmul", "n": n,
+                                       "dtype": run.model.dtype})
         del a, b
     ceilings["ridge_flop_per_byte"] = ceilings["matmul_tflops"] * 1e3 / ceilings["bandwidth_gbs"]
     log(f"ceilings: {ceilings['bandwidth_gbs']:.1f} GB/s, {ceilings['matmul_tflops']:.2f} "
@@ -1619,7 +1617,7 @@ def run_prefill_decode(bench, ceilings, log):
 
 def row_progress(row):
     if "skipped" in row:
-        return row["skipped"]
+        return describe(TEXT["en"], row["skipped"])
     return f"{row['step_ms']:.3f} ms (p10 {row['p10_ms']:.3f}, p90 {row['p90_ms']:.3f}, " \
            f"{row['reps']} reps)"
 
@@ -1710,9 +1708,9 @@ def run_batching_sim(run, req, log, results, kv=None):
         log(f"C: static {result['static']['steps']:,} steps, continuous "
             f"{result['continuous']['steps']:,} steps")
     costs = step_costs(run, results)
-    result.update(source=req.source, requests=len(req.output), slots=run.slots,
+    result.update(source=workload(run), requests=len(req.output), slots=run.slots,
                   cost_model=costs.describe(),
-                  arrivals=arrivals_text(run), prompt_tokens=percentiles(req.prompt),
+                  arrivals=arrivals(run), prompt_tokens=percentiles(req.prompt),
                   output_tokens=percentiles(req.output), schedulers={}, distributions={})
     runs = [(f"C {name}", name, None) for name in SCHEDULERS]
     if kv:
@@ -1824,13 +1822,25 @@ def step_costs(run, results):
                           run.peak_tflops or ceil.get("matmul_tflops") or REFERENCE_TFLOPS)
 
 
-def arrivals_text(run):
+def arrivals(run):
+    """How C's requests arrive, as a description for the tables."""
     if run.rate is None:
-        return "all at t=0"
+        return {"kind": "arrivals_zero"}
     if run.rate == "trace":
-        return "the trace's timestamps"
-    law = "Poisson" if run.burstiness == 1 else f"gamma gaps, burstiness {run.burstiness:g}"
-    return f"{law} at {run.rate:g} requests/s"
+        return {"kind": "arrivals_trace"}
+    if run.burstiness == 1:
+        return {"kind": "arrivals_poisson", "rate": run.rate}
+    return {"kind": "arrivals_gamma", "rate": run.rate, "burstiness": run.burstiness}
+
+
+def workload(run):
+    """Where C's request lengths come from, as a description for the tables."""
+    if run.trace:
+        return {"kind": "source_trace", "name": os.path.basename(run.trace)}
+    if run.lengths_file:
+        return {"kind": "source_file", "path": run.lengths_file}
+    return {"kind": "source_law", "mu": LENGTH_MU, "sigma": LENGTH_SIGMA, "max": LENGTH_MAX,
+            "seed": run.seed}
 
 
 def quantile_curve(sorted_values, points=200):
@@ -1990,7 +2000,7 @@ def engine_costs(bench, prompt_len):
     prefills = [row(bench.time_prefill(prompt_len, batch, budget_s=budget_s), batch=batch,
                     tokens=batch * prompt_len) for batch in sorted({1, run.slots})]
     costs = fit_step_costs(decode, prefills, prompt_len, 0.0,
-                           f"measured for D on {device_name(bench.device)} (means)")
+                           {"kind": "pricing_engine", "device": device_name(bench.device)})
     return costs, decode + prefills
 
 
@@ -2041,232 +2051,432 @@ def engine_verdict(D, tolerance=0.15):
     worst: prefill passes, decode passes, or the host work between them (not priced at all)."""
     measured, predicted = D["speedup_measured"], D["speedup_predicted"]
     off = measured / predicted - 1
-    text = f"measured {measured:.2f}x, predicted {predicted:.2f}x ({off:+.0%})"
-    if abs(off) <= tolerance:
-        return text + f": within {tolerance:.0%}"
-    gaps = []
-    for mode in ("static", "continuous"):
-        d, p = D[mode], D[mode]["predicted"]
-        gaps += [(d["decode_s"] - p["decode_s"], mode, "decode passes", d["decode_s"],
-                  p["decode_s"]),
-                 (d["prefill_s"] - p["prefill_s"], mode, "prefill passes", d["prefill_s"],
-                  p["prefill_s"]),
-                 (d["other_s"], mode, "host work between passes (scheduling, sampling, moving "
-                  "rows), which C does not price", d["other_s"], 0.0)]
-    gap, mode, what, got, priced = max(gaps, key=lambda g: abs(g[0]))
-    return (text + f": outside {tolerance:.0%}; the largest gap is {mode}'s {what}: "
-            f"{got:.2f} s measured, {priced:.2f} s priced")
+    verdict = {"measured": measured, "predicted": predicted, "off": off, "tolerance": tolerance,
+               "within": abs(off) <= tolerance}
+    if not verdict["within"]:
+        gaps = []
+        for mode in ("static", "continuous"):
+            d, p = D[mode], D[mode]["predicted"]
+            gaps += [(d["decode_s"], p["decode_s"], mode, "decode"),
+                     (d["prefill_s"], p["prefill_s"], mode, "prefill"),
+                     (d["other_s"], 0.0, mode, "host")]
+        got, priced, mode, part = max(gaps, key=lambda g: abs(g[0] - g[1]))
+        verdict.update(mode=mode, part=part, measured_s=got, priced_s=priced)
+    return verdict
 
 
 # -----------------------------------------------------------------------------
 # reporting: banner, tables, results.json
+# Every line printed comes from TEXT, one table of strings per language; a description stored
+# in results.json as a dict with a "kind" names its template there (see describe).
 
-HEADERS = {
-    "en": {"batch": "batch", "step_ms": "step ms (= wait)", "tokens_per_s": "tokens/s",
-           "throughput_vs_1": "throughput vs 1", "wait_vs_1": "wait vs 1",
-           "row": "one step", "mode": "mode", "gbs": "GB/s", "mbu": "MBU",
-           "mfu": "MFU", "bound": "bound",
-           "A_contexts": "A  where the KV cache takes over: decode step ms ({mode})",
-           "us_per_token": "µs / token", "tflops": "TFLOP/s",
-           "intensity": "FLOP/byte", "policy": "policy", "steps": "total steps",
-           "occupancy": "slot occupancy", "speedup": "speedup",
-           "prefill": "prefill ({tokens} tokens)", "decode": "decode (batch {batch})",
-           "static": "static batching", "continuous": "continuous batching",
-           "chunked": "chunked prefill",
-           "A": "A  decode batch sweep (context {context} tokens)",
-           "B": "B  prefill vs decode", "C": "C  static vs continuous batching "
-                                              "({requests} requests, {slots} slots)"},
-    "ko": {"batch": "배치 크기", "step_ms": "한 스텝 ms (= 대기)", "tokens_per_s": "처리량 (토큰/초)",
-           "throughput_vs_1": "처리량 배율", "wait_vs_1": "대기 배율",
-           "row": "한 스텝", "mode": "방식", "gbs": "GB/s", "mbu": "MBU",
-           "mfu": "MFU", "bound": "병목",
-           "A_contexts": "A  KV 캐시가 주도하는 지점: 디코드 한 스텝 ms ({mode})",
-           "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
-           "intensity": "산술 강도", "policy": "방식", "steps": "총 스텝",
-           "occupancy": "슬롯 점유율", "speedup": "속도 향상",
-           "prefill": "프리필 (질문 {tokens}토큰)", "decode": "디코드 (묶음 {batch})",
-           "static": "정적 배칭", "continuous": "연속 배칭",
-           "chunked": "분할 프리필",
-           "A": "A  디코드 배치 크기 (문맥 {context}토큰)",
-           "B": "B  프리필 대 디코드", "C": "C  정적 대 연속 배칭 (요청 {requests}개, 슬롯 {slots}개)"},
+TEXT = {
+    "en": {
+        # banner
+        "command": "command: {command}", "device": "device: {device}",
+        "cuda": ", CUDA {cuda}", "threads": ", {threads} torch threads",
+        "model": "model: {layers} layers, hidden {hidden}, {heads} heads, vocab {vocab}, "
+                 "{dtype}: {params:,.1f} M parameters, {gib:.2f} GiB",
+        "model_post": "model: the post's proxy, {layers} square {hidden} x {hidden} {dtype} "
+                      "matmuls per token (no attention, KV cache, norms, embeddings or LM "
+                      "head): {params:,.1f} M parameters, {gib:.2f} GiB",
+        "preset": "CPU preset (fp16 matmul is ~1000x slower than bf16 on CPU): {fields}",
+        "ceilings": "ceilings: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
+                    "({matmul_source}); ridge {ridge:.0f} FLOP/byte",
+        "cpu_graphs": "  (CPU: eager only; CUDA graphs need CUDA)",
+        "given": "given", "measured_copy": "measured: copy of {gib:.2f} GiB",
+        "measured_matmul": "measured: {n}x{n}x{n} {dtype} matmul",
+        "does_not_fit": "does not fit: needs {needed_gib:.2f} GiB, {free_gib:.2f} GiB free",
+        # A and B
+        "A": "A  decode batch sweep (context {context} tokens)",
+        "A_post": "A  decode batch sweep (the post's proxy: no KV cache)",
+        "A_contexts": "A  where the KV cache takes over: decode step ms ({mode})",
+        "ctx_ms": "ctx {context}: ms",
+        "crossover": "KV-cache reads exceed weight reads from batch {batches}",
+        "crossover_at": "{batch} at context {context}",
+        "B": "B  prefill vs decode", "row": "one step",
+        "prefill": "prefill ({tokens} tokens)", "decode": "decode (batch {batch})",
+        "mode": "mode", "batch": "batch", "step_ms": "step ms (= wait)", "tokens_per_s": "tokens/s",
+        "throughput_vs_1": "throughput vs 1", "wait_vs_1": "wait vs 1",
+        "us_per_token": "µs / token", "tflops": "TFLOP/s", "intensity": "FLOP/byte",
+        "gbs": "GB/s", "mbu": "MBU", "mfu": "MFU", "bound": "bound",
+        "eager": "eager", "graph": "graph", "memory": "memory", "compute": "compute",
+        "chain": "bare F.linear chain over the same {mb:,.0f} MB of weights ({mode}, batch 1): "
+                 "{ms:.3f} ms, {gbs:.1f} GB/s",
+        "chain_decode": "; decode at batch 1 moves {gbs:.1f} GB/s = {share:.0%} of it",
+        # C: the post's table
+        "C": "C  static vs continuous batching ({requests} requests, {slots} slots)",
+        "policy": "policy", "steps": "total steps", "occupancy": "slot occupancy",
+        "static": "static batching", "continuous": "continuous batching",
+        "chunked": "chunked prefill", "speedup": "speedup",
+        "lengths": "{speedup}: {value:.2f}x   (lengths: median {median:.0f}, mean {mean:.1f}, "
+                   "max {max:,})",
+        "spread": "over {seeds} seeds of the same law, p50 (p10-p90): static {static}, "
+                  "continuous {continuous}, speedup {speedup}",
+        "times": "x",
+        # C in seconds
+        "C_seconds": "C  in seconds: {requests:,} requests ({source}), {slots} slots, "
+                     "arrivals {arrivals}",
+        "step_costs": "   step costs: {pricing}",
+        "source_law": "the post's law: floor(e^N({mu:g}, {sigma:g}^2)) <= {max:,}, seed {seed}",
+        "source_file": "{path}", "source_trace": "trace {name}",
+        "arrivals_zero": "all at t=0", "arrivals_trace": "the trace's timestamps",
+        "arrivals_poisson": "Poisson at {rate:g} requests/s",
+        "arrivals_gamma": "gamma gaps, burstiness {burstiness:g}, at {rate:g} requests/s",
+        "pricing_analytic": "analytic roofline ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} "
+                            "TFLOP/s, {layers}x{hidden} {dtype})",
+        "pricing_measured": "measured on {device} ({mode})",
+        "pricing_engine": "measured for D on {device} (means)",
+        "seconds": "seconds", "req_s": "req/s", "goodput": "goodput req/s",
+        "ttft_p50": "TTFT p50 ms", "ttft_p99": "TTFT p99 ms", "tpot_p50": "TPOT p50 ms",
+        "tpot_p99": "TPOT p99 ms", "e2e_p50": "E2E p50 ms", "e2e_p99": "E2E p99 ms",
+        "simulations": "{runs} simulations (these, the KV study's and the rate sweep's): "
+                       "{iterations:,} loop iterations in {seconds:,.2f} s ({rate:,.0f} per "
+                       "second), {wall:,.2f} s of wall time on {jobs} worker processes",
+        # C: the KV cache
+        "kv": "C  KV cache: {gb:,.2f} GB ({memory_source}) = {tokens:,} tokens of {bytes:,} "
+              "bytes; reserve: prompt + {max_output:,} output tokens each; paged: blocks of "
+              "{block}{admission}",
+        "admit_watermark": ", admitted when the prompt's blocks fit and {share:.0%} stay free",
+        "admit_naive": ", admitted when the first step's blocks fit",
+        "memory_flag": "--kv-memory-gb", "memory_cpu": "the CPU default",
+        "memory_cuda": "{fraction:g} x {total_gib:.2f} GiB of {device} less {weights_gib:.2f} "
+                       "GiB of weights",
+        "memory_reference": "the post's RTX 5080: {fraction:g} x {total_gb:g} GB less "
+                            "{weights_gib:.2f} GiB of weights",
+        "allocation": "allocation", "reserve": "reserve", "paged": "paged",
+        "concurrency": "requests peak / mean", "kv_used": "KV used", "never_used": "never used",
+        "max_allocated": "max allocated", "preempted": "preempted", "recomputed": "recomputed",
+        "check_shape": "{rows:,} rows x {tokens:,} tokens = {gb:.2f} GB",
+        "check": "on {device}: allocated the budget's KV cache as {shape} and ran a decode step "
+                 "of the peak's {batch} requests at their contexts (max {max_context:,}"
+                 "{clamped}): {ms:.1f} ms",
+        "check_clamped": ", {n} clamped to the row",
+        "check_skipped": "on {device}: the budget's KV cache ({shape}) {reason}",
+        # D
+        "D": "D  a real engine on the model: {requests} requests (median output {median:.0f}, "
+             "max {max:,}), prompts of {prompt} tokens, {slots} slots, greedy",
+        "D_predicted": "   predicted: C's simulation of the same requests, priced with step "
+                       "costs {pricing}",
+        "wall_s": "wall s", "predicted_s": "predicted s",
+        "prefill_s": "prefill s (meas / pred)", "decode_s": "decode s (meas / pred)",
+        "between_s": "between passes s",
+        "attention_calls": "attention calls per layer per decode step: static {static:.1f}, "
+                           "continuous {continuous:.1f} (the step costs were timed with one)",
+        "verdict": "{speedup}: measured {measured:.2f}x, predicted {predicted:.2f}x ({off:+.0%})",
+        "verdict_within": ": within {tolerance:.0%}",
+        "verdict_outside": ": outside {tolerance:.0%}; the largest gap is {mode}'s {part}: "
+                           "{measured_s:.2f} s measured, {priced_s:.2f} s priced",
+        "part_decode": "decode passes", "part_prefill": "prefill passes",
+        "part_host": "host work between passes (scheduling, sampling, moving rows), which C "
+                     "does not price",
+        # the end
+        "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
+        "interrupted": "interrupted: the tables above are the experiments that finished",
+    },
+    "ko": {
+        "command": "명령: {command}", "device": "장치: {device}",
+        "cuda": ", CUDA {cuda}", "threads": ", torch 스레드 {threads}개",
+        "model": "모델: {layers}층, 은닉 {hidden}, 헤드 {heads}개, 어휘 {vocab}, {dtype}: 매개변수 "
+                 "{params:,.1f} M개, {gib:.2f} GiB",
+        "model_post": "모델: 글의 대용 모델, 토큰마다 {hidden} x {hidden} 정사각 {dtype} 행렬곱 "
+                      "{layers}개 (어텐션, KV 캐시, 정규화, 임베딩, LM 헤드 없음): 매개변수 "
+                      "{params:,.1f} M개, {gib:.2f} GiB",
+        "preset": "CPU 설정 (CPU에서는 fp16 행렬곱이 bf16보다 약 1000배 느리다): {fields}",
+        "ceilings": "한계: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
+                    "({matmul_source}); 능선 {ridge:.0f} FLOP/byte",
+        "cpu_graphs": "  (CPU: 즉시 실행만; CUDA 그래프는 CUDA에서만)",
+        "given": "지정한 값", "measured_copy": "실측: {gib:.2f} GiB 복사",
+        "measured_matmul": "실측: {n}x{n}x{n} {dtype} 행렬곱",
+        "does_not_fit": "메모리 부족: {needed_gib:.2f} GiB 필요, {free_gib:.2f} GiB 남음",
+        "A": "A  디코드 배치 크기 (문맥 {context}토큰)",
+        "A_post": "A  디코드 배치 크기 (글의 대용 모델: KV 캐시 없음)",
+        "A_contexts": "A  KV 캐시가 주도하는 지점: 디코드 한 스텝 ms ({mode})",
+        "ctx_ms": "문맥 {context}: ms",
+        "crossover": "KV 캐시 읽기가 가중치 읽기를 넘어서는 배치: {batches}",
+        "crossover_at": "문맥 {context}에서 {batch}부터",
+        "B": "B  프리필 대 디코드", "row": "한 스텝",
+        "prefill": "프리필 (질문 {tokens}토큰)", "decode": "디코드 (묶음 {batch})",
+        "mode": "방식", "batch": "배치 크기", "step_ms": "한 스텝 ms (= 대기)",
+        "tokens_per_s": "처리량 (토큰/초)", "throughput_vs_1": "처리량 배율",
+        "wait_vs_1": "대기 배율", "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
+        "intensity": "산술 강도", "gbs": "GB/s", "mbu": "MBU", "mfu": "MFU", "bound": "병목",
+        "eager": "즉시 실행", "graph": "CUDA 그래프", "memory": "메모리", "compute": "계산",
+        "chain": "같은 가중치 {mb:,.0f} MB를 읽는 맨 F.linear 연쇄 ({mode}, 배치 1): "
+                 "{ms:.3f} ms, {gbs:.1f} GB/s",
+        "chain_decode": "; 배치 1 디코드는 {gbs:.1f} GB/s로 그 {share:.0%}",
+        "C": "C  정적 대 연속 배칭 (요청 {requests}개, 슬롯 {slots}개)",
+        "policy": "방식", "steps": "총 스텝", "occupancy": "슬롯 점유율",
+        "static": "정적 배칭", "continuous": "연속 배칭", "chunked": "분할 프리필",
+        "speedup": "속도 향상",
+        "lengths": "{speedup}: {value:.2f}배   (생성 길이: 중앙값 {median:.0f}, 평균 {mean:.1f}, "
+                   "최대 {max:,})",
+        "spread": "같은 분포에서 시드 {seeds}개로 뽑으면 p50 (p10-p90): 정적 {static}, "
+                  "연속 {continuous}, 속도 향상 {speedup}",
+        "times": "배",
+        "C_seconds": "C  초 단위: 요청 {requests:,}개 ({source}), 슬롯 {slots}개, "
+                     "도착: {arrivals}",
+        "step_costs": "   스텝 비용: {pricing}",
+        "source_law": "글의 분포: floor(e^N({mu:g}, {sigma:g}^2)) <= {max:,}, 시드 {seed}",
+        "source_file": "{path}", "source_trace": "트레이스 {name}",
+        "arrivals_zero": "모두 t=0에", "arrivals_trace": "트레이스의 시각대로",
+        "arrivals_poisson": "초당 {rate:g}개, 포아송",
+        "arrivals_gamma": "초당 {rate:g}개, 감마 간격 (몰림 정도 {burstiness:g})",
+        "pricing_analytic": "분석적 루프라인 ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} TFLOP/s, "
+                            "{layers}x{hidden} {dtype})",
+        "pricing_measured": "{device}에서 실측 ({mode})",
+        "pricing_engine": "D를 위해 {device}에서 실측 (평균)",
+        "seconds": "초", "req_s": "요청/초", "goodput": "유효 처리량 요청/초",
+        "ttft_p50": "TTFT p50 ms", "ttft_p99": "TTFT p99 ms", "tpot_p50": "TPOT p50 ms",
+        "tpot_p99": "TPOT p99 ms", "e2e_p50": "E2E p50 ms", "e2e_p99": "E2E p99 ms",
+        "simulations": "모의실험 {runs}번 (위의 것, KV 실험, 도착률 스윕): 루프 {iterations:,}번을 "
+                       "{seconds:,.2f}초에 (초당 {rate:,.0f}번), 작업 프로세스 {jobs}개로 "
+                       "실제 {wall:,.2f}초",
+        "kv": "C  KV 캐시: {gb:,.2f} GB ({memory_source}) = 토큰 {tokens:,}개 (토큰당 "
+              "{bytes:,}바이트); 예약: 요청마다 질문 + 출력 {max_output:,}토큰; 페이지: "
+              "{block}토큰 블록{admission}",
+        "admit_watermark": ", 질문의 블록이 들어가고 {share:.0%}가 남을 때 받음",
+        "admit_naive": ", 첫 스텝의 블록이 들어가면 받음",
+        "memory_flag": "--kv-memory-gb", "memory_cpu": "CPU 기본값",
+        "memory_cuda": "{device}의 {total_gib:.2f} GiB x {fraction:g}에서 가중치 "
+                       "{weights_gib:.2f} GiB를 뺀 값",
+        "memory_reference": "글의 RTX 5080: {total_gb:g} GB x {fraction:g}에서 가중치 "
+                            "{weights_gib:.2f} GiB를 뺀 값",
+        "allocation": "할당", "reserve": "예약", "paged": "페이지",
+        "concurrency": "동시 요청 최대 / 평균", "kv_used": "KV 사용률", "never_used": "안 쓰인 몫",
+        "max_allocated": "최대 할당", "preempted": "선점", "recomputed": "재계산",
+        "check_shape": "{rows:,}행 x {tokens:,}토큰 = {gb:.2f} GB",
+        "check": "{device}에서: 예산만큼의 KV 캐시를 {shape}로 할당하고, 정점의 요청 {batch}개를 "
+                 "각자의 문맥에서 디코드 한 스텝 (최대 {max_context:,}{clamped}): {ms:.1f} ms",
+        "check_clamped": ", {n}개는 행 길이로 자름",
+        "check_skipped": "{device}에서: 예산만큼의 KV 캐시 ({shape}) {reason}",
+        "D": "D  모델 위의 실제 엔진: 요청 {requests}개 (출력 중앙값 {median:.0f}, 최대 {max:,}), "
+             "질문 {prompt}토큰, 슬롯 {slots}개, 그리디",
+        "D_predicted": "   예측: 같은 요청에 대한 C의 모의실험, 스텝 비용은 {pricing}",
+        "wall_s": "실측 초", "predicted_s": "예측 초",
+        "prefill_s": "프리필 초 (실측 / 예측)", "decode_s": "디코드 초 (실측 / 예측)",
+        "between_s": "패스 사이 초",
+        "attention_calls": "디코드 한 스텝의 층마다 어텐션 호출: 정적 {static:.1f}, "
+                           "연속 {continuous:.1f} (스텝 비용은 한 번으로 쟀다)",
+        "verdict": "{speedup}: 실측 {measured:.2f}배, 예측 {predicted:.2f}배 ({off:+.0%})",
+        "verdict_within": ": {tolerance:.0%} 안",
+        "verdict_outside": ": {tolerance:.0%} 밖; 가장 큰 차이는 {mode}의 {part}: "
+                           "실측 {measured_s:.2f}초, 예측 {priced_s:.2f}초",
+        "part_decode": "디코드 패스", "part_prefill": "프리필 패스",
+        "part_host": "패스 사이의 호스트 작업 (스케줄링, 샘플링, 행 옮기기; C는 값을 매기지 않는다)",
+        "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",
+        "interrupted": "중단됨: 위의 표는 끝난 실험들이다",
+    },
 }
 
 
-def cell(row, key, fmt):
+def describe(T, what):
+    """A description from results.json (a dict naming its template in "kind") in T's
+    language; a plain string as it is."""
+    if not isinstance(what, dict):
+        return str(what)
+    return T[what["kind"]].format(**{k: T[v] if k == "mode" else v for k, v in what.items()})
+
+
+def cell(T, row, key, fmt):
     if key == "step_ms" and "skipped" in row:
-        return row["skipped"]
+        return describe(T, row["skipped"])
+    if key in ("mode", "bound") and key in row:
+        return T[row[key]]
     return format(row[key], fmt) if key in row else ""
-
-
-def format_tables(results, lang="en"):
-    """The tables of every finished experiment, as one string."""
-    from tabulate import tabulate
-    H = HEADERS[lang]
-    out = []
-    if "A" in results:
-        A = results["A"]
-        cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
-                ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
-        table = [[cell(r, k, f) for k, f in cols] for r in A["rows"]
-                 if r["context"] == A["context"]]
-        out += [H["A"].format(**A), tabulate(table, [H[k] for k, _ in cols], stralign="right")]
-        if len(A["contexts"]) > 1:
-            out += [H["A_contexts"].format(mode=A["modes"][-1]), context_table(A, H)]
-    if "B" in results:
-        cols = [("mode", "s"), ("step_ms", ".3f"), ("us_per_token", ".1f"), ("tflops", ".2f"),
-                ("intensity", ".1f")] + ROOFLINE_COLUMNS
-        table = [[H[r["phase"]].format(**r)] + [cell(r, k, f) for k, f in cols]
-                 for r in results["B"]["rows"]]
-        out += [H["B"], tabulate(table, [H["row"]] + [H[k] for k, _ in cols],
-                                 stralign="right"), chain_text(results["B"])]
-    if "C" in results and "static" in results["C"]:
-        C = results["C"]
-        table = [[H[p], f"{C[p]['steps']:,}", f"{100 * C[p]['occupancy']:.1f}%"]
-                 for p in ("static", "continuous")]
-        out += [H["C"].format(**C), tabulate(table, [H["policy"], H["steps"], H["occupancy"]],
-                                             stralign="right"),
-                f"{H['speedup']}: {C['speedup']:.2f}x   (lengths: median "
-                f"{C['lengths']['median']:.0f}, mean {C['lengths']['mean']:.1f}, max "
-                f"{C['lengths']['max']:,})"]
-        if "seed_spread" in C:
-            s = C["seed_spread"]
-            out.append(f"over {s['seeds']} seeds of the same law, p50 (p10-p90): static "
-                       + spread_text(s["static_occupancy"], pct=True) + ", continuous "
-                       + spread_text(s["continuous_occupancy"], pct=True) + ", speedup "
-                       + spread_text(s["speedup"]))
-    if "C" in results:
-        out += [serving_table(results["C"], H)]
-        if "kv" in results["C"]:
-            out += [kv_table(results["C"]["kv"], H)]
-    if "D" in results:
-        out += [engine_table(results["D"], H)]
-    return "\n\n".join(out)
 
 
 ROOFLINE_COLUMNS = [("gbs", ",.1f"), ("mbu", ".0%"), ("mfu", ".1%"), ("bound", "s")]
 
 
-def context_table(A, H):
+def table(T, rows, headers):
+    from tabulate import tabulate
+    return tabulate(rows, [T[h] for h in headers], stralign="right", disable_numparse=True)
+
+
+def format_tables(results, lang="en"):
+    """The tables of every finished experiment, as one string."""
+    T = TEXT[lang]
+    out = []
+    if "A" in results:
+        A = results["A"]
+        cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
+                ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
+        rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]
+                if r["context"] == A["context"]]
+        post = results["config"]["model"].get("arch") == "post"
+        out += [T["A_post" if post else "A"].format(**A), table(T, rows, [k for k, _ in cols])]
+        if len(A["contexts"]) > 1:
+            out += [T["A_contexts"].format(mode=T[A["modes"][-1]]), context_table(T, A)]
+    if "B" in results:
+        cols = [("mode", "s"), ("step_ms", ".3f"), ("us_per_token", ".1f"), ("tflops", ".2f"),
+                ("intensity", ".1f")] + ROOFLINE_COLUMNS
+        rows = [[T[r["phase"]].format(**r)] + [cell(T, r, k, f) for k, f in cols]
+                for r in results["B"]["rows"]]
+        out += [T["B"], table(T, rows, ["row"] + [k for k, _ in cols]),
+                chain_text(T, results["B"])]
+    if "C" in results and "static" in results["C"]:
+        out += [post_table_text(T, results["C"])]
+    if "C" in results:
+        out += [serving_table(T, results["C"])]
+        if "kv" in results["C"]:
+            out += [kv_table(T, results["C"]["kv"])]
+    if "D" in results:
+        out += [engine_table(T, results["D"])]
+    return "\n\n".join(out)
+
+
+def context_table(T, A):
     """Decode step ms by batch (rows) and context (columns), in the fastest mode measured."""
     from tabulate import tabulate
     mode = A["modes"][-1]
     by_key = {(r["batch"], r["context"]): r for r in A["rows"] if r["mode"] == mode}
     batches = sorted({r["batch"] for r in A["rows"]})
-    table = [[b] + [cell(by_key[b, c], "step_ms", ".3f") for c in A["contexts"]]
-             for b in batches]
-    crossover = ", ".join(f"{b} at context {c}" for c, b in A["kv_crossover_batch"].items())
-    return (tabulate(table, [H["batch"]] + [f"ctx {c}: ms" for c in A["contexts"]],
+    rows = [[b] + [cell(T, by_key[b, c], "step_ms", ".3f") for c in A["contexts"]]
+            for b in batches]
+    crossover = ", ".join(T["crossover_at"].format(batch=b, context=c)
+                          for c, b in A["kv_crossover_batch"].items())
+    return (tabulate(rows, [T["batch"]] + [T["ctx_ms"].format(context=c) for c in A["contexts"]],
                      stralign="right")
-            + f"\nKV-cache reads exceed weight reads from batch {crossover}")
+            + "\n" + T["crossover"].format(batches=crossover))
 
 
-def chain_text(B):
+def chain_text(T, B):
     """How close decode at batch 1 comes to a bare chain of its own matmuls."""
     lines = []
     for chain in B["linear_chain"]:
         decode = next((r for r in measured(B["rows"]) if r["phase"] == "decode"
                        and r["batch"] == 1 and r["mode"] == chain["mode"]), None)
-        text = (f"bare F.linear chain over the same {chain['bytes'] / 1e6:,.0f} MB of weights "
-                f"({chain['mode']}, batch 1): {chain['step_ms']:.3f} ms, {chain['gbs']:.1f} GB/s")
+        text = T["chain"].format(mb=chain["bytes"] / 1e6, mode=T[chain["mode"]],
+                                 ms=chain["step_ms"], gbs=chain["gbs"])
         if decode:
-            text += (f"; decode at batch 1 moves {decode['gbs']:.1f} GB/s = "
-                     f"{decode['gbs'] / chain['gbs']:.0%} of it")
+            text += T["chain_decode"].format(gbs=decode["gbs"], share=decode["gbs"] / chain["gbs"])
         lines.append(text)
     return "\n".join(lines)
 
 
-def ceilings_line(ceilings, run):
-    note = "" if run.device == "cuda" else "  (CPU: eager only; CUDA graphs need CUDA)"
-    return (f"ceilings: {ceilings['bandwidth_gbs']:,.1f} GB/s ({ceilings['bandwidth_source']}), "
-            f"{ceilings['matmul_tflops']:.2f} TFLOP/s ({ceilings['matmul_source']}); ridge "
-            f"{ceilings['ridge_flop_per_byte']:.0f} FLOP/byte{note}")
+def ceilings_line(T, ceilings, device_type):
+    return T["ceilings"].format(
+        bandwidth=ceilings["bandwidth_gbs"], tflops=ceilings["matmul_tflops"],
+        bandwidth_source=describe(T, ceilings["bandwidth_source"]),
+        matmul_source=describe(T, ceilings["matmul_source"]),
+        ridge=ceilings["ridge_flop_per_byte"]) + ("" if device_type == "cuda" else T["cpu_graphs"])
 
 
-def serving_table(C, H):
-    """C in seconds: each scheduler's throughput and latency percentiles."""
-    from tabulate import tabulate
-
-    def ms(d, key):
-        return f"{1e3 * d[key]:,.1f}" if d[key] is not None else "-"
-    table = []
-    for name, m in C["schedulers"].items():
-        table.append([H.get(name, name), f"{m['steps']:,}", f"{m['makespan_s']:,.2f}",
-                      f"{m['throughput_rps']:,.2f}", f"{m['output_tokens_per_s']:,.0f}",
-                      f"{100 * m['occupancy']:.1f}%"]
-                     + [ms(m[k], p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p99")]
-                     + ([f"{m['goodput_rps']:,.2f}"] if "goodput_rps" in m else []))
-    headers = [H["policy"], H["steps"], "seconds", "req/s", "tokens/s", H["occupancy"],
-               "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "E2E p50 ms",
-               "E2E p99 ms"] + (["goodput req/s"] if "goodput_rps" in m else [])
-    text = (f"C  in seconds: {C['requests']:,} requests ({C['source']}), {C['slots']} slots, "
-            f"arrivals {C['arrivals']}\n   step costs: {C['cost_model']['source']}\n"
-            + tabulate(table, headers, stralign="right", disable_numparse=True))
-    work = C.get("simulation")
-    if work:
-        text += (f"\n{work['runs']} simulations (these, the KV study's and the rate sweep's): "
-                 f"{work['iterations']:,} loop iterations in {work['simulation_s']:,.2f} s "
-                 f"({work['iterations'] / max(work['simulation_s'], 1e-9):,.0f} per second), "
-                 f"{work['wall_s']:,.2f} s of wall time on {work['jobs']} worker processes")
-    return text
-
-
-def kv_table(kv, H):
-    """C's KV-cache study: memory use, concurrency and latency of each policy and scheduler."""
-    from tabulate import tabulate
-    table = []
-    for policy in ("reserve", "paged"):
-        for name, m in kv.get(policy, {}).items():
-            table.append([policy, H.get(name, name), f"{m['throughput_rps']:,.2f}",
-                          f"{m['peak_concurrency']} / {m['mean_concurrency']:.1f}",
-                          f"{m['utilization']:.1%}", f"{m['fragmentation']:.1%}",
-                          f"{m['max_allocated_tokens']:,}", f"{m['preemptions']:,}",
-                          f"{m['recomputed_tokens']:,}", f"{1e3 * m['ttft_s']['p99']:,.0f}",
-                          f"{1e3 * m['e2e_s']['p99']:,.0f}"])
-    lines = [f"C  KV cache: {kv['memory_bytes'] / 1e9:,.2f} GB ({kv['memory_source']}) = "
-             f"{kv['budget_tokens']:,} tokens of {kv['bytes_per_token']:,} bytes; reserve: prompt "
-             f"+ {kv['max_output']:,} output tokens each; paged: blocks of {kv['block_tokens']}"
-             + (f", admitted when the prompt's blocks fit and {kv['watermark']:.0%} stay free"
-                if kv.get("watermark") else ", admitted when the first step's blocks fit"),
-             tabulate(table, ["allocation", H["policy"], "req/s", "requests peak / mean", "KV used",
-                              "never used", "max allocated", "preempted", "recomputed",
-                              "TTFT p99 ms", "E2E p99 ms"], stralign="right",
-                      disable_numparse=True)]
-    check = kv.get("device_check")
-    if check:
-        lines.append(f"on {check['device']}: {check['text']}")
+def post_table_text(T, C):
+    """The post's table: static vs continuous in steps, and how much one draw says."""
+    rows = [[T[p], f"{C[p]['steps']:,}", f"{100 * C[p]['occupancy']:.1f}%"]
+            for p in ("static", "continuous")]
+    lines = [T["C"].format(**C), table(T, rows, ["policy", "steps", "occupancy"]), "",
+             T["lengths"].format(speedup=T["speedup"], value=C["speedup"], **C["lengths"])]
+    if "seed_spread" in C:
+        s = C["seed_spread"]
+        lines += ["", T["spread"].format(
+            seeds=s["seeds"], static=spread_text(T, s["static_occupancy"], pct=True),
+            continuous=spread_text(T, s["continuous_occupancy"], pct=True),
+            speedup=spread_text(T, s["speedup"]))]
     return "\n".join(lines)
 
 
-def engine_table(D, H):
-    """D: the engine's measured wall time and its parts beside what C's simulation priced."""
-    from tabulate import tabulate
-    table = []
-    for policy in ("static", "continuous"):
-        d, p = D[policy], D[policy]["predicted"]
-        table.append([H[policy], f"{d['wall_s']:,.2f}", f"{p['wall_s']:,.2f}",
-                      f"{d['output_tokens_per_s']:,.0f}", f"{d['steps']:,}",
-                      f"{100 * d['occupancy']:.1f}%",
-                      f"{d['prefill_s']:,.2f} / {p['prefill_s']:,.2f}",
-                      f"{d['decode_s']:,.2f} / {p['decode_s']:,.2f}", f"{d['other_s']:,.2f}"])
-    lengths = D["lengths"]
-    return (f"D  a real engine on the model: {D['requests']} requests (median output "
-            f"{lengths['median']:.0f}, max {lengths['max']:,}), prompts of {D['prompt_tokens']} "
-            f"tokens, {D['slots']} slots, greedy\n   predicted: C's simulation of the same "
-            f"requests, priced with step costs {D['cost_model']['source']}\n"
-            + tabulate(table, [H["policy"], "wall s", "predicted s", "tokens/s", H["steps"],
-                               H["occupancy"], "prefill s (meas / pred)",
-                               "decode s (meas / pred)", "between passes s"], stralign="right",
-                               disable_numparse=True)
-            + f"\nattention calls per layer per decode step: static "
-            f"{D['static']['attention_calls_per_decode']:.1f}, continuous "
-            f"{D['continuous']['attention_calls_per_decode']:.1f} (the step costs were timed "
-            f"with one)\n{H['speedup']}: {D['verdict']}")
-
-
-def spread_text(s, pct=False):
+def spread_text(T, s, pct=False):
     if pct:
         return f"{100 * s['p50']:.1f}% ({100 * s['p10']:.1f}-{100 * s['p90']:.1f}%)"
-    return f"{s['p50']:.2f}x ({s['p10']:.2f}-{s['p90']:.2f}x)"
+    return f"{s['p50']:.2f}{T['times']} ({s['p10']:.2f}-{s['p90']:.2f}{T['times']})"
+
+
+def serving_table(T, C):
+    """C in seconds: each scheduler's throughput and latency percentiles."""
+    def ms(d, key):
+        return f"{1e3 * d[key]:,.1f}" if d[key] is not None else "-"
+    rows = []
+    for name, m in C["schedulers"].items():
+        rows.append([T[name], f"{m['steps']:,}", f"{m['makespan_s']:,.2f}",
+                     f"{m['throughput_rps']:,.2f}", f"{m['output_tokens_per_s']:,.0f}",
+                     f"{100 * m['occupancy']:.1f}%"]
+                    + [ms(m[k], p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p99")]
+                    + ([f"{m['goodput_rps']:,.2f}"] if "goodput_rps" in m else []))
+    headers = ["policy", "steps", "seconds", "req_s", "tokens_per_s", "occupancy", "ttft_p50",
+               "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99"] + (
+                   ["goodput"] if "goodput_rps" in m else [])
+    lines = [T["C_seconds"].format(requests=C["requests"], source=describe(T, C["source"]),
+                                   slots=C["slots"], arrivals=describe(T, C["arrivals"])),
+             T["step_costs"].format(pricing=describe(T, C["cost_model"]["source"])),
+             table(T, rows, headers)]
+    work = C.get("simulation")
+    if work:
+        lines.append(T["simulations"].format(
+            runs=work["runs"], iterations=work["iterations"], seconds=work["simulation_s"],
+            rate=work["iterations"] / max(work["simulation_s"], 1e-9), wall=work["wall_s"],
+            jobs=work["jobs"]))
+    return "\n".join(lines)
+
+
+def kv_table(T, kv):
+    """C's KV-cache study: memory use, concurrency and latency of each policy and scheduler."""
+    rows = []
+    for policy in ("reserve", "paged"):
+        for name, m in kv.get(policy, {}).items():
+            rows.append([T[policy], T[name], f"{m['throughput_rps']:,.2f}",
+                         f"{m['peak_concurrency']} / {m['mean_concurrency']:.1f}",
+                         f"{m['utilization']:.1%}", f"{m['fragmentation']:.1%}",
+                         f"{m['max_allocated_tokens']:,}", f"{m['preemptions']:,}",
+                         f"{m['recomputed_tokens']:,}", f"{1e3 * m['ttft_s']['p99']:,.0f}",
+                         f"{1e3 * m['e2e_s']['p99']:,.0f}"])
+    admission = (T["admit_watermark"].format(share=kv["watermark"]) if kv.get("watermark")
+                 else T["admit_naive"])
+    lines = [T["kv"].format(gb=kv["memory_bytes"] / 1e9,
+                            memory_source=describe(T, kv["memory_source"]),
+                            tokens=kv["budget_tokens"], bytes=kv["bytes_per_token"],
+                            max_output=kv["max_output"], block=kv["block_tokens"],
+                            admission=admission),
+             table(T, rows, ["allocation", "policy", "req_s", "concurrency", "kv_used",
+                             "never_used", "max_allocated", "preempted", "recomputed",
+                             "ttft_p99", "e2e_p99"])]
+    if kv.get("device_check"):
+        lines.append(device_check_text(T, kv["device_check"]))
+    return "\n".join(lines)
+
+
+def device_check_text(T, check):
+    shape = T["check_shape"].format(rows=check["rows"], tokens=check["row_tokens"],
+                                    gb=check["bytes"] / 1e9)
+    if "skipped" in check:
+        return T["check_skipped"].format(device=check["device"], shape=shape,
+                                         reason=describe(T, check["skipped"]))
+    clamped = T["check_clamped"].format(n=check["clamped_rows"]) if check["clamped_rows"] else ""
+    return T["check"].format(device=check["device"], shape=shape, batch=check["batch"],
+                             max_context=check["max_context"], clamped=clamped,
+                             ms=check["step_ms"])
+
+
+def engine_table(T, D):
+    """D: the engine's measured wall time and its parts beside what C's simulation priced."""
+    rows = []
+    for policy in ("static", "continuous"):
+        d, p = D[policy], D[policy]["predicted"]
+        rows.append([T[policy], f"{d['wall_s']:,.2f}", f"{p['wall_s']:,.2f}",
+                     f"{d['output_tokens_per_s']:,.0f}", f"{d['steps']:,}",
+                     f"{100 * d['occupancy']:.1f}%",
+                     f"{d['prefill_s']:,.2f} / {p['prefill_s']:,.2f}",
+                     f"{d['decode_s']:,.2f} / {p['decode_s']:,.2f}", f"{d['other_s']:,.2f}"])
+    return "\n".join([
+        T["D"].format(requests=D["requests"], prompt=D["prompt_tokens"], slots=D["slots"],
+                      **D["lengths"]),
+        T["D_predicted"].format(pricing=describe(T, D["cost_model"]["source"])),
+        table(T, rows, ["policy", "wall_s", "predicted_s", "tokens_per_s", "steps", "occupancy",
+                        "prefill_s", "decode_s", "between_s"]),
+        T["attention_calls"].format(static=D["static"]["attention_calls_per_decode"],
+                                    continuous=D["continuous"]["attention_calls_per_decode"]),
+        verdict_text(T, D["verdict"])])
+
+
+def verdict_text(T, v):
+    text = T["verdict"].format(speedup=T["speedup"], **v)
+    if v["within"]:
+        return text + T["verdict_within"].format(**v)
+    return text + T["verdict_outside"].format(
+        tolerance=v["tolerance"], mode=T[v["mode"]], part=T["part_" + v["part"]],
+        measured_s=v["measured_s"], priced_s=v["priced_s"])
 
 
 def environment(run, device, argv):
@@ -2281,24 +2491,17 @@ def environment(run, device, argv):
     return env
 
 
-def banner(results):
+def banner(results, T):
     env, cfg = results["environment"], results["config"]["model"]
-    lines = [f"NN_40_serving  {env['date']}", f"command: {env['command']}",
+    lines = [f"NN_40_serving  {env['date']}", T["command"].format(**env),
              f"python {env['python']}, torch {env['torch']}, numpy {env['numpy']}"]
     if "device" in env:
-        lines.append(f"device: {env['device']}" + (f", CUDA {env['cuda']}" if env["cuda"] else
-                                                   f", {env['threads']} torch threads"))
-        if cfg.get("arch") == "post":
-            lines.append(f"model: the post's proxy, {cfg['layers']} square {cfg['hidden']} x "
-                         f"{cfg['hidden']} {cfg['dtype']} matmuls per token (no attention, KV "
-                         f"cache, norms, embeddings or LM head): {cfg['params'] / 1e6:,.1f} M "
-                         f"parameters, {gib(cfg['weight_bytes'])}")
-        else:
-            lines.append(f"model: {cfg['layers']} layers, hidden {cfg['hidden']}, {cfg['heads']} "
-                         f"heads, vocab {cfg['vocab']}, {cfg['dtype']}: "
-                         f"{cfg['params'] / 1e6:,.1f} M parameters, {gib(cfg['weight_bytes'])}")
-        if results["config"].get("preset_note"):
-            lines.append(results["config"]["preset_note"])
+        lines.append(T["device"].format(**env) + (T["cuda"] if env["cuda"] else
+                                                  T["threads"]).format(**env))
+        lines.append(T["model_post" if cfg.get("arch") == "post" else "model"].format(
+            **{**cfg, "params": cfg["params"] / 1e6, "gib": cfg["weight_bytes"] / 2**30}))
+        if results["config"].get("preset"):
+            lines.append(T["preset"].format(fields=", ".join(results["config"]["preset"])))
     return "\n".join(lines)
 
 
@@ -2770,7 +2973,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def build_parser():
-    p = ArgumentParser(prog="NN_40_serving.py", description=__doc__.split("\n\n")[1],
+    p = ArgumentParser(prog="NN_40_serving.py",
+                       description="\n\n".join(__doc__.split("\n\n")[1:4]),  # with A-D
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiments", type=experiment_letters,
                    help="which experiments to run, e.g. AB or C (default: ABCD; AB with "
@@ -2866,7 +3070,9 @@ def build_parser():
     o.add_argument("--dpi", type=positive_int, default=100,
                    help="figure resolution: 100 = 800 px wide, one blog column; 200 for 2x")
     o.add_argument("--format", choices=["png", "svg"], default="png")
-    o.add_argument("--lang", default="en", help="table headers: en or ko")
+    o.add_argument("--lang", choices=list(TEXT), default="en",
+                   help="the language of what is printed: en, or ko (the post's Korean; the "
+                        "figures stay in English)")
     o.add_argument("--quick", action="store_true", help="shrink every experiment (smoke run)")
     return p
 
@@ -2880,8 +3086,6 @@ def parse_args(argv):
                          "only A and B run on it; run C and D without --arch post")
     args.experiments = args.experiments or ("AB" if args.arch == "post" else EXPERIMENTS)
     device = resolve_device(args.device) if set("ABD") & set(args.experiments) else None
-    if args.lang not in HEADERS:
-        raise UsageError(f"--lang {args.lang!r}: choose from {', '.join(HEADERS)}")
     fields = {f: getattr(args, f) for f in ("layers", "hidden", "heads", "vocab",
                                             "max_positions", "dtype")}
     on_cpu = device is not None and device.type == "cpu"
@@ -2889,9 +3093,8 @@ def parse_args(argv):
         fields["layers"] = 2
     model = dataclasses.replace(CPU_PRESET if on_cpu else ModelConfig(), arch=args.arch,
                                 **{f: v for f, v in fields.items() if v is not None})
-    preset = [f"{f}={getattr(CPU_PRESET, f)}" for f, v in fields.items() if v is None]
-    note = ("CPU preset (fp16 matmul is ~1000x slower than bf16 on CPU): " + ", ".join(preset)
-            if on_cpu and preset else "")
+    preset = tuple(f"{f}={getattr(CPU_PRESET, f)}" for f, v in fields.items()
+                   if v is None and on_cpu)
     if model.hidden % model.heads:
         raise UsageError(f"--hidden {model.hidden} is not divisible by --heads {model.heads}")
     cuda = device is not None and device.type == "cuda"
@@ -2921,7 +3124,7 @@ def parse_args(argv):
                warmup=args.warmup, reps=args.reps,
                out=args.out, figures=not args.no_figures, dpi=args.dpi, format=args.format,
                lang=args.lang, quick=args.quick,
-               preset_note=note)
+               preset=preset)
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
     longest = max(max(run["contexts"]) + 1, max(run["prefill_lengths"]))
@@ -3012,7 +3215,8 @@ def _main(argv):
                "config": {"model": {**dataclasses.asdict(cfg), "params": param_count(cfg),
                                     "weight_bytes": param_count(cfg) * cfg.dtype_bytes},
                           **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
-    print(banner(results), flush=True)
+    T = TEXT[run.lang]
+    print(banner(results, T), flush=True)
     interrupted = False
     try:
         with torch.inference_mode():
@@ -3021,7 +3225,7 @@ def _main(argv):
             if set("AB") & set(run.experiments):
                 ceilings = measure_ceilings(run, device, log)
                 results["environment"]["ceilings"] = ceilings
-                print(ceilings_line(ceilings, run), flush=True)
+                print(ceilings_line(T, ceilings, run.device), flush=True)
                 if "A" in run.experiments:
                     results["A"] = run_decode_sweep(bench, ceilings, log)
                 if "B" in run.experiments:
@@ -3039,13 +3243,15 @@ def _main(argv):
         interrupted = True
         results["interrupted"] = True
     print("\n" + format_tables(results, run.lang) + "\n", flush=True)
-    write_atomic(os.path.join(run.out, "results.json"), to_json(results))
+    json_path = os.path.join(run.out, "results.json")
+    write_atomic(json_path, to_json(results))
     if run.figures and not interrupted:
         written, _ = draw_figures(results, run.out, run.dpi, run.format)
-        print(f"wrote {os.path.join(run.out, 'results.json')} and {', '.join(written)}")
+        print(T["wrote"].format(json=json_path, figures=", ".join(written)))
+    else:
+        print(T["wrote_json"].format(json=json_path))
     if interrupted:
-        print("interrupted: the tables above are the experiments that finished",
-              file=sys.stderr)
+        print(T["interrupted"], file=sys.stderr)
         raise SystemExit(130)
     return results
 

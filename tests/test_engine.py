@@ -64,9 +64,11 @@ def test_verdict_names_the_cost_the_simulation_missed():
     D = {"static": mode(10.0, 0.1), "continuous": mode(5.0, 2.0)}
     D["speedup_measured"], D["speedup_predicted"] = 10.0 / 5.0, 9.9 / 3.0
     verdict = S.engine_verdict(D)
-    assert "outside 15%" in verdict and "continuous's host work between passes" in verdict
+    assert (verdict["mode"], verdict["part"]) == ("continuous", "host")
+    text = S.verdict_text(S.TEXT["en"], verdict)
+    assert "outside 15%" in text and "continuous batching's host work between passes" in text
     D["speedup_predicted"] = 2.1
-    assert S.engine_verdict(D).endswith("within 15%")
+    assert S.verdict_text(S.TEXT["en"], S.engine_verdict(D)).endswith("within 15%")
 
 
 def test_d_end_to_end(tiny_args, tmp_path, capsys):
