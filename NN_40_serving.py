@@ -176,8 +176,9 @@ def read_lengths_file(path):
             value = int(text)
         except ValueError:
             value = 0
-        if value <= 0:
-            raise UsageError(f"{path}:{lineno}: expected a positive integer, got {text!r}")
+        if not 0 < value <= COUNT_MAX:
+            raise UsageError(f"{path}:{lineno}: expected a positive integer up to "
+                             f"{COUNT_MAX:,}, got {text!r}")
         lengths.append(value)
     if not lengths:
         raise UsageError(f"{path}: no lengths in the file")
@@ -191,21 +192,32 @@ def read_lengths_file(path):
 # Continuous batching gives a slot freed after step t to the next waiting request at step t+1.
 
 
-def occupied_per_step(starts, lengths, steps):
-    """Occupied slots at each step 0..steps-1, from each request's first step and length."""
-    delta = np.bincount(starts, minlength=steps + 1) - np.bincount(starts + lengths,
-                                                                   minlength=steps + 1)
-    return np.cumsum(delta)[:steps]
+def occupied_per_step(starts, lengths, steps, max_points=None):
+    """Occupied slots at each step 0..steps-1, from each request's first step and length.
+    -> (values, steps per value): per step, or past max_points steps the mean over bins of
+    whole steps, computed at the bins' edges alone (no array as long as the run)."""
+    if max_points is None or steps <= max_points:
+        delta = np.bincount(starts, minlength=steps + 1) - np.bincount(starts + lengths,
+                                                                       minlength=steps + 1)
+        return np.cumsum(delta)[:steps], 1
+    per = -(-steps // max_points)
+    edges = np.append(np.arange(0, steps, per), steps)
+
+    def below(a):  # sum over i of min(edge, a_i), at every edge
+        a = np.sort(a)
+        k = np.searchsorted(a, edges)
+        return np.concatenate([[0], np.cumsum(a)])[k] + edges * (len(a) - k)
+    occupied = below(starts + lengths) - below(starts)  # slot-steps before each edge
+    return np.diff(occupied) / np.diff(edges), per
 
 
 def static_starts(lengths, slots):
     """First step of every request under static batching, and the makespan."""
-    n_groups = -(-len(lengths) // slots)
-    padded = np.zeros(n_groups * slots, dtype=np.int64)
-    padded[:len(lengths)] = lengths
-    group_steps = padded.reshape(n_groups, slots).max(axis=1)
+    firsts = np.arange(0, len(lengths), slots)  # the first request of each batch
+    group_steps = np.maximum.reduceat(lengths, firsts)
     group_start = np.concatenate([[0], np.cumsum(group_steps)[:-1]])
-    return np.repeat(group_start, slots)[:len(lengths)], int(group_steps.sum())
+    return np.repeat(group_start, np.diff(np.append(firsts, len(lengths)))), \
+        int(group_steps.sum())
 
 
 def continuous_starts(lengths, slots):
@@ -219,13 +231,14 @@ def continuous_starts(lengths, slots):
     return starts, max(free_at)
 
 
-def simulate_slots(lengths, slots, policy):
-    """Steps, occupancy and occupied slots per step of one policy ('static' or 'continuous')."""
+def simulate_slots(lengths, slots, policy, max_points=None):
+    """Steps, occupancy and occupied slots per step of one policy ('static' or 'continuous');
+    see occupied_per_step for max_points."""
     starts, steps = {"static": static_starts, "continuous": continuous_starts}[policy](lengths,
                                                                                      slots)
-    return {"steps": steps,
-            "occupancy": float(lengths.sum() / (steps * slots)),
-            "occupied": occupied_per_step(starts, lengths, steps)}
+    occupied, per = occupied_per_step(starts, lengths, steps, max_points)
+    return {"steps": steps, "occupancy": float(lengths.sum() / (steps * slots)),
+            "occupied": occupied, "occupied_bin_steps": per}
 
 
 # -----------------------------------------------------------------------------
@@ -286,9 +299,9 @@ def read_trace(path, limit=None):
         except (ValueError, IndexError):
             raise UsageError(f"{path}:{lineno}: expected token counts"
                              f"{' and a timestamp' if has_time else ''}, got {','.join(row)!r}")
-        if p < 0 or o <= 0:  # (an empty prompt still runs one token: the start token)
-            raise UsageError(f"{path}:{lineno}: token counts must be >= 0 (prompt) and > 0 "
-                             f"(output), got {p}, {o}")
+        if not (0 <= p <= COUNT_MAX and 0 < o <= COUNT_MAX):  # (an empty prompt still
+            raise UsageError(f"{path}:{lineno}: token counts must be 0 to {COUNT_MAX:,} "  # runs
+                             f"(prompt) and 1 to {COUNT_MAX:,} (output), got {p}, {o}")  # a token)
         if has_time and stamps and stamp < stamps[-1]:
             raise UsageError(f"{path}:{lineno}: timestamp earlier than the line before")
         prompt.append(p)
@@ -310,8 +323,19 @@ def arrival_times(n, rate, burstiness, rng):
     return np.cumsum(gaps) - gaps[0]
 
 
+MAX_SPAN_S = 1e9  # the arrivals' span: past it, float seconds lose a millisecond step's detail
+# C's memory per request, with room to spare: one simulation peaked at ~160 bytes a request
+# (1M requests), and the parent keeps three floats a request from each of nine simulations
+REQUEST_BYTES = 2048
+
+
 def make_requests(run):
     """The requests of C: lengths (log-normal law, lengths file or trace) and arrivals."""
+    if not (run.trace or run.lengths_file):
+        need, free = run.requests * REQUEST_BYTES, free_memory_bytes(torch.device("cpu"))
+        if need > 0.5 * free:
+            raise UsageError(f"--requests {run.requests:,}: C would need about {gib(need)} of "
+                             f"memory, and {gib(free)} is free")
     rng = np.random.default_rng(run.seed + 1)
     trace_times = None
     if run.trace:
@@ -321,6 +345,13 @@ def make_requests(run):
         output = request_lengths(run)
         prompt = np.full(len(output), run.prompt_len, dtype=np.int64)
         source = run.lengths_file or f"the post's law, seed {run.seed}"
+    rates = [("--rate", run.rate, len(output))] if isinstance(run.rate, float) else []
+    rates += [("--rates", rate, min(len(output), SWEEP_REQUESTS)) for rate in run.rates or ()]
+    for flag, rate, n in rates:
+        if n / rate > MAX_SPAN_S:
+            raise UsageError(f"{flag} {rate:g}: {n:,} requests at that rate arrive over "
+                             f"{n / rate:.3g} s, past the {MAX_SPAN_S:.0e} s C's clock keeps "
+                             "to the millisecond; raise the rate")
     if run.rate == "trace":
         if trace_times is None:
             raise UsageError("--rate trace: the trace has no timestamps")
@@ -335,10 +366,10 @@ class StepCosts:
     """Seconds of one forward pass: pass_s(tokens, kv_tokens) = f(tokens) + kv_s * kv_tokens.
 
     f is piecewise linear through measured (or modelled) knots of tokens per pass, extended
-    linearly beyond the last (flat if the last two knots fall); kv_s is the cost of reading one cached token's K and V: one
-    value, or interpolated by tokens per pass between values measured at several batches
-    (kv_by_batch: ((batch, seconds), ...)), since a small batch reads its cache less
-    efficiently on some devices.
+    linearly beyond the last (flat if the last two knots fall); kv_s is the cost of reading
+    one cached token's K and V: one value, or interpolated by tokens per pass between values
+    measured at several batches (kv_by_batch: ((batch, seconds), ...)), since a small batch
+    reads its cache less efficiently on some devices.
     """
     tokens: tuple
     seconds: tuple
@@ -346,7 +377,9 @@ class StepCosts:
     source: str
     kv_by_batch: tuple = ()
     # (f, kv_s) by tokens per pass: a simulation prices the same few shapes millions of times
-    _rates: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # (not an init field: dataclasses.replace must not carry one model's prices into another)
+    _rates: dict = dataclasses.field(default_factory=dict, init=False, compare=False,
+                                     repr=False)
 
     def rates(self, tokens):
         """(f(tokens) seconds, kv_s(tokens) seconds per cached token), memoized."""
@@ -1649,27 +1682,16 @@ def seed_spread(n, slots):
                                  for k, a, b, c in zip(keys, p10, p50, p90)}}
 
 
-def binned(occupied, max_points=20_000):
-    """Occupied slots per step for the JSON: as they are, or past max_points steps as means
-    over bins of whole steps. -> (values, steps per value)."""
-    if len(occupied) <= max_points:
-        return occupied.tolist(), 1
-    per = -(-len(occupied) // max_points)
-    starts = np.arange(0, len(occupied), per)
-    sums = np.add.reduceat(occupied, starts)
-    return (sums / np.diff(np.append(starts, len(occupied)))).tolist(), per
-
-
 def post_table(run, lengths):
     """The post's table: static vs continuous in decode steps, all requests at t=0."""
     result = {"requests": len(lengths), "slots": run.slots, "lengths": {
         "median": float(np.median(lengths)), "mean": float(lengths.mean()),
         "max": int(lengths.max()), "total": int(lengths.sum())}}
     for policy in ("static", "continuous"):
-        sim = simulate_slots(lengths, run.slots, policy)
-        occupied, per = binned(sim["occupied"])
+        sim = simulate_slots(lengths, run.slots, policy, max_points=20_000)
         result[policy] = {"steps": sim["steps"], "occupancy": sim["occupancy"],
-                          "occupied": occupied, "occupied_bin_steps": per}
+                          "occupied": sim["occupied"].tolist(),
+                          "occupied_bin_steps": sim["occupied_bin_steps"]}
     result["speedup"] = result["static"]["steps"] / result["continuous"]["steps"]
     return result
 
@@ -1967,6 +1989,10 @@ def run_engine(model, cache, prompts, output_lens, policy):
 def engine_lengths(run):
     """D's requests: the output lengths of C's law, fewer of them on CPU."""
     n = run.engine_requests or (ENGINE_REQUESTS_CPU if run.device == "cpu" else run.requests)
+    need, free = n * (run.prompt_len + 32) * 8, free_memory_bytes(torch.device("cpu"))
+    if need > 0.5 * free:  # its prompts, and a list of tokens for each
+        raise UsageError(f"D: {n:,} requests of {run.prompt_len:,} prompt tokens would need "
+                         f"about {gib(need)} of memory, and {gib(free)} is free")
     return lognormal_lengths(n, run.seed)
 
 
@@ -2016,8 +2042,9 @@ def run_serving_engine(bench, lengths, log):
         f"{per_token}")
     g = torch.Generator(device="cpu").manual_seed(run.seed + 3)
     prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
-    cache = new_kv_cache(cfg, run.slots, P + int(lengths.max()), device)
-    run_engine(bench.model, cache, prompts[:2], [2, 2], "continuous")  # warm the engine
+    cache = new_kv_cache(cfg, run.slots, P + max(int(lengths.max()), 2), device)
+    warm = min(2, n, run.slots)  # warm the engine: a prefill and a decode step
+    run_engine(bench.model, cache, prompts[:warm], [2] * warm, "continuous")
     req = Requests(np.zeros(n), np.full(n, P), lengths, "D")
     result = {"requests": n, "slots": run.slots, "prompt_tokens": P,
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
@@ -2588,9 +2615,9 @@ def plot_occupancy(results, path):
     C = results["C"]
     if "static" not in C:  # a trace run has no step-count table
         return False
-    panels = [(np.arange(len(C[p]["occupied"])), C[p]["occupied"], "post",
-               f"{p} batching: {C[p]['steps']:,} steps, {100 * C[p]['occupancy']:.1f}% occupancy")
-              for p in ("static", "continuous")]
+    panels = [(np.arange(len(C[p]["occupied"])) * C[p].get("occupied_bin_steps", 1),
+               C[p]["occupied"], "post", f"{p} batching: {C[p]['steps']:,} steps, "
+               f"{100 * C[p]['occupancy']:.1f}% occupancy") for p in ("static", "continuous")]
     plot_slot_panels(results, path, C["slots"], panels, "decode step",
                      f"{C['requests']} requests, {C['slots']} slots: continuous batching is "
                      f"{C['speedup']:.2f}x faster")
@@ -2895,35 +2922,61 @@ def draw_figures(results, out_dir, dpi=100, fmt="png"):
 # command line
 
 
-def int_list(text):
+COUNT_MAX = 10**9  # the largest count a flag takes: past any run here, far inside 64 bits
+
+
+def integer(low=1, high=COUNT_MAX):
+    """An argparse type: an integer in [low, high]."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            kind = "a positive integer" if low == 1 else f"an integer from {low:,}"
+            raise argparse.ArgumentTypeError(f"expected {kind} up to {high:,}, got {text!r}")
+        return value
+    parse.bounds = (low, high)
+    return parse
+
+
+def integers(text):
+    """An argparse type: comma-separated positive integers (each at most COUNT_MAX)."""
     try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got "
-                                         f"{text!r}")
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
+        return tuple(integer()(v) for v in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers up to "
+                                         f"{COUNT_MAX:,}, got {text!r}")
 
 
-def positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+integers.bounds = (1, COUNT_MAX)
 
 
-def positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+def number(low, high):
+    """An argparse type: a number in [low, high] (both positive: no zero, no inf, no nan)."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a number from {low:g} to {high:g}, got "
+                                             f"{text!r}")
+        return value
+    parse.bounds = (low, high)
+    return parse
+
+
+def numbers(low, high):
+    """An argparse type: comma-separated numbers in [low, high]."""
+    def parse(text):
+        try:
+            return tuple(number(low, high)(v) for v in text.split(","))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers from {low:g} to "
+                                             f"{high:g}, got {text!r}")
+    parse.bounds = (low, high)
+    return parse
 
 
 def fraction(text):
@@ -2936,26 +2989,14 @@ def fraction(text):
     return value
 
 
+fraction.bounds = (0.0, 0.99)
+
+
+RATES = (1e-6, 1e12)  # requests/s a flag takes (a run's arrivals must also span < MAX_SPAN_S)
+
+
 def rate_value(text):
-    return "trace" if text == "trace" else positive_float(text)
-
-
-def float_list(text):
-    try:
-        return tuple(positive_float(v) for v in text.split(","))
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers, got "
-                                         f"{text!r}")
-
-
-def nonnegative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+    return "trace" if text == "trace" else number(*RATES)(text)
 
 
 def experiment_letters(text):
@@ -2986,88 +3027,88 @@ def build_parser():
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     m = p.add_argument_group("model (on CPU, unset fields come from the CPU preset: 4 layers, "
                              "hidden 1024, 8 heads, vocab 8192, bfloat16)")
-    m.add_argument("--layers", type=positive_int, help="default 12")
-    m.add_argument("--hidden", type=positive_int, help="default 2048")
-    m.add_argument("--heads", type=positive_int, help="default 16")
-    m.add_argument("--vocab", type=positive_int, help="default 32000")
-    m.add_argument("--max-positions", type=positive_int, help="longest sequence (default 8192)")
+    m.add_argument("--layers", type=integer(), help="default 12")
+    m.add_argument("--hidden", type=integer(), help="default 2048")
+    m.add_argument("--heads", type=integer(), help="default 16")
+    m.add_argument("--vocab", type=integer(), help="default 32000")
+    m.add_argument("--max-positions", type=integer(), help="longest sequence (default 8192)")
     m.add_argument("--dtype", choices=list(DTYPES), help="default float16")
     a = p.add_argument_group("A and B")
-    a.add_argument("--batch-sizes", type=int_list, default=(1, 8, 32, 128, 256),
+    a.add_argument("--batch-sizes", type=integers, default=(1, 8, 32, 128, 256),
                    help="A: decode batch sizes (default 1,8,32,128,256)")
-    a.add_argument("--context", type=positive_int, default=128,
+    a.add_argument("--context", type=integer(), default=128,
                    help="tokens already in each row's KV cache at a decode step (default 128)")
-    a.add_argument("--contexts", type=int_list,
+    a.add_argument("--contexts", type=integers,
                    help="A: contexts to sweep (default: --context and 1024, 4096 on CUDA; "
                         "--context and 1024 on CPU)")
     a.add_argument("--graphs", choices=["on", "off", "both"],
                    help="decode steps replayed from CUDA graphs (on), eager (off) or both "
                         "side by side (default: both on CUDA, off on CPU)")
-    a.add_argument("--peak-bandwidth-gbs", type=positive_float,
+    a.add_argument("--peak-bandwidth-gbs", type=number(1e-3, 1e7),
                    help="use this memory bandwidth instead of measuring a copy")
-    a.add_argument("--peak-tflops", type=positive_float,
+    a.add_argument("--peak-tflops", type=number(1e-6, 1e7),
                    help="use this matmul throughput instead of measuring one")
-    a.add_argument("--prefill-lengths", type=int_list, default=(512, 2048),
+    a.add_argument("--prefill-lengths", type=integers, default=(512, 2048),
                    help="B: prompt lengths (default 512,2048)")
-    a.add_argument("--decode-batches", type=int_list, default=(1, 32),
+    a.add_argument("--decode-batches", type=integers, default=(1, 32),
                    help="B: decode batch sizes (default 1,32)")
-    a.add_argument("--warmup", type=nonnegative_int, default=3, help="untimed calls per shape")
-    a.add_argument("--reps", type=positive_int, default=50, help="timed calls per shape (at most)")
+    a.add_argument("--warmup", type=integer(0), default=3, help="untimed calls per shape")
+    a.add_argument("--reps", type=integer(), default=50, help="timed calls per shape (at most)")
     c = p.add_argument_group("C")
-    c.add_argument("--requests", type=positive_int, default=600)
-    c.add_argument("--slots", type=positive_int, default=32)
-    c.add_argument("--seed", type=nonnegative_int, default=LENGTH_SEED,
+    c.add_argument("--requests", type=integer(), default=600)
+    c.add_argument("--slots", type=integer(), default=32)
+    c.add_argument("--seed", type=integer(0, 2**32 - 1), default=LENGTH_SEED,
                    help=f"draw of the length law, the model's weights and D's prompts (default "
                         f"{LENGTH_SEED}: the post's lengths)")
     c.add_argument("--lengths-file", metavar="PATH",
                    help="generated lengths, one positive integer per line ('#' comments)")
-    c.add_argument("--prompt-len", type=positive_int, default=128,
+    c.add_argument("--prompt-len", type=integer(), default=128,
                    help="prompt tokens of each generated request (default 128)")
     c.add_argument("--trace", metavar="CSV", help="a request trace: columns num_prefill_tokens,"
                    "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
-    c.add_argument("--trace-limit", type=positive_int, metavar="N", help="first N trace rows")
+    c.add_argument("--trace-limit", type=integer(), metavar="N", help="first N trace rows")
     c.add_argument("--rate", type=rate_value, help="arrivals per second (Poisson, or gamma with "
                    "--burstiness), or 'trace' for the trace's timestamps (default: all at t=0)")
-    c.add_argument("--burstiness", type=positive_float, default=1.0,
+    c.add_argument("--burstiness", type=number(1e-3, 1e3), default=1.0,
                    help="gamma shape of the gaps: 1 = Poisson, below 1 burstier")
-    c.add_argument("--rates", type=float_list, help="rate sweep, requests/s (default: 0.2-1.2x "
+    c.add_argument("--rates", type=numbers(*RATES), help="rate sweep, requests/s (default: 0.2-1.2x "
                    "the continuous scheduler's capacity)")
-    c.add_argument("--chunk-tokens", type=positive_int, default=512,
+    c.add_argument("--chunk-tokens", type=integer(), default=512,
                    help="chunked prefill: tokens per step, decodes included (default 512)")
     c.add_argument("--cost", choices=["measured", "analytic"],
                    help="price steps from this run's A/B rows or from a roofline (default: "
                         "measured when A runs)")
-    c.add_argument("--slo-ttft-ms", type=positive_float, help="goodput: TTFT bound")
-    c.add_argument("--slo-tpot-ms", type=positive_float, help="goodput: TPOT bound")
+    c.add_argument("--slo-ttft-ms", type=number(1e-6, 1e12), help="goodput: TTFT bound")
+    c.add_argument("--slo-tpot-ms", type=number(1e-6, 1e12), help="goodput: TPOT bound")
     c.add_argument("--save-requests", metavar="CSV", help="write every request's times")
     c.add_argument("--kv-policy", choices=["reserve", "paged", "both"], default="both",
                    help="KV-cache allocation: a contiguous reservation of prompt + max output, "
                         "or blocks allocated as a sequence grows (default: both)")
-    c.add_argument("--kv-memory-gb", type=positive_float, help="memory for the KV cache, GB "
+    c.add_argument("--kv-memory-gb", type=number(1e-6, 1e6), help="memory for the KV cache, GB "
                    f"(default: {KV_MEMORY_FRACTION:g} x CUDA memory - weights; "
                    f"{CPU_KV_MEMORY_GB:g} on CPU; {KV_MEMORY_FRACTION:g} x "
                    f"{REFERENCE_MEMORY_GB:g} - weights, the post's RTX 5080, with no device)")
-    c.add_argument("--block-tokens", type=positive_int, default=16,
+    c.add_argument("--block-tokens", type=integer(), default=16,
                    help="paged: tokens per KV block (default 16)")
     c.add_argument("--watermark", type=fraction, default=0.01,
                    help="paged: admit as vLLM does, when the whole prompt's blocks fit and "
                         "this share of the blocks stays free (default 0.01); 0 admits on the "
                         "first step's blocks alone")
-    c.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
+    c.add_argument("--jobs", type=integer(1, 1024), default=os.cpu_count() or 1,
                    help="worker processes for C's simulations (default: the machine's cores, "
                         f"{os.cpu_count()} here)")
-    c.add_argument("--max-output", type=positive_int, help="reserve: output tokens reserved per "
+    c.add_argument("--max-output", type=integer(), help="reserve: output tokens reserved per "
                    f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for "
                    "the log-normal law)")
     d = p.add_argument_group("D (shares --slots, --prompt-len and --seed with C)")
-    d.add_argument("--engine-requests", type=positive_int, help="requests the engine serves "
+    d.add_argument("--engine-requests", type=integer(), help="requests the engine serves "
                    f"(default: {ENGINE_REQUESTS_CPU} on CPU, --requests on CUDA)")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="figures", help="directory for results.json and figures")
     o.add_argument("--no-figures", action="store_true")
     o.add_argument("--replot", metavar="RESULTS_JSON", help="redraw the figures of a saved "
                    "results.json into --out; runs nothing, touches no device")
-    o.add_argument("--dpi", type=positive_int, default=100,
+    o.add_argument("--dpi", type=integer(20, 1000), default=100,
                    help="figure resolution: 100 = 800 px wide, one blog column; 200 for 2x")
     o.add_argument("--format", choices=["png", "svg"], default="png")
     o.add_argument("--lang", choices=list(TEXT), default="en",

@@ -154,8 +154,8 @@ def test_bad_traces(tmp_path, capsys, content, fragment):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--rate", "0"], "positive number"),
-    (["--rate", "-2"], "positive number"),
+    (["--rate", "0"], "expected a number"),
+    (["--rate", "-2"], "expected a number"),
     (["--chunk-tokens", "0"], "positive integer"),
     (["--rate", "trace"], "no timestamps"),
     (["--cost", "measured"], "needs experiment A"),
@@ -174,6 +174,8 @@ def test_step_costs_fit_by_hand():
     costs = S.fit_step_costs(decode, [{"tokens": 64, "step_ms": 50.0}], 100, 0.0, "hand")
     assert costs.tokens == (1, 4, 64)
     np.testing.assert_allclose(costs.seconds, (0.010, 0.016, 0.050))
+    # the knots price their own passes (the fit asked for these shapes' prices on the way)
+    assert (costs.pass_s(1), costs.pass_s(4)) == pytest.approx((0.010, 0.016))
     np.testing.assert_allclose([s for _, s in costs.kv_by_batch], (2e-6, 1e-6))
     # batch 2 sits a third of the way from 1 to 4 in both f and the cost of a cached token
     assert costs.pass_s(2, 1000) == pytest.approx(0.012 + 1000 * (2e-6 - 1e-6 / 3))

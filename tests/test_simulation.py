@@ -77,3 +77,20 @@ def test_lengths_file(tmp_path):
     path = tmp_path / "lengths.txt"
     path.write_text("# generated lengths\n12\n\n  7  # a comment\n300\n")
     assert S.read_lengths_file(str(path)).tolist() == [12, 7, 300]
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_binned_occupancy_is_the_mean_of_each_bin(policy):
+    lengths = S.lognormal_lengths(3000, 2)
+    exact = S.simulate_slots(lengths, 16, policy)
+    binned = S.simulate_slots(lengths, 16, policy, max_points=500)
+    per = binned["occupied_bin_steps"]
+    assert per > 1 and len(binned["occupied"]) <= 500
+    means = [exact["occupied"][i:i + per].mean() for i in range(0, exact["steps"], per)]
+    np.testing.assert_allclose(binned["occupied"], means)
+
+
+def test_more_slots_than_a_machine_has_memory_for():
+    # a batch of 10^9 slots holds every request; nothing is sized by the slots
+    sim = S.simulate_slots(np.array([5, 1, 1, 1]), 10**9, "static")
+    assert sim["steps"] == 5 and sim["occupied"].tolist() == [4, 1, 1, 1, 1]

@@ -1,0 +1,73 @@
+"""Every numeric flag fed extreme values: a run, or one clear line and exit 2; never a traceback."""
+import pytest
+
+import NN_40_serving as S
+
+VALUES = ["0", "-1", "1e-300", "1e-9", "1e300", "nan", "inf", str(10**20), "", "abc"]
+
+TINY = ["--device", "cpu", "--layers", "1", "--hidden", "64", "--heads", "4", "--vocab", "128",
+        "--dtype", "float32", "--max-positions", "512", "--batch-sizes", "1,4", "--context", "8",
+        "--contexts", "8", "--prefill-lengths", "16", "--decode-batches", "1,2", "--warmup", "1",
+        "--reps", "3", "--no-figures"]
+C_ONLY = ["--experiments", "C", "--requests", "40", "--slots", "4", "--rates", "5", "--jobs", "1",
+          "--no-figures"]
+CONTEXTS = {  # the experiments each flag acts on, as small as they come
+    "A": TINY + ["--experiments", "A"],
+    "AB": TINY + ["--experiments", "AB"],
+    "C": C_ONLY,
+    "D": TINY + ["--experiments", "D", "--engine-requests", "4", "--prompt-len", "8"],
+}
+FLAGS = {
+    "--layers": "A", "--hidden": "A", "--heads": "A", "--vocab": "A", "--max-positions": "A",
+    "--batch-sizes": "A", "--context": "A", "--contexts": "A", "--peak-bandwidth-gbs": "AB",
+    "--peak-tflops": "AB", "--prefill-lengths": "AB", "--decode-batches": "AB", "--warmup": "A",
+    "--reps": "A", "--requests": "C", "--slots": "C", "--seed": "C", "--prompt-len": "C",
+    "--trace-limit": "C", "--rate": "C", "--burstiness": "C", "--rates": "C",
+    "--chunk-tokens": "C", "--slo-ttft-ms": "C", "--slo-tpot-ms": "C", "--kv-memory-gb": "C",
+    "--block-tokens": "C", "--watermark": "C", "--jobs": "C", "--max-output": "C",
+    "--engine-requests": "D", "--dpi": "C",
+}
+
+
+def test_every_numeric_flag_is_listed():
+    numeric = {a.option_strings[-1] for a in S.build_parser()._actions
+               if a.type not in (None, str, S.experiment_letters) and not a.choices}
+    assert numeric == set(FLAGS)
+
+
+def bounds():
+    """(flag, value) at each end of every numeric flag's range: these are accepted, so each
+    must run or be refused later, by a check of memory or of the clock."""
+    for action in S.build_parser()._actions:
+        flag = action.option_strings[-1]
+        if flag in FLAGS and flag != "--rate":  # (--rate's type also takes "trace")
+            yield from ((flag, f"{v:g}" if isinstance(v, float) else str(v))
+                        for v in action.type.bounds)
+    yield from (("--rate", f"{v:g}") for v in S.RATES)
+
+
+@pytest.mark.parametrize("value", VALUES)
+@pytest.mark.parametrize("flag", sorted(FLAGS))
+def test_extreme_flag_values(flag, value, tmp_path, capsys):
+    run_and_check(flag, value, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("flag, value", sorted(set(bounds())))
+def test_flag_values_at_the_bounds(flag, value, tmp_path, capsys):
+    run_and_check(flag, value, tmp_path, capsys)
+
+
+def run_and_check(flag, value, tmp_path, capsys):
+    args = CONTEXTS[FLAGS[flag]] + ["--out", str(tmp_path), flag, value]
+    if flag == "--dpi":  # (figures drawn)
+        args.remove("--no-figures")
+    try:
+        S.main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code in (0, 2), (flag, value, code)
+    assert "Traceback" not in err
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1 and "error" in err, err
