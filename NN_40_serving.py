@@ -130,6 +130,7 @@ class RunConfig:
     save_requests: str = None
     engine_requests: int = None   # D's requests (default: ENGINE_REQUESTS_CPU on CPU, else
                                   # requests)
+    engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
     kv_policies: tuple = ("reserve", "paged")  # C's KV-cache study
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     block_tokens: int = 16        # paged: tokens per block
@@ -1428,10 +1429,12 @@ class Bench:
         return time_region(fn, self.device, self.run.warmup, self.run.reps,
                            budget_s or self.run.time_budget_s)
 
-    def time_decode(self, batch, context, mode="eager", budget_s=None):
+    def time_decode(self, batch, context, mode="eager", budget_s=None, low=None):
         """One decode step of `batch` rows, each with `context` cached tokens (the post's proxy:
         `batch` tokens through its matmuls). Fresh random tokens are copied into a static input
-        buffer before each step (one tiny copy, in both modes)."""
+        buffer before each step (one tiny copy, in both modes). low: the rows' contexts spread
+        evenly from low to `context` instead, attended in one call padded to the longest row
+        (as D's engine decodes on CUDA)."""
         if self.cfg.arch == "post":
             x = torch.empty(batch, self.cfg.hidden, device=self.device,
                             dtype=DTYPES[self.cfg.dtype])
@@ -1441,7 +1444,10 @@ class Bench:
         cache = new_kv_cache(self.cfg, batch, context + 1, self.device)
         next_tokens = cycle(random_tokens(self.cfg, (batch,), self.device, seed=batch))
         tokens = next_tokens().clone()
-        return self.time(lambda: decode_step(self.model, cache, tokens, context), mode, budget_s,
+        positions = context if low is None else \
+            np.linspace(low, context, batch).round().astype(int).tolist()
+        return self.time(lambda: decode_step(self.model, cache, tokens, positions,
+                                             pad=low is not None), mode, budget_s,
                          feed=lambda: tokens.copy_(next_tokens()))
 
     def time_prefill(self, tokens, batch=1, budget_s=None):
@@ -1924,14 +1930,16 @@ def save_requests_csv(path, req, sims):
 ENGINE_REQUESTS_CPU = 64  # D's requests on CPU unless --engine-requests (on CUDA: --requests)
 
 
-def run_engine(model, cache, prompts, output_lens, policy):
+def run_engine(model, cache, prompts, output_lens, policy, pad=False):
     """Serve every request under `policy` ("static" or "continuous"), greedily.
 
     prompts: (n, P) tokens on the model's device; output_lens: tokens each request generates
     (exactly that many: end-of-sequence is ignored, as serving benchmarks do). Each step admits
     waiting requests into free rows (continuous: every step; static: only once the batch has
     emptied), prefills them (the prefill emits their first token), then decodes every other
-    running request one token. -> generated tokens per request, and a timed log of the steps.
+    running request one token. pad: a decode whose rows sit at several positions attends in
+    one call padded to the longest row (see decode_step). -> generated tokens per request,
+    and a timed log of the steps.
     """
     device, P = prompts.device, prompts.shape[1]
     slots = cache.shape[2]
@@ -1940,9 +1948,8 @@ def run_engine(model, cache, prompts, output_lens, policy):
     running, position = [], []                      # request and next position of each row
     next_token = torch.zeros(slots, dtype=torch.long, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    pad = device.type == "cuda"  # one padded attention call per layer (see decode_step)
     log = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0, "attention_calls": 0,
-           "decode_steps": 0}
+           "decode_steps": 0, "padded_decode_steps": 0}
     sync()
     t0 = time.perf_counter()
     while waiting or running:
@@ -1960,8 +1967,10 @@ def run_engine(model, cache, prompts, output_lens, policy):
         if old:  # one decode step for everyone else, each row at its own position
             t_pass = time.perf_counter()
             logits = decode_step(model, cache, next_token[:old], position[:old], pad=pad)
-            log["attention_calls"] += 1 if pad else len(attention_spans(range(old),
-                                                                        position[:old]))
+            spans = len(attention_spans(range(old), position[:old]))
+            padded = pad and spans > 1
+            log["attention_calls"] += 1 if padded else spans
+            log["padded_decode_steps"] += padded
             log["decode_steps"] += 1
             next_token[:old] = logits.argmax(-1)
             position[:old] = [p + 1 for p in position[:old]]
@@ -2008,51 +2017,92 @@ def check_engine(run, lengths, device):
                          f"not fit: needs {gib(needed)}, {gib(free)} free; lower --slots")
 
 
-def engine_costs(bench, prompt_len):
+# D's attention runs on backends that build no plan per shape: its decode shapes change at
+# nearly every step, and cuDNN's attention (PyTorch's first choice on Hopper) plans each new
+# shape, tens of ms to 0.4 s apiece, a cost D's step costs (timed on warmed shapes) never see.
+D_SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
+def engine_attention(run, device):
+    """Whether D's engine pads its decode attention: --engine-attention, or by default on CUDA,
+    where one padded call beats a launch per span of rows."""
+    return {"padded": True, "spans": False}.get(run.engine_attention, device.type == "cuda")
+
+
+def engine_costs(bench, prompt_len, pad):
     """D's step costs, measured here with the engine's own passes: decode steps by batch, each
     also at a longer context (the cost of a cached token), and batched prefills of whole
     prompts, half the usual time per shape. They are fitted on each shape's mean, not its
-    median: the engine's wall time is a sum of steps, and a sum grows with the mean."""
+    median: the engine's wall time is a sum of steps, and a sum grows with the mean.
+
+    pad: the engine's continuous decode pads its rows to the longest, so it is also priced as
+    it runs: each batch's rows spread evenly over the contexts from the prompt to the longer
+    one, in one padded call (its cost per cached token then carries the padding read).
+    -> (costs of single-span decodes, costs of padded decodes or None, the timed rows)"""
     run, budget_s = bench.run, bench.run.time_budget_s / 2
     long_context = min(prompt_len + 512, bench.cfg.max_positions - 1)
+    batches = sorted({1, max(1, run.slots // 4), run.slots})
 
     def row(t, **shape):
         return {**shape, "step_ms": t["mean_ms"], "median_ms": t["median_ms"],
                 "p10_ms": t["p10_ms"], "p90_ms": t["p90_ms"]}
     decode = [row(bench.time_decode(batch, context, budget_s=budget_s), batch=batch,
-                  context=context)
-              for batch in sorted({1, max(1, run.slots // 4), run.slots})
-              for context in (prompt_len, long_context)]
+                  context=context, padded=False)
+              for batch in batches for context in (prompt_len, long_context)]
+    if pad:  # (a single row has nothing to pad)
+        decode += [row(bench.time_decode(b, long_context, budget_s=budget_s, low=prompt_len),
+                       batch=b, context=(prompt_len + long_context) / 2, padded=True)
+                   for b in batches if b > 1]
     prefills = [row(bench.time_prefill(prompt_len, batch, budget_s=budget_s), batch=batch,
-                    tokens=batch * prompt_len) for batch in sorted({1, run.slots})]
-    costs = fit_step_costs(decode, prefills, prompt_len, 0.0,
-                           {"kind": "pricing_engine", "device": device_name(bench.device)})
-    return costs, decode + prefills
+                    tokens=batch * prompt_len, padded=False) for batch in sorted({1, run.slots})]
+    source = {"kind": "pricing_engine", "device": device_name(bench.device)}
+    spans = fit_step_costs([r for r in decode if not r["padded"]], prefills, prompt_len, 0.0,
+                           source)
+    padded = None
+    if pad:  # the padded rows, the same batches at the prompt's context, and the single row
+        padded = fit_step_costs([r for r in decode if r["padded"] or r["batch"] == 1
+                                 or r["context"] == prompt_len], prefills, prompt_len, 0.0,
+                                source)
+    return spans, padded, decode + prefills
 
 
 def run_serving_engine(bench, lengths, log):
     """D: static and continuous batching for real; the measured speedup beside the one C's
-    simulation predicts for the same requests, priced with step costs measured here."""
+    simulation predicts for the same requests, priced with step costs measured here on the
+    path each policy takes (a static batch decodes in one span; a continuous one, padded on
+    CUDA)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([getattr(SDPBackend, name) for name in D_SDPA_BACKENDS]):
+        return serve_and_predict(bench, lengths, log, engine_attention(bench.run, bench.device))
+
+
+def serve_and_predict(bench, lengths, log, pad):
     run, cfg, device = bench.run, bench.cfg, bench.device
     n, P = len(lengths), run.prompt_len
-    costs, cost_rows = engine_costs(bench, P)
-    knots = ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in zip(costs.tokens, costs.seconds))
-    per_token = ", ".join(f"{b}: {1e6 * v:.2f}" for b, v in costs.kv_by_batch)
-    log(f"D step costs, ms by tokens per pass: {knots}; µs per cached token by batch: "
-        f"{per_token}")
+    spans, padded, cost_rows = engine_costs(bench, P, pad)
+    for name, costs in (("spans", spans), ("padded", padded)):
+        if costs is not None:
+            knots = ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in zip(costs.tokens, costs.seconds))
+            per_token = ", ".join(f"{b}: {1e6 * v:.2f}" for b, v in costs.kv_by_batch)
+            log(f"D step costs ({name}), ms by tokens per pass: {knots}; µs per cached token "
+                f"by batch: {per_token}")
     g = torch.Generator(device="cpu").manual_seed(run.seed + 3)
     prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
     cache = new_kv_cache(cfg, run.slots, P + max(int(lengths.max()), 2), device)
     warm = min(2, n, run.slots)  # warm the engine: a prefill and a decode step
-    run_engine(bench.model, cache, prompts[:warm], [2] * warm, "continuous")
+    run_engine(bench.model, cache, prompts[:warm], [2] * warm, "continuous", pad)
     req = Requests(np.zeros(n), np.full(n, P), lengths, "D")
     result = {"requests": n, "slots": run.slots, "prompt_tokens": P,
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
                           "max": int(lengths.max()), "total": int(lengths.sum())},
-              "cost_model": {**costs.describe(), "rows": cost_rows}}
+              "sdpa_backends": list(D_SDPA_BACKENDS), "attention": "padded" if pad else "spans",
+              "cost_model": {**spans.describe(), "rows": cost_rows}}
+    if padded is not None:
+        result["cost_model_padded"] = padded.describe()
     for policy in ("static", "continuous"):
-        _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy)
-        sim = simulate_serving(req, run.slots, costs, policy)
+        _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy, pad)
+        model = "padded" if elog["padded_decode_steps"] else "spans"  # (as it ran)
+        sim = simulate_serving(req, run.slots, padded if model == "padded" else spans, policy)
         steps, wall = len(elog["t_s"]), elog["wall_s"]
         t, running = zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))
         result[policy] = {
@@ -2060,9 +2110,12 @@ def run_serving_engine(bench, lengths, log):
             "occupancy": sum(elog["running"]) / (steps * run.slots),
             "prefill_s": elog["prefill_s"], "decode_s": elog["decode_s"],
             "other_s": wall - elog["prefill_s"] - elog["decode_s"],
+            "decode_steps": elog["decode_steps"],
+            "padded_decode_steps": elog["padded_decode_steps"],
             "attention_calls_per_decode": elog["attention_calls"] / max(elog["decode_steps"], 1),
             "predicted": {"wall_s": float(sim["finish"].max()), "steps": sim["steps"],
-                          "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"]},
+                          "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"],
+                          "cost_model": model},
             "timeline": {"t_s": t, "running": running}}
         log(f"D {policy}: {wall:.2f} s measured, {sim['finish'].max():.2f} s predicted, "
             f"{steps} steps")
@@ -2189,7 +2242,12 @@ TEXT = {
         "prefill_s": "prefill s (meas / pred)", "decode_s": "decode s (meas / pred)",
         "between_s": "between passes s",
         "attention_calls": "attention calls per layer per decode step: static {static:.1f}, "
-                           "continuous {continuous:.1f} (the step costs were timed with one)",
+                           "continuous {continuous:.1f}",
+        "attention_spans": " (one per span of rows at one position; the step costs were timed "
+                           "with one)",
+        "attention_padded": "; {padded:,} of continuous's {steps:,} decode steps padded to "
+                            "their longest row, and priced with decode costs timed padded",
+        "sdpa": "attention backends: {backends} (none that plans each new shape)",
         "verdict": "{speedup}: measured {measured:.2f}x, predicted {predicted:.2f}x ({off:+.0%})",
         "verdict_within": ": within {tolerance:.0%}",
         "verdict_outside": ": outside {tolerance:.0%}; the largest gap is {mode}'s {part}: "
@@ -2284,7 +2342,11 @@ TEXT = {
         "prefill_s": "프리필 초 (실측 / 예측)", "decode_s": "디코드 초 (실측 / 예측)",
         "between_s": "패스 사이 초",
         "attention_calls": "디코드 한 스텝의 층마다 어텐션 호출: 정적 {static:.1f}, "
-                           "연속 {continuous:.1f} (스텝 비용은 한 번으로 쟀다)",
+                           "연속 {continuous:.1f}",
+        "attention_spans": " (같은 위치의 행 묶음마다 한 번; 스텝 비용은 한 번으로 쟀다)",
+        "attention_padded": "; 연속 배칭의 디코드 {steps:,}스텝 중 {padded:,}스텝은 가장 긴 행에 "
+                            "맞춰 채웠고, 그 값도 채운 채로 잰 디코드 비용으로 매겼다",
+        "sdpa": "어텐션 백엔드: {backends} (새 모양마다 계획을 세우는 것은 뺐다)",
         "verdict": "{speedup}: 실측 {measured:.2f}배, 예측 {predicted:.2f}배 ({off:+.0%})",
         "verdict_within": ": {tolerance:.0%} 안",
         "verdict_outside": ": {tolerance:.0%} 밖; 가장 큰 차이는 {mode}의 {part}: "
@@ -2493,7 +2555,11 @@ def engine_table(T, D):
         table(T, rows, ["policy", "wall_s", "predicted_s", "tokens_per_s", "steps", "occupancy",
                         "prefill_s", "decode_s", "between_s"]),
         T["attention_calls"].format(static=D["static"]["attention_calls_per_decode"],
-                                    continuous=D["continuous"]["attention_calls_per_decode"]),
+                                    continuous=D["continuous"]["attention_calls_per_decode"])
+        + (T["attention_padded"].format(padded=D["continuous"]["padded_decode_steps"],
+                                        steps=D["continuous"]["decode_steps"])
+           if D["continuous"]["padded_decode_steps"] else T["attention_spans"]),
+        T["sdpa"].format(backends=", ".join(D["sdpa_backends"])),
         verdict_text(T, D["verdict"])])
 
 
@@ -3101,6 +3167,11 @@ def build_parser():
                    f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for "
                    "the log-normal law)")
     d = p.add_argument_group("D (shares --slots, --prompt-len and --seed with C)")
+    d.add_argument("--engine-attention", choices=["auto", "spans", "padded"], default="auto",
+                   help="how D's engine attends when its rows sit at several positions: a call "
+                        "per span of rows at one position, or one call padded to the longest "
+                        "row (default: padded on CUDA, spans elsewhere); each is priced as it "
+                        "runs")
     d.add_argument("--engine-requests", type=integer(), help="requests the engine serves "
                    f"(default: {ENGINE_REQUESTS_CPU} on CPU, --requests on CUDA)")
     o = p.add_argument_group("output")
@@ -3158,6 +3229,7 @@ def parse_args(argv):
                slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
                slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
                save_requests=args.save_requests, engine_requests=args.engine_requests,
+               engine_attention=args.engine_attention,
                kv_policies=("reserve", "paged") if args.kv_policy == "both" else
                (args.kv_policy,), kv_memory_gb=args.kv_memory_gb,
                block_tokens=args.block_tokens, max_output=args.max_output,
@@ -3271,6 +3343,8 @@ def _main(argv):
                     results["A"] = run_decode_sweep(bench, ceilings, log)
                 if "B" in run.experiments:
                     results["B"] = run_prefill_decode(bench, ceilings, log)
+                for e in set("AB") & set(results):  # fixed shapes, each warmed before timing
+                    results[e]["sdpa_backends"] = "any: PyTorch's own choice"
         if "C" in run.experiments:
             results["C"] = run_batching_sim(run, requests, log, results, kv)
             if device and "peak" in results["C"].get("kv", {}):  # the budget is real

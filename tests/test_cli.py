@@ -26,6 +26,8 @@ def test_end_to_end_tiny_run(tiny_args, tmp_path, capsys):
     assert [(r["context"], r["batch"]) for r in saved["A"]["rows"]] == [(8, 1), (8, 4), (16, 1),
                                                                           (16, 4)]
     assert {r["mode"] for r in saved["A"]["rows"]} == {"eager"}  # CPU: no CUDA graphs
+    assert saved["A"]["sdpa_backends"] == saved["B"]["sdpa_backends"] == \
+        "any: PyTorch's own choice"
     for r in saved["A"]["rows"]:
         assert r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["p10_ms"] <= r["p90_ms"]
         assert r["bound"] in ("memory", "compute") and r["mbu"] > 0 and r["mfu"] > 0

@@ -88,15 +88,48 @@ def test_d_longer_than_the_position_table(tiny_args, capsys):
                        "exceeds --max-positions")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
 @torch.inference_mode()
-def test_engine_on_cuda_pads_and_still_generates_what_it_would_alone():
-    # on CUDA the engine's decode is one padded, masked attention call per layer
-    model = S.build_model(TINY, "cuda", seed=3)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_padded_engine_still_generates_what_it_would_alone(device):
+    # the padded decode (the default on CUDA): one masked attention call per layer
+    model = S.build_model(TINY, device, seed=3)
     lengths = [7, 1, 12, 3, 3, 9, 2, 15, 5, 1]
     prompts = torch.randint(TINY.vocab, (len(lengths), 6), generator=torch.Generator()
-                            .manual_seed(0)).cuda()
-    cache = S.new_kv_cache(TINY, 4, 6 + max(lengths), "cuda")
-    generated, _ = S.run_engine(model, cache, prompts, lengths, "continuous")
+                            .manual_seed(0)).to(device)
+    cache = S.new_kv_cache(TINY, 4, 6 + max(lengths), device)
+    generated, log = S.run_engine(model, cache, prompts, lengths, "continuous", pad=True)
+    assert 0 < log["padded_decode_steps"] < log["decode_steps"]
+    assert log["attention_calls"] == log["decode_steps"]  # one call per layer, every step
     for prompt, n, tokens in zip(prompts, lengths, generated):
-        assert tokens == generate_alone(model, prompt, n, "cuda")
+        assert tokens == generate_alone(model, prompt, n, device)
+
+
+def test_forced_padding_is_priced_as_it_runs(tiny_args, capsys):
+    # D with the padded path forced on CPU: the cost rows include padded decodes of every
+    # batch above one, the continuous engine pads, and its prediction uses the padded prices
+    results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
+                                         "--max-positions", "4096", "--engine-attention",
+                                         "padded"], capsys)
+    D = results["D"]
+    rows = [r for r in D["cost_model"]["rows"] if "context" in r]
+    assert {r["batch"] for r in rows if r["padded"]} == {r["batch"] for r in rows} - {1}
+    assert all(128 < r["context"] < 128 + 512 for r in rows if r["padded"])
+    assert D["attention"] == "padded" and "cost_model_padded" in D
+    assert D["continuous"]["padded_decode_steps"] > 0 == D["static"]["padded_decode_steps"]
+    assert D["continuous"]["predicted"]["cost_model"] == "padded"
+    assert D["static"]["predicted"]["cost_model"] == "spans"  # a static batch never pads
+    assert "decode steps padded to their longest row" in out.out
+    assert D["sdpa_backends"] == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
+
+
+def test_by_default_the_cpu_engine_runs_spans(tiny_args, capsys):
+    results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
+                                         "--max-positions", "4096"], capsys)
+    D = results["D"]
+    assert D["attention"] == "spans" and "cost_model_padded" not in D
+    assert not any(r["padded"] for r in D["cost_model"]["rows"])
+    assert D["continuous"]["padded_decode_steps"] == 0
+    assert D["continuous"]["attention_calls_per_decode"] > 1  # rows at several positions
