@@ -300,9 +300,10 @@ def read_trace(path, limit=None):
         except (ValueError, IndexError):
             raise UsageError(f"{path}:{lineno}: expected token counts"
                              f"{' and a timestamp' if has_time else ''}, got {','.join(row)!r}")
-        if not (0 <= p <= COUNT_MAX and 0 < o <= COUNT_MAX):  # (an empty prompt still
-            raise UsageError(f"{path}:{lineno}: token counts must be 0 to {COUNT_MAX:,} "  # runs
-                             f"(prompt) and 1 to {COUNT_MAX:,} (output), got {p}, {o}")  # a token)
+        # (an empty prompt still runs one token: the start token)
+        if not (0 <= p <= COUNT_MAX and 0 < o <= COUNT_MAX):
+            raise UsageError(f"{path}:{lineno}: token counts must be 0 to {COUNT_MAX:,} "
+                             f"(prompt) and 1 to {COUNT_MAX:,} (output), got {p}, {o}")
         if has_time and stamps and stamp < stamps[-1]:
             raise UsageError(f"{path}:{lineno}: timestamp earlier than the line before")
         prompt.append(p)
@@ -375,7 +376,7 @@ class StepCosts:
     tokens: tuple
     seconds: tuple
     kv_token_s: float
-    source: str
+    source: object                # where the prices come from: a description (see describe)
     kv_by_batch: tuple = ()
     # (f, kv_s) by tokens per pass: a simulation prices the same few shapes millions of times
     # (not an init field: dataclasses.replace must not carry one model's prices into another)
@@ -507,6 +508,7 @@ class KVBudget:
 
     @property
     def watermark_tokens(self):
+        """Tokens of the blocks paged admission keeps free."""
         if self.policy != "paged" or math.isinf(self.capacity_tokens):
             return 0
         return int(self.watermark * (self.capacity_tokens // self.block_tokens)) \
@@ -574,7 +576,7 @@ class Reservation:
         """Tokens allocated once the planned step has run."""
         return self.total
 
-    def join(self, seq, steps):
+    def join(self, seq):
         pass
 
     def release(self, seq, ctx):
@@ -619,7 +621,7 @@ class PagedBlocks:
         grow = sum(self.blocks(s.ctx + c + (c == s.pre)) - s.alloc for s, c in plan)
         return self.total + self.b * self.phase.get((sim.steps + 1) % self.b, 0) + grow
 
-    def join(self, seq, steps):
+    def join(self, seq):  # a request starts to decode
         key = (1 - seq.base) % self.b
         self.phase[key] = self.phase.get(key, 0) + 1
 
@@ -747,8 +749,9 @@ class ServingSim:
         clock = time.perf_counter()
         while self.done < self.n:
             self.iterations += 1
-            planned = self.make_room() if self.kv is not None and self.kv.preempts else ()
-            blocked = self.admit(planned)
+            taken = 0 if self.kv is None else \
+                self.make_room() if self.kv.preempts else self.kv.planned(self, ())
+            blocked = self.admit(taken)
             plan = schedule_prefill(self.prefilling, self.n_dec, self.chunk_tokens)
             if not plan and not self.n_dec:
                 raise SimulationStalled(
@@ -765,11 +768,12 @@ class ServingSim:
 
     def make_room(self):
         """Preempt the newest request while the planned step needs more blocks than exist.
-        -> the step's prefill plan, as it then stands."""
+        -> the KV tokens the planned step then takes."""
         while True:
-            plan = schedule_prefill(self.prefilling, self.n_dec, self.chunk_tokens)
-            if not self.running or self.kv.planned(self, plan) <= self.capacity:
-                return plan
+            taken = self.kv.planned(self, schedule_prefill(self.prefilling, self.n_dec,
+                                                           self.chunk_tokens))
+            if not self.running or taken <= self.capacity:
+                return taken
             seq = self.running[next(reversed(self.running))]
             left, ctx = self.leave(seq)
             r = seq.id
@@ -779,44 +783,44 @@ class ServingSim:
             self.mem["recomputed_tokens"] += ctx
             heapq.heappush(self.retry, r)
 
-    def admit(self, planned):
+    def admit(self, taken):
         """Admit waiting requests (preempted first, then by arrival) into free slots, first
-        come first served, with room for the memory the planned step (its prefill plan) takes.
+        come first served, into the KV memory the planned step leaves (`taken`: what it takes).
         -> True when the head of the line waits for memory."""
         if self.running:
             if self.scheduler == "static":
                 return False
         elif not self.retry and self.queue < self.n and self.arrival[self.queue] > self.t:
             self.t = self.arrival[self.queue]  # idle until the next request arrives
-        free = self.slots - len(self.running)
-        spare = self.spare()
-        kv = self.kv
-        room = math.inf if kv is None else self.capacity - kv.planned(self, planned)
+        free, spare, kv = self.slots - len(self.running), self.spare(), self.kv
+        room = self.capacity - taken
+        watermark = 0 if kv is None else kv.watermark
+        retry, to_prefill, start, t = self.retry, self.to_prefill, self.start, self.t
         while free and spare > 0:
-            if self.retry:
-                r = self.retry[0]
-            elif self.queue < self.n and self.arrival[self.queue] <= self.t:
+            if retry:
+                r = retry[0]
+            elif self.queue < self.n and self.arrival[self.queue] <= t:
                 r = self.queue
             else:
                 return False
-            chunk = min(self.to_prefill[r], spare)  # its first step's prefill
-            need = 0 if kv is None else kv.need(self.prompt[r], chunk, self.to_prefill[r])
-            if need + (kv.watermark if kv else 0) > room:
+            pre = to_prefill[r]
+            need = 0 if kv is None else kv.need(self.prompt[r], min(pre, spare), pre)
+            if need + watermark > room:
                 return True
-            if self.retry:
-                heapq.heappop(self.retry)
+            if retry:
+                heapq.heappop(retry)
             else:
                 self.queue += 1
-            seq = Seq(r, self.admissions, self.to_prefill[r], self.remaining[r])
+            seq = Seq(r, self.admissions, pre, self.remaining[r])
             self.admissions += 1
-            if self.start[r] != self.start[r]:  # (nan: its first admission)
-                self.start[r] = self.t
+            if start[r] != start[r]:  # (nan: its first admission)
+                start[r] = t
             if kv is not None:
                 kv.admit(seq, need)
             self.running[seq.order] = seq
             self.prefilling.append(seq)
-            self.pre_total += seq.pre
-            spare, room, free = spare - seq.pre, room - need, free - 1
+            self.pre_total += pre
+            spare, room, free = spare - pre, room - need, free - 1
         return False
 
     def spare(self):
@@ -915,7 +919,7 @@ class ServingSim:
                 self.base_sum += s.base
                 heapq.heappush(self.ends, (s.end, s.order))
                 if self.kv is not None:
-                    self.kv.join(s, steps)
+                    self.kv.join(s)
 
     def account(self, plan, k, a, e, growth, emitted, step_s, running):
         """Memory integrals over the k steps just priced (step j: a + e (j - 1) s), the
@@ -1741,9 +1745,9 @@ def run_batching_sim(run, req, log, results, kv=None):
                   arrivals=arrivals(run), prompt_tokens=percentiles(req.prompt),
                   output_tokens=percentiles(req.output), schedulers={}, distributions={})
     runs = [(f"C {name}", name, None) for name in SCHEDULERS]
-    if kv:
-        runs += [(f"C kv {budget.policy} {name}", name, budget) for budget in kv[1]
-                 for name in SCHEDULERS]
+    if kv:  # (first: the slowest go first, so that no worker is left with one at the end)
+        runs = [(f"C kv {budget.policy} {name}", name, budget) for budget in kv[1][::-1]
+                for name in SCHEDULERS] + runs
     calls = [(simulation_task, (label, req, run.slots, costs, name, run.chunk_tokens, budget))
              for label, name, budget in runs]
     if "static" in result and not run.lengths_file:

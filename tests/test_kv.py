@@ -47,7 +47,7 @@ def test_paged_runs_against_step_by_step(b, k):
     paged = S.PagedBlocks(S.KVBudget("paged", 10**6, b))
     for seq, ctx in zip(sim.seqs, contexts):
         paged.total += paged.blocks(ctx)
-        paged.join(seq, s0)
+        paged.join(seq)
     before = paged.total
     integral = paged.advance(sim, [], k, a, e)
     by_step = [sum(paged.blocks(c + j) for c in contexts) for j in range(1, k + 1)]
