@@ -2460,7 +2460,7 @@ def post_table_text(T, C):
     """The post's table: static vs continuous in steps, and how much one draw says."""
     rows = [[T[p], f"{C[p]['steps']:,}", f"{100 * C[p]['occupancy']:.1f}%"]
             for p in ("static", "continuous")]
-    lines = [T["C"].format(**C), table(T, rows, ["policy", "steps", "occupancy"]), "",
+    lines = [T["C"].format(**C), "", table(T, rows, ["policy", "steps", "occupancy"]), "",
              T["lengths"].format(speedup=T["speedup"], value=C["speedup"], **C["lengths"])]
     if "seed_spread" in C:
         s = C["seed_spread"]
