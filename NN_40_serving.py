@@ -2154,11 +2154,17 @@ def engine_verdict(D, tolerance=0.15):
 # Every line printed comes from TEXT, one table of strings per language; a description stored
 # in results.json as a dict with a "kind" names its template there (see describe).
 
+SHARED_TEXT = {  # the same in every language: units, acronyms, names
+    "cuda": ", CUDA {cuda}", "gbs": "GB/s", "mbu": "MBU", "mfu": "MFU",
+    "ttft_p50": "TTFT p50 ms", "ttft_p99": "TTFT p99 ms", "tpot_p50": "TPOT p50 ms",
+    "tpot_p99": "TPOT p99 ms", "e2e_p50": "E2E p50 ms", "e2e_p99": "E2E p99 ms",
+    "source_file": "{path}", "memory_flag": "--kv-memory-gb",
+}
 TEXT = {
-    "en": {
+    "en": {**SHARED_TEXT,
         # banner
         "command": "command: {command}", "device": "device: {device}",
-        "cuda": ", CUDA {cuda}", "threads": ", {threads} torch threads",
+        "threads": ", {threads} torch threads",
         "model": "model: {layers} layers, hidden {hidden}, {heads} heads, vocab {vocab}, "
                  "{dtype}: {params:,.1f} M parameters, {gib:.2f} GiB",
         "model_post": "model: the post's proxy, {layers} square {hidden} x {hidden} {dtype} "
@@ -2180,10 +2186,10 @@ TEXT = {
         "crossover_at": "{batch} at context {context}",
         "B": "B  prefill vs decode", "row": "one step",
         "prefill": "prefill ({tokens} tokens)", "decode": "decode (batch {batch})",
-        "mode": "mode", "batch": "batch", "step_ms": "step ms (= wait)", "tokens_per_s": "tokens/s",
-        "throughput_vs_1": "throughput vs 1", "wait_vs_1": "wait vs 1",
+        "mode": "mode", "batch": "batch", "step_ms": "step ms (= wait)",
+        "tokens_per_s": "tokens/s", "throughput_vs_1": "throughput vs 1", "wait_vs_1": "wait vs 1",
         "us_per_token": "µs / token", "tflops": "TFLOP/s", "intensity": "FLOP/byte",
-        "gbs": "GB/s", "mbu": "MBU", "mfu": "MFU", "bound": "bound",
+        "bound": "bound",
         "eager": "eager", "graph": "graph", "memory": "memory", "compute": "compute",
         "chain": "bare F.linear chain over the same {mb:,.0f} MB of weights ({mode}, batch 1): "
                  "{ms:.3f} ms, {gbs:.1f} GB/s",
@@ -2203,8 +2209,9 @@ TEXT = {
                      "arrivals {arrivals}",
         "step_costs": "   step costs: {pricing}",
         "source_law": "the post's law: floor(e^N({mu:g}, {sigma:g}^2)) <= {max:,}, seed {seed}",
-        "source_file": "{path}", "source_trace": "trace {name}",
-        "arrivals_zero": "all at t=0", "arrivals_trace": "the trace's timestamps",
+
+        "source_trace": "trace {name}", "arrivals_zero": "all at t=0",
+        "arrivals_trace": "the trace's timestamps",
         "arrivals_poisson": "Poisson at {rate:g} requests/s",
         "arrivals_gamma": "gamma gaps, burstiness {burstiness:g}, at {rate:g} requests/s",
         "pricing_analytic": "analytic roofline ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} "
@@ -2212,8 +2219,6 @@ TEXT = {
         "pricing_measured": "measured on {device} ({mode})",
         "pricing_engine": "measured for D on {device} (means)",
         "seconds": "seconds", "req_s": "req/s", "goodput": "goodput req/s",
-        "ttft_p50": "TTFT p50 ms", "ttft_p99": "TTFT p99 ms", "tpot_p50": "TPOT p50 ms",
-        "tpot_p99": "TPOT p99 ms", "e2e_p50": "E2E p50 ms", "e2e_p99": "E2E p99 ms",
         "simulations": "{runs} simulations (these, the KV study's and the rate sweep's): "
                        "{iterations:,} loop iterations in {seconds:,.2f} s ({rate:,.0f} per "
                        "second), {wall:,.2f} s of wall time on {jobs} worker processes",
@@ -2223,7 +2228,8 @@ TEXT = {
               "{block}{admission}",
         "admit_watermark": ", admitted when the prompt's blocks fit and {share:.0%} stay free",
         "admit_naive": ", admitted when the first step's blocks fit",
-        "memory_flag": "--kv-memory-gb", "memory_cpu": "the CPU default",
+
+        "memory_cpu": "the CPU default",
         "memory_cuda": "{fraction:g} x {total_gib:.2f} GiB of {device} less {weights_gib:.2f} "
                        "GiB of weights",
         "memory_reference": "the post's RTX 5080: {fraction:g} x {total_gb:g} GB less "
@@ -2263,9 +2269,9 @@ TEXT = {
         "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
         "interrupted": "interrupted: the tables above are the experiments that finished",
     },
-    "ko": {
+    "ko": {**SHARED_TEXT,
         "command": "명령: {command}", "device": "장치: {device}",
-        "cuda": ", CUDA {cuda}", "threads": ", torch 스레드 {threads}개",
+        "threads": ", torch 스레드 {threads}개",
         "model": "모델: {layers}층, 은닉 {hidden}, 헤드 {heads}개, 어휘 {vocab}, {dtype}: 매개변수 "
                  "{params:,.1f} M개, {gib:.2f} GiB",
         "model_post": "모델: 글의 대용 모델, 토큰마다 {hidden} x {hidden} 정사각 {dtype} 행렬곱 "
@@ -2289,7 +2295,7 @@ TEXT = {
         "mode": "방식", "batch": "배치 크기", "step_ms": "한 스텝 ms (= 대기)",
         "tokens_per_s": "처리량 (토큰/초)", "throughput_vs_1": "처리량 배율",
         "wait_vs_1": "대기 배율", "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
-        "intensity": "산술 강도", "gbs": "GB/s", "mbu": "MBU", "mfu": "MFU", "bound": "병목",
+        "intensity": "산술 강도", "bound": "병목",
         "eager": "즉시 실행", "graph": "CUDA 그래프", "memory": "메모리", "compute": "계산",
         "chain": "같은 가중치 {mb:,.0f} MB를 읽는 맨 F.linear 연쇄 ({mode}, 배치 1): "
                  "{ms:.3f} ms, {gbs:.1f} GB/s",
@@ -2307,8 +2313,9 @@ TEXT = {
                      "도착: {arrivals}",
         "step_costs": "   스텝 비용: {pricing}",
         "source_law": "글의 분포: floor(e^N({mu:g}, {sigma:g}^2)) <= {max:,}, 시드 {seed}",
-        "source_file": "{path}", "source_trace": "트레이스 {name}",
-        "arrivals_zero": "모두 t=0에", "arrivals_trace": "트레이스의 시각대로",
+
+        "source_trace": "트레이스 {name}", "arrivals_zero": "모두 t=0에",
+        "arrivals_trace": "트레이스의 시각대로",
         "arrivals_poisson": "초당 {rate:g}개, 포아송",
         "arrivals_gamma": "초당 {rate:g}개, 감마 간격 (몰림 정도 {burstiness:g})",
         "pricing_analytic": "분석적 루프라인 ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} TFLOP/s, "
@@ -2316,8 +2323,6 @@ TEXT = {
         "pricing_measured": "{device}에서 실측 ({mode})",
         "pricing_engine": "D를 위해 {device}에서 실측 (평균)",
         "seconds": "초", "req_s": "요청/초", "goodput": "유효 처리량 요청/초",
-        "ttft_p50": "TTFT p50 ms", "ttft_p99": "TTFT p99 ms", "tpot_p50": "TPOT p50 ms",
-        "tpot_p99": "TPOT p99 ms", "e2e_p50": "E2E p50 ms", "e2e_p99": "E2E p99 ms",
         "simulations": "모의실험 {runs}번 (위의 것, KV 실험, 도착률 스윕): 루프 {iterations:,}번을 "
                        "{seconds:,.2f}초에 (초당 {rate:,.0f}번), 작업 프로세스 {jobs}개로 "
                        "실제 {wall:,.2f}초",
@@ -2326,7 +2331,8 @@ TEXT = {
               "{block}토큰 블록{admission}",
         "admit_watermark": ", 질문의 블록이 들어가고 {share:.0%}가 남을 때 받음",
         "admit_naive": ", 첫 스텝의 블록이 들어가면 받음",
-        "memory_flag": "--kv-memory-gb", "memory_cpu": "CPU 기본값",
+
+        "memory_cpu": "CPU 기본값",
         "memory_cuda": "{device}의 {total_gib:.2f} GiB x {fraction:g}에서 가중치 "
                        "{weights_gib:.2f} GiB를 뺀 값",
         "memory_reference": "글의 RTX 5080: {total_gb:g} GB x {fraction:g}에서 가중치 "
@@ -3141,7 +3147,8 @@ def build_parser():
                    "--burstiness), or 'trace' for the trace's timestamps (default: all at t=0)")
     c.add_argument("--burstiness", type=number(1e-3, 1e3), default=1.0,
                    help="gamma shape of the gaps: 1 = Poisson, below 1 burstier")
-    c.add_argument("--rates", type=numbers(*RATES), help="rate sweep, requests/s (default: 0.2-1.2x "
+    c.add_argument("--rates", type=numbers(*RATES),
+                   help="rate sweep, requests/s (default: 0.2-1.2x "
                    "the continuous scheduler's capacity)")
     c.add_argument("--chunk-tokens", type=integer(), default=512,
                    help="chunked prefill: tokens per step, decodes included (default 512)")
