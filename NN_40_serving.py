@@ -1771,9 +1771,8 @@ def run_batching_sim(run, req, log, results, kv=None):
                                                    for name in SCHEDULERS})
     if kv:
         result["kv"] = kv_study(req, sims, *kv)
-    result["rate_sweep"] = rate_sweep(run, req, costs, result["schedulers"]["continuous"])
-    every = list(sims.values()) + [sim for point in result["rate_sweep"] for sim in
-                                   point.pop("sims")]
+    result["rate_sweep"], swept = rate_sweep(run, req, costs, result["schedulers"]["continuous"])
+    every = list(sims.values()) + swept
     result["simulation"] = {"runs": len(every), "jobs": run.jobs,
                             "iterations": sum(s["iterations"] for s in every),
                             "simulation_s": sum(s["wall_s"] for s in every),
@@ -1886,8 +1885,8 @@ def rate_sweep(run, req, costs, continuous):
 
     Rates: --rates, or fractions of the continuous scheduler's capacity (its throughput with
     every request waiting at t=0, or as measured above). Each point replays the first
-    SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals. Each point keeps its
-    simulations under "sims" for the caller's count of the work.
+    SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals. -> (points, the
+    simulations behind them)
     """
     req = Requests(req.arrival_s[:SWEEP_REQUESTS], req.prompt[:SWEEP_REQUESTS],
                    req.output[:SWEEP_REQUESTS], req.source)
@@ -1902,13 +1901,13 @@ def rate_sweep(run, req, costs, continuous):
                          for rate, r in zip(rates, swept) for name in SCHEDULERS], run.jobs)
     points = []
     for i, (rate, r) in enumerate(zip(rates, swept)):
-        row = {"rate_rps": rate, "sims": sims[3 * i:3 * i + 3]}
-        for name, sim in zip(SCHEDULERS, row["sims"]):
+        row = {"rate_rps": rate}
+        for name, sim in zip(SCHEDULERS, sims[3 * i:3 * i + 3]):
             m = serving_metrics(r, sim)
             row[name] = {"throughput_rps": m["throughput_rps"], "e2e_p99_s": m["e2e_s"]["p99"],
                          "ttft_p99_s": m["ttft_s"]["p99"]}
         points.append(row)
-    return points
+    return points, sims
 
 
 def save_requests_csv(path, req, sims):
