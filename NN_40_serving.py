@@ -2208,7 +2208,6 @@ TEXT = {
                      "arrivals {arrivals}",
         "step_costs": "   step costs: {pricing}",
         "source_law": "the post's law: floor(e^N({mu:g}, {sigma:g}^2)) <= {max:,}, seed {seed}",
-
         "source_trace": "trace {name}", "arrivals_zero": "all at t=0",
         "arrivals_trace": "the trace's timestamps",
         "arrivals_poisson": "Poisson at {rate:g} requests/s",
@@ -2227,7 +2226,6 @@ TEXT = {
               "{block}{admission}",
         "admit_watermark": ", admitted when the prompt's blocks fit and {share:.0%} stay free",
         "admit_naive": ", admitted when the first step's blocks fit",
-
         "memory_cpu": "the CPU default",
         "memory_cuda": "{fraction:g} x {total_gib:.2f} GiB of {device} less {weights_gib:.2f} "
                        "GiB of weights",
@@ -2312,7 +2310,6 @@ TEXT = {
                      "도착: {arrivals}",
         "step_costs": "   스텝 비용: {pricing}",
         "source_law": "글의 분포: floor(e^N({mu:g}, {sigma:g}^2)) <= {max:,}, 시드 {seed}",
-
         "source_trace": "트레이스 {name}", "arrivals_zero": "모두 t=0에",
         "arrivals_trace": "트레이스의 시각대로",
         "arrivals_poisson": "초당 {rate:g}개, 포아송",
@@ -2330,7 +2327,6 @@ TEXT = {
               "{block}토큰 블록{admission}",
         "admit_watermark": ", 질문의 블록이 들어가고 {share:.0%}가 남을 때 받음",
         "admit_naive": ", 첫 스텝의 블록이 들어가면 받음",
-
         "memory_cpu": "CPU 기본값",
         "memory_cuda": "{device}의 {total_gib:.2f} GiB x {fraction:g}에서 가중치 "
                        "{weights_gib:.2f} GiB를 뺀 값",
@@ -3064,7 +3060,7 @@ def fraction(text):
     return value
 
 
-fraction.bounds = (0.0, 0.99)
+fraction.bounds = (0.0, 0.99)  # (the ends the flag test tries: the range is [0, 1))
 
 
 RATES = (1e-6, 1e12)  # requests/s a flag takes (a run's arrivals must also span < MAX_SPAN_S)
