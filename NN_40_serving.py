@@ -127,6 +127,9 @@ class RunConfig:
     cost: str = None              # "measured", "analytic"; default measured when A ran
     slo_ttft_s: float = None
     slo_tpot_s: float = None
+    order: str = "fcfs"           # the waiting queue's order (see Order)
+    predict_sigma: float = 0.8    # "predicted": log-normal error of the predicted lengths
+    max_wait_s: float = None      # the starvation guard (None: off)
     save_requests: str = None
     engine_requests: int = None   # D's requests (default: ENGINE_REQUESTS_CPU on CPU, else
                                   # requests)
@@ -516,20 +519,20 @@ class KVBudget:
 
 
 def check_kv_budget(req, kv):
-    """Every request must fit alone, or the simulation could never finish it."""
+    """Every request must fit alone, or the simulation could never finish it. -> None, or why
+    not (a description for the tables)."""
     if kv.policy == "reserve" and req.output.max() > kv.max_output:
-        raise UsageError(f"--max-output {kv.max_output} is below the longest output in the "
-                         f"requests ({req.output.max():,} tokens)")
+        return {"kind": "kv_max_output", "max_output": kv.max_output,
+                "longest": int(req.output.max())}
     alone = req.prompt + (kv.max_output if kv.policy == "reserve" else req.output)
     worst = int(np.argmax(kv.whole_blocks(alone)))
     if kv.whole_blocks(alone[worst]) + kv.watermark_tokens > kv.capacity_tokens:
-        watermark = (f", with {kv.watermark_tokens:,} kept free by the watermark"
-                     if kv.watermark_tokens else "")
-        raise UsageError(f"the KV budget holds {kv.capacity_tokens:,.0f} tokens{watermark}, but "
-                         f"request {worst} alone needs {kv.whole_blocks(alone[worst]):,} "
-                         f"({kv.policy}: prompt {req.prompt[worst]:,} + output "
-                         f"{kv.max_output if kv.policy == 'reserve' else req.output[worst]:,}); "
-                         "raise --kv-memory-gb")
+        return {"kind": "kv_too_long", "request": worst,
+                "needs": int(kv.whole_blocks(alone[worst])) + kv.watermark_tokens,
+                "prompt": int(req.prompt[worst]),
+                "output": int(kv.max_output if kv.policy == "reserve" else req.output[worst]),
+                "holds": int(kv.capacity_tokens)}
+    return None
 
 
 # -----------------------------------------------------------------------------
@@ -696,6 +699,166 @@ class PagedBlocks:
         return integral
 
 
+ORDERS = ("fcfs", "sjf", "predicted", "longest")
+
+
+@dataclass(frozen=True)
+class Order:
+    """Who takes a free seat first: the waiting queue's order.
+
+    fcfs       first come, first served (the servers' default)
+    sjf        the shortest output first, by the true lengths: an oracle, the bound
+    predicted  the shortest predicted output first: each true length times e^N(0, sigma^2),
+               a length predictor's error (Kendall's tau against the truth says how good)
+    longest    the longest output first (longest processing time first: the makespan's rule)
+    keys: what the order sorts by (None: arrival); rank: each request's place in that order,
+    ties by arrival (its integers make the queue's heap cheap), and ranked: the request at each
+    place. max_wait_s: the starvation guard, once a request has waited this long it goes first.
+    """
+    name: str = "fcfs"
+    keys: list = None
+    rank: list = None
+    ranked: list = None
+    max_wait_s: float = None
+    sigma: float = 0.0
+
+
+def queue_order(name, output, sigma=0.0, seed=0, max_wait_s=None):
+    """The Order `name` for requests of these output lengths (in arrival order)."""
+    output = np.asarray(output, dtype=np.float64)
+    keys = {"fcfs": lambda: None, "sjf": lambda: output, "longest": lambda: -output,
+            "predicted": lambda: output * np.exp(np.random.default_rng(seed).normal(
+                0.0, sigma, len(output)))}[name]()
+    sigma = sigma if name == "predicted" else 0.0
+    if keys is None:
+        return Order(name, max_wait_s=max_wait_s)
+    ranked = np.argsort(keys, kind="stable")  # (stable: ties by arrival)
+    rank = np.empty_like(ranked)
+    rank[ranked] = np.arange(len(ranked))
+    return Order(name, keys.tolist(), rank.tolist(), ranked.tolist(), max_wait_s, sigma)
+
+
+def kendall_tau(x, y, max_n=3000, seed=0):
+    """Kendall's tau-b of two rankings (a pair tied in either counts neither way), on max_n
+    of them drawn at random when there are more (its standard error is then about 0.01)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(x) > max_n:
+        pick = np.random.default_rng(seed).choice(len(x), max_n, replace=False)
+        x, y = x[pick], y[pick]
+    agree = pairs_x = pairs_y = 0
+    for i in range(0, len(x), 500):  # (the pair matrix, 500 rows at a time)
+        dx, dy = (np.sign(v[i:i + 500, None] - v[None, :]) for v in (x, y))
+        agree += float((dx * dy).sum())
+        pairs_x, pairs_y = pairs_x + np.count_nonzero(dx), pairs_y + np.count_nonzero(dy)
+    return agree / math.sqrt(pairs_x * pairs_y) if pairs_x and pairs_y else 0.0
+
+
+class Ledger:
+    """Every request's state and times, written by whichever simulation serves it (one, or
+    one of a fleet's replicas: each request is served by exactly one)."""
+
+    def __init__(self, req):
+        self.arrival, self.prompt, self.output = (a.tolist() for a in (req.arrival_s, req.prompt,
+                                                                       req.output))
+        n = len(self.output)
+        self.start, self.first, self.finish = [math.nan] * n, [math.nan] * n, [math.nan] * n
+        self.first_step, self.finish_step = [0] * n, [0] * n  # (in the serving simulation's steps)
+        self.to_prefill, self.remaining = list(self.prompt), list(self.output)
+        self.generated = [0] * n  # tokens each request has emitted
+
+
+class FifoQueue:
+    """The waiting requests, first come first served: their ids in arrival order, and the
+    next one to take."""
+
+    def __init__(self, ledger, ids=()):
+        self.arrival, self.prompt = ledger.arrival, ledger.prompt
+        self.ids, self.i = ids if isinstance(ids, range) else list(ids), 0
+        self.tokens = sum(self.prompt[r] for r in self.ids)  # their prompt tokens
+
+    def push(self, r):  # (r arrives no earlier than every id before it)
+        self.ids.append(r)
+        self.tokens += self.prompt[r]
+
+    def __len__(self):
+        return len(self.ids) - self.i
+
+    def head(self, t):
+        """The request admission takes next at time t; None while none has arrived."""
+        if self.i < len(self.ids) and self.arrival[self.ids[self.i]] <= t:
+            return self.ids[self.i]
+        return None
+
+    def pop(self):  # (takes the head just returned)
+        self.tokens -= self.prompt[self.ids[self.i]]
+        self.i += 1
+
+    def next_arrival(self):
+        """When the next request not yet taken arrives (math.inf: none is left)."""
+        return self.arrival[self.ids[self.i]] if self.i < len(self.ids) else math.inf
+
+
+class PriorityQueue(FifoQueue):
+    """The waiting requests by a key, lowest first, ties by arrival. Non-preemptive: the key
+    decides who takes a free seat, never who leaves one. With max_wait_s, the starvation
+    guard: once a request has waited that long it goes first (the longest-waiting first)."""
+
+    def __init__(self, ledger, ids, rank, ranked, max_wait_s=None):
+        super().__init__(ledger, ids)
+        self.rank, self.ranked, self.max_wait_s = rank, ranked, max_wait_s
+        self.heap = []                      # the ranks of the requests that have arrived
+        self.arrived = 0                    # ids[:arrived] have joined the heap
+        self.front = 0                      # ids[front]: the oldest not yet taken
+        self.gone = bytearray(len(self.arrival))  # taken (left in the heap until on top)
+        self.chosen = None
+
+    def head(self, t):
+        ids, arrival, n = self.ids, self.arrival, self.arrived
+        if n < len(ids) and arrival[ids[n]] <= t:  # the newly arrived join the heap
+            end = n + 1
+            while end < len(ids) and arrival[ids[end]] <= t:
+                end += 1
+            rank = self.rank
+            new = [rank[r] for r in ids[n:end]]
+            if len(new) > len(self.heap):  # (a crowd at once: a sorted list is a heap)
+                self.heap = sorted(self.heap + new)
+            else:
+                for item in new:
+                    heapq.heappush(self.heap, item)
+            self.arrived = end
+        heap, gone, ranked = self.heap, self.gone, self.ranked
+        while heap and gone[ranked[heap[0]]]:
+            heapq.heappop(heap)
+        self.chosen = ranked[heap[0]] if heap else None
+        if self.max_wait_s is not None and heap:
+            while gone[ids[self.front]]:
+                self.front += 1
+            oldest = ids[self.front]  # (arrived: no later than the heap's top)
+            if t - arrival[oldest] >= self.max_wait_s:
+                self.chosen = oldest
+        return self.chosen
+
+    def pop(self):
+        r = self.chosen
+        self.gone[r] = 1
+        if self.ranked[self.heap[0]] == r:
+            heapq.heappop(self.heap)
+        self.tokens -= self.prompt[r]
+        self.i += 1
+
+    def next_arrival(self):
+        ids, n = self.ids, self.arrived
+        return self.arrival[ids[n]] if n < len(ids) else math.inf
+
+
+def waiting_queue(ledger, ids, order=None):
+    """The queue of the requests `ids` (in arrival order) under an Order (None: first come,
+    first served)."""
+    if order is None or order.keys is None:
+        return FifoQueue(ledger, ids)
+    return PriorityQueue(ledger, ids, order.rank, order.ranked, order.max_wait_s)
+
+
 def schedule_prefill(prefilling, n_dec, chunk_tokens):
     """This step's prefill: [(request, tokens)], oldest first. Whole prompts, or (chunked)
     what the step's token budget leaves after one token for each decoding request."""
@@ -715,23 +878,30 @@ class SimulationStalled(RuntimeError):
 
 
 class ServingSim:
-    """One run of the serving simulation; see simulate_serving."""
+    """One replica in the serving simulation; see simulate_serving.
+
+    Its loop is plan (admit at the clock, choose the next run of identical steps) then commit
+    (run it). A fleet (simulate_fleet) interleaves its replicas' loops by time and hands each
+    one its requests as they arrive; alone, a replica is given them all at once (`ids`).
+    """
 
     def __init__(self, req, slots, costs, scheduler, chunk_tokens=None, kv=None,
-                 progress=None):
-        self.arrival, self.prompt, self.output = (a.tolist() for a in (req.arrival_s,
-                                                                       req.prompt, req.output))
-        self.n, self.slots, self.costs, self.scheduler = len(self.output), slots, costs, scheduler
+                 progress=None, order=None, ledger=None, ids=None):
+        ledger = ledger or Ledger(req)
+        self.ledger = ledger
+        for name in ("arrival", "prompt", "output", "start", "first", "finish", "first_step",
+                     "finish_step", "to_prefill", "remaining", "generated"):
+            setattr(self, name, getattr(ledger, name))
+        ids = range(len(self.output)) if ids is None else ids
+        self.waiting = waiting_queue(ledger, ids, order)  # requests not yet admitted
+        self.n, self.slots, self.costs, self.scheduler = len(ids), slots, costs, scheduler
         self.chunk_tokens = chunk_tokens if scheduler == "chunked" else None
         self.kv = None if kv is None else (PagedBlocks if kv.policy == "paged"
                                            else Reservation)(kv)
         self.capacity = kv.capacity_tokens if kv else math.inf
         self.progress = progress
-        n = self.n
-        self.start, self.first, self.finish = [math.nan] * n, [math.nan] * n, [math.nan] * n
-        self.to_prefill, self.remaining = list(self.prompt), list(self.output)
-        self.generated = [0] * n         # tokens each request has emitted
-        self.queue, self.retry = 0, []   # next request to arrive; preempted ids (a heap)
+        self.retry = []                  # preempted ids (a heap: the oldest first)
+        self.pending = None              # the planned run: (plan, steps, blocked)
         self.running = {}                # admission order -> Seq, oldest first
         self.prefilling = []             # running requests with prompt left, oldest first
         self.pre_total = self.pre_ctx = 0  # their prompt tokens left, and cached
@@ -746,25 +916,40 @@ class ServingSim:
         self.series_stride = 1
 
     def run(self):
+        """Serve every request given; -> result()."""
         clock = time.perf_counter()
-        while self.done < self.n:
-            self.iterations += 1
-            taken = 0 if self.kv is None else \
-                self.make_room() if self.kv.preempts else self.kv.planned(self, ())
-            blocked = self.admit(taken)
-            plan = schedule_prefill(self.prefilling, self.n_dec, self.chunk_tokens)
-            if not plan and not self.n_dec:
-                raise SimulationStalled(
-                    f"the {self.scheduler} simulation stalled at t = {self.t:.3f} s with "
-                    f"{self.n - self.done:,} requests unfinished and none running")
-            self.advance(plan, self.steps_until_event(plan, blocked))
-            self.finish_due()
+        while self.plan():
+            self.commit()
             if self.progress and not self.iterations % 65536 and \
                     time.perf_counter() - clock > 10:
                 clock = time.perf_counter()
                 self.progress(f"{self.done:,} / {self.n:,} requests finished, "
                               f"{self.t:,.1f} s simulated")
         return self.result()
+
+    def plan(self):
+        """Admit at the clock and plan the run of steps up to the next event. -> False when
+        there is nothing left to run (nothing running, waiting or preempted)."""
+        self.iterations += 1
+        taken = 0 if self.kv is None else \
+            self.make_room() if self.kv.preempts else self.kv.planned(self, ())
+        blocked = self.admit(taken)
+        plan = schedule_prefill(self.prefilling, self.n_dec, self.chunk_tokens)
+        if not plan and not self.n_dec:
+            if not (self.waiting or self.retry):
+                return False
+            raise SimulationStalled(
+                f"the {self.scheduler} simulation stalled at t = {self.t:.3f} s with "
+                f"{len(self.waiting) + len(self.retry):,} requests waiting and none running")
+        self.pending = (plan, self.steps_until_event(plan, blocked), blocked)
+        return True
+
+    def commit(self):
+        """Run the planned steps."""
+        plan, k, _ = self.pending
+        self.pending = None
+        self.advance(plan, k)
+        self.finish_due()
 
     def make_room(self):
         """Preempt the newest request while the planned step needs more blocks than exist.
@@ -784,24 +969,22 @@ class ServingSim:
             heapq.heappush(self.retry, r)
 
     def admit(self, taken):
-        """Admit waiting requests (preempted first, then by arrival) into free slots, first
-        come first served, into the KV memory the planned step leaves (`taken`: what it takes).
-        -> True when the head of the line waits for memory."""
+        """Admit waiting requests (preempted first, then in the queue's order) into free
+        slots, into the KV memory the planned step leaves (`taken`: what it takes); nobody
+        overtakes the head of the line. -> True when the head of the line waits for memory."""
         if self.running:
             if self.scheduler == "static":
                 return False
-        elif not self.retry and self.queue < self.n and self.arrival[self.queue] > self.t:
-            self.t = self.arrival[self.queue]  # idle until the next request arrives
+        elif not self.retry and self.waiting.head(self.t) is None and self.waiting:
+            self.t = self.waiting.next_arrival()  # idle until the next request arrives
         free, spare, kv = self.slots - len(self.running), self.spare(), self.kv
         room = self.capacity - taken
         watermark = 0 if kv is None else kv.watermark
         retry, to_prefill, start, t = self.retry, self.to_prefill, self.start, self.t
+        head, pop = self.waiting.head, self.waiting.pop
         while free and spare > 0:
-            if retry:
-                r = retry[0]
-            elif self.queue < self.n and self.arrival[self.queue] <= t:
-                r = self.queue
-            else:
+            r = retry[0] if retry else head(t)
+            if r is None:
                 return False
             pre = to_prefill[r]
             need = 0 if kv is None else kv.need(self.prompt[r], min(pre, spare), pre)
@@ -810,7 +993,7 @@ class ServingSim:
             if retry:
                 heapq.heappop(retry)
             else:
-                self.queue += 1
+                pop()
             seq = Seq(r, self.admissions, pre, self.remaining[r])
             self.admissions += 1
             if start[r] != start[r]:  # (nan: its first admission)
@@ -837,12 +1020,16 @@ class ServingSim:
             if len(plan) > 1 or chunk == seq.pre:
                 return 1  # a prefill ends (or several run): one step
             k = min(k, (seq.pre - 1) // chunk)  # chunks of one prompt, short of its last
-        elif not blocked and self.scheduler != "static" and len(self.running) < self.slots \
-                and self.queue < self.n and self.spare() > 0:
-            k = self.steps_to_reach(self.arrival[self.queue], k)  # a newcomer could join
+        elif self.could_join(blocked) and self.waiting:
+            k = self.steps_to_reach(self.waiting.next_arrival(), k)  # a newcomer could join
         if self.kv is not None and self.kv.preempts and k > 1:
             k = self.kv.max_steps(self, plan, k)
         return k
+
+    def could_join(self, blocked):
+        """Whether a request arriving now could be admitted at the next step."""
+        return not blocked and self.scheduler != "static" and len(self.running) < self.slots \
+            and self.spare() > 0
 
     def steps_to_reach(self, when, k):
         """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
@@ -906,6 +1093,7 @@ class ServingSim:
             self.pre_ctx -= s.ctx
             if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
                 first[s.id] = self.t
+                self.first_step[s.id] = steps
             s.left -= 1
             s.ctx += 1
         if self.kv is not None:
@@ -960,6 +1148,7 @@ class ServingSim:
     def end(self, seq):
         self.leave(seq)
         self.finish[seq.id] = self.t
+        self.finish_step[seq.id] = self.steps
         self.done += 1
 
     def leave(self, seq):
@@ -983,7 +1172,8 @@ class ServingSim:
 
     def result(self):
         sim = {"start": np.array(self.start), "first_token": np.array(self.first),
-               "finish": np.array(self.finish), "steps": self.steps,
+               "finish": np.array(self.finish), "first_step": np.array(self.first_step),
+               "finish_step": np.array(self.finish_step), "steps": self.steps,
                "occupancy": self.busy / (self.steps * self.slots) if self.steps else 0.0,
                "longest_step_s": self.longest_step_s, "prefill_s": self.prefill_s,
                "decode_s": self.decode_s, "iterations": self.iterations}
@@ -992,7 +1182,8 @@ class ServingSim:
         return sim
 
 
-def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None, progress=None):
+def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None, progress=None,
+                     order=None):
     """Run the requests through `slots` seats under one scheduler; per-request times and steps.
 
     static      a batch forms from the waiting requests (up to `slots`), is prefilled, and
@@ -1004,11 +1195,13 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None, p
     kv          a KVBudget: admission also waits for KV memory, and a paged cache preempts
                 (None: memory is unlimited and not tracked)
     progress    called with a line of progress now and then on a long run
+    order       an Order: who takes a free seat (None: first come, first served)
     A prefill pass and a decode pass in one step are priced as two passes. -> start,
-    first_token and finish of every request (s), steps, occupancy, the loop's iterations, and
-    with kv the memory it held and allocated (integrals over time, peaks, a thinned series).
+    first_token and finish of every request (s), the steps of its first token and its finish,
+    steps, occupancy, the loop's iterations, and with kv the memory it held and allocated
+    (integrals over time, peaks, a thinned series).
     """
-    return ServingSim(req, slots, costs, scheduler, chunk_tokens, kv, progress).run()
+    return ServingSim(req, slots, costs, scheduler, chunk_tokens, kv, progress, order).run()
 
 
 def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
@@ -1706,11 +1899,11 @@ def post_table(run, lengths):
     return result
 
 
-def simulation_task(label, req, slots, costs, scheduler, chunk_tokens, kv=None):
+def simulation_task(label, req, slots, costs, scheduler, chunk_tokens, kv=None, order=None):
     """One timed simulation, with progress lines on a long one (run in a worker process)."""
     t0 = time.perf_counter()
     sim = simulate_serving(req, slots, costs, scheduler, chunk_tokens, kv,
-                           functools.partial(log_labelled, label))
+                           functools.partial(log_labelled, label), order)
     sim["wall_s"] = time.perf_counter() - t0
     return sim
 
@@ -1731,25 +1924,29 @@ def run_parallel(calls, jobs):
 
 
 def run_batching_sim(run, req, log, results, kv=None):
-    """C: static vs continuous batching in steps (the post's table), then in seconds under the
-    step-cost model for all three schedulers, (kv: kv_setup's budgets) the KV-cache study, and
-    a sweep of arrival rates; the independent simulations run in --jobs worker processes."""
+    """C: static vs continuous batching in steps (the post's table, then in every order of the
+    queue), then in seconds under the step-cost model for all three schedulers, (kv: kv_setup's
+    budgets) the KV-cache study, who waits under each order, and a sweep of arrival rates; the
+    independent simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
     result = {} if run.trace else post_table(run, req.output)
     if "static" in result:
         log(f"C: static {result['static']['steps']:,} steps, continuous "
             f"{result['continuous']['steps']:,} steps")
+        result["orders_steps"] = orders_steps(req.output, run.slots, [
+            run_order(run, req.output, name) for name in ORDERS])
     costs = step_costs(run, results)
+    order = run_order(run, req.output)
     result.update(source=workload(run), requests=len(req.output), slots=run.slots,
-                  cost_model=costs.describe(),
+                  cost_model=costs.describe(), order=order_info(order, req.output, run.seed),
                   arrivals=arrivals(run), prompt_tokens=percentiles(req.prompt),
                   output_tokens=percentiles(req.output), schedulers={}, distributions={})
     runs = [(f"C {name}", name, None) for name in SCHEDULERS]
     if kv:  # (first: the slowest go first, so that no worker is left with one at the end)
         runs = [(f"C kv {budget.policy} {name}", name, budget) for budget in kv[1][::-1]
                 for name in SCHEDULERS] + runs
-    calls = [(simulation_task, (label, req, run.slots, costs, name, run.chunk_tokens, budget))
-             for label, name, budget in runs]
+    calls = [(simulation_task, (label, req, run.slots, costs, name, run.chunk_tokens, budget,
+                                order)) for label, name, budget in runs]
     if "static" in result and not run.lengths_file:
         calls.append((seed_spread, (run.requests, run.slots)))
     done = run_parallel(calls, run.jobs)
@@ -1771,8 +1968,11 @@ def run_batching_sim(run, req, log, results, kv=None):
                                                    for name in SCHEDULERS})
     if kv:
         result["kv"] = kv_study(req, sims, *kv)
-    result["rate_sweep"], swept = rate_sweep(run, req, costs, result["schedulers"]["continuous"])
-    every = list(sims.values()) + swept
+    result["who_waits"], result["orders"], waited = who_waits(run, req, costs,
+                                                               kv[1] if kv else ())
+    result["rate_sweep"], swept = rate_sweep(run, req, costs, result["schedulers"]["continuous"],
+                                             order)
+    every = list(sims.values()) + waited + swept
     result["simulation"] = {"runs": len(every), "jobs": run.jobs,
                             "iterations": sum(s["iterations"] for s in every),
                             "simulation_s": sum(s["wall_s"] for s in every),
@@ -1781,22 +1981,26 @@ def run_batching_sim(run, req, log, results, kv=None):
 
 
 def kv_setup(run, req, device):
-    """C's KV budgets, one per policy, checked against every request before anything runs."""
+    """C's KV budgets, one per policy, checked against every request before anything runs.
+    -> (the budget's description, the budgets every request fits); a policy a request does not
+    fit is left out, and info["unfit"] says why, so its rows print as not fitting."""
     memory_bytes, source = kv_budget_bytes(run, device)
     per_token = kv_bytes_per_token(run.model)
-    if memory_bytes < per_token:
-        raise UsageError(f"no memory is left for the KV cache ({source}: "
-                         f"{memory_bytes / 1e9:.2f} GB); give --kv-memory-gb")
     generated = not (run.trace or run.lengths_file)
     max_output = run.max_output or (LENGTH_MAX if generated else int(req.output.max()))
     info = {"memory_bytes": memory_bytes, "memory_source": source, "bytes_per_token": per_token,
-            "budget_tokens": int(memory_bytes // per_token), "block_tokens": run.block_tokens,
-            "max_output": max_output, "watermark": run.watermark}
-    budgets = [KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output,
-                        run.watermark if policy == "paged" else 0.0)
-               for policy in run.kv_policies]
-    for kv in budgets:
-        check_kv_budget(req, kv)
+            "budget_tokens": max(int(memory_bytes // per_token), 0),
+            "block_tokens": run.block_tokens, "max_output": max_output,
+            "watermark": run.watermark, "unfit": {}}
+    budgets = []
+    for policy in run.kv_policies:
+        kv = KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output,
+                      run.watermark if policy == "paged" else 0.0)
+        why = check_kv_budget(req, kv) if info["budget_tokens"] else {"kind": "kv_no_memory"}
+        if why:
+            info["unfit"][policy] = why
+        else:
+            budgets.append(kv)
     return info, budgets
 
 
@@ -1842,6 +2046,107 @@ def kv_study(req, sims, info, budgets):
     return result
 
 
+def run_order(run, output, name=None):
+    """The queue's Order for C's requests: --order with --max-wait-s, or the order `name` with
+    no guard; the predicted lengths are the same draw (--predict-sigma) in every study."""
+    return queue_order(name or run.order, output, run.predict_sigma, run.seed + 4,
+                       None if name else run.max_wait_s)
+
+
+def order_info(order, output, seed=0):
+    """An Order as a description for the tables (with how well its predictions rank)."""
+    info = {"name": order.name, "max_wait_s": order.max_wait_s}
+    if order.name == "predicted":
+        info.update(sigma=order.sigma, kendall_tau=kendall_tau(output, order.keys, seed=seed))
+    return info
+
+
+def orders_steps(lengths, slots, orders):
+    """The post's table under each order: every request waiting at t=0, so an order is a
+    stable sort of the queue; the steps, occupancy and the step at which requests finish."""
+    result = {}
+    for order in orders:
+        ordered = lengths if order.keys is None else lengths[order.ranked]
+        result[order.name] = {}
+        for policy, starts_of in (("static", static_starts), ("continuous", continuous_starts)):
+            starts, steps = starts_of(ordered, slots)
+            finish = starts + ordered
+            result[order.name][policy] = {
+                "steps": steps, "occupancy": float(lengths.sum() / (steps * slots)),
+                "mean_finish_step": float(finish.mean()),
+                "p99_finish_step": float(np.percentile(finish, 99))}
+    return result
+
+
+WHO_WAITS_REQUESTS = 100_000  # the who-waits study serves the first this many requests
+
+
+def who_waits(run, req, costs, budgets):
+    """C: who waits under each order of the queue. Continuous batching serves the run's
+    requests (the first WHO_WAITS_REQUESTS) as they arrive, within the KV budget (paged where
+    every request fits it, else the other policy, else none); the two shortest-first orders
+    run again with the starvation guard (--max-wait-s, or else FCFS's 99th-percentile wait).
+    -> (what ran, {order: latencies overall and by output length}, the simulations)"""
+    n = min(len(req.output), WHO_WAITS_REQUESTS)
+    req = Requests(req.arrival_s[:n], req.prompt[:n], req.output[:n], req.source)
+    budget = next((b for b in budgets if b.policy == "paged"), budgets[0] if budgets else None)
+
+    def simulate(orders):
+        return dict(zip(orders, run_parallel([(simulation_task, (
+            f"C who waits {name}", req, run.slots, costs, "continuous", run.chunk_tokens, budget,
+            order)) for name, order in orders.items()], run.jobs)))
+    orders = {name: run_order(run, req.output, name) for name in ORDERS}
+    sims = simulate(orders)
+    guard, source = run.max_wait_s, "guard_flag"
+    if guard is None:
+        guard = float(np.percentile(sims["fcfs"]["start"] - req.arrival_s, 99))
+        source = "guard_fcfs"
+    sims.update(simulate({f"{name}_guarded": dataclasses.replace(orders[name], max_wait_s=guard)
+                          for name in ("sjf", "predicted")}))
+    edges = [int(e) for e in np.quantile(req.output, [1 / 3, 2 / 3])]
+    info = {"requests": n, "slots": run.slots, "scheduler": "continuous",
+            "kv_policy": budget.policy if budget else None, "arrivals": arrivals(run),
+            "guard_s": guard, "guard_source": source, "length_edges": edges,
+            **order_info(orders["predicted"], req.output, run.seed)}
+    del info["name"], info["max_wait_s"]
+    return info, {name: order_latencies(req, sim, edges) for name, sim in sims.items()}, \
+        list(sims.values())
+
+
+def order_latencies(req, sim, edges):
+    """One order's latencies: overall, by output-length bucket (short up to edges[0] tokens,
+    medium up to edges[1], long), and a curve by output length for the figure. Normalized
+    latency is E2E / output tokens (Orca's and vLLM's measure); the wait is admission -
+    arrival."""
+    m = serving_metrics(req, sim)
+    out = req.output
+    ttft, e2e = sim["first_token"] - req.arrival_s, sim["finish"] - req.arrival_s
+    wait, per_token = sim["start"] - req.arrival_s, e2e / out
+    buckets = []
+    for name, mask in (("short", out <= edges[0]), ("medium", (out > edges[0])
+                                                    & (out <= edges[1])),
+                       ("long", out > edges[1])):
+        if mask.any():
+            buckets.append({"bucket": name, "low": int(out[mask].min()),
+                            "high": int(out[mask].max()), "count": int(mask.sum()),
+                            "ttft_s": percentiles(ttft[mask]), "e2e_s": percentiles(e2e[mask]),
+                            "normalized_s_per_token": float(per_token[mask].mean()),
+                            "max_wait_s": float(wait[mask].max())})
+    bins = np.unique(np.geomspace(out.min(), out.max() + 1, 17).astype(int))
+    which = np.searchsorted(bins, out, side="right") - 1
+    curve = {"length": [], "ttft_mean_s": [], "e2e_mean_s": [], "per_token_mean_s": []}
+    for b in np.unique(which):  # (means: a bin's few long waits are what an order moves)
+        mask = which == b
+        curve["length"].append(float(np.median(out[mask])))
+        for key, values in (("ttft_mean_s", ttft), ("e2e_mean_s", e2e),
+                            ("per_token_mean_s", per_token)):
+            curve[key].append(float(values[mask].mean()))
+    return {**{k: m[k] for k in ("makespan_s", "throughput_rps", "output_tokens_per_s",
+                                 "ttft_s", "tpot_s", "e2e_s", "iterations", "simulation_s")},
+            "normalized_s_per_token": float(per_token.mean()), "max_wait_s": float(wait.max()),
+            "by_length": buckets, "curve": curve}
+
+
 def step_costs(run, results):
     if run.cost == "measured" or (run.cost is None and "A" in results):
         if "A" not in results:
@@ -1880,7 +2185,7 @@ def quantile_curve(sorted_values, points=200):
     return np.quantile(sorted_values, q).tolist() if len(sorted_values) else []
 
 
-def rate_sweep(run, req, costs, continuous):
+def rate_sweep(run, req, costs, continuous, order=None):
     """Throughput and p99 latency of each scheduler as the arrival rate grows.
 
     Rates: --rates, or fractions of the continuous scheduler's capacity (its throughput with
@@ -1897,7 +2202,7 @@ def rate_sweep(run, req, costs, continuous):
     swept = [Requests(arrival_times(len(req.output), rate, run.burstiness, rng), req.prompt,
                       req.output, req.source) for rate in rates]
     sims = run_parallel([(simulation_task, (f"C sweep {rate:g}/s {name}", r, run.slots, costs,
-                                            name, run.chunk_tokens))
+                                            name, run.chunk_tokens, None, order))
                          for rate, r in zip(rates, swept) for name in SCHEDULERS], run.jobs)
     points = []
     for i, (rate, r) in enumerate(zip(rates, swept)):
@@ -2217,9 +2522,43 @@ TEXT = {
         "pricing_measured": "measured on {device} ({mode})",
         "pricing_engine": "measured for D on {device} (means)",
         "seconds": "seconds", "req_s": "req/s", "goodput": "goodput req/s",
-        "simulations": "{runs} simulations (these, the KV study's and the rate sweep's): "
+        "simulations": "{runs} simulations (these, the KV study's, who waits and the rate "
+                       "sweep's): "
                        "{iterations:,} loop iterations in {seconds:,.2f} s ({rate:,.0f} per "
                        "second), {wall:,.2f} s of wall time on {jobs} worker processes",
+        # C: the orders of the queue, and who waits
+        "orders_steps": "C  the same table in each order of the queue (all {requests} waiting "
+                        "at t=0; finish: the step at which a request ends)",
+        "order": "order", "static_steps": "static steps", "static_occ": "static occupancy",
+        "static_finish": "static mean finish", "continuous_steps": "continuous steps",
+        "continuous_occ": "continuous occupancy", "continuous_finish": "continuous mean finish",
+        "continuous_p99": "continuous p99 finish",
+        "order_fcfs": "first come, first served", "order_sjf": "shortest first (true lengths)",
+        "order_predicted": "shortest predicted first", "order_longest": "longest first",
+        "order_sjf_guarded": "shortest first + guard",
+        "order_predicted_guarded": "shortest predicted + guard",
+        "queue": "   queue: {order}",
+        "queue_predicted": " (lengths x e^N(0, {sigma:g}^2): Kendall tau {kendall_tau:.2f})",
+        "queue_guard": "; a request that has waited {max_wait_s:g} s goes first",
+        "who_waits": "C  who waits: {requests:,} requests through continuous batching, {slots} "
+                     "slots, arrivals {arrivals}, KV cache: {kv}",
+        "who_waits_kv_none": "unlimited (no policy fits every request)",
+        "who_waits_setup": "   predicted lengths: true x e^N(0, {sigma:g}^2), Kendall tau "
+                           "{tau:.2f}; guard: a request that has waited {guard:,.3g} s goes "
+                           "first ({source})",
+        "guard_flag": "--max-wait-s", "guard_fcfs": "FCFS's 99th-percentile wait",
+        "ttft_mean_s": "TTFT mean s", "ttft_p50_s": "TTFT p50 s", "ttft_p99_s": "TTFT p99 s",
+        "e2e_mean_s": "E2E mean s", "e2e_p50_s": "E2E p50 s", "e2e_p99_s": "E2E p99 s",
+        "per_token_ms": "ms per output token", "longest_wait": "longest wait s",
+        "who_waits_by_length": "C  who waits, by output length (this workload's terciles)",
+        "output_tokens": "output tokens", "count": "requests",
+        "bucket": "{name} {low:,}-{high:,}", "bucket_short": "short", "bucket_medium": "medium",
+        "bucket_long": "long",
+        "kv_unfit_row": "{policy}: does not fit, so not simulated: {why}",
+        "kv_no_memory": "the weights leave no memory for the KV cache",
+        "kv_max_output": "--max-output {max_output:,} is below the longest output, {longest:,}",
+        "kv_too_long": "request {request:,} alone needs {needs:,} tokens (prompt {prompt:,} + "
+                       "output {output:,}), the budget holds {holds:,}",
         # C: the KV cache
         "kv": "C  KV cache: {gb:,.2f} GB ({memory_source}) = {tokens:,} tokens of {bytes:,} "
               "bytes; reserve: prompt + {max_output:,} output tokens each; paged: blocks of "
@@ -2319,9 +2658,41 @@ TEXT = {
         "pricing_measured": "{device}에서 실측 ({mode})",
         "pricing_engine": "D를 위해 {device}에서 실측 (평균)",
         "seconds": "초", "req_s": "요청/초", "goodput": "유효 처리량 요청/초",
-        "simulations": "모의실험 {runs}번 (위의 것, KV 실험, 도착률 스윕): 루프 {iterations:,}번을 "
+        "simulations": "모의실험 {runs}번 (위의 것, KV 실험, 누가 기다리나, 도착률 스윕): 루프 "
+                       "{iterations:,}번을 "
                        "{seconds:,.2f}초에 (초당 {rate:,.0f}번), 작업 프로세스 {jobs}개로 "
                        "실제 {wall:,.2f}초",
+        "orders_steps": "C  같은 표를 대기열 순서마다 (요청 {requests}개 모두 t=0에 대기; 끝: 요청이 "
+                        "끝나는 스텝)",
+        "order": "순서", "static_steps": "정적 스텝", "static_occ": "정적 점유율",
+        "static_finish": "정적 평균 끝", "continuous_steps": "연속 스텝",
+        "continuous_occ": "연속 점유율", "continuous_finish": "연속 평균 끝",
+        "continuous_p99": "연속 p99 끝",
+        "order_fcfs": "먼저 온 순서", "order_sjf": "짧은 것 먼저 (실제 길이)",
+        "order_predicted": "예측이 짧은 것 먼저", "order_longest": "긴 것 먼저",
+        "order_sjf_guarded": "짧은 것 먼저 + 보호",
+        "order_predicted_guarded": "예측이 짧은 것 먼저 + 보호",
+        "queue": "   대기열: {order}",
+        "queue_predicted": " (길이 x e^N(0, {sigma:g}^2): 켄달 타우 {kendall_tau:.2f})",
+        "queue_guard": "; {max_wait_s:g}초를 기다린 요청은 먼저",
+        "who_waits": "C  누가 기다리나: 요청 {requests:,}개를 연속 배칭으로, 슬롯 {slots}개, "
+                     "도착: {arrivals}, KV 캐시: {kv}",
+        "who_waits_kv_none": "무제한 (모든 요청이 들어가는 할당 방식이 없음)",
+        "who_waits_setup": "   예측 길이: 실제 x e^N(0, {sigma:g}^2), 켄달 타우 {tau:.2f}; 보호: "
+                           "{guard:,.3g}초를 기다린 요청은 먼저 ({source})",
+        "guard_flag": "--max-wait-s", "guard_fcfs": "먼저 온 순서에서 대기의 99번째 백분위",
+        "ttft_mean_s": "TTFT 평균 초", "ttft_p50_s": "TTFT p50 초", "ttft_p99_s": "TTFT p99 초",
+        "e2e_mean_s": "E2E 평균 초", "e2e_p50_s": "E2E p50 초", "e2e_p99_s": "E2E p99 초",
+        "per_token_ms": "출력 토큰당 ms", "longest_wait": "가장 긴 대기 초",
+        "who_waits_by_length": "C  누가 기다리나, 출력 길이별 (이 작업량의 삼분위)",
+        "output_tokens": "출력 토큰", "count": "요청 수",
+        "bucket": "{name} {low:,}-{high:,}", "bucket_short": "짧음", "bucket_medium": "중간",
+        "bucket_long": "긺",
+        "kv_unfit_row": "{policy}: 들어가지 않아 모의실험하지 않음: {why}",
+        "kv_no_memory": "가중치를 빼면 KV 캐시에 남는 메모리가 없다",
+        "kv_max_output": "--max-output {max_output:,}이 가장 긴 출력 {longest:,}보다 작다",
+        "kv_too_long": "요청 {request:,} 하나만으로 {needs:,}토큰이 필요한데 (질문 {prompt:,} + 출력 "
+                       "{output:,}) 예산은 {holds:,}토큰",
         "kv": "C  KV 캐시: {gb:,.2f} GB ({memory_source}) = 토큰 {tokens:,}개 (토큰당 "
               "{bytes:,}바이트); 예약: 요청마다 질문 + 출력 {max_output:,}토큰; 페이지: "
               "{block}토큰 블록{admission}",
@@ -2411,10 +2782,14 @@ def format_tables(results, lang="en"):
                 chain_text(T, results["B"])]
     if "C" in results and "static" in results["C"]:
         out += [post_table_text(T, results["C"])]
+        if "orders_steps" in results["C"]:
+            out += [orders_steps_table(T, results["C"])]
     if "C" in results:
         out += [serving_table(T, results["C"])]
         if "kv" in results["C"]:
             out += [kv_table(T, results["C"]["kv"])]
+        if "orders" in results["C"]:
+            out += who_waits_tables(T, results["C"])
     if "D" in results:
         out += [engine_table(T, results["D"])]
     return "\n\n".join(out)
@@ -2478,6 +2853,55 @@ def spread_text(T, s, pct=False):
     return f"{s['p50']:.2f}{T['times']} ({s['p10']:.2f}-{s['p90']:.2f}{T['times']})"
 
 
+def orders_steps_table(T, C):
+    """The post's table in each order of the queue."""
+    rows = [[T["order_" + name]] + [v for p in ("static", "continuous") for v in (
+        f"{s[p]['steps']:,}", f"{100 * s[p]['occupancy']:.1f}%", f"{s[p]['mean_finish_step']:,.0f}")]
+        + [f"{s['continuous']['p99_finish_step']:,.0f}"] for name, s in C["orders_steps"].items()]
+    return "\n".join([T["orders_steps"].format(requests=C["requests"]), table(T, rows, [
+        "order", "static_steps", "static_occ", "static_finish", "continuous_steps",
+        "continuous_occ", "continuous_finish", "continuous_p99"])])
+
+
+def order_text(T, info):
+    """--order as a phrase: its name, how good its predictions are, its guard."""
+    text = T["order_" + info["name"]]
+    if "kendall_tau" in info:
+        text += T["queue_predicted"].format(**info)
+    if info.get("max_wait_s") is not None:
+        text += T["queue_guard"].format(**info)
+    return text
+
+
+def seconds(value):
+    return f"{value:,.2f}" if value >= 1 else f"{value:.3f}"
+
+
+def who_waits_tables(T, C):
+    """Who waits: each order's makespan and latencies, then by output length."""
+    w, orders = C["who_waits"], C["orders"]
+    kv = T[w["kv_policy"]] if w["kv_policy"] else T["who_waits_kv_none"]
+    header = [T["who_waits"].format(requests=w["requests"], slots=w["slots"], kv=kv,
+                                    arrivals=describe(T, w["arrivals"])),
+              T["who_waits_setup"].format(sigma=w["sigma"], tau=w["kendall_tau"],
+                                          guard=w["guard_s"], source=T[w["guard_source"]])]
+    rows = [[T["order_" + name], seconds(m["makespan_s"]), f"{m['throughput_rps']:,.2f}",
+             seconds(m["ttft_s"]["mean"]), seconds(m["ttft_s"]["p99"]), seconds(m["e2e_s"]["mean"]),
+             seconds(m["e2e_s"]["p99"]), f"{1e3 * m['normalized_s_per_token']:,.1f}",
+             seconds(m["max_wait_s"])] for name, m in orders.items()]
+    by_length = [[T["order_" + name], T["bucket"].format(name=T["bucket_" + b["bucket"]], **b),
+                  f"{b['count']:,}", seconds(b["ttft_s"]["p50"]), seconds(b["ttft_s"]["p99"]),
+                  seconds(b["e2e_s"]["p50"]), seconds(b["e2e_s"]["p99"]),
+                  f"{1e3 * b['normalized_s_per_token']:,.1f}", seconds(b["max_wait_s"])]
+                 for name, m in orders.items() for b in m["by_length"]]
+    return ["\n".join(header + [table(T, rows, [
+                "order", "seconds", "req_s", "ttft_mean_s", "ttft_p99_s", "e2e_mean_s",
+                "e2e_p99_s", "per_token_ms", "longest_wait"])]),
+            "\n".join([T["who_waits_by_length"], table(T, by_length, [
+                "order", "output_tokens", "count", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s",
+                "e2e_p99_s", "per_token_ms", "longest_wait"])])]
+
+
 def serving_table(T, C):
     """C in seconds: each scheduler's throughput and latency percentiles."""
     def ms(d, key):
@@ -2495,6 +2919,7 @@ def serving_table(T, C):
     lines = [T["C_seconds"].format(requests=C["requests"], source=describe(T, C["source"]),
                                    slots=C["slots"], arrivals=describe(T, C["arrivals"])),
              T["step_costs"].format(pricing=describe(T, C["cost_model"]["source"])),
+             T["queue"].format(order=order_text(T, C["order"])),
              table(T, rows, headers)]
     work = C.get("simulation")
     if work:
@@ -2518,14 +2943,16 @@ def kv_table(T, kv):
                          f"{1e3 * m['e2e_s']['p99']:,.0f}"])
     admission = (T["admit_watermark"].format(share=kv["watermark"]) if kv.get("watermark")
                  else T["admit_naive"])
-    lines = [T["kv"].format(gb=kv["memory_bytes"] / 1e9,
+    lines = [T["kv"].format(gb=max(kv["memory_bytes"], 0) / 1e9,
                             memory_source=describe(T, kv["memory_source"]),
                             tokens=kv["budget_tokens"], bytes=kv["bytes_per_token"],
                             max_output=kv["max_output"], block=kv["block_tokens"],
-                            admission=admission),
+                            admission=admission)] + ([
              table(T, rows, ["allocation", "policy", "req_s", "concurrency", "kv_used",
                              "never_used", "max_allocated", "preempted", "recomputed",
-                             "ttft_p99", "e2e_p99"])]
+                             "ttft_p99", "e2e_p99"])] if rows else [])
+    lines += [T["kv_unfit_row"].format(policy=T[policy], why=describe(T, why))
+              for policy, why in kv.get("unfit", {}).items()]
     if kv.get("device_check"):
         lines.append(device_check_text(T, kv["device_check"]))
     return "\n".join(lines)
@@ -2905,6 +3332,38 @@ def plot_phases(results, path, decode_steps=24):
     save_figure(fig, results, path)
 
 
+ORDER_STYLES = {"fcfs": (BLUE, "-"), "sjf": ("#2ca02c", "-"), "predicted": (PREFILL, "-"),
+                "longest": (DECODE, "-"), "sjf_guarded": ("#2ca02c", "--"),
+                "predicted_guarded": (PREFILL, "--")}
+
+
+def plot_who_waits(results, path):
+    """Latency against output length under each order of the queue: who waits for whom."""
+    import matplotlib.pyplot as plt
+    C = results["C"]
+    if "orders" not in C:
+        return False
+    w = C["who_waits"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    for ax, key, label in zip(axes, ("ttft_mean_s", "per_token_mean_s"), (
+            "time to first token (s, mean)", "end-to-end latency per output token (s, mean)")):
+        for name, m in C["orders"].items():
+            color, style = ORDER_STYLES[name]
+            ax.plot(m["curve"]["length"], m["curve"][key], style, color=color, marker=".",
+                    label=name.replace("_guarded", " + guard"))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("output tokens (log)")
+        ax.set_ylabel(label, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"C: who waits: {w['requests']:,} requests, continuous batching, {w['slots']} "
+                 f"slots, arrivals {describe(TEXT['en'], w['arrivals'])}; guard "
+                 f"{w['guard_s']:.3g} s", fontsize=9)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
 KV_COLORS = {"reserve": "#8c564b", "paged": "#17becf"}
 
 
@@ -2965,6 +3424,7 @@ FIGURES = {"phases.png": ("B", plot_phases),
            "latency_cdf.png": ("C", plot_latency_cdf),
            "rate_sweep.png": ("C", plot_rate_sweep),
            "kv_memory.png": ("C", plot_kv_memory),
+           "who_waits.png": ("C", plot_who_waits),
            "engine.png": ("D", plot_engine),
            "decode_batch.png": ("A", plot_decode_batch),
            "prefill_decode.png": ("B", plot_prefill_decode),
@@ -3150,6 +3610,17 @@ def build_parser():
     c.add_argument("--cost", choices=["measured", "analytic"],
                    help="price steps from this run's A/B rows or from a roofline (default: "
                         "measured when A runs)")
+    c.add_argument("--order", choices=ORDERS, default="fcfs",
+                   help="who takes a free seat first, in every scheduler of C (and D): fcfs "
+                        "(first come, first served; default), sjf (shortest output first, "
+                        "by the true lengths), predicted (shortest predicted output first), "
+                        "longest (longest output first); preempted requests always go first")
+    c.add_argument("--predict-sigma", type=number(0.0, 10.0), default=0.8,
+                   help="predicted: each length times e^N(0, s^2) (default 0.8: Kendall's tau "
+                        "about 0.55 against the truth on the post's law)")
+    c.add_argument("--max-wait-s", type=number(1e-6, 1e12),
+                   help="starvation guard: a request that has waited this long goes first "
+                        "(default: off; the who-waits study uses FCFS's 99th-percentile wait)")
     c.add_argument("--slo-ttft-ms", type=number(1e-6, 1e12), help="goodput: TTFT bound")
     c.add_argument("--slo-tpot-ms", type=number(1e-6, 1e12), help="goodput: TPOT bound")
     c.add_argument("--save-requests", metavar="CSV", help="write every request's times")
@@ -3234,6 +3705,7 @@ def parse_args(argv):
                rates=args.rates, chunk_tokens=args.chunk_tokens, cost=args.cost,
                slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
                slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
+               order=args.order, predict_sigma=args.predict_sigma, max_wait_s=args.max_wait_s,
                save_requests=args.save_requests, engine_requests=args.engine_requests,
                engine_attention=args.engine_attention,
                kv_policies=("reserve", "paged") if args.kv_policy == "both" else

@@ -25,7 +25,7 @@ FLAGS = {
     "--trace-limit": "C", "--rate": "C", "--burstiness": "C", "--rates": "C",
     "--chunk-tokens": "C", "--slo-ttft-ms": "C", "--slo-tpot-ms": "C", "--kv-memory-gb": "C",
     "--block-tokens": "C", "--watermark": "C", "--jobs": "C", "--max-output": "C",
-    "--engine-requests": "D", "--dpi": "C",
+    "--engine-requests": "D", "--dpi": "C", "--predict-sigma": "C", "--max-wait-s": "C",
 }
 
 

@@ -120,18 +120,43 @@ def test_paged_packs_more_requests_than_reserve():
     assert used["reserve"] < 0.3 < 0.9 < used["paged"]
 
 
-def test_a_request_that_cannot_fit_is_refused():
+def test_a_request_that_cannot_fit_is_named():
     req = S.Requests(np.zeros(2), np.array([10, 500]), np.array([5, 5]), "test")
-    with pytest.raises(S.UsageError, match="request 1 alone needs 512"):
-        S.check_kv_budget(req, S.KVBudget("paged", 300, 16))
-    with pytest.raises(S.UsageError, match="below the longest output"):
-        S.check_kv_budget(req, S.KVBudget("reserve", 10_000, 16, max_output=4))
+    assert S.check_kv_budget(req, S.KVBudget("paged", 300, 16)) == {
+        "kind": "kv_too_long", "request": 1, "needs": 512, "prompt": 500, "output": 5,
+        "holds": 300}
+    assert S.check_kv_budget(req, S.KVBudget("reserve", 10_000, 16, max_output=4))["kind"] \
+        == "kv_max_output"
+    assert S.check_kv_budget(req, S.KVBudget("paged", 512, 16)) is None
 
 
-def test_budget_below_a_prompt_exits_2(capsys):
+def test_a_budget_below_a_prompt_marks_the_kv_rows_and_keeps_the_rest(tmp_path, capsys):
     # the post's model holds 98,304 bytes of KV per token: 10 MB is 101 tokens < a 128 prompt
-    expect_usage_error(["--experiments", "C", "--kv-memory-gb", "0.01", "--no-figures"],
-                       capsys, "raise --kv-memory-gb")
+    results, out = run_main(["--experiments", "C", "--kv-memory-gb", "0.01", "--no-figures",
+                             "--requests", "100", "--rates", "5", "--out", str(tmp_path)], capsys)
+    C = results["C"]
+    assert set(C["kv"]["unfit"]) == {"reserve", "paged"} and "paged" not in C["kv"]
+    assert C["kv"]["unfit"]["paged"]["needs"] > C["kv"]["budget_tokens"] == 101
+    # (the longest request is named: the post's 1,327 tokens, request 9)
+    assert "paged: does not fit, so not simulated: request 9 alone needs 1,456 tokens" in out.out
+    assert "static batching" in out.out and C["schedulers"]["continuous"]["steps"] > 0
+    assert C["who_waits"]["kv_policy"] is None  # (it runs unlimited instead)
+
+
+def test_a_lengths_file_with_one_huge_request_loses_only_the_kv_rows(tmp_path, capsys):
+    # a new user's file: one output of 175,208 tokens, more than the RTX 5080 budget holds
+    path = tmp_path / "lengths.txt"
+    path.write_text("\n".join(["40"] * 50 + ["175208"]) + "\n")
+    results, out = run_main(["--experiments", "C", "--lengths-file", str(path), "--no-figures",
+                             "--out", str(tmp_path), "--rates", "5"], capsys)
+    C = results["C"]
+    # (both: the 51st request starts when the first 32 have ended, at step 40)
+    assert C["static"]["steps"] == C["continuous"]["steps"] == 40 + 175208
+    assert C["kv"]["unfit"]["paged"]["request"] == 50
+    # (a reservation holds the longest output for every request: the first is named)
+    assert (C["kv"]["unfit"]["reserve"]["request"], C["kv"]["unfit"]["reserve"]["output"]) == \
+        (0, 175208)
+    assert "C  who waits" in out.out and "does not fit" in out.out
 
 
 def test_kv_results_and_figure(tmp_path, capsys):

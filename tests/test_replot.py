@@ -25,7 +25,7 @@ def test_replot_of_c_only_draws_c_and_says_so(tmp_path, capsys):
     capsys.readouterr()
     result = S.main(["--replot", str(tmp_path / "results.json"), "--out", str(tmp_path / "r")])
     assert sorted(result["written"]) == ["kv_memory.png", "latency_cdf.png", "occupancy.png",
-                                         "rate_sweep.png"]
+                                         "rate_sweep.png", "who_waits.png"]
     out = capsys.readouterr().out
     assert "could not draw roofline.png: needs experiment A or B" in out
 
