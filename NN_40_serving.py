@@ -63,13 +63,35 @@ class ModelConfig:
     hidden: int = 2048
     heads: int = 16
     vocab: int = 32000
-    max_positions: int = 8192  # rows of the learned position table = longest sequence
+    max_positions: int = 8192  # the longest sequence (rows of a learned position table)
     dtype: str = "float16"
     arch: str = "transformer"  # or "post": the post's proxy for A and B (see PostProxy)
+    kv_heads: int = None       # K/V heads (grouped-query attention; 1: multi-query); None: heads
+    mlp: str = "gelu"          # "gelu": fc, GELU, out; "gated": SiLU(gate) * up, then down
+    ffn_hidden: int = None     # the MLP's width; None: 4 x hidden (gelu), 8/3 x hidden (gated)
+    norm: str = "layer"        # "layer" (LayerNorm) or "rms" (RMSNorm)
+    positions: str = "learned"  # "learned" (a position table) or "rope" (rotary)
+    rope_theta: float = 10000.0
+    tied: bool = False         # the LM head is the token embedding
+    name: str = "post"         # the preset it came from (see MODELS)
 
     @property
     def head_dim(self):
         return self.hidden // self.heads
+
+    @property
+    def n_kv_heads(self):
+        return self.kv_heads or self.heads
+
+    @property
+    def kv_dim(self):  # the width of K (and of V) in every layer
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def ffn(self):
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        return 4 * self.hidden if self.mlp == "gelu" else -(-8 * self.hidden // 3 // 64) * 64
 
     @property
     def dtype_bytes(self):
@@ -83,6 +105,50 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 # this smaller preset instead of the post's GPU model.
 CPU_PRESET = ModelConfig(layers=4, hidden=1024, heads=8, vocab=8192, max_positions=4096,
                          dtype="bfloat16")
+
+# Models people serve on one GPU, by their published shapes (the config.json of each on the
+# Hugging Face Hub; README cites them). Weights stay random: only shapes set bytes and FLOPs.
+# Left out: Qwen2.5's biases on q, k and v (0.01% of its weights), rotary scaling (it changes
+# values past 8k tokens, not costs), Mistral v0.1's sliding window (v0.3 has none).
+_LLAMA = dict(mlp="gated", norm="rms", positions="rope", dtype="bfloat16")
+MODELS = {
+    "post": ModelConfig(),  # the post's 12 layers x 2048 (on CPU, the CPU preset)
+    "llama-3-8b": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, vocab=128256,
+                              max_positions=8192, ffn_hidden=14336, rope_theta=500000.0,
+                              name="llama-3-8b", **_LLAMA),
+    "llama-3.2-1b": ModelConfig(layers=16, hidden=2048, heads=32, kv_heads=8, vocab=128256,
+                                max_positions=131072, ffn_hidden=8192, rope_theta=500000.0,
+                                tied=True, name="llama-3.2-1b", **_LLAMA),
+    "mistral-7b": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, vocab=32768,
+                              max_positions=32768, ffn_hidden=14336, rope_theta=1e6,
+                              name="mistral-7b", **_LLAMA),
+    "qwen2.5-7b": ModelConfig(layers=28, hidden=3584, heads=28, kv_heads=4, vocab=152064,
+                              max_positions=32768, ffn_hidden=18944, rope_theta=1e6,
+                              name="qwen2.5-7b", **_LLAMA),
+}
+
+
+@dataclass(frozen=True)
+class GPU:
+    """A card as its vendor specifies it: peak memory bandwidth, dense FP16/BF16 tensor
+    throughput (FP32 accumulate, what PyTorch's half-precision matmuls use), memory."""
+    name: str
+    bandwidth_gbs: float
+    tflops: float
+    memory_gb: float
+
+
+GPUS = {  # README cites the spec sheets
+    "rtx-5080": GPU("RTX 5080", 960.0, 112.6, 16.0),
+    "rtx-4090": GPU("RTX 4090", 1008.0, 165.2, 24.0),
+    "a100-80gb": GPU("A100 80GB SXM", 2039.0, 312.0, 80.0),
+    "h100": GPU("H100 SXM", 3350.0, 989.4, 80.0),
+    "h200": GPU("H200 SXM", 4800.0, 989.4, 141.0),
+}
+# What C's analytic pricing takes of a card's peaks: kernels reach less than the spec sheet.
+# An H200 in this workplace copied at about 4.3 of its 4.8 TB/s and ran a large bf16 matmul
+# at 769-798 of its 989 TFLOP/s; the post's RTX 5080 reached 105.5 of its 112.6.
+CARD_EFFICIENCY = {"bandwidth": 0.9, "matmul": 0.8}
 
 EXPERIMENTS = "ABCD"
 # C prices steps in seconds with a roofline of these when no device was measured: the post's
@@ -134,6 +200,7 @@ class RunConfig:
     engine_requests: int = None   # D's requests (default: ENGINE_REQUESTS_CPU on CPU, else
                                   # requests)
     engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
+    gpu: str = None               # a named card (GPUS) C prices and budgets for
     kv_policies: tuple = ("reserve", "paged")  # C's KV-cache study
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     block_tokens: int = 16        # paged: tokens per block
@@ -424,17 +491,28 @@ class StepCosts:
                 "kv_by_batch": [list(p) for p in self.kv_by_batch]}
 
 
-def analytic_costs(cfg, bandwidth_gbs, tflops):
-    """Roofline pricing: each pass takes max(FLOPs / peak, bytes / bandwidth)."""
+def analytic_costs(cfg, bandwidth_gbs, tflops, card=None):
+    """Roofline pricing: each pass takes max(FLOPs / peak, bytes / bandwidth). card: the GPU
+    whose spec these rates are a stated share of (CARD_EFFICIENCY), for the description."""
     knots = [2**i for i in range(15)]
     seconds = []
     for n in knots:
         cost = step_cost(cfg, n, 1, 0)
         seconds.append(max(cost["flops"] / (tflops * 1e12), cost["bytes"] / (bandwidth_gbs * 1e9)))
+    source = {"kind": "pricing_analytic", "bandwidth_gbs": bandwidth_gbs, "tflops": tflops,
+              "layers": cfg.layers, "hidden": cfg.hidden, "dtype": cfg.dtype}
+    if card:
+        source.update(kind="pricing_card", card=card.name, model=cfg.name,
+                      bandwidth_share=CARD_EFFICIENCY["bandwidth"],
+                      matmul_share=CARD_EFFICIENCY["matmul"])
     return StepCosts(tuple(knots), tuple(seconds), kv_bytes_per_token(cfg) / (bandwidth_gbs * 1e9),
-                     {"kind": "pricing_analytic", "bandwidth_gbs": bandwidth_gbs,
-                      "tflops": tflops, "layers": cfg.layers, "hidden": cfg.hidden,
-                      "dtype": cfg.dtype})
+                     source)
+
+
+def card_costs(cfg, card):
+    """C's analytic prices for a named card: its spec peaks times CARD_EFFICIENCY."""
+    return analytic_costs(cfg, card.bandwidth_gbs * CARD_EFFICIENCY["bandwidth"],
+                          card.tflops * CARD_EFFICIENCY["matmul"], card)
 
 
 def fit_step_costs(decode_rows, prefill_rows, context, kv_token_s, source):
@@ -1234,24 +1312,34 @@ SWEEP_REQUESTS = 2000  # requests per point of the rate sweep
 
 # -----------------------------------------------------------------------------
 # accounting: FLOPs and bytes of one forward step (the one source of truth for A, B and MBU/MFU)
-# Per layer the block holds 12 h^2 matmul weights (qkv 3h^2, proj h^2, fc 4h^2, out 4h^2) and two
-# LayerNorms (4h); the model adds a final LayerNorm (2h), an untied LM head (h V) and two
-# embedding tables (token V h, position P h) of which a step reads only the rows it looks up.
-# A step runs `new_tokens` tokens in each of `batch` rows whose cache already holds `context`
-# tokens, and computes logits for the last token of each row only (as servers do).
+# Per layer the block holds its matmul weights (see layer_weights: for the post's model 12 h^2,
+# qkv 3h^2, proj h^2, fc 4h^2, out 4h^2) and two norms (LayerNorm 2h each, RMSNorm h); the
+# model adds a final norm, an LM head (h V, the token table itself when tied) and embedding
+# tables (token V h, and with learned positions P h) of which a step reads only the rows it
+# looks up. A step runs `new_tokens` tokens in each of `batch` rows whose cache already holds
+# `context` tokens, and computes logits for the last token of each row only (as servers do).
+
+
+def layer_weights(cfg):
+    """Matmul weights of one block: q and the output projection h x h each, K and V
+    h x kv_dim each (grouped heads share them), the MLP 2 h f (gelu) or 3 h f (gated)."""
+    h = cfg.hidden
+    return 2 * h * h + 2 * h * cfg.kv_dim + (2 if cfg.mlp == "gelu" else 3) * h * cfg.ffn
 
 
 def param_count(cfg):
     h = cfg.hidden
     if cfg.arch == "post":
         return cfg.layers * h * h
-    return cfg.layers * (12 * h * h + 4 * h) + 2 * h + h * cfg.vocab + (cfg.vocab
-                                                                        + cfg.max_positions) * h
+    norm = 2 * h if cfg.norm == "layer" else h
+    tables = cfg.vocab * h * (1 if cfg.tied else 2) + \
+        (cfg.max_positions * h if cfg.positions == "learned" else 0)
+    return cfg.layers * (layer_weights(cfg) + 2 * norm) + norm + tables
 
 
 def kv_bytes_per_token(cfg):
     """K and V of one token in every layer (the post's proxy keeps none)."""
-    return 0 if cfg.arch == "post" else cfg.layers * 2 * cfg.hidden * cfg.dtype_bytes
+    return 0 if cfg.arch == "post" else cfg.layers * 2 * cfg.kv_dim * cfg.dtype_bytes
 
 
 def step_cost(cfg, batch, new_tokens, context):
@@ -1274,12 +1362,18 @@ def step_cost(cfg, batch, new_tokens, context):
                 "weight_bytes": weight_bytes, "kv_read_bytes": 0, "kv_write_bytes": 0,
                 "activation_bytes": activation_bytes, "bytes": weight_bytes + activation_bytes}
     keys_seen = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # per row, per layer
-    matmul_flops = 2 * tokens * L * 12 * h * h + 2 * batch * h * cfg.vocab
-    attention_flops = 4 * h * L * batch * keys_seen
-    weight_bytes = (L * (12 * h * h + 4 * h) + 2 * h + h * cfg.vocab + 2 * tokens * h) * e
+    matmul_flops = 2 * tokens * L * layer_weights(cfg) + 2 * batch * h * cfg.vocab
+    attention_flops = 4 * h * L * batch * keys_seen  # (every query head: 4 h per key)
+    norm = 2 * h if cfg.norm == "layer" else h
+    looked_up = (2 if cfg.positions == "learned" else 1) * tokens * h  # embedding rows
+    weight_bytes = (L * (layer_weights(cfg) + 2 * norm) + norm + h * cfg.vocab + looked_up) * e
     kv_read_bytes = batch * context * kv_bytes_per_token(cfg)
     kv_write_bytes = tokens * kv_bytes_per_token(cfg)
-    activation_bytes = (L * 18 * h * tokens + batch * cfg.vocab) * e
+    # each matmul's input and output: qkv h + (h + 2 kv_dim), attention's q in and out 2h,
+    # proj 2h; the MLP (h + f) + (f + h), or gated (h + 2f) + (f + h); then the logits
+    f = cfg.ffn
+    mlp_io = 2 * h + (2 if cfg.mlp == "gelu" else 3) * f
+    activation_bytes = (L * (6 * h + 2 * cfg.kv_dim + mlp_io) * tokens + batch * cfg.vocab) * e
     return {"flops": matmul_flops + attention_flops,
             "matmul_flops": matmul_flops,
             "attention_flops": attention_flops,
@@ -1301,49 +1395,90 @@ def memory_needed_bytes(cfg, batch, cache_len, new_tokens):
     if cfg.arch == "post":  # a cycle of 8 fresh inputs, and a matmul's input and output
         return 10 * tokens * cfg.hidden * e
     kv = batch * cache_len * kv_bytes_per_token(cfg)
-    activations = (tokens * 10 * cfg.hidden * e + batch * cfg.vocab * 4
+    widest = (2 if cfg.mlp == "gelu" else 3) * cfg.ffn + 2 * cfg.hidden
+    if cfg.n_kv_heads < cfg.heads:  # (a prefill repeats K and V for every query head)
+        widest += 2 * cfg.hidden
+    activations = (tokens * widest * e + batch * cfg.vocab * 4
                    + batch * cfg.heads * new_tokens * cache_len * 4)
     return kv + activations
 
 
 # -----------------------------------------------------------------------------
 # model: a decoder-only transformer with a static KV cache
-# The cache is one preallocated tensor (layers, 2, batch, heads, max_len, head_dim); each row
-# writes its new K/V at its own positions, so shapes never change between steps.
+# The cache is one preallocated tensor (layers, 2, batch, kv_heads, max_len, head_dim); each
+# row writes its new K/V at its own positions, so shapes never change between steps. The post's
+# model: LayerNorm, learned positions, multi-head attention, a 4x GELU MLP. The open models
+# (MODELS): RMSNorm, rotary positions, grouped K/V heads, a gated SiLU MLP.
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, h, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(h))
+
+    def forward(self, x):  # (computed in fp32, as the open models do)
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) \
+            * self.weight
+
+
+def norm_layer(cfg):
+    return nn.LayerNorm(cfg.hidden) if cfg.norm == "layer" else RMSNorm(cfg.hidden)
+
+
+def rotate(x, rope):
+    """Rotary positions: each pair (x_i, x_{i + D/2}) turned by its position's angle."""
+    cos, sin = rope  # (B, 1, T, D/2)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 class Block(nn.Module):
-    """Pre-norm block: causal multi-head self-attention, then a 4x MLP."""
+    """Pre-norm block: causal self-attention with grouped K/V heads, then the MLP."""
 
     def __init__(self, cfg):
         super().__init__()
         h = cfg.hidden
-        self.heads = cfg.heads
-        self.ln1 = nn.LayerNorm(h)
-        self.qkv = nn.Linear(h, 3 * h, bias=False)
+        self.heads, self.kv_heads, self.kv_dim = cfg.heads, cfg.n_kv_heads, cfg.kv_dim
+        self.ln1 = norm_layer(cfg)
+        self.qkv = nn.Linear(h, h + 2 * cfg.kv_dim, bias=False)
         self.proj = nn.Linear(h, h, bias=False)
-        self.ln2 = nn.LayerNorm(h)
-        self.fc = nn.Linear(h, 4 * h, bias=False)
-        self.out = nn.Linear(4 * h, h, bias=False)
+        self.ln2 = norm_layer(cfg)
+        self.gated = cfg.mlp == "gated"
+        self.fc = nn.Linear(h, (2 if self.gated else 1) * cfg.ffn, bias=False)  # (gate; up)
+        self.out = nn.Linear(cfg.ffn, h, bias=False)
 
-    def forward(self, x, cache, index, positions, spans, mask):
-        # x (B, T, h); cache (2, B_cache, H, S_max, D); index (B,) the cache row of each batch
+    def forward(self, x, cache, index, positions, spans, mask, rope):
+        # x (B, T, h); cache (2, B_cache, KVH, S_max, D); index (B,) the cache row of each batch
         # row; positions (B, T); spans: see attention_spans (None for a prefill); mask: None,
-        # or (B, 1, 1, keys) when one span pads its rows to the longest
+        # or (B, 1, 1, keys) when one span pads its rows to the longest; rope: None or cos, sin
         B, T, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
-        q, k, v = (t.view(B, T, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
-        # write this step's K/V at each row's own positions: cache[row, :, pos] = (H, D)
+        H, KVH = self.heads, self.kv_heads
+        D, G = h // H, H // KVH  # head width; query heads per K/V head
+        q, k, v = self.qkv(self.ln1(x)).split([h, self.kv_dim, self.kv_dim], dim=2)
+        q = q.view(B, T, H, D).transpose(1, 2)                         # (B, H, T, D)
+        k, v = (t.view(B, T, KVH, D).transpose(1, 2) for t in (k, v))  # (B, KVH, T, D)
+        if rope is not None:
+            q, k = rotate(q, rope), rotate(k, rope)
+        # write this step's K/V at each row's own positions: cache[row, :, pos] = (KVH, D)
         cache[0][index[:, None], :, positions] = k.transpose(1, 2)
         cache[1][index[:, None], :, positions] = v.transpose(1, 2)
         if spans is None:  # prefill from an empty row: attend among the new tokens only
+            if G > 1:
+                k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # decode: each span of rows reads a view of its own cached keys, no mask
+        else:  # decode (T = 1): each span of rows reads a view of its own cached keys, no mask;
+            # the G query heads of a K/V head attend as G rows of one (B, KVH, G, D) query
+            q = q.reshape(B, KVH, G, D)
             parts = [F.scaled_dot_product_attention(
                 q[i:j], cache[0, row:row + j - i, :, :n], cache[1, row:row + j - i, :, :n],
                 attn_mask=None if mask is None else mask[i:j]) for i, j, row, n in spans]
-            y = parts[0] if len(parts) == 1 else torch.cat(parts)
+            y = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(B, H, T, D)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, h))
+        if self.gated:
+            gate, up = self.fc(self.ln2(x)).chunk(2, dim=-1)
+            return x + self.out(F.silu(gate) * up)
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
@@ -1352,10 +1487,14 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embed = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.pos_embed = nn.Embedding(cfg.max_positions, cfg.hidden)
+        if cfg.positions == "learned":
+            self.pos_embed = nn.Embedding(cfg.max_positions, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.ln_f = nn.LayerNorm(cfg.hidden)
+        self.ln_f = norm_layer(cfg)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        if cfg.tied:
+            self.lm_head.weight = self.tok_embed.weight
+        self.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
 
     def forward(self, tokens, positions, cache, rows=None, spans=None, mask=None):
         """tokens, positions (B, T) -> logits of each row's last token (B, vocab).
@@ -1364,10 +1503,21 @@ class Transformer(nn.Module):
         into empty rows, else the decode's attention spans (see attention_spans) and their mask.
         """
         index = torch.arange(len(tokens), device=tokens.device) if rows is None else rows
-        x = self.tok_embed(tokens) + self.pos_embed(positions)
+        x, rope = self.tok_embed(tokens), None
+        if self.cfg.positions == "learned":
+            x = x + self.pos_embed(positions)
+        else:
+            angles = positions[:, None, :, None].float() * self.inv_freq  # (B, 1, T, D/2)
+            rope = angles.cos(), angles.sin()
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache[layer], index, positions, spans, mask)
+            x = block(x, cache[layer], index, positions, spans, mask, rope)
         return self.lm_head(self.ln_f(x[:, -1]))
+
+
+def rope_frequencies(cfg):
+    """theta^(-2i/D) for i < D/2: the rotary angle per position of each pair of dimensions."""
+    D = cfg.head_dim
+    return cfg.rope_theta ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
 
 
 class PostProxy(nn.Module):
@@ -1388,24 +1538,35 @@ class PostProxy(nn.Module):
 
 
 def build_model(cfg, device, seed=0):
-    """Random weights from a fixed seed, scaled so activations stay O(1) in fp16."""
-    torch.manual_seed(seed)
-    model = PostProxy(cfg) if cfg.arch == "post" else Transformer(cfg)
-    for name, p in model.named_parameters():
-        if p.dim() == 2:
-            nn.init.normal_(p, std=0.02 if "embed" in name else p.shape[1] ** -0.5)
-    return model.to(device=device, dtype=DTYPES[cfg.dtype]).eval()
+    """Random weights from a fixed seed, scaled so activations stay O(1) in fp16. The model is
+    laid out on the meta device and allocated once, on the device and in its own dtype (an 8B
+    model never exists in fp32 on the host)."""
+    with torch.device("meta"):
+        model = PostProxy(cfg) if cfg.arch == "post" else Transformer(cfg)
+    model = model.to(DTYPES[cfg.dtype]).to_empty(device=device)
+    if cfg.arch == "transformer" and cfg.tied:  # (to_empty allocates each module's own copy)
+        model.lm_head.weight = model.tok_embed.weight
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.02 if "embed" in name else p.shape[1] ** -0.5, generator=g)
+            else:  # a norm's weight (and LayerNorm's bias)
+                p.fill_(0.0 if name.endswith("bias") else 1.0)
+        if hasattr(model, "inv_freq"):
+            model.inv_freq = rope_frequencies(cfg).to(device)
+    return model.eval()
 
 
 def new_kv_cache(cfg, batch, max_len, device, seed=0, tile=256):
-    """(layers, 2, batch, heads, max_len, head_dim), filled with random values, never zeros.
+    """(layers, 2, batch, kv_heads, max_len, head_dim), filled with random values, never zeros.
 
-    One random (heads, tile, head_dim) block is copied across the cache: a copy runs at memory
-    speed where drawing gigabytes of random numbers on a CPU takes many seconds.
+    One random (kv_heads, tile, head_dim) block is copied across the cache: a copy runs at
+    memory speed where drawing gigabytes of random numbers on a CPU takes many seconds.
     """
-    shape = (cfg.layers, 2, batch, cfg.heads, max_len, cfg.head_dim)
+    shape = (cfg.layers, 2, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
     g = torch.Generator(device="cpu").manual_seed(seed)
-    block = torch.randn(cfg.heads, min(tile, max_len), cfg.head_dim, generator=g)
+    block = torch.randn(cfg.n_kv_heads, min(tile, max_len), cfg.head_dim, generator=g)
     block = block.to(device=device, dtype=DTYPES[cfg.dtype])
     cache = torch.empty(shape, device=device, dtype=block.dtype)
     for start in range(0, max_len, tile):
@@ -1578,6 +1739,11 @@ def kv_budget_bytes(run, device):
     weights = param_count(cfg) * cfg.dtype_bytes
     if run.kv_memory_gb:
         return run.kv_memory_gb * 1e9, {"kind": "memory_flag"}
+    if run.gpu:  # (the card C plans for, whatever this machine has)
+        card = GPUS[run.gpu]
+        return (KV_MEMORY_FRACTION * card.memory_gb * 1e9 - weights,
+                {"kind": "memory_card", "fraction": KV_MEMORY_FRACTION, "card": card.name,
+                 "total_gb": card.memory_gb, "weights_gib": weights / 2**30})
     if device is not None and device.type == "cuda":
         total = torch.cuda.mem_get_info(device)[1]
         return (KV_MEMORY_FRACTION * total - weights,
@@ -1595,6 +1761,27 @@ def gib(n_bytes):
     return f"{n_bytes / 2**30:.2f} GiB"
 
 
+def check_memory(run, device, engine_lengths=None):
+    """The model's weights with the least that A and B need (a batch-1 decode step) and, for
+    D, its engine's KV cache, before anything is allocated: one line if it cannot fit. (A and B
+    rows too large for what is left are marked as not fitting, not refused.)"""
+    cfg = run.model
+    weights = param_count(cfg) * cfg.dtype_bytes
+    need = weights + memory_needed_bytes(cfg, 1, run.context + 1, 1)
+    what = "its weights"
+    if engine_lengths is not None:
+        longest = run.prompt_len + int(engine_lengths.max())
+        engine = weights + memory_needed_bytes(cfg, run.slots, longest, run.prompt_len)
+        if engine > need:
+            need, what = engine, f"its weights and D's KV cache ({run.slots} rows x {longest:,} " \
+                                 "tokens)"
+    free = free_memory_bytes(device)
+    if need > 0.9 * free:
+        raise UsageError(f"the model ({cfg.name}, {param_count(cfg) / 1e9:.2f} B parameters): "
+                         f"{what} need {gib(need)} but the device has {gib(free)} free; use a "
+                         "smaller model or --slots, or --experiments C (it allocates nothing)")
+
+
 # -----------------------------------------------------------------------------
 # experiments A and B (device code)
 
@@ -1604,11 +1791,6 @@ class Bench:
 
     def __init__(self, run, device, log):
         self.run, self.cfg, self.device, self.log = run, run.model, device, log
-        weight_bytes = param_count(self.cfg) * self.cfg.dtype_bytes
-        if weight_bytes > 0.9 * free_memory_bytes(device):
-            raise UsageError(f"the model's weights need {gib(weight_bytes)} but the device has "
-                             f"{gib(free_memory_bytes(device))} free; use smaller "
-                             "--layers/--hidden")
         self.model = build_model(self.cfg, device, seed=run.seed)
         self.modes = ("eager", "graph") if run.graphs == "both" else (run.graphs,)
 
@@ -1860,6 +2042,26 @@ def row_progress(row):
 
 # -----------------------------------------------------------------------------
 # experiment C (pure simulation)
+
+
+def catalog(context=1024, batch=64):
+    """Every named model on every named card, from the accounting alone: the weights, the KV
+    bytes per token, the KV tokens that fit in KV_MEMORY_FRACTION of the card after the
+    weights, the batch from which a decode step reads more KV than weights, and C's analytic
+    price of a decode step at batch 1 and `batch`, every row holding `context` tokens."""
+    rows = []
+    for name, cfg in MODELS.items():
+        weights, per_token = param_count(cfg) * cfg.dtype_bytes, kv_bytes_per_token(cfg)
+        for key, card in GPUS.items():
+            costs = card_costs(cfg, card)
+            fit = max(int((KV_MEMORY_FRACTION * card.memory_gb * 1e9 - weights) // per_token), 0)
+            rows.append({"model": name, "gpu": key, "weights_gb": weights / 1e9,
+                         "kv_bytes_per_token": per_token, "kv_tokens": fit,
+                         "crossover_batch": kv_crossover_batch(cfg, context), **{
+                             f"decode_b{b}_ms": 1e3 * costs.pass_s(b, b * context)
+                             if b * (context + 1) <= fit else None for b in (1, batch)}})
+    return {"context": context, "batch": batch, "fraction": KV_MEMORY_FRACTION, **{
+        f"{k}_share": v for k, v in CARD_EFFICIENCY.items()}, "rows": rows}
 
 
 def request_lengths(run):
@@ -2148,10 +2350,14 @@ def order_latencies(req, sim, edges):
 
 
 def step_costs(run, results):
-    if run.cost == "measured" or (run.cost is None and "A" in results):
+    """C's prices: measured (A's rows; the default when A ran and no --gpu is named), or the
+    named card's analytic roofline, or one of --peak-*, this run's ceilings or the post's."""
+    if run.cost == "measured" or (run.cost is None and "A" in results and not run.gpu):
         if "A" not in results:
             raise UsageError("--cost measured needs experiment A in the same run")
         return measured_costs(run.model, results)
+    if run.gpu and not (run.peak_bandwidth_gbs or run.peak_tflops):
+        return card_costs(run.model, GPUS[run.gpu])
     ceil = results["environment"].get("ceilings", {})
     return analytic_costs(run.model, run.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
                           or REFERENCE_BANDWIDTH_GBS,
@@ -2313,16 +2519,12 @@ def engine_lengths(run):
     return lognormal_lengths(n, run.seed)
 
 
-def check_engine(run, lengths, device):
-    """D's KV cache (slots rows of prompt + longest output) must fit the model and memory."""
+def check_engine(run, lengths):
+    """D's requests must fit the model's positions."""
     longest = run.prompt_len + int(lengths.max())
     if longest > run.model.max_positions:
         raise UsageError(f"D: a request of {longest:,} tokens (prompt {run.prompt_len} + output "
                          f"{lengths.max():,}) exceeds --max-positions {run.model.max_positions:,}")
-    ok, needed, free = fits(run.model, device, run.slots, longest, run.prompt_len)
-    if not ok:
-        raise UsageError(f"D: the engine's KV cache ({run.slots} rows x {longest:,} tokens) does "
-                         f"not fit: needs {gib(needed)}, {gib(free)} free; lower --slots")
 
 
 # D's attention runs on backends that build no plan per shape: its decode shapes change at
@@ -2469,8 +2671,17 @@ TEXT = {
         # banner
         "command": "command: {command}", "device": "device: {device}",
         "threads": ", {threads} torch threads",
-        "model": "model: {layers} layers, hidden {hidden}, {heads} heads, vocab {vocab}, "
-                 "{dtype}: {params:,.1f} M parameters, {gib:.2f} GiB",
+        "model": "model: {label}: {layers} layers, hidden {hidden}, {heads} heads{kv}, "
+                 "{mlp_text} MLP of {ffn:,}, vocab {vocab:,}, {dtype}: {params:,.1f} M "
+                 "parameters, {gib:.2f} GiB",
+        "label_post": "the post's", "kv_heads": " ({n} K/V heads)", "mlp_gelu": "GELU",
+        "mlp_gated": "gated SiLU",
+        "card": "card: {name} ({bandwidth:,.0f} GB/s, {tflops:,.1f} TFLOP/s dense FP16/BF16, "
+                "{memory:g} GB by its spec sheet); C prices it at {bandwidth_share:.0%} and "
+                "{matmul_share:.0%} of those peaks",
+        "slow_cpu": "note: {name} runs at its own size on this CPU ({gib:.1f} GiB of weights, all "
+                    "read at every decode step): expect minutes per experiment; --experiments C "
+                    "prices it without running it",
         "model_post": "model: the post's proxy, {layers} square {hidden} x {hidden} {dtype} "
                       "matmuls per token (no attention, KV cache, norms, embeddings or LM "
                       "head): {params:,.1f} M parameters, {gib:.2f} GiB",
@@ -2519,6 +2730,9 @@ TEXT = {
         "arrivals_gamma": "gamma gaps, burstiness {burstiness:g}, at {rate:g} requests/s",
         "pricing_analytic": "analytic roofline ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} "
                             "TFLOP/s, {layers}x{hidden} {dtype})",
+        "pricing_card": "analytic roofline of the {card} ({bandwidth_gbs:,.0f} GB/s and "
+                        "{tflops:,.1f} TFLOP/s: {bandwidth_share:.0%} and {matmul_share:.0%} of "
+                        "its spec), {model} in {dtype}",
         "pricing_measured": "measured on {device} ({mode})",
         "pricing_engine": "measured for D on {device} (means)",
         "seconds": "seconds", "req_s": "req/s", "goodput": "goodput req/s",
@@ -2566,6 +2780,8 @@ TEXT = {
         "admit_watermark": ", admitted when the prompt's blocks fit and {share:.0%} stay free",
         "admit_naive": ", admitted when the first step's blocks fit",
         "memory_cpu": "the CPU default",
+        "memory_card": "{fraction:g} x {total_gb:g} GB of the {card} less {weights_gib:.2f} GiB "
+                       "of weights",
         "memory_cuda": "{fraction:g} x {total_gib:.2f} GiB of {device} less {weights_gib:.2f} "
                        "GiB of weights",
         "memory_reference": "the post's RTX 5080: {fraction:g} x {total_gb:g} GB less "
@@ -2601,6 +2817,15 @@ TEXT = {
         "part_decode": "decode passes", "part_prefill": "prefill passes",
         "part_host": "host work between passes (scheduling, sampling, moving rows), which C "
                      "does not price",
+        # --catalog
+        "catalog": "every named model on every named card: KV tokens that fit in {fraction:g} of "
+                   "the card's memory after the weights; decode steps priced at "
+                   "{bandwidth_share:.0%} of its bandwidth and {matmul_share:.0%} of its FLOP/s, "
+                   "each row holding {context:,} tokens",
+        "model_col": "model", "card_col": "card", "weights_gb": "weights GB",
+        "kv_per_token": "KV bytes / token", "kv_fit": "KV tokens that fit",
+        "crossover_col": "KV reads > weights from batch", "decode_b1": "decode b1 ms",
+        "decode_bn": "decode b{batch} ms", "no_fit": "does not fit",
         # the end
         "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
         "interrupted": "interrupted: the tables above are the experiments that finished",
@@ -2608,8 +2833,16 @@ TEXT = {
     "ko": {**SHARED_TEXT,
         "command": "명령: {command}", "device": "장치: {device}",
         "threads": ", torch 스레드 {threads}개",
-        "model": "모델: {layers}층, 은닉 {hidden}, 헤드 {heads}개, 어휘 {vocab}, {dtype}: 매개변수 "
-                 "{params:,.1f} M개, {gib:.2f} GiB",
+        "model": "모델: {label}: {layers}층, 은닉 {hidden}, 헤드 {heads}개{kv}, {mlp_text} MLP "
+                 "{ffn:,}, 어휘 {vocab:,}, {dtype}: 매개변수 {params:,.1f} M개, {gib:.2f} GiB",
+        "label_post": "글의 모델", "kv_heads": " (K/V 헤드 {n}개)", "mlp_gelu": "GELU",
+        "mlp_gated": "게이트 SiLU",
+        "card": "카드: {name} (사양서 기준 {bandwidth:,.0f} GB/s, 밀집 FP16/BF16 {tflops:,.1f} "
+                "TFLOP/s, {memory:g} GB); C는 그 정점의 {bandwidth_share:.0%}와 "
+                "{matmul_share:.0%}로 값을 매긴다",
+        "slow_cpu": "참고: {name}을(를) 이 CPU에서 원래 크기로 돌린다 (가중치 {gib:.1f} GiB, 디코드 "
+                    "스텝마다 전부 읽음): 실험마다 몇 분씩 걸린다; --experiments C는 돌리지 않고 "
+                    "값만 매긴다",
         "model_post": "모델: 글의 대용 모델, 토큰마다 {hidden} x {hidden} 정사각 {dtype} 행렬곱 "
                       "{layers}개 (어텐션, KV 캐시, 정규화, 임베딩, LM 헤드 없음): 매개변수 "
                       "{params:,.1f} M개, {gib:.2f} GiB",
@@ -2655,6 +2888,9 @@ TEXT = {
         "arrivals_gamma": "초당 {rate:g}개, 감마 간격 (몰림 정도 {burstiness:g})",
         "pricing_analytic": "분석적 루프라인 ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} TFLOP/s, "
                             "{layers}x{hidden} {dtype})",
+        "pricing_card": "{card}의 분석적 루프라인 ({bandwidth_gbs:,.0f} GB/s, {tflops:,.1f} "
+                        "TFLOP/s: 사양의 {bandwidth_share:.0%}와 {matmul_share:.0%}), {model}, "
+                        "{dtype}",
         "pricing_measured": "{device}에서 실측 ({mode})",
         "pricing_engine": "D를 위해 {device}에서 실측 (평균)",
         "seconds": "초", "req_s": "요청/초", "goodput": "유효 처리량 요청/초",
@@ -2699,6 +2935,8 @@ TEXT = {
         "admit_watermark": ", 질문의 블록이 들어가고 {share:.0%}가 남을 때 받음",
         "admit_naive": ", 첫 스텝의 블록이 들어가면 받음",
         "memory_cpu": "CPU 기본값",
+        "memory_card": "{card}의 {total_gb:g} GB x {fraction:g}에서 가중치 {weights_gib:.2f} GiB를 "
+                       "뺀 값",
         "memory_cuda": "{device}의 {total_gib:.2f} GiB x {fraction:g}에서 가중치 "
                        "{weights_gib:.2f} GiB를 뺀 값",
         "memory_reference": "글의 RTX 5080: {total_gb:g} GB x {fraction:g}에서 가중치 "
@@ -2729,6 +2967,13 @@ TEXT = {
                            "실측 {measured_s:.2f}초, 예측 {priced_s:.2f}초",
         "part_decode": "디코드 패스", "part_prefill": "프리필 패스",
         "part_host": "패스 사이의 호스트 작업 (스케줄링, 샘플링, 행 옮기기; C는 값을 매기지 않는다)",
+        "catalog": "이름 있는 모든 모델을 이름 있는 모든 카드에: 가중치를 뺀 카드 메모리의 {fraction:g}에 "
+                   "들어가는 KV 토큰; 디코드 스텝은 대역폭의 {bandwidth_share:.0%}, FLOP/s의 "
+                   "{matmul_share:.0%}로 값을 매기고, 행마다 {context:,}토큰",
+        "model_col": "모델", "card_col": "카드", "weights_gb": "가중치 GB",
+        "kv_per_token": "토큰당 KV 바이트", "kv_fit": "들어가는 KV 토큰",
+        "crossover_col": "KV 읽기 > 가중치 읽기 배치", "decode_b1": "디코드 b1 ms",
+        "decode_bn": "디코드 b{batch} ms", "no_fit": "들어가지 않음",
         "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",
         "interrupted": "중단됨: 위의 표는 끝난 실험들이다",
     },
@@ -2754,9 +2999,11 @@ def cell(T, row, key, fmt):
 ROOFLINE_COLUMNS = [("gbs", ",.1f"), ("mbu", ".0%"), ("mfu", ".1%"), ("bound", "s")]
 
 
-def table(T, rows, headers):
+def table(T, rows, headers, **fields):
+    """Rows under the headers named (TEXT keys, formatted with `fields`), right-aligned."""
     from tabulate import tabulate
-    return tabulate(rows, [T[h] for h in headers], stralign="right", disable_numparse=True)
+    return tabulate(rows, [T[h].format(**fields) for h in headers], stralign="right",
+                    disable_numparse=True)
 
 
 def format_tables(results, lang="en"):
@@ -2793,6 +3040,19 @@ def format_tables(results, lang="en"):
     if "D" in results:
         out += [engine_table(T, results["D"])]
     return "\n\n".join(out)
+
+
+def catalog_table(T, cat):
+    """--catalog: every named model on every named card."""
+    def ms(value):
+        return T["no_fit"] if value is None else f"{value:,.2f}"
+    b = cat["batch"]
+    rows = [[r["model"], GPUS[r["gpu"]].name, f"{r['weights_gb']:,.2f}",
+             f"{r['kv_bytes_per_token']:,}", f"{r['kv_tokens']:,}", f"{r['crossover_batch']:,}",
+             ms(r["decode_b1_ms"]), ms(r[f"decode_b{b}_ms"])] for r in cat["rows"]]
+    return "\n".join([T["catalog"].format(**cat), table(T, rows, [
+        "model_col", "card_col", "weights_gb", "kv_per_token", "kv_fit", "crossover_col",
+        "decode_b1", "decode_bn"], batch=b)])
 
 
 def context_table(T, A):
@@ -3023,10 +3283,22 @@ def banner(results, T):
     if "device" in env:
         lines.append(T["device"].format(**env) + (T["cuda"] if env["cuda"] else
                                                   T["threads"]).format(**env))
-        lines.append(T["model_post" if cfg.get("arch") == "post" else "model"].format(
-            **{**cfg, "params": cfg["params"] / 1e6, "gib": cfg["weight_bytes"] / 2**30}))
-        if results["config"].get("preset"):
-            lines.append(T["preset"].format(fields=", ".join(results["config"]["preset"])))
+    lines.append(T["model_post" if cfg.get("arch") == "post" else "model"].format(
+        **{**cfg, "params": cfg["params"] / 1e6, "gib": cfg["weight_bytes"] / 2**30,
+           "label": T["label_post"] if cfg["name"] == "post" else cfg["name"],
+           "kv": T["kv_heads"].format(n=cfg["n_kv_heads"]) if cfg["n_kv_heads"] < cfg["heads"]
+           else "", "mlp_text": T["mlp_" + cfg["mlp"]]}))
+    if results["config"].get("preset"):
+        lines.append(T["preset"].format(fields=", ".join(results["config"]["preset"])))
+    if results["config"].get("gpu"):
+        card = GPUS[results["config"]["gpu"]]
+        lines.append(T["card"].format(name=card.name, bandwidth=card.bandwidth_gbs,
+                                      tflops=card.tflops, memory=card.memory_gb,
+                                      bandwidth_share=CARD_EFFICIENCY["bandwidth"],
+                                      matmul_share=CARD_EFFICIENCY["matmul"]))
+    if env.get("device_type") == "cpu" and cfg["name"] != "post" and \
+            cfg["weight_bytes"] > 2**30:
+        lines.append(T["slow_cpu"].format(name=cfg["name"], gib=cfg["weight_bytes"] / 2**30))
     return "\n".join(lines)
 
 
@@ -3556,11 +3828,26 @@ def build_parser():
                         "or the post's proxy, `layers` square h x h matmuls per token and "
                         "nothing else, which is what the post's A and B figures measure")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    m = p.add_argument_group("model (on CPU, unset fields come from the CPU preset: 4 layers, "
-                             "hidden 1024, 8 heads, vocab 8192, bfloat16)")
+    p.add_argument("--catalog", action="store_true",
+                   help="print every named model on every named card (weights, KV bytes per "
+                        "token, KV tokens that fit, where KV reads pass weight reads, priced "
+                        "decode steps) and exit; touches no device")
+    m = p.add_argument_group("model (the flags below override the --model preset's fields; on "
+                             "CPU, the post's model takes unset fields from the CPU preset: 4 "
+                             "layers, hidden 1024, 8 heads, vocab 8192, bfloat16)")
+    m.add_argument("--model", choices=list(MODELS), default="post",
+                   help="a named shape (random weights, nothing downloaded): the post's "
+                        "(default) or an open model's, which runs at its own size")
     m.add_argument("--layers", type=integer(), help="default 12")
     m.add_argument("--hidden", type=integer(), help="default 2048")
     m.add_argument("--heads", type=integer(), help="default 16")
+    m.add_argument("--kv-heads", type=integer(),
+                   help="K/V heads (grouped-query attention; 1: multi-query; default: --heads)")
+    m.add_argument("--mlp", choices=["gelu", "gated"],
+                   help="the MLP: gelu (fc, GELU, out; the post's) or gated (SiLU(gate) x up, "
+                        "then down; Llama's)")
+    m.add_argument("--ffn-hidden", type=integer(),
+                   help="the MLP's width (default: 4 x hidden for gelu, 8/3 x hidden for gated)")
     m.add_argument("--vocab", type=integer(), help="default 32000")
     m.add_argument("--max-positions", type=integer(), help="longest sequence (default 8192)")
     m.add_argument("--dtype", choices=list(DTYPES), help="default float16")
@@ -3609,7 +3896,12 @@ def build_parser():
                    help="chunked prefill: tokens per step, decodes included (default 512)")
     c.add_argument("--cost", choices=["measured", "analytic"],
                    help="price steps from this run's A/B rows or from a roofline (default: "
-                        "measured when A runs)")
+                        "measured when A runs and no --gpu is named)")
+    c.add_argument("--gpu", choices=list(GPUS),
+                   help="the card C plans for: its analytic prices (spec peaks x "
+                        f"{CARD_EFFICIENCY['bandwidth']:g} bandwidth, x "
+                        f"{CARD_EFFICIENCY['matmul']:g} FLOP/s) and its memory for the KV "
+                        "budget (default: this run's measurements, else the post's RTX 5080)")
     c.add_argument("--order", choices=ORDERS, default="fcfs",
                    help="who takes a free seat first, in every scheduler of C (and D): fcfs "
                         "(first come, first served; default), sjf (shortest output first, "
@@ -3673,19 +3965,32 @@ def parse_args(argv):
     if args.arch == "post" and set(args.experiments or "") - set("AB"):
         raise UsageError("--arch post: the post's proxy has no attention and no KV cache, so "
                          "only A and B run on it; run C and D without --arch post")
+    if args.arch == "post" and args.model != "post":
+        raise UsageError(f"--arch post times the post's proxy; --model {args.model} names a "
+                         "transformer: give one or the other")
     args.experiments = args.experiments or ("AB" if args.arch == "post" else EXPERIMENTS)
     device = resolve_device(args.device) if set("ABD") & set(args.experiments) else None
-    fields = {f: getattr(args, f) for f in ("layers", "hidden", "heads", "vocab",
-                                            "max_positions", "dtype")}
+    fields = {f: getattr(args, f) for f in ("layers", "hidden", "heads", "kv_heads", "mlp",
+                                            "ffn_hidden", "vocab", "max_positions", "dtype")}
     on_cpu = device is not None and device.type == "cpu"
     if args.quick and on_cpu and fields["layers"] is None:
         fields["layers"] = 2
-    model = dataclasses.replace(CPU_PRESET if on_cpu else ModelConfig(), arch=args.arch,
-                                **{f: v for f, v in fields.items() if v is not None})
-    preset = tuple(f"{f}={getattr(CPU_PRESET, f)}" for f, v in fields.items()
-                   if v is None and on_cpu)
+    given = {f: v for f, v in fields.items() if v is not None}
+    cpu_preset = on_cpu and args.model == "post"
+    model = dataclasses.replace(CPU_PRESET if cpu_preset else MODELS[args.model], arch=args.arch,
+                                **given)
+    if args.model != "post" and given:  # (the banner says what ran)
+        model = dataclasses.replace(model, name=args.model + " (" + ", ".join(
+            f"{f.replace('_', '-')}={v}" for f, v in given.items()) + ")")
+    preset = tuple(f"{f}={getattr(CPU_PRESET, f)}" for f in ("layers", "hidden", "heads",
+                                                             "vocab", "max_positions", "dtype")
+                   if fields[f] is None and cpu_preset)
     if model.hidden % model.heads:
         raise UsageError(f"--hidden {model.hidden} is not divisible by --heads {model.heads}")
+    if model.n_kv_heads > model.heads or model.heads % model.n_kv_heads:
+        raise UsageError(f"--kv-heads {model.n_kv_heads} must divide --heads {model.heads}")
+    if model.positions == "rope" and model.head_dim % 2:
+        raise UsageError(f"rotary positions need an even head width, not {model.head_dim}")
     cuda = device is not None and device.type == "cuda"
     if args.graphs in ("on", "both") and device is not None and not cuda:
         raise UsageError(f"--graphs {args.graphs}: CUDA graphs need a CUDA device")
@@ -3706,6 +4011,7 @@ def parse_args(argv):
                slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
                slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
                order=args.order, predict_sigma=args.predict_sigma, max_wait_s=args.max_wait_s,
+               gpu=args.gpu,
                save_requests=args.save_requests, engine_requests=args.engine_requests,
                engine_attention=args.engine_attention,
                kv_policies=("reserve", "paged") if args.kv_policy == "both" else
@@ -3787,8 +4093,13 @@ def replot(argv):
 
 
 def _main(argv):
-    if build_parser().parse_args(argv).replot:
+    args = build_parser().parse_args(argv)
+    if args.replot:
         return replot(argv)
+    if args.catalog:
+        results = {"catalog": catalog()}
+        print(catalog_table(TEXT[args.lang], results["catalog"]))
+        return results
     run = parse_args(argv)
     device = run.device and torch.device(run.device)
     requests = kv = None
@@ -3798,13 +4109,16 @@ def _main(argv):
         if run.cost == "measured" and "A" not in run.experiments:
             raise UsageError("--cost measured needs experiment A in the same run")
     lengths = engine_lengths(run) if "D" in run.experiments else None
-    if lengths is not None:  # D's cache must hold the longest request, in memory
-        check_engine(run, lengths, device)
+    if lengths is not None:  # D's cache must hold the longest request
+        check_engine(run, lengths)
+    if device:  # the model (and D's cache) must fit, before anything is allocated
+        check_memory(run, device, lengths)
     prepare_out_dir(run.out)
     cfg = run.model
     results = {"environment": environment(run, device, argv),
                "config": {"model": {**dataclasses.asdict(cfg), "params": param_count(cfg),
-                                    "weight_bytes": param_count(cfg) * cfg.dtype_bytes},
+                                    "weight_bytes": param_count(cfg) * cfg.dtype_bytes,
+                                    "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn},
                           **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
     T = TEXT[run.lang]
     print(banner(results, T), flush=True)

@@ -1,4 +1,6 @@
 """The transformer, its KV cache and the FLOP/byte model."""
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -6,22 +8,33 @@ from torch.utils.flop_counter import FlopCounterMode
 import NN_40_serving as S
 
 TINY = S.ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, dtype="float32")
+# the open models' kind, small: grouped K/V heads (8 query heads on 1, 2 or all 8), a gated SiLU
+# MLP, RMSNorm, rotary positions, a tied LM head
+OPEN = S.ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, vocab=97, max_positions=64,
+                     dtype="float32", mlp="gated", ffn_hidden=96, norm="rms", positions="rope",
+                     tied=True, name="open")
+SHAPES = {"post": TINY, "gqa-2": OPEN, "mqa": dataclasses.replace(OPEN, kv_heads=1),
+          "mha-gated": dataclasses.replace(OPEN, kv_heads=None, tied=False),
+          "gqa-gelu-learned": dataclasses.replace(OPEN, mlp="gelu", ffn_hidden=None,
+                                                  positions="learned", norm="layer")}
 
 
 def full_forward_logits(model, tokens):
     """Reference: a plain forward of the whole sequence into a fresh cache; last logits."""
-    cache = S.new_kv_cache(TINY, 1, len(tokens), "cpu")
+    cache = S.new_kv_cache(model.cfg, 1, len(tokens), "cpu")
     return S.prefill(model, cache, tokens[None])[0]
 
 
 @torch.inference_mode()
-def test_cached_decode_equals_full_forward_with_rows_at_different_positions():
-    model = S.build_model(TINY, "cpu", seed=1)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_cached_decode_equals_full_forward_with_rows_at_different_positions(shape):
+    cfg = SHAPES[shape]
+    model = S.build_model(cfg, "cpu", seed=1)
     g = torch.Generator().manual_seed(0)
     prompt_lens = [3, 7, 1]  # three rows, each at its own position
     total = 12
-    seqs = [torch.randint(TINY.vocab, (total,), generator=g) for _ in prompt_lens]
-    cache = S.new_kv_cache(TINY, 4, total, "cpu")  # one spare row that nobody uses
+    seqs = [torch.randint(cfg.vocab, (total,), generator=g) for _ in prompt_lens]
+    cache = S.new_kv_cache(cfg, 4, total, "cpu")  # one spare row that nobody uses
     rows = torch.tensor([2, 0, 3])  # rows of the cache, deliberately out of order
     for seq, n, row in zip(seqs, prompt_lens, rows):
         S.prefill(model, cache, seq[None, :n], rows=row[None])
@@ -47,9 +60,38 @@ def test_prefill_writes_the_cache_a_decode_reads():
     assert not torch.equal(before[..., 8, :], cache[..., 8, :])  # the new one written
 
 
-def test_param_count_matches_the_model():
-    model = S.build_model(TINY, "cpu")
-    assert S.param_count(TINY) == sum(p.numel() for p in model.parameters())
+@pytest.mark.parametrize("shape", SHAPES)
+def test_param_count_matches_the_model(shape):
+    model = S.build_model(SHAPES[shape], "cpu")
+    assert S.param_count(SHAPES[shape]) == sum(p.numel() for p in model.parameters())
+
+
+def test_param_count_by_hand_for_each_mlp_and_kv_heads():
+    h, f, L, V = 64, 96, 2, 97
+    for kv_heads, kv_dim in ((1, 8), (2, 16), (8, 64)):  # 8 heads of 8
+        cfg = dataclasses.replace(OPEN, kv_heads=kv_heads, tied=False)
+        attention = 2 * h * h + 2 * h * kv_dim  # q and out h x h; K and V h x kv_dim
+        assert S.param_count(cfg) == L * (attention + 3 * h * f + 2 * h) + h + 2 * V * h
+        gelu = dataclasses.replace(cfg, mlp="gelu")
+        assert S.param_count(gelu) == L * (attention + 2 * h * f + 2 * h) + h + 2 * V * h
+
+
+def test_the_open_models_have_their_published_sizes():
+    # parameter counts the models' makers publish (Qwen2.5 adds biases on q, k and v)
+    assert S.param_count(S.MODELS["llama-3-8b"]) == 8_030_261_248
+    assert S.param_count(S.MODELS["mistral-7b"]) == 7_248_023_552
+    assert S.param_count(S.MODELS["llama-3.2-1b"]) == 1_235_814_400
+    assert S.param_count(S.MODELS["qwen2.5-7b"]) + 28 * (3584 + 2 * 512) == 7_615_616_512
+    # KV bytes per token: layers x (K, V) x kv_heads x head_dim x 2 bytes (bf16)
+    assert S.kv_bytes_per_token(S.MODELS["llama-3-8b"]) == 2 * 32 * 8 * 128 * 2 == 131_072
+    assert S.kv_bytes_per_token(S.MODELS["mistral-7b"]) == 131_072
+    assert S.kv_bytes_per_token(S.MODELS["qwen2.5-7b"]) == 2 * 28 * 4 * 128 * 2 == 57_344
+    assert S.kv_bytes_per_token(S.MODELS["llama-3.2-1b"]) == 2 * 16 * 8 * 64 * 2 == 32_768
+    assert S.kv_bytes_per_token(S.MODELS["post"]) == 2 * 12 * 2048 * 2 == 98_304
+    # a quarter of the same width's multi-head cache: 4x later crossover of KV over weights
+    llama = S.MODELS["llama-3-8b"]
+    mha = dataclasses.replace(llama, kv_heads=None)
+    assert S.kv_bytes_per_token(mha) == 4 * S.kv_bytes_per_token(llama)
     default = S.ModelConfig()
     # the post's model: 12 layers x 12 h^2 matmul weights, plus embeddings and the LM head
     assert S.param_count(default) == 12 * (12 * 2048**2 + 4 * 2048) + 2 * 2048 \
@@ -57,27 +99,33 @@ def test_param_count_matches_the_model():
 
 
 def weight_bytes_of(model):
-    """Bytes of every parameter a step reads whole (all but the embedding tables)."""
-    return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
-               if "embed" not in name)
+    """Bytes of every parameter a step reads whole: all but the embedding tables, and the LM
+    head's matrix even when it is the token table (tied)."""
+    whole = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                if "embed" not in name)
+    if model.cfg.arch == "transformer" and model.cfg.tied:
+        whole += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    return whole
 
 
 @torch.inference_mode()
-def test_flop_model_equals_counted_matmul_flops():
-    model = S.build_model(TINY, "cpu")
+@pytest.mark.parametrize("shape", SHAPES)
+def test_flop_model_equals_counted_matmul_flops(shape):
+    cfg = SHAPES[shape]
+    model = S.build_model(cfg, "cpu")
     for batch, new_tokens, context in [(1, 16, 0), (3, 1, 10), (5, 1, 0)]:
-        cache = S.new_kv_cache(TINY, batch, context + new_tokens, "cpu")
-        tokens = torch.randint(TINY.vocab, (batch, new_tokens))
+        cache = S.new_kv_cache(cfg, batch, context + new_tokens, "cpu")
+        tokens = torch.randint(cfg.vocab, (batch, new_tokens))
         with FlopCounterMode(display=False) as counter:
             if context == 0 and new_tokens > 1:
                 S.prefill(model, cache, tokens)
             else:
                 S.decode_step(model, cache, tokens[:, 0], torch.full((batch,), context))
-        cost = S.step_cost(TINY, batch, new_tokens, context)
+        cost = S.step_cost(cfg, batch, new_tokens, context)
         # FlopCounterMode counts the matmuls (it does not count CPU attention kernels)
         assert cost["matmul_flops"] == counter.get_total_flops()
-        tokens_total = batch * new_tokens
-        embedding_rows = 2 * tokens_total * TINY.hidden * 4
+        tables = 2 if cfg.positions == "learned" else 1  # (rows looked up per token)
+        embedding_rows = tables * batch * new_tokens * cfg.hidden * 4
         assert cost["weight_bytes"] == weight_bytes_of(model) + embedding_rows
 
 
@@ -107,11 +155,19 @@ def test_memory_estimate_refuses_what_cannot_fit():
     assert S.fits(cfg, S.torch.device("cpu"), 1, 16, 1)[0]
 
 
+def test_kv_cache_holds_the_kv_heads():
+    cache = S.new_kv_cache(OPEN, 3, 10, "cpu")
+    assert cache.shape == (2, 2, 3, 2, 10, 8)  # (layers, K/V, rows, kv_heads, tokens, head)
+    assert cache.numel() * 4 == 3 * 10 * S.kv_bytes_per_token(OPEN)
+
+
 @torch.inference_mode()
-def test_padded_decode_equals_one_call_per_span():
-    model = S.build_model(TINY, "cpu", seed=2)
-    cache = S.new_kv_cache(TINY, 5, 20, "cpu", seed=4)
-    tokens = torch.randint(TINY.vocab, (5,))
+@pytest.mark.parametrize("shape", ["post", "gqa-2", "mqa"])
+def test_padded_decode_equals_one_call_per_span(shape):
+    cfg = SHAPES[shape]
+    model = S.build_model(cfg, "cpu", seed=2)
+    cache = S.new_kv_cache(cfg, 5, 20, "cpu", seed=4)
+    tokens = torch.randint(cfg.vocab, (5,))
     positions = [3, 3, 11, 0, 19]
     spans = S.decode_step(model, cache.clone(), tokens, positions)
     padded = S.decode_step(model, cache.clone(), tokens, positions, pad=True)

@@ -1,0 +1,130 @@
+"""Named models and cards: shapes, rotary positions, pricing, memory, the catalog."""
+import math
+
+import pytest
+import torch
+
+import NN_40_serving as S
+from test_cli import expect_usage_error, run_main
+
+
+def test_rotary_positions_turn_pairs_and_keep_relative_angles():
+    cfg = S.ModelConfig(hidden=8, heads=1, positions="rope", rope_theta=100.0)
+    inv_freq = S.rope_frequencies(cfg)  # theta^(-2i/D): 1, 100^-0.25, 100^-0.5, 100^-0.75
+    assert inv_freq.tolist() == pytest.approx([1.0, 100 ** -0.25, 0.1, 100 ** -0.75])
+
+    def rope(position):
+        angles = torch.tensor([[[[float(position)]]]]) * inv_freq  # (1, 1, 1, D/2)
+        return angles.cos(), angles.sin()
+    x = torch.zeros(1, 1, 1, 8)
+    x[..., 0] = 1.0  # the pair (x_0, x_4) = (1, 0), turned by 1 radian at position 1
+    turned = S.rotate(x, rope(1))
+    assert turned[..., 0].item() == pytest.approx(math.cos(1.0))
+    assert turned[..., 4].item() == pytest.approx(math.sin(1.0))
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
+    dot = [(S.rotate(q, rope(p + 3)) * S.rotate(k, rope(p))).sum().item() for p in (0, 5, 40)]
+    assert dot == pytest.approx([dot[0]] * 3, rel=1e-5)  # only the distance, 3, matters
+
+
+def test_c_prices_a_named_model_on_a_named_card(tmp_path, capsys):
+    results, out = run_main(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
+                             "--requests", "200", "--rates", "5", "--no-figures",
+                             "--out", str(tmp_path)], capsys)
+    C = results["C"]
+    source = C["cost_model"]["source"]
+    assert source["kind"] == "pricing_card" and source["card"] == "H100 SXM"
+    assert source["bandwidth_gbs"] == pytest.approx(3350 * 0.9)
+    assert source["tflops"] == pytest.approx(989.4 * 0.8)
+    # 0.9 x 80 GB less 16.06 GB of weights, in 131,072-byte tokens
+    assert C["kv"]["budget_tokens"] == int((0.9 * 80e9 - 8_030_261_248 * 2) // 131_072)
+    assert C["kv"]["memory_source"]["kind"] == "memory_card"
+    # a decode step at batch 1 reads the weights (less the token table) at 3,015 GB/s
+    weights = (8_030_261_248 - 128_256 * 4096) * 2
+    assert C["cost_model"]["seconds"][0] == pytest.approx(weights / 3015e9, rel=0.01)
+    for text in ("model: llama-3-8b: 32 layers, hidden 4096, 32 heads (8 K/V heads), gated "
+                 "SiLU MLP of 14,336", "card: H100 SXM", "analytic roofline of the H100 SXM",
+                 "0.9 x 80 GB of the H100 SXM"):
+        assert text in out.out
+
+
+def test_the_default_c_is_the_posts_card(tmp_path, capsys):
+    results, _ = run_main(["--experiments", "C", "--requests", "100", "--rates", "5",
+                           "--no-figures", "--out", str(tmp_path)], capsys)
+    source = results["C"]["cost_model"]["source"]
+    assert (source["kind"], source["bandwidth_gbs"], source["tflops"]) == \
+        ("pricing_analytic", 960.0, 105.5)
+
+
+def test_a_model_the_card_cannot_hold_still_prices(tmp_path, capsys):
+    # Llama-3-8B's 16 GB of weights leave the RTX 5080 no KV cache: C marks the KV rows
+    results, out = run_main(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "rtx-5080",
+                             "--requests", "100", "--rates", "5", "--no-figures",
+                             "--out", str(tmp_path)], capsys)
+    assert results["C"]["kv"]["unfit"]["paged"] == {"kind": "kv_no_memory"}
+    assert "the weights leave no memory for the KV cache" in out.out
+    assert results["C"]["schedulers"]["continuous"]["steps"] > 0
+
+
+def test_an_unfit_model_is_refused_before_allocating(capsys, monkeypatch):
+    monkeypatch.setattr(S, "free_memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr(S, "build_model", lambda *a, **k: pytest.fail("allocated"))
+    err = expect_usage_error(["--device", "cpu", "--model", "llama-3.2-1b", "--experiments",
+                              "A"], capsys, "its weights need", "1.00 GiB free")
+    assert "llama-3.2-1b" in err
+
+
+def test_d_s_cache_counts_with_the_weights(tiny_args, capsys, monkeypatch):
+    # the weights fit alone; with D's 4 rows x 1,300 tokens of KV they do not
+    weights = S.param_count(S.ModelConfig(layers=1, hidden=64, heads=4, vocab=128,
+                                          dtype="float32")) * 4
+    monkeypatch.setattr(S, "free_memory_bytes", lambda device: int(2.5 * weights))
+    expect_usage_error(tiny_args + ["--experiments", "D", "--engine-requests", "12",
+                                    "--max-positions", "4096"], capsys, "D's KV cache")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--heads", "4", "--kv-heads", "3"], "must divide --heads"),
+    (["--heads", "4", "--kv-heads", "8"], "must divide --heads"),
+    (["--arch", "post", "--model", "llama-3-8b"], "give one or the other"),
+    (["--gpu", "tpu"], "--gpu"),
+    (["--model", "gpt-5"], "--model"),
+])
+def test_bad_model_flags(args, fragment, capsys):
+    expect_usage_error(["--device", "cpu", "--experiments", "A"] + args, capsys, fragment)
+
+
+def test_a_named_model_with_fields_overridden_runs_a_and_b(tiny_args, tmp_path, capsys):
+    # the open models' kind, shrunk by flags: GQA, gated MLP, RMSNorm, rotary positions, tied
+    args = [a for a in tiny_args] + ["--model", "llama-3.2-1b", "--layers", "1", "--hidden",
+                                     "64", "--heads", "8", "--kv-heads", "2", "--ffn-hidden",
+                                     "96", "--vocab", "128", "--experiments", "AB",
+                                     "--no-figures"]
+    results, out = run_main(args, capsys)
+    cfg = results["config"]["model"]
+    assert (cfg["kv_heads"], cfg["mlp"], cfg["norm"], cfg["positions"], cfg["tied"]) == \
+        (2, "gated", "rms", "rope", True)
+    assert cfg["name"].startswith("llama-3.2-1b (layers=1, hidden=64, heads=8, kv-heads=2")
+    assert all(r["step_ms"] > 0 for r in S.measured(results["A"]["rows"]))
+    # KV reads pass weight reads 4x later than with all 8 heads keeping K and V
+    mha = S.ModelConfig(**{**{k: v for k, v in cfg.items() if k in
+                                S.ModelConfig.__dataclass_fields__}, "kv_heads": None})
+    assert S.kv_bytes_per_token(mha) == 4 * cfg["layers"] * 2 * 16 * 4
+
+
+def test_the_catalog(capsys):
+    results, out = run_main(["--catalog"], capsys)
+    rows = results["catalog"]["rows"]
+    assert len(rows) == len(S.MODELS) * len(S.GPUS)
+    by = {(r["model"], r["gpu"]): r for r in rows}
+    assert by["llama-3-8b", "rtx-5080"]["kv_tokens"] == 0  # 16 GB of weights on a 16 GB card
+    assert by["llama-3-8b", "rtx-5080"]["decode_b1_ms"] is None
+    # (a property of the model alone: the same on every card)
+    assert len({r["crossover_batch"] for r in rows if r["model"] == "llama-3-8b"}) == 1
+    # the faster card prices the same step shorter
+    assert by["llama-3-8b", "h200"]["decode_b1_ms"] < by["llama-3-8b", "h100"]["decode_b1_ms"]
+    # where KV reads pass weight reads: weights / (1,024 tokens x KV bytes per token)
+    llama = S.MODELS["llama-3-8b"]
+    assert by["llama-3-8b", "h100"]["crossover_batch"] == S.kv_crossover_batch(llama, 1024) == \
+        math.floor(S.step_cost(llama, 1, 1, 1024)["weight_bytes"] / (1024 * 131_072)) + 1
+    assert "does not fit" in out.out and "H200 SXM" in out.out
