@@ -197,8 +197,10 @@ class RunConfig:
     predict_sigma: float = 0.8    # "predicted": log-normal error of the predicted lengths
     max_wait_s: float = None      # the starvation guard (None: off)
     save_requests: str = None
-    engine_requests: int = None   # D's requests (default: ENGINE_REQUESTS_CPU on CPU, else
-                                  # requests)
+    engine_requests: int = None   # D's requests, slots, prompt tokens and output divisor
+    engine_slots: int = None      # (by default ENGINE_CPU on CPU, ENGINE_QUICK with --quick,
+    engine_prompt_len: int = None  # else --requests, --slots and --prompt-len as they are)
+    engine_shrink: int = 1
     engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
     gpu: str = None               # a named card (GPUS) C prices and budgets for
     kv_policies: tuple = ("reserve", "paged")  # C's KV-cache study
@@ -1770,11 +1772,12 @@ def check_memory(run, device, engine_lengths=None):
     need = weights + memory_needed_bytes(cfg, 1, run.context + 1, 1)
     what = "its weights"
     if engine_lengths is not None:
-        longest = run.prompt_len + int(engine_lengths.max())
-        engine = weights + memory_needed_bytes(cfg, run.slots, longest, run.prompt_len)
+        longest = run.engine_prompt_len + int(engine_lengths.max())
+        engine = weights + memory_needed_bytes(cfg, run.engine_slots, longest,
+                                               run.engine_prompt_len)
         if engine > need:
-            need, what = engine, f"its weights and D's KV cache ({run.slots} rows x {longest:,} " \
-                                 "tokens)"
+            need, what = engine, f"its weights and D's KV cache ({run.engine_slots} rows x " \
+                                 f"{longest:,} tokens)"
     free = free_memory_bytes(device)
     if need > 0.9 * free:
         raise UsageError(f"the model ({cfg.name}, {param_count(cfg) / 1e9:.2f} B parameters): "
@@ -2441,35 +2444,59 @@ def save_requests_csv(path, req, sims):
 # refilled by moving the last row into it), so a decode step reads views of the cache, and
 # rows admitted together share a position and one attention span.
 
-ENGINE_REQUESTS_CPU = 64  # D's requests on CPU unless --engine-requests (on CUDA: --requests)
+# D on CPU serves the post's law shrunk (CUDA: the post's requests as they are): a CPU's ridge is
+# tens of FLOP/byte, so its decode step stays flat in the batch only to about 8 rows, where a
+# GPU's stays flat past 100; and outputs a quarter as long keep the run under a minute.
+ENGINE_CPU = {"requests": 96, "shrink": 4, "prompt_len": 16, "slots": 8}
+ENGINE_QUICK = {"requests": 24, "shrink": 8, "prompt_len": 8, "slots": 4}
 
 
-def run_engine(model, cache, prompts, output_lens, policy, pad=False):
+def run_engine(model, cache, prompts, output_lens, policy, pad=False, order=None,
+               arrival_s=None):
     """Serve every request under `policy` ("static" or "continuous"), greedily.
 
     prompts: (n, P) tokens on the model's device; output_lens: tokens each request generates
-    (exactly that many: end-of-sequence is ignored, as serving benchmarks do). Each step admits
-    waiting requests into free rows (continuous: every step; static: only once the batch has
-    emptied), prefills them (the prefill emits their first token), then decodes every other
-    running request one token. pad: a decode whose rows sit at several positions attends in
-    one call padded to the longest row (see decode_step). -> generated tokens per request,
-    and a timed log of the steps.
+    (exactly that many: end-of-sequence is ignored, as serving benchmarks do). Requests wait in
+    the simulation's own queue (order: an Order; None: first come, first served), each from its
+    arrival on the wall clock (arrival_s, seconds after the start; None: all at once). Each
+    step admits waiting requests into free rows (continuous: every step; static: only once the
+    batch has emptied), prefills them (the prefill emits their first token), then decodes every
+    other running request one token. pad: a decode whose rows sit at several positions attends
+    in one call padded to the longest row (see decode_step). -> generated tokens per request,
+    and a log: every pass timed, every step's time and occupancy, and per request the steps
+    and seconds of its admission, first token and last.
     """
     device, P = prompts.device, prompts.shape[1]
-    slots = cache.shape[2]
-    waiting = list(range(len(output_lens)))[::-1]   # a stack: the next request is last
+    slots, n = cache.shape[2], len(output_lens)
+    arrival = np.zeros(n) if arrival_s is None else np.asarray(arrival_s, dtype=np.float64)
+    ledger = Ledger(Requests(arrival, np.full(n, P), np.asarray(output_lens), "engine"))
+    waiting = waiting_queue(ledger, range(n), order)
     generated = [[] for _ in output_lens]
     running, position = [], []                      # request and next position of each row
     next_token = torch.zeros(slots, dtype=torch.long, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     log = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0, "attention_calls": 0,
-           "decode_steps": 0, "padded_decode_steps": 0}
+           "decode_steps": 0, "padded_decode_steps": 0, "passes": [],  # (tokens, kv, s)
+           "first_step": [0] * n, "finish_step": [0] * n, "start_s": ledger.start,
+           "first_s": ledger.first, "finish_s": ledger.finish, "idle_s": 0.0}
     sync()
     t0 = time.perf_counter()
     while waiting or running:
         old, new = len(running), []
         if policy == "continuous" or not running:
-            new = [waiting.pop() for _ in range(min(slots - old, len(waiting)))]
+            now = time.perf_counter() - t0
+            while old + len(new) < slots:
+                r = waiting.head(now)
+                if r is None:
+                    break
+                waiting.pop()
+                new.append(r)
+                ledger.start[r] = now
+            if not old and not new:  # nothing runs: wait for the next arrival
+                pause = waiting.next_arrival() - now
+                time.sleep(max(pause, 0.0))
+                log["idle_s"] += max(pause, 0.0)
+                continue
         if new:  # prefill the newcomers into rows old..old+k-1: their first tokens
             t_pass = time.perf_counter()
             rows = torch.arange(old, old + len(new), device=device)
@@ -2477,7 +2504,8 @@ def run_engine(model, cache, prompts, output_lens, policy, pad=False):
             running += new
             position += [P] * len(new)
             sync()
-            log["prefill_s"] += time.perf_counter() - t_pass
+            log["passes"].append((len(new) * P, 0, time.perf_counter() - t_pass))
+            log["prefill_s"] += log["passes"][-1][2]
         if old:  # one decode step for everyone else, each row at its own position
             t_pass = time.perf_counter()
             logits = decode_step(model, cache, next_token[:old], position[:old], pad=pad)
@@ -2487,19 +2515,25 @@ def run_engine(model, cache, prompts, output_lens, policy, pad=False):
             log["padded_decode_steps"] += padded
             log["decode_steps"] += 1
             next_token[:old] = logits.argmax(-1)
+            cached = sum(position[:old])
             position[:old] = [p + 1 for p in position[:old]]
             sync()
-            log["decode_s"] += time.perf_counter() - t_pass
+            log["passes"].append((old, cached, time.perf_counter() - t_pass))
+            log["decode_s"] += log["passes"][-1][2]
         for r, token in zip(running, next_token[:len(running)].tolist()):
             generated[r].append(token)
-        log["t_s"].append(time.perf_counter() - t0)
+        now, step = time.perf_counter() - t0, len(log["t_s"]) + 1
+        log["t_s"].append(now)
         log["running"].append(len(running))
+        for r in new:
+            log["first_step"][r], ledger.first[r] = step, now
         finished = [i for i, r in enumerate(running) if len(generated[r]) == output_lens[r]]
         for row in reversed(finished):  # move the last row into each finished one
+            log["finish_step"][running[row]], ledger.finish[running[row]] = step, now
             last = len(running) - 1
             if row != last:
-                n = position[last]
-                cache[:, :, row, :, :n].copy_(cache[:, :, last, :, :n])
+                m = position[last]
+                cache[:, :, row, :, :m].copy_(cache[:, :, last, :, :m])
                 next_token[row] = next_token[last]
                 running[row], position[row] = running[last], position[last]
             running.pop()
@@ -2509,22 +2543,27 @@ def run_engine(model, cache, prompts, output_lens, policy, pad=False):
     return generated, log
 
 
-def engine_lengths(run):
-    """D's requests: the output lengths of C's law, fewer of them on CPU."""
-    n = run.engine_requests or (ENGINE_REQUESTS_CPU if run.device == "cpu" else run.requests)
-    need, free = n * (run.prompt_len + 32) * 8, free_memory_bytes(torch.device("cpu"))
+def engine_requests(run):
+    """D's requests: output lengths of C's law (divided by --engine-shrink, at least 1), and
+    their arrivals (--rate: Poisson, on the wall clock; else all at once)."""
+    n, P = run.engine_requests, run.engine_prompt_len
+    need, free = n * (P + 32) * 8, free_memory_bytes(torch.device("cpu"))
     if need > 0.5 * free:  # its prompts, and a list of tokens for each
-        raise UsageError(f"D: {n:,} requests of {run.prompt_len:,} prompt tokens would need "
-                         f"about {gib(need)} of memory, and {gib(free)} is free")
-    return lognormal_lengths(n, run.seed)
+        raise UsageError(f"D: {n:,} requests of {P:,} prompt tokens would need about "
+                         f"{gib(need)} of memory, and {gib(free)} is free")
+    lengths = np.maximum(lognormal_lengths(n, run.seed) // run.engine_shrink, 1)
+    arrival = arrival_times(n, run.rate, run.burstiness, np.random.default_rng(run.seed + 5)) \
+        if isinstance(run.rate, float) else None
+    return lengths, arrival
 
 
 def check_engine(run, lengths):
     """D's requests must fit the model's positions."""
-    longest = run.prompt_len + int(lengths.max())
+    longest = run.engine_prompt_len + int(lengths.max())
     if longest > run.model.max_positions:
-        raise UsageError(f"D: a request of {longest:,} tokens (prompt {run.prompt_len} + output "
-                         f"{lengths.max():,}) exceeds --max-positions {run.model.max_positions:,}")
+        raise UsageError(f"D: a request of {longest:,} tokens (prompt {run.engine_prompt_len} + "
+                         f"output {lengths.max():,}) exceeds --max-positions "
+                         f"{run.model.max_positions:,}")
 
 
 # D's attention runs on backends that build no plan per shape: its decode shapes change at
@@ -2551,7 +2590,7 @@ def engine_costs(bench, prompt_len, pad):
     -> (costs of single-span decodes, costs of padded decodes or None, the timed rows)"""
     run, budget_s = bench.run, bench.run.time_budget_s / 2
     long_context = min(prompt_len + 512, bench.cfg.max_positions - 1)
-    batches = sorted({1, max(1, run.slots // 4), run.slots})
+    batches = sorted({1, max(1, run.engine_slots // 4), run.engine_slots})
 
     def row(t, **shape):
         return {**shape, "step_ms": t["mean_ms"], "median_ms": t["median_ms"],
@@ -2564,7 +2603,8 @@ def engine_costs(bench, prompt_len, pad):
                        batch=b, context=(prompt_len + long_context) / 2, padded=True)
                    for b in batches if b > 1]
     prefills = [row(bench.time_prefill(prompt_len, batch, budget_s=budget_s), batch=batch,
-                    tokens=batch * prompt_len, padded=False) for batch in sorted({1, run.slots})]
+                    tokens=batch * prompt_len, padded=False)
+                for batch in sorted({1, run.engine_slots})]
     source = {"kind": "pricing_engine", "device": device_name(bench.device)}
     spans = fit_step_costs([r for r in decode if not r["padded"]], prefills, prompt_len, 0.0,
                            source)
@@ -2576,19 +2616,73 @@ def engine_costs(bench, prompt_len, pad):
     return spans, padded, decode + prefills
 
 
-def run_serving_engine(bench, lengths, log):
-    """D: static and continuous batching for real; the measured speedup beside the one C's
-    simulation predicts for the same requests, priced with step costs measured here on the
-    path each policy takes (a static batch decodes in one span; a continuous one, padded on
-    CUDA)."""
+def run_serving_engine(bench, lengths, arrival, log):
+    """D: static and continuous batching for real, set beside C's simulation of the same
+    requests: request by request in steps, and in seconds priced two ways (see
+    serve_and_predict)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel([getattr(SDPBackend, name) for name in D_SDPA_BACKENDS]):
-        return serve_and_predict(bench, lengths, log, engine_attention(bench.run, bench.device))
+        return serve_and_predict(bench, lengths, arrival, log,
+                                 engine_attention(bench.run, bench.device))
 
 
-def serve_and_predict(bench, lengths, log, pad):
+def fit_passes(passes, source):
+    """StepCosts fitted to an engine's own timed passes [(tokens, cached tokens, seconds)]: for
+    each number of tokens per pass, a least-squares line in the cached tokens (its mean where
+    they do not vary, or too few passes tell), so that a simulation priced with it replays the
+    run's own costs: the seconds of each kind of pass sum to what the engine measured."""
+    by_tokens = {}
+    for tokens, kv, seconds in passes:
+        by_tokens.setdefault(tokens, []).append((kv, seconds))
+    slopes = {}
+    for tokens, points in by_tokens.items():
+        kv, seconds = np.array(points, dtype=np.float64).T
+        if len(points) > 2 and np.ptp(kv) > 0:
+            slopes[tokens] = max(float(np.polyfit(kv, seconds, 1)[0]), 0.0)
+    costs = StepCosts((1,), (0.0,), float(np.median(list(slopes.values()))) if slopes else 0.0,
+                      source, tuple(sorted(slopes.items())))
+    knots = {}
+    for tokens, points in by_tokens.items():
+        kv, seconds = np.array(points, dtype=np.float64).T
+        knots[tokens] = max(float((seconds - costs.kv_s(tokens) * kv).mean()), 1e-9)
+    x = sorted(knots)
+    return dataclasses.replace(costs, tokens=tuple(x), seconds=tuple(knots[k] for k in x))
+
+
+LATENCIES = ("makespan_s", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s")
+
+
+def latencies(arrival, first, finish):
+    """The run's makespan and its requests' TTFT and E2E, p50 and p90."""
+    ttft, e2e = np.asarray(first) - arrival, np.asarray(finish) - arrival
+    (t50, t90), (e50, e90) = np.percentile(ttft, [50, 90]), np.percentile(e2e, [50, 90])
+    return {"makespan_s": float(np.max(finish) - np.min(arrival)), "ttft_p50_s": float(t50),
+            "ttft_p90_s": float(t90), "e2e_p50_s": float(e50), "e2e_p90_s": float(e90)}
+
+
+def steps_check(elog, sim):
+    """Every request's first-token step and finish step, the engine's against the
+    simulation's; the first request where they differ."""
+    engine = np.array([elog["first_step"], elog["finish_step"]])
+    simulated = np.array([sim["first_step"], sim["finish_step"]])
+    differ = np.flatnonzero((engine != simulated).any(axis=0))
+    check = {"requests": engine.shape[1], "agree": int(engine.shape[1] - len(differ))}
+    if len(differ):
+        r = int(differ[0])
+        check["first_mismatch"] = {"request": r, "engine": engine[:, r].tolist(),
+                                   "simulated": simulated[:, r].tolist()}
+    return check
+
+
+def serve_and_predict(bench, lengths, arrival, log, pad):
+    """Serve D's requests under each policy and set C's simulation of them beside the run: the
+    step at which each request emits its first token and its last (equal when all wait at
+    t=0: both are deterministic), and its latencies in seconds, predicted twice: priced with
+    step costs timed just before (the cost model's test: does timing passes predict a run?)
+    and priced with the run's own passes (the scheduling model's test, free of the machine's
+    drift between timing and running)."""
     run, cfg, device = bench.run, bench.cfg, bench.device
-    n, P = len(lengths), run.prompt_len
+    n, P, slots = len(lengths), run.engine_prompt_len, run.engine_slots
     spans, padded, cost_rows = engine_costs(bench, P, pad)
     for name, costs in (("spans", spans), ("padded", padded)):
         if costs is not None:
@@ -2598,37 +2692,65 @@ def serve_and_predict(bench, lengths, log, pad):
                 f"by batch: {per_token}")
     g = torch.Generator(device="cpu").manual_seed(run.seed + 3)
     prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
-    cache = new_kv_cache(cfg, run.slots, P + max(int(lengths.max()), 2), device)
-    warm = min(2, n, run.slots)  # warm the engine: a prefill and a decode step
+    cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2), device)
+    warm = min(2, n, slots)  # warm the engine: a prefill and a decode step
     run_engine(bench.model, cache, prompts[:warm], [2] * warm, "continuous", pad)
-    req = Requests(np.zeros(n), np.full(n, P), lengths, "D")
-    result = {"requests": n, "slots": run.slots, "prompt_tokens": P,
+    at_zero = arrival is None
+    req = Requests(np.zeros(n) if at_zero else arrival, np.full(n, P), lengths, "D")
+    order = queue_order(run.order, lengths, run.predict_sigma, run.seed + 4, run.max_wait_s)
+    result = {"requests": n, "slots": slots, "prompt_tokens": P, "shrink": run.engine_shrink,
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
                           "max": int(lengths.max()), "total": int(lengths.sum())},
+              "order": order_info(order, lengths, run.seed),
+              "arrivals": arrivals(run) if not at_zero else {"kind": "arrivals_zero"},
               "sdpa_backends": list(D_SDPA_BACKENDS), "attention": "padded" if pad else "spans",
               "cost_model": {**spans.describe(), "rows": cost_rows}}
     if padded is not None:
         result["cost_model_padded"] = padded.describe()
     for policy in ("static", "continuous"):
-        _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy, pad)
+        _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy, pad, order,
+                             arrival)
         model = "padded" if elog["padded_decode_steps"] else "spans"  # (as it ran)
-        sim = simulate_serving(req, run.slots, padded if model == "padded" else spans, policy)
+        priced = padded if model == "padded" else spans
+        sim = simulate_serving(req, slots, priced, policy, order=order)
+        replayed = fit_passes(elog["passes"], {"kind": "pricing_passes"})
+        replay = simulate_serving(req, slots, replayed, policy, order=order)
+        passes = np.array(elog["passes"], dtype=np.float64)
+        decode, prefill = passes[passes[:, 1] > 0], passes[passes[:, 1] == 0]
         steps, wall = len(elog["t_s"]), elog["wall_s"]
         t, running = zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))
         result[policy] = {
             "wall_s": wall, "output_tokens_per_s": float(lengths.sum()) / wall, "steps": steps,
-            "occupancy": sum(elog["running"]) / (steps * run.slots),
+            "occupancy": sum(elog["running"]) / (steps * slots),
             "prefill_s": elog["prefill_s"], "decode_s": elog["decode_s"],
-            "other_s": wall - elog["prefill_s"] - elog["decode_s"],
-            "decode_steps": elog["decode_steps"],
+            "other_s": wall - elog["prefill_s"] - elog["decode_s"] - elog["idle_s"],
+            "idle_s": elog["idle_s"], "decode_steps": elog["decode_steps"],
             "padded_decode_steps": elog["padded_decode_steps"],
             "attention_calls_per_decode": elog["attention_calls"] / max(elog["decode_steps"], 1),
             "predicted": {"wall_s": float(sim["finish"].max()), "steps": sim["steps"],
                           "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"],
                           "cost_model": model},
+            "steps_check": steps_check(elog, sim) if at_zero else None,
+            "latency": {"measured": latencies(req.arrival_s, elog["first_s"], elog["finish_s"]),
+                        "passes": latencies(req.arrival_s, replay["first_token"],
+                                            replay["finish"]),
+                        "priced": latencies(req.arrival_s, sim["first_token"], sim["finish"])},
+            # the step costs timed beforehand against the run's own passes (sums by kind)
+            "passes_priced": {kind: {"passes": len(p), "measured_s": float(p[:, 2].sum()),
+                                     "priced_s": float(sum(priced.pass_s(int(k), v)
+                                                           for k, v, _ in p))}
+                              for kind, p in (("decode", decode), ("prefill", prefill))},
+            "per_request": {"engine_first_step": elog["first_step"],
+                            "engine_finish_step": elog["finish_step"],
+                            "simulated_first_step": sim["first_step"],
+                            "simulated_finish_step": sim["finish_step"],
+                            "measured_first_s": elog["first_s"],
+                            "measured_finish_s": elog["finish_s"],
+                            "passes_first_s": replay["first_token"],
+                            "passes_finish_s": replay["finish"]},
             "timeline": {"t_s": t, "running": running}}
-        log(f"D {policy}: {wall:.2f} s measured, {sim['finish'].max():.2f} s predicted, "
-            f"{steps} steps")
+        log(f"D {policy}: {wall:.2f} s measured, {sim['finish'].max():.2f} s predicted "
+            f"({replay['finish'].max():.2f} s with its own passes), {steps} steps")
     result["speedup_measured"] = result["static"]["wall_s"] / result["continuous"]["wall_s"]
     result["speedup_predicted"] = (result["static"]["predicted"]["wall_s"]
                                    / result["continuous"]["predicted"]["wall_s"])
@@ -2637,15 +2759,30 @@ def serve_and_predict(bench, lengths, log, pad):
 
 
 def engine_verdict(D, tolerance=0.15):
-    """Whether the measured speedup agrees with C's prediction; if not, the cost C priced
-    worst: prefill passes, decode passes, or the host work between them (not priced at all)."""
+    """What D checked, and whether it held. Steps: every request's first-token and finish
+    step equal in the engine and the simulation (when all wait at t=0). Seconds: each policy's
+    makespan and TTFT/E2E p50/p90 within `tolerance` of the simulation priced with the run's
+    own passes, and of the one priced beforehand. The speedup against the predicted one; when
+    it misses, the cost C priced worst: prefill passes, decode passes, or the host work between
+    them (not priced at all)."""
+    policies = ("static", "continuous")
+    checks = [D[p]["steps_check"] for p in policies]
+    verdict = {"tolerance": tolerance, "steps_exact": None if None in checks else
+               all(c["agree"] == c["requests"] for c in checks)}
+    for pricing in ("passes", "priced"):
+        offs = [(p, m, D[p]["latency"]["measured"][m] / max(D[p]["latency"][pricing][m], 1e-12)
+                 - 1) for p in policies for m in LATENCIES]
+        mode, metric, off = max(offs, key=lambda o: abs(o[2]))
+        verdict[pricing] = {"checked": len(offs), "within": sum(abs(o[2]) <= tolerance
+                                                                for o in offs),
+                            "worst": {"mode": mode, "metric": metric, "off": off}}
     measured, predicted = D["speedup_measured"], D["speedup_predicted"]
     off = measured / predicted - 1
-    verdict = {"measured": measured, "predicted": predicted, "off": off, "tolerance": tolerance,
-               "within": abs(off) <= tolerance}
+    verdict.update(measured=measured, predicted=predicted, off=off,
+                   within=abs(off) <= tolerance)
     if not verdict["within"]:
         gaps = []
-        for mode in ("static", "continuous"):
+        for mode in policies:
             d, p = D[mode], D[mode]["predicted"]
             gaps += [(d["decode_s"], p["decode_s"], mode, "decode"),
                      (d["prefill_s"], p["prefill_s"], mode, "prefill"),
@@ -2765,7 +2902,7 @@ TEXT = {
         "e2e_mean_s": "E2E mean s", "e2e_p50_s": "E2E p50 s", "e2e_p99_s": "E2E p99 s",
         "per_token_ms": "ms per output token", "longest_wait": "longest wait s",
         "who_waits_by_length": "C  who waits, by output length (this workload's terciles)",
-        "output_tokens": "output tokens", "count": "requests",
+        "output_tokens": "output tokens", "count": "count",
         "bucket": "{name} {low:,}-{high:,}", "bucket_short": "short", "bucket_medium": "medium",
         "bucket_long": "long",
         "kv_unfit_row": "{policy}: does not fit, so not simulated: {why}",
@@ -2796,8 +2933,34 @@ TEXT = {
         "check_clamped": ", {n} clamped to the row",
         "check_skipped": "on {device}: the budget's KV cache ({shape}) {reason}",
         # D
-        "D": "D  a real engine on the model: {requests} requests (median output {median:.0f}, "
-             "max {max:,}), prompts of {prompt} tokens, {slots} slots, greedy",
+        "D": "D  a real engine on the model: {requests} requests ({source}: median output "
+             "{median:.0f}, max {max:,}), prompts of {prompt} tokens, {slots} slots, greedy; "
+             "queue: {order}; arrivals {arrivals}",
+        "D_source": "the post's law", "D_source_shrunk": "the post's law, outputs / {shrink}",
+        "D_cpu": "   on CPU, D serves the post's law shrunk: a CPU's decode step stays flat in the "
+                 "batch only to about 8 rows (a GPU's past 100), and shorter outputs keep the "
+                 "run short (--engine-requests, --engine-slots, --engine-shrink)",
+        "D_requests": "D  request by request: C's simulation of the same requests, priced with "
+                      "the run's own passes and with the step costs timed beforehand",
+        "latency": "latency", "measured_col": "measured s", "passes_col": "own passes s",
+        "priced_col": "timed beforehand s", "off_col": "off",
+        "lat_makespan_s": "makespan", "lat_ttft_p50_s": "TTFT p50", "lat_ttft_p90_s": "TTFT p90",
+        "lat_e2e_p50_s": "E2E p50", "lat_e2e_p90_s": "E2E p90",
+        "D_steps": "steps: {static} requests (static) and {continuous} (continuous) emit their "
+                   "first token and their last at the same step in the engine and in C's "
+                   "simulation",
+        "D_steps_count": "{agree} of {requests}",
+        "D_steps_mismatch": "; the first that differs: request {request} ({policy}), first token "
+                            "and finish at steps {engine} in the engine, {simulated} simulated",
+        "D_steps_arrivals": "steps: not compared (requests arrive on the wall clock)",
+        "D_passes": "the step costs timed beforehand against the engine's {policy} passes: "
+                    "decode {decode:+.0%} ({n_decode:,} passes), prefill {prefill:+.0%} "
+                    "({n_prefill:,})",
+        "verdict_steps": "verdict: steps exact for every request: {answer}",
+        "yes": "yes", "no": "no", "not_checked": "not checked (arrivals)",
+        "verdict_seconds": "; seconds within {tolerance:.0%}: {passes} of {checked} priced with "
+                           "the run's own passes, {priced} of {checked} priced beforehand (worst "
+                           "{mode}'s {metric}, {off:+.0%})",
         "D_predicted": "   predicted: C's simulation of the same requests, priced with step "
                        "costs {pricing}",
         "wall_s": "wall s", "predicted_s": "predicted s",
@@ -2949,8 +3112,32 @@ TEXT = {
                  "각자의 문맥에서 디코드 한 스텝 (최대 {max_context:,}{clamped}): {ms:.1f} ms",
         "check_clamped": ", {n}개는 행 길이로 자름",
         "check_skipped": "{device}에서: 예산만큼의 KV 캐시 ({shape}) {reason}",
-        "D": "D  모델 위의 실제 엔진: 요청 {requests}개 (출력 중앙값 {median:.0f}, 최대 {max:,}), "
-             "질문 {prompt}토큰, 슬롯 {slots}개, 그리디",
+        "D": "D  모델 위의 실제 엔진: 요청 {requests}개 ({source}: 출력 중앙값 {median:.0f}, 최대 "
+             "{max:,}), 질문 {prompt}토큰, 슬롯 {slots}개, 그리디; 대기열: {order}; 도착: "
+             "{arrivals}",
+        "D_source": "글의 분포", "D_source_shrunk": "글의 분포, 출력 / {shrink}",
+        "D_cpu": "   CPU에서 D는 글의 분포를 줄여서 쓴다: CPU의 디코드 스텝은 배치가 8행쯤까지만 "
+                 "평평하고 (GPU는 100행 넘게), 짧은 출력은 실행을 짧게 한다 (--engine-requests, "
+                 "--engine-slots, --engine-shrink)",
+        "D_requests": "D  요청 하나하나: 같은 요청에 대한 C의 모의실험, 실행 자신의 패스로 값을 매긴 "
+                      "것과 미리 잰 스텝 비용으로 매긴 것",
+        "latency": "지연", "measured_col": "실측 초", "passes_col": "자신의 패스 초",
+        "priced_col": "미리 잰 비용 초", "off_col": "차이",
+        "lat_makespan_s": "전체 시간", "lat_ttft_p50_s": "TTFT p50", "lat_ttft_p90_s": "TTFT p90",
+        "lat_e2e_p50_s": "E2E p50", "lat_e2e_p90_s": "E2E p90",
+        "D_steps": "스텝: 첫 토큰과 마지막 토큰을 엔진과 C의 모의실험에서 같은 스텝에 내는 요청 "
+                   "{static} (정적), {continuous} (연속)",
+        "D_steps_count": "{requests}개 중 {agree}개",
+        "D_steps_mismatch": "; 처음 다른 요청: {request} ({policy}), 첫 토큰과 끝 스텝이 엔진에서 "
+                            "{engine}, 모의실험에서 {simulated}",
+        "D_steps_arrivals": "스텝: 비교하지 않음 (요청이 실제 시계로 도착)",
+        "D_passes": "미리 잰 스텝 비용을 엔진의 {policy} 패스와 견주면: 디코드 {decode:+.0%} (패스 "
+                    "{n_decode:,}번), 프리필 {prefill:+.0%} ({n_prefill:,}번)",
+        "verdict_steps": "판정: 모든 요청의 스텝이 정확히 같은가: {answer}",
+        "yes": "예", "no": "아니오", "not_checked": "확인 안 함 (도착 시각)",
+        "verdict_seconds": "; {tolerance:.0%} 안의 초: 자신의 패스로 매긴 {checked}개 중 "
+                           "{passes}개, 미리 잰 비용으로 매긴 {checked}개 중 {priced}개 (가장 큰 "
+                           "차이 {mode}의 {metric}, {off:+.0%})",
         "D_predicted": "   예측: 같은 요청에 대한 C의 모의실험, 스텝 비용은 {pricing}",
         "wall_s": "실측 초", "predicted_s": "예측 초",
         "prefill_s": "프리필 초 (실측 / 예측)", "decode_s": "디코드 초 (실측 / 예측)",
@@ -3240,9 +3427,13 @@ def engine_table(T, D):
                      f"{100 * d['occupancy']:.1f}%",
                      f"{d['prefill_s']:,.2f} / {p['prefill_s']:,.2f}",
                      f"{d['decode_s']:,.2f} / {p['decode_s']:,.2f}", f"{d['other_s']:,.2f}"])
+    shrink = D.get("shrink", 1)
+    source = T["D_source_shrunk"].format(shrink=shrink) if shrink > 1 else T["D_source"]
     return "\n".join([
         T["D"].format(requests=D["requests"], prompt=D["prompt_tokens"], slots=D["slots"],
-                      **D["lengths"]),
+                      source=source, order=order_text(T, D["order"]),
+                      arrivals=describe(T, D["arrivals"]), **D["lengths"])]
+        + ([T["D_cpu"]] if shrink > 1 else []) + [
         T["D_predicted"].format(pricing=describe(T, D["cost_model"]["source"])),
         table(T, rows, ["policy", "wall_s", "predicted_s", "tokens_per_s", "steps", "occupancy",
                         "prefill_s", "decode_s", "between_s"]),
@@ -3252,14 +3443,54 @@ def engine_table(T, D):
                                         steps=D["continuous"]["decode_steps"])
            if D["continuous"]["padded_decode_steps"] else T["attention_spans"]),
         T["sdpa"].format(backends=", ".join(D["sdpa_backends"])),
-        verdict_text(T, D["verdict"])])
+        "", request_table(T, D), verdict_text(T, D["verdict"])])
+
+
+def request_table(T, D):
+    """D request by request: steps, then latencies measured against the two predictions."""
+    rows, lines = [], [T["D_requests"]]
+    for policy in ("static", "continuous"):
+        lat = D[policy]["latency"]
+        for metric in LATENCIES:
+            m = lat["measured"][metric]
+            rows.append([T[policy], T["lat_" + metric], seconds(m)] + [
+                v for pricing in ("passes", "priced")
+                for v in (seconds(lat[pricing][metric]),
+                          f"{m / max(lat[pricing][metric], 1e-12) - 1:+.0%}")])
+    lines.append(table(T, rows, ["policy", "latency", "measured_col", "passes_col", "off_col",
+                                 "priced_col", "off_col"]))
+    checks = {p: D[p]["steps_check"] for p in ("static", "continuous")}
+    if None in checks.values():
+        lines.append(T["D_steps_arrivals"])
+    else:
+        text = T["D_steps"].format(**{p: T["D_steps_count"].format(**c)
+                                      for p, c in checks.items()})
+        wrong = [(p, c["first_mismatch"]) for p, c in checks.items() if "first_mismatch" in c]
+        if wrong:
+            policy, first = wrong[0]
+            text += T["D_steps_mismatch"].format(policy=T[policy], **first)
+        lines.append(text)
+    for policy in ("static", "continuous"):
+        p = D[policy]["passes_priced"]
+        lines.append(T["D_passes"].format(
+            policy=T[policy], n_decode=p["decode"]["passes"], n_prefill=p["prefill"]["passes"],
+            **{kind: p[kind]["priced_s"] / max(p[kind]["measured_s"], 1e-12) - 1
+               for kind in ("decode", "prefill")}))
+    return "\n".join(lines)
 
 
 def verdict_text(T, v):
-    text = T["verdict"].format(speedup=T["speedup"], **v)
+    """The verdict: steps exact, seconds within the tolerance, the speedup."""
+    answer = {True: "yes", False: "no", None: "not_checked"}[v["steps_exact"]]
+    worst = v["priced"]["worst"]
+    text = T["verdict_steps"].format(answer=T[answer]) + T["verdict_seconds"].format(
+        tolerance=v["tolerance"], checked=v["passes"]["checked"], passes=v["passes"]["within"],
+        priced=v["priced"]["within"], mode=T[worst["mode"]], metric=T["lat_" + worst["metric"]],
+        off=worst["off"])
+    speedup = T["verdict"].format(speedup=T["speedup"], **v)
     if v["within"]:
-        return text + T["verdict_within"].format(**v)
-    return text + T["verdict_outside"].format(
+        return text + "\n" + speedup + T["verdict_within"].format(**v)
+    return text + "\n" + speedup + T["verdict_outside"].format(
         tolerance=v["tolerance"], mode=T[v["mode"]], part=T["part_" + v["part"]],
         measured_s=v["measured_s"], priced_s=v["priced_s"])
 
@@ -3880,8 +4111,9 @@ def build_parser():
                         f"{LENGTH_SEED}: the post's lengths)")
     c.add_argument("--lengths-file", metavar="PATH",
                    help="generated lengths, one positive integer per line ('#' comments)")
-    c.add_argument("--prompt-len", type=integer(), default=128,
-                   help="prompt tokens of each generated request (default 128)")
+    c.add_argument("--prompt-len", type=integer(),
+                   help="prompt tokens of each generated request (default 128; D on CPU: "
+                        f"{ENGINE_CPU['prompt_len']})")
     c.add_argument("--trace", metavar="CSV", help="a request trace: columns num_prefill_tokens,"
                    "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
     c.add_argument("--trace-limit", type=integer(), metavar="N", help="first N trace rows")
@@ -3935,14 +4167,21 @@ def build_parser():
     c.add_argument("--max-output", type=integer(), help="reserve: output tokens reserved per "
                    f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for "
                    "the log-normal law)")
-    d = p.add_argument_group("D (shares --slots, --prompt-len and --seed with C)")
+    d = p.add_argument_group("D (takes --seed, --order and --rate from C; on CUDA also its "
+                             "--requests, --slots and --prompt-len)")
     d.add_argument("--engine-attention", choices=["auto", "spans", "padded"], default="auto",
                    help="how D's engine attends when its rows sit at several positions: a call "
                         "per span of rows at one position, or one call padded to the longest "
                         "row (default: padded on CUDA, spans elsewhere); each is priced as it "
                         "runs")
     d.add_argument("--engine-requests", type=integer(), help="requests the engine serves "
-                   f"(default: {ENGINE_REQUESTS_CPU} on CPU, --requests on CUDA)")
+                   f"(default: {ENGINE_CPU['requests']} on CPU, --requests on CUDA)")
+    d.add_argument("--engine-slots", type=integer(), help="the engine's slots (default: "
+                   f"{ENGINE_CPU['slots']} on CPU, where a decode step stays flat in the batch "
+                   "only that far; --slots on CUDA)")
+    d.add_argument("--engine-shrink", type=integer(), help="divide each output length by this "
+                   f"(default: {ENGINE_CPU['shrink']} on CPU, 1 on CUDA); D's prompts are "
+                   f"--prompt-len tokens, by default {ENGINE_CPU['prompt_len']} on CPU")
     o = p.add_argument_group("output")
     o.add_argument("--out", default="figures", help="directory for results.json and figures")
     o.add_argument("--no-figures", action="store_true")
@@ -4005,14 +4244,14 @@ def parse_args(argv):
                peak_tflops=args.peak_tflops,
                prefill_lengths=args.prefill_lengths, decode_batches=args.decode_batches,
                requests=args.requests, slots=args.slots, seed=args.seed,
-               lengths_file=args.lengths_file, prompt_len=args.prompt_len, trace=args.trace,
+               lengths_file=args.lengths_file, prompt_len=args.prompt_len or 128, trace=args.trace,
                trace_limit=args.trace_limit, rate=args.rate, burstiness=args.burstiness,
                rates=args.rates, chunk_tokens=args.chunk_tokens, cost=args.cost,
                slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
                slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
                order=args.order, predict_sigma=args.predict_sigma, max_wait_s=args.max_wait_s,
                gpu=args.gpu,
-               save_requests=args.save_requests, engine_requests=args.engine_requests,
+               save_requests=args.save_requests,
                engine_attention=args.engine_attention,
                kv_policies=("reserve", "paged") if args.kv_policy == "both" else
                (args.kv_policy,), kv_memory_gb=args.kv_memory_gb,
@@ -4033,9 +4272,15 @@ def parse_args(argv):
                    context=min(args.context, 64), contexts=(min(args.context, 64),),
                    prefill_lengths=tuple(max(1, t // 8) for t in args.prefill_lengths),
                    warmup=min(args.warmup, 1), reps=min(args.reps, 5),
-                   engine_requests=args.engine_requests or 16,
-                   prompt_len=min(args.prompt_len, 32))
+                   prompt_len=min(run["prompt_len"], 32))
         run["time_budget_s"] = 0.3
+    engine = ENGINE_QUICK if args.quick else ENGINE_CPU if on_cpu else {
+        "requests": args.requests, "slots": args.slots, "prompt_len": run["prompt_len"],
+        "shrink": 1}
+    run.update(engine_requests=args.engine_requests or engine["requests"],
+               engine_slots=args.engine_slots or engine["slots"],
+               engine_prompt_len=args.prompt_len or engine["prompt_len"],
+               engine_shrink=args.engine_shrink or engine["shrink"])
     return RunConfig(model=model, **run)
 
 
@@ -4108,7 +4353,7 @@ def _main(argv):
         kv = kv_setup(run, requests, device)
         if run.cost == "measured" and "A" not in run.experiments:
             raise UsageError("--cost measured needs experiment A in the same run")
-    lengths = engine_lengths(run) if "D" in run.experiments else None
+    lengths, arrival = engine_requests(run) if "D" in run.experiments else (None, None)
     if lengths is not None:  # D's cache must hold the longest request
         check_engine(run, lengths)
     if device:  # the model (and D's cache) must fit, before anything is allocated
@@ -4145,7 +4390,7 @@ def _main(argv):
                                                                          results["C"]["kv"])
         if "D" in run.experiments:
             with torch.inference_mode():
-                results["D"] = run_serving_engine(bench, lengths, log)
+                results["D"] = run_serving_engine(bench, lengths, arrival, log)
     except KeyboardInterrupt:
         interrupted = True
         results["interrupted"] = True

@@ -70,17 +70,33 @@ def english_phrases(template):
     return re.findall(r"[A-Za-z][A-Za-z ']{3,}[A-Za-z]", literals)
 
 
+def assert_no_english(printed):
+    """No English phrase of any template in what was printed (flag names are names: kept)."""
+    printed = re.sub(r"--[a-z-]+", "", printed)
+    for key, english in S.TEXT["en"].items():
+        for phrase in english_phrases(english):
+            if phrase not in S.TEXT["ko"][key]:  # (kept as they are: units, acronyms, names)
+                assert phrase not in printed, (key, phrase)
+
+
 def test_every_printed_line_is_korean_under_ko(tiny_args, tmp_path, capsys):
     _, out = run_main(tiny_args + ["--lang", "ko", "--engine-requests", "6", "--max-positions",
                                    "4096", "--slo-ttft-ms", "100"], capsys)
     assert "정적 배칭" in out.out and "슬롯 점유율" in out.out and "속도 향상" in out.out
     # all but the date, the command line, the versions and the files written
-    printed = "\n".join(out.out.strip().splitlines()[3:-1])
-    for key, english in S.TEXT["en"].items():
-        for phrase in english_phrases(english):
-            if phrase not in S.TEXT["ko"][key]:  # (kept as they are: units, acronyms, names)
-                assert phrase not in printed, (key, phrase)
+    assert_no_english("\n".join(out.out.strip().splitlines()[3:-1]))
     assert english_phrases("static batching (batch {batch})") == ["static batching", "batch"]
+
+
+def test_a_named_model_on_a_card_and_the_catalog_in_korean(tmp_path, capsys):
+    _, out = run_main(["--lang", "ko", "--experiments", "C", "--model", "llama-3-8b", "--gpu",
+                       "rtx-5080", "--requests", "60", "--rates", "5", "--rate", "20",
+                       "--no-figures", "--out", str(tmp_path)], capsys)
+    assert "카드: RTX 5080" in out.out and "들어가지 않아" in out.out
+    assert_no_english("\n".join(out.out.strip().splitlines()[2:-1]))
+    _, out = run_main(["--catalog", "--lang", "ko"], capsys)
+    assert "들어가지 않음" in out.out
+    assert_no_english(out.out)
 
 
 def test_lengths_file_drives_c(tmp_path, capsys):

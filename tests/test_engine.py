@@ -43,43 +43,128 @@ def test_every_request_generates_what_it_would_alone(policy):
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("order", S.ORDERS)
 @pytest.mark.parametrize("policy", ["static", "continuous"])
-def test_engine_takes_the_steps_the_simulation_counts(policy):
+def test_every_request_takes_the_steps_the_simulation_gives_it(policy, order):
     model = S.build_model(TINY, "cpu")
     lengths = S.lognormal_lengths(40, 5, mu=math.log(8), max_len=40)
     prompts = torch.randint(TINY.vocab, (40, 4))
     cache = S.new_kv_cache(TINY, 8, 4 + int(lengths.max()), "cpu")
-    _, log = S.run_engine(model, cache, prompts, lengths.tolist(), policy)
+    o = S.queue_order(order, lengths, 0.8, 1)
+    _, log = S.run_engine(model, cache, prompts, lengths.tolist(), policy, order=o)
     req = S.Requests(np.zeros(40), np.full(40, 4), lengths, "test")
-    sim = S.simulate_serving(req, 8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"), policy)
+    sim = S.simulate_serving(req, 8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"), policy,
+                             order=o)
     assert len(log["t_s"]) == sim["steps"]
     assert sum(log["running"]) == round(sim["occupancy"] * sim["steps"] * 8)
+    assert log["first_step"] == sim["first_step"].tolist()
+    assert log["finish_step"] == sim["finish_step"].tolist()
+    assert S.steps_check(log, sim) == {"requests": 40, "agree": 40}
+    if order != "fcfs":  # (the order changes who runs when: the check is not vacuous)
+        fcfs = S.simulate_serving(req, 8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"), policy)
+        assert S.steps_check(log, fcfs)["agree"] < 40
+
+
+def test_steps_check_names_the_first_request_that_differs():
+    log = {"first_step": [1, 1, 3, 4], "finish_step": [5, 2, 7, 9]}
+    sim = {"first_step": np.array([1, 1, 3, 5]), "finish_step": np.array([5, 2, 8, 9])}
+    assert S.steps_check(log, sim) == {"requests": 4, "agree": 2, "first_mismatch": {
+        "request": 2, "engine": [3, 7], "simulated": [3, 8]}}
+
+
+@torch.inference_mode()
+def test_arrivals_are_honoured_on_the_wall_clock():
+    model = S.build_model(TINY, "cpu")
+    lengths = [3, 5, 2, 4, 6, 1]
+    arrival = [0.0, 0.0, 0.05, 0.08, 0.2, 0.21]  # the engine idles until the fifth arrives
+    prompts = torch.randint(TINY.vocab, (6, 4))
+    cache = S.new_kv_cache(TINY, 2, 4 + max(lengths), "cpu")
+    generated, log = S.run_engine(model, cache, prompts, lengths, "continuous",
+                                  arrival_s=arrival)
+    assert all(start >= a for start, a in zip(log["start_s"], arrival))
+    assert log["start_s"][4] >= 0.2 and log["idle_s"] > 0
+    assert [len(g) for g in generated] == lengths
+    assert all(s <= f <= e for s, f, e in zip(log["start_s"], log["first_s"], log["finish_s"]))
+
+
+def test_fitting_an_engines_passes_by_hand():
+    # decode passes of 2 rows cost 10 ms + 1 µs per cached token; of 4 rows, 12 ms + 0.5 µs;
+    # prefills of 32 tokens 20 ms: the fit recovers them, and prices the same passes back
+    passes = [(2, kv, 0.010 + 1e-6 * kv) for kv in (100, 300, 900)] + \
+             [(4, kv, 0.012 + 0.5e-6 * kv) for kv in (400, 800, 1600, 2000)] + \
+             [(32, 0, 0.020), (32, 0, 0.020)]
+    costs = S.fit_passes(passes, "hand")
+    assert costs.tokens == (2, 4, 32)
+    np.testing.assert_allclose(costs.seconds, (0.010, 0.012, 0.020))
+    np.testing.assert_allclose([s for _, s in costs.kv_by_batch], (1e-6, 0.5e-6))
+    for tokens, kv, seconds in passes:
+        assert costs.pass_s(tokens, kv) == pytest.approx(seconds)
+
+
+def engine_run(wall, other, prefill=1.0, agree=10):
+    latency = {"makespan_s": wall, "ttft_p50_s": 0.3 * wall, "ttft_p90_s": 0.6 * wall,
+               "e2e_p50_s": 0.5 * wall, "e2e_p90_s": 0.9 * wall}
+    return {"wall_s": wall, "prefill_s": prefill, "decode_s": wall - prefill - other,
+            "other_s": other, "steps_check": {"requests": 10, "agree": agree},
+            "predicted": {"wall_s": wall - other, "prefill_s": prefill,
+                          "decode_s": wall - prefill - other},
+            "latency": {"measured": latency, "passes": latency,
+                        "priced": {k: v * (wall - other) / wall for k, v in latency.items()}}}
 
 
 def test_verdict_names_the_cost_the_simulation_missed():
-    def mode(wall, other):
-        return {"wall_s": wall, "prefill_s": 1.0, "decode_s": wall - 1.0 - other,
-                "other_s": other, "predicted": {"wall_s": wall - other, "prefill_s": 1.0,
-                                                "decode_s": wall - 1.0 - other}}
-    D = {"static": mode(10.0, 0.1), "continuous": mode(5.0, 2.0)}
+    D = {"static": engine_run(10.0, 0.1), "continuous": engine_run(5.0, 2.0)}
     D["speedup_measured"], D["speedup_predicted"] = 10.0 / 5.0, 9.9 / 3.0
     verdict = S.engine_verdict(D)
     assert (verdict["mode"], verdict["part"]) == ("continuous", "host")
+    assert verdict["steps_exact"] and verdict["passes"]["within"] == 10
+    assert verdict["priced"]["within"] == 5  # continuous priced 40% short on every metric
+    assert verdict["priced"]["worst"]["mode"] == "continuous"
     text = S.verdict_text(S.TEXT["en"], verdict)
     assert "outside 15%" in text and "continuous batching's host work between passes" in text
+    assert "5 of 10 priced beforehand" in text
     D["speedup_predicted"] = 2.1
     assert S.verdict_text(S.TEXT["en"], S.engine_verdict(D)).endswith("within 15%")
+    D["continuous"]["steps_check"] = {"requests": 10, "agree": 9}
+    assert "steps exact for every request: no" in S.verdict_text(S.TEXT["en"],
+                                                                  S.engine_verdict(D))
+
+
+def test_a_mispriced_cost_model_fails_the_seconds(tiny_args, capsys, monkeypatch):
+    # every pass priced at a third of what it costs: the steps still agree request by
+    # request, the run's own passes still price it, the costs timed beforehand do not
+    timed = S.engine_costs
+
+    def cheap(bench, prompt_len, pad):
+        spans, padded, rows = timed(bench, prompt_len, pad)
+        return S.dataclasses.replace(spans, seconds=tuple(s / 3 for s in spans.seconds),
+                                     kv_token_s=spans.kv_token_s / 3, kv_by_batch=tuple(
+                                         (b, s / 3) for b, s in spans.kv_by_batch)), padded, rows
+    monkeypatch.setattr(S, "engine_costs", cheap)
+    results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
+                                         "--max-positions", "4096", "--no-figures"], capsys)
+    v = results["D"]["verdict"]
+    assert v["steps_exact"] is True and v["priced"]["within"] < v["priced"]["checked"]
+    assert v["priced"]["worst"]["off"] > 1.0  # measured over twice the price
+    assert "priced beforehand (worst" in out.out
 
 
 def test_d_end_to_end(tiny_args, tmp_path, capsys):
     results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
                                          "--max-positions", "4096"], capsys)
     D = results["D"]
+    assert (D["requests"], D["slots"], D["prompt_tokens"], D["shrink"]) == (12, 8, 16, 4)
     for policy in ("static", "continuous"):
         assert {"wall_s", "output_tokens_per_s", "steps", "occupancy"} <= set(D[policy])
         assert D[policy]["steps"] == D[policy]["predicted"]["steps"]
+        assert D[policy]["steps_check"] == {"requests": 12, "agree": 12}
+        assert set(D[policy]["latency"]["measured"]) == set(S.LATENCIES)
+        per = D[policy]["per_request"]
+        assert per["engine_finish_step"] == list(per["simulated_finish_step"])
+    assert D["verdict"]["steps_exact"] is True
     assert D["speedup_measured"] > 0 and D["speedup_predicted"] > 0
     assert "D  a real engine on the model" in out.out and "speedup: measured" in out.out
+    assert "12 of 12 requests (static)" in out.out and "D  request by request" in out.out
     assert (tmp_path / "engine.png").stat().st_size > 10_000
 
 
@@ -116,7 +201,7 @@ def test_forced_padding_is_priced_as_it_runs(tiny_args, capsys):
     D = results["D"]
     rows = [r for r in D["cost_model"]["rows"] if "context" in r]
     assert {r["batch"] for r in rows if r["padded"]} == {r["batch"] for r in rows} - {1}
-    assert all(128 < r["context"] < 128 + 512 for r in rows if r["padded"])
+    assert all(16 < r["context"] < 16 + 512 for r in rows if r["padded"])
     assert D["attention"] == "padded" and "cost_model_padded" in D
     assert D["continuous"]["padded_decode_steps"] > 0 == D["static"]["padded_decode_steps"]
     assert D["continuous"]["predicted"]["cost_model"] == "padded"
@@ -133,3 +218,13 @@ def test_by_default_the_cpu_engine_runs_spans(tiny_args, capsys):
     assert not any(r["padded"] for r in D["cost_model"]["rows"])
     assert D["continuous"]["padded_decode_steps"] == 0
     assert D["continuous"]["attention_calls_per_decode"] > 1  # rows at several positions
+
+
+def test_d_with_arrivals_and_an_order(tiny_args, capsys):
+    results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "10",
+                                         "--max-positions", "4096", "--rate", "400", "--order",
+                                         "sjf", "--no-figures"], capsys)
+    D = results["D"]
+    assert D["order"]["name"] == "sjf" and D["arrivals"]["kind"] == "arrivals_poisson"
+    assert D["static"]["steps_check"] is None and D["verdict"]["steps_exact"] is None
+    assert "steps: not compared" in out.out and "queue: shortest first" in out.out

@@ -26,7 +26,7 @@ FLAGS = {
     "--chunk-tokens": "C", "--slo-ttft-ms": "C", "--slo-tpot-ms": "C", "--kv-memory-gb": "C",
     "--block-tokens": "C", "--watermark": "C", "--jobs": "C", "--max-output": "C",
     "--engine-requests": "D", "--dpi": "C", "--predict-sigma": "C", "--max-wait-s": "C",
-    "--kv-heads": "A", "--ffn-hidden": "A",
+    "--kv-heads": "A", "--ffn-hidden": "A", "--engine-slots": "D", "--engine-shrink": "D",
 }
 
 

@@ -75,12 +75,14 @@ def test_an_unfit_model_is_refused_before_allocating(capsys, monkeypatch):
 
 
 def test_d_s_cache_counts_with_the_weights(tiny_args, capsys, monkeypatch):
-    # the weights fit alone; with D's 4 rows x 1,300 tokens of KV they do not
+    # the weights fit alone; with D's 64 rows x 1,343 tokens of KV they do not
     weights = S.param_count(S.ModelConfig(layers=1, hidden=64, heads=4, vocab=128,
-                                          dtype="float32")) * 4
+                                          max_positions=4096, dtype="float32")) * 4
     monkeypatch.setattr(S, "free_memory_bytes", lambda device: int(2.5 * weights))
     expect_usage_error(tiny_args + ["--experiments", "D", "--engine-requests", "12",
-                                    "--max-positions", "4096"], capsys, "D's KV cache")
+                                    "--engine-slots", "64", "--engine-shrink", "1",
+                                    "--max-positions", "4096"], capsys,
+                       "D's KV cache (64 rows x 1,343 tokens)")
 
 
 @pytest.mark.parametrize("args, fragment", [
