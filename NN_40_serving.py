@@ -203,6 +203,10 @@ class RunConfig:
     engine_shrink: int = 1
     engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
     gpu: str = None               # a named card (GPUS) C prices and budgets for
+    replicas: int = 1             # C: identical replicas behind a router
+    router: str = "all"           # the routers C's fleet and capacity studies compare
+    slo_attainment: float = 0.9   # the share of requests that must meet the SLO
+    target_rate: float = None     # requests/s C finds the fewest replicas for
     kv_policies: tuple = ("reserve", "paged")  # C's KV-cache study
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     block_tokens: int = 16        # paged: tokens per block
@@ -1031,6 +1035,49 @@ class ServingSim:
         self.advance(plan, k)
         self.finish_due()
 
+    # In a fleet: the replica runs up to each arrival, and a request routed to it can cut the
+    # planned run short, as the next arrival bounds a run when the replica runs alone.
+
+    def pending_end(self):
+        """When the planned run ends (the clock it will set, to the bit)."""
+        prefill_s, decode_s = self.price(*self.pending[:2])[:2]
+        return self.t + (prefill_s + decode_s)
+
+    def run_until(self, t):
+        """Run every run of steps that ends by t, and plan one that starts before t."""
+        while True:
+            if self.pending is None:
+                idle = not (self.running or self.retry) and self.waiting.head(self.t) is None
+                start = self.waiting.next_arrival() if idle else self.t  # (plan's admission)
+                if start >= t or not self.plan():
+                    return
+            if self.pending_end() > t:
+                return
+            self.commit()
+
+    def arrive(self, r, t):
+        """Request r, arriving at t, joins this replica's queue; the planned run stops at the
+        first step boundary after t if r could join there."""
+        self.waiting.push(r)
+        self.n += 1
+        if self.pending is not None:
+            plan, k, blocked = self.pending
+            if not plan and k > 1 and self.could_join(blocked):
+                self.pending = (plan, self.steps_to_reach(t, k), blocked)
+
+    def load(self):
+        """Requests queued, preempted and running: what least-requests routing compares."""
+        return len(self.waiting) + len(self.retry) + len(self.running)
+
+    def committed_kv(self):
+        """KV tokens allocated (else held), the prompt tokens admitted but not yet prefilled
+        (a reservation holds them already) and the prompts waiting: what least-kv compares."""
+        if isinstance(self.kv, Reservation):
+            return self.kv.total + self.waiting.tokens
+        held = self.kv.total if self.kv is not None else \
+            self.base_sum + self.n_dec * self.steps + self.pre_ctx
+        return held + self.pre_total + self.waiting.tokens
+
     def make_room(self):
         """Preempt the newest request while the planned step needs more blocks than exist.
         -> the KV tokens the planned step then takes."""
@@ -1128,21 +1175,26 @@ class ServingSim:
             x += 1
         return x
 
-    def advance(self, plan, k):
-        """Run k steps: price them, account memory, move every running request on."""
-        n_dec, tokens, kv_pre, emitted = self.n_dec, 0, 0, []
+    def price(self, plan, k):
+        """The k steps of a run: step j takes (a_pre + a_dec) + (e_pre + e_dec) (j - 1) s, a
+        prefill pass and a decode pass whose caches grow. -> (prefill s, decode s, a_pre, a_dec,
+        e_pre, e_dec, prefill tokens per step)"""
+        n_dec, tokens, kv_pre = self.n_dec, 0, 0
         for s, c in plan:
             tokens += c
             kv_pre += s.ctx
-            if c == s.pre:
-                emitted.append(s)  # a finished prefill emits a token
-        # step j takes a + e (j - 1) s: a prefill pass and a decode pass whose caches grow
         (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.costs.rates(tokens), self.costs.rates(n_dec)
         a_pre = f_pre + kv_s_pre * kv_pre if tokens else 0.0
         a_dec = f_dec + kv_s_dec * (self.base_sum + n_dec * self.steps) if n_dec else 0.0
         e_pre, e_dec = kv_s_pre * tokens, kv_s_dec * n_dec
-        prefill_s = a_pre * k + e_pre * k * (k - 1) / 2
-        decode_s = a_dec * k + e_dec * k * (k - 1) / 2
+        return (a_pre * k + e_pre * k * (k - 1) / 2, a_dec * k + e_dec * k * (k - 1) / 2,
+                a_pre, a_dec, e_pre, e_dec, tokens)
+
+    def advance(self, plan, k):
+        """Run k steps: price them, account memory, move every running request on."""
+        n_dec = self.n_dec
+        emitted = [s for s, c in plan if c == s.pre]  # a finished prefill emits a token
+        prefill_s, decode_s, a_pre, a_dec, e_pre, e_dec, tokens = self.price(plan, k)
         step_s = prefill_s + decode_s
         running = len(self.running)
         if self.kv is not None:  # (before the clock moves: the allocator reads the run's start)
@@ -1282,6 +1334,76 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None, p
     (integrals over time, peaks, a thinned series).
     """
     return ServingSim(req, slots, costs, scheduler, chunk_tokens, kv, progress, order).run()
+
+
+ROUTERS = ("round-robin", "least-requests", "power-of-two", "least-kv")
+
+
+def route(router, sims, r, pair):
+    """The replica that request r goes to, from what each replica is doing now.
+
+    round-robin     the r-th request to replica r mod N
+    least-requests  the fewest requests queued, preempted and running (Vidur's LOR); ties to
+                    the lowest index
+    power-of-two    of two replicas drawn at random (`pair`), the less loaded; ties to the first
+    least-kv        the fewest KV tokens allocated (or held) plus prompt tokens waiting
+    """
+    if router == "round-robin":
+        return r % len(sims)
+    if router == "least-requests":
+        loads = [sim.load() for sim in sims]
+        return loads.index(min(loads))
+    if router == "power-of-two":
+        a, b = pair
+        return b if sims[b].load() < sims[a].load() else a
+    kv = [sim.committed_kv() for sim in sims]
+    return kv.index(min(kv))
+
+
+def simulate_fleet(req, replicas, slots, costs, scheduler, chunk_tokens=None, kv=None,
+                   router="round-robin", order=None, seed=0, progress=None):
+    """The requests through `replicas` identical replicas (each simulate_serving's, with its own
+    slots, KV budget and queue) behind a router that places each request at its arrival,
+    reading every replica as it is then: the replicas run in time together, each up to every
+    arrival. -> as simulate_serving (steps, iterations and memory summed over replicas) with
+    "replica": where each request went, and "per_replica": what each served."""
+    if kv is not None and check_kv_budget(req, kv):  # (identical replicas: all or none)
+        raise UsageError(f"the {kv.policy} KV budget of a replica cannot hold every request: "
+                         + describe(TEXT["en"], check_kv_budget(req, kv)))
+    ledger, n = Ledger(req), len(req.output)
+    sims = [ServingSim(req, slots, costs, scheduler, chunk_tokens, kv, None, order, ledger,
+                       ids=[]) for _ in range(replicas)]
+    first = np.random.default_rng(seed).integers(replicas, size=n)  # (power-of-two's draws)
+    second = (first + 1 + np.random.default_rng(seed + 1).integers(max(replicas - 1, 1),
+                                                                   size=n)) % replicas
+    pairs = zip(first.tolist(), second.tolist())
+    where = [0] * n
+    clock = time.perf_counter()
+    for r, (t, pair) in enumerate(zip(ledger.arrival, pairs)):
+        for sim in sims:
+            sim.run_until(t)
+        where[r] = i = route(router, sims, r, pair)
+        sims[i].arrive(r, t)
+        if progress and not r % 8192 and time.perf_counter() - clock > 10:
+            clock = time.perf_counter()
+            progress(f"{r:,} / {n:,} requests routed, {t:,.1f} s simulated")
+    results = [sim.run() for sim in sims]
+    where = np.array(where)
+    per_replica = [{"requests": int((where == i).sum()),
+                    "output_tokens": int(req.output[where == i].sum()),
+                    "steps": res["steps"], "occupancy": res["occupancy"]}
+                   for i, res in enumerate(results)]
+    fleet = {key: np.array(getattr(ledger, name)) for key, name in (
+        ("start", "start"), ("first_token", "first"), ("finish", "finish"),
+        ("first_step", "first_step"), ("finish_step", "finish_step"))}
+    steps = sum(res["steps"] for res in results)
+    fleet.update(replica=where, per_replica=per_replica, steps=steps,
+                 occupancy=sum(p["occupancy"] * p["steps"] for p in per_replica) / max(steps, 1),
+                 iterations=sum(res["iterations"] for res in results),
+                 longest_step_s=max(res["longest_step_s"] for res in results),
+                 prefill_s=sum(res["prefill_s"] for res in results),
+                 decode_s=sum(res["decode_s"] for res in results))
+    return fleet
 
 
 def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
@@ -2134,15 +2256,22 @@ def run_batching_sim(run, req, log, results, kv=None):
     budgets) the KV-cache study, who waits under each order, and a sweep of arrival rates; the
     independent simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
+    costs, order, fleet_req = step_costs(run, results), run_order(run, req.output), req
+    studied = study_budget(kv[1] if kv else ())  # (the fleet's and the capacity's)
+    capacity = None  # (first: an impossible --target-rate fails before the long part)
+    if run.slo_ttft_s or run.slo_tpot_s:
+        capacity = capacity_study(run, req, costs, studied, order)
+    if run.replicas > 1:  # the single-replica studies: one replica's share under round-robin
+        req = every_nth(req, run.replicas)
+        order = run_order(run, req.output)
     result = {} if run.trace else post_table(run, req.output)
     if "static" in result:
         log(f"C: static {result['static']['steps']:,} steps, continuous "
             f"{result['continuous']['steps']:,} steps")
         result["orders_steps"] = orders_steps(req.output, run.slots, [
             run_order(run, req.output, name) for name in ORDERS])
-    costs = step_costs(run, results)
-    order = run_order(run, req.output)
     result.update(source=workload(run), requests=len(req.output), slots=run.slots,
+                  share_of=run.replicas,
                   cost_model=costs.describe(), order=order_info(order, req.output, run.seed),
                   arrivals=arrivals(run), prompt_tokens=percentiles(req.prompt),
                   output_tokens=percentiles(req.output), schedulers={}, distributions={})
@@ -2158,7 +2287,7 @@ def run_batching_sim(run, req, log, results, kv=None):
     if len(done) > len(runs):
         result["seed_spread"] = done.pop()
     sims = dict(zip((label for label, _, _ in runs), done))
-    for label, name, budget in runs:
+    for label, name, _ in runs:
         sim = sims[label]
         log(f"{label}: {sim['steps']:,} steps, {sim['finish'].max():,.2f} s simulated, "
             f"{sim['iterations']:,} iterations in {sim['wall_s']:.2f} s")
@@ -2177,11 +2306,184 @@ def run_batching_sim(run, req, log, results, kv=None):
                                                                kv[1] if kv else ())
     result["rate_sweep"], swept = rate_sweep(run, req, costs, result["schedulers"]["continuous"],
                                              order)
-    every = list(sims.values()) + waited + swept
+    fleets = []
+    if run.replicas > 1:
+        result["replicas"], fleets = replicas_study(run, fleet_req, costs, studied,
+                                                 run_order(run, fleet_req.output))
+    if capacity:
+        result["capacity"] = capacity
+    every = list(sims.values()) + waited + swept + fleets
     result["simulation"] = {"runs": len(every), "jobs": run.jobs,
                             "iterations": sum(s["iterations"] for s in every),
                             "simulation_s": sum(s["wall_s"] for s in every),
                             "wall_s": time.perf_counter() - t0}
+    return result
+
+
+REPLICAS_MAX = 1024       # the most replicas a flag or a search goes to
+CAPACITY_REQUESTS = 4000  # requests per point of a capacity search (the run's, cycled)
+CAPACITY_SEEDS = 5        # independent arrival draws of one replica's capacity
+
+
+def every_nth(req, n, offset=0):
+    """The requests one replica of n sees under round-robin (every n-th, arrivals kept)."""
+    return Requests(req.arrival_s[offset::n], req.prompt[offset::n], req.output[offset::n],
+                    req.source)
+
+
+def fleet_task(label, req, replicas, slots, costs, scheduler, chunk_tokens, kv, router, order,
+               seed):
+    """One timed fleet simulation (run in a worker process)."""
+    t0 = time.perf_counter()
+    fleet = simulate_fleet(req, replicas, slots, costs, scheduler, chunk_tokens, kv, router,
+                           order, seed, functools.partial(log_labelled, label))
+    fleet["wall_s"] = time.perf_counter() - t0
+    return fleet
+
+
+def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
+    """A router's latencies and SLO over all requests, and how evenly it spread them."""
+    m = serving_metrics(req, fleet, slo_ttft_s, slo_tpot_s)
+    per = fleet["per_replica"]
+    return {**{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "ttft_s", "tpot_s",
+                                 "e2e_s", "goodput_rps", "slo_attained") if k in m},
+            "per_replica": per, "iterations": fleet["iterations"],
+            "simulation_s": fleet.get("wall_s"),
+            "balance": {"requests_min": min(p["requests"] for p in per),
+                        "requests_max": max(p["requests"] for p in per),
+                        "tokens_min": min(p["output_tokens"] for p in per),
+                        "tokens_max": max(p["output_tokens"] for p in per),
+                        "busiest_occupancy": max(p["occupancy"] for p in per)}}
+
+
+def replicas_study(run, req, costs, budget, order):
+    """C with --replicas: the run's requests over that many replicas behind each router."""
+    routers = ROUTERS if run.router == "all" else (run.router,)
+    fleets = run_parallel([(fleet_task, (
+        f"C fleet {router}", req, run.replicas, run.slots, costs, "continuous", run.chunk_tokens,
+        budget, router, order, run.seed + 6)) for router in routers], run.jobs)
+    return {"replicas": run.replicas, "slots": run.slots, "requests": len(req.output),
+            "scheduler": "continuous", "kv_policy": budget.policy if budget else None,
+            "arrivals": arrivals(run),
+            "routers": {router: fleet_summary(req, fleet, run.slo_ttft_s, run.slo_tpot_s)
+                        for router, fleet in zip(routers, fleets)}}, fleets
+
+
+def attained(req, unit_arrival, rate, replicas, slots, costs, kv, order, router, slo, seed):
+    """The share of requests meeting the SLO when they arrive at `rate` (unit-rate arrivals
+    scaled: every rate sees the same draw)."""
+    at_rate = Requests(unit_arrival / rate, req.prompt, req.output, req.source)
+    sim = simulate_fleet(at_rate, replicas, slots, costs, "continuous", None, kv, router, order,
+                         seed) if replicas > 1 else \
+        simulate_serving(at_rate, slots, costs, "continuous", None, kv, order=order)
+    return serving_metrics(at_rate, sim, *slo)["slo_attained"]
+
+
+def capacity_one(req, slots, costs, kv, order, slo, target, burstiness, seed, rel=0.01):
+    """The highest Poisson rate one replica serves with `target` of its requests within the
+    SLO, to `rel`: bracketed from the rate it sustains with every request waiting at t=0, then
+    bisected. -> (rate, [(rate, attainment) tried]); rate 0 when no rate meets the SLO, inf
+    when every rate up to a thousand times that does."""
+    unit = arrival_times(len(req.output), 1.0, burstiness, np.random.default_rng(seed))
+    tried = []
+
+    def ok(rate):
+        tried.append((rate, attained(req, unit, rate, 1, slots, costs, kv, order, None, slo,
+                                     seed)))
+        return tried[-1][1] >= target
+    saturated = Requests(np.zeros(len(req.output)), req.prompt, req.output, req.source)
+    sim = simulate_serving(saturated, slots, costs, "continuous", None, kv, order=order)
+    top = hi = serving_metrics(saturated, sim)["throughput_rps"]
+    if not ok(top / 1000):  # (nearly idle, and still late)
+        return 0.0, tried
+    lo = hi / 2
+    while ok(hi):
+        lo, hi = hi, 2 * hi
+        if hi > 1000 * top:
+            return math.inf, tried
+    while not ok(lo):  # (it ends: top / 1000 was met)
+        lo, hi = lo / 2, lo
+    while (hi - lo) / lo > rel:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    for share in (0.5, 0.8, 1.1, 1.25, 1.5):  # (the curve around the answer, for the figure)
+        ok(share * lo)
+    return lo, tried
+
+
+def fewest_replicas(req, slots, costs, kv, order, slo, target, burstiness, seed, router, rate,
+                    start):
+    """The fewest replicas behind `router` that serve `rate` with `target` of the requests
+    within the SLO, searched from `start` (up by doubling, then bisected; down one by one).
+    -> (replicas, {replicas: attainment}); replicas None past REPLICAS_MAX."""
+    unit = arrival_times(len(req.output), 1.0, burstiness, np.random.default_rng(seed))
+    tried = {}
+
+    def ok(n):
+        if n not in tried:
+            tried[n] = attained(req, unit, rate, n, slots, costs, kv, order, router, slo, seed)
+        return tried[n] >= target
+    n = max(1, min(start, REPLICAS_MAX))
+    if ok(n):
+        while n > 1 and ok(n - 1):
+            n -= 1
+    else:
+        lo, hi = n, n
+        while not ok(hi):
+            if hi >= REPLICAS_MAX:
+                return None, tried
+            lo, hi = hi, min(2 * hi, REPLICAS_MAX)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+        n = hi
+    for m in range(max(1, n - 2), n + 2):  # (a few around the answer, for the figure)
+        ok(m)
+    return n, tried
+
+
+def capacity_study(run, req, costs, budget, order):
+    """C with an SLO: the capacity of one replica (CAPACITY_SEEDS draws of Poisson arrivals,
+    bisected to 1%), and with --target-rate, the fewest replicas under each router."""
+    slo, target = (run.slo_ttft_s, run.slo_tpot_s), run.slo_attainment
+    m = max(CAPACITY_REQUESTS, len(req.output))
+    cycled = np.arange(m) % len(req.output)  # (the run's requests, cycled to m)
+    base = Requests(np.zeros(m), req.prompt[cycled], req.output[cycled], req.source)
+    common = (base, run.slots, costs, budget, order, slo, target, run.burstiness)
+    searches = run_parallel([(capacity_one, common + (run.seed + 10 + s,))
+                             for s in range(CAPACITY_SEEDS)], run.jobs)
+    rates = sorted(rate for rate, _ in searches)
+    one = rates[len(rates) // 2]
+    result = {"slo_ttft_s": run.slo_ttft_s, "slo_tpot_s": run.slo_tpot_s, "attainment": target,
+              "requests": m, "seeds": CAPACITY_SEEDS, "scheduler": "continuous",
+              "kv_policy": budget.policy if budget else None,
+              "one_replica": {"rate_rps": one, "rates_rps": rates,
+                              "output_tokens_per_s": one * float(req.output.mean()),
+                              "tried": searches[0][1]}}
+    if run.target_rate is None:
+        return result
+    if one == 0.0:
+        raise UsageError("no arrival rate meets the SLO on one replica (even a nearly idle one "
+                         "misses it): loosen --slo-ttft-ms / --slo-tpot-ms")
+    start = max(1, math.floor(0.7 * run.target_rate / one)) if math.isfinite(one) else 1
+    if start > REPLICAS_MAX:
+        raise UsageError(f"--target-rate {run.target_rate:g}: one replica serves {one:.3g} "
+                         f"requests/s at the SLO, so even {REPLICAS_MAX:,} replicas cannot")
+    # as many requests per replica (at the count the search starts from) as one replica's
+    # search had: a finite run past capacity fails a loose SLO late, so the horizon matters
+    n = min(m * start, 200_000)
+    cycled = np.arange(n) % len(req.output)
+    base = Requests(np.zeros(n), req.prompt[cycled], req.output[cycled], req.source)
+    routers = ROUTERS if run.router == "all" else (run.router,)
+    found = run_parallel([(fewest_replicas, (base, run.slots, costs, budget, order, slo, target,
+                                             run.burstiness, run.seed + 20, router,
+                                             run.target_rate, start)) for router in routers],
+                         run.jobs)
+    result.update(target_rate=run.target_rate, fleet_requests=n, routers={
+        router: {"replicas": replicas, "attainment": tried.get(replicas),
+                 "below": tried.get(replicas - 1) if replicas else None,
+                 "tried": sorted(tried.items())}
+        for router, (replicas, tried) in zip(routers, found)})
     return result
 
 
@@ -2286,6 +2588,12 @@ def orders_steps(lengths, slots, orders):
 WHO_WAITS_REQUESTS = 100_000  # the who-waits study serves the first this many requests
 
 
+def study_budget(budgets):
+    """The KV budget a study runs under: paged where every request fits it, else the other
+    policy, else none (memory unlimited)."""
+    return next((b for b in budgets if b.policy == "paged"), budgets[0] if budgets else None)
+
+
 def who_waits(run, req, costs, budgets):
     """C: who waits under each order of the queue. Continuous batching serves the run's
     requests (the first WHO_WAITS_REQUESTS) as they arrive, within the KV budget (paged where
@@ -2294,7 +2602,7 @@ def who_waits(run, req, costs, budgets):
     -> (what ran, {order: latencies overall and by output length}, the simulations)"""
     n = min(len(req.output), WHO_WAITS_REQUESTS)
     req = Requests(req.arrival_s[:n], req.prompt[:n], req.output[:n], req.source)
-    budget = next((b for b in budgets if b.policy == "paged"), budgets[0] if budgets else None)
+    budget = study_budget(budgets)
 
     def simulate(orders):
         return dict(zip(orders, run_parallel([(simulation_task, (
@@ -2910,6 +3218,25 @@ TEXT = {
         "kv_max_output": "--max-output {max_output:,} is below the longest output, {longest:,}",
         "kv_too_long": "request {request:,} alone needs {needs:,} tokens (prompt {prompt:,} + "
                        "output {output:,}), the budget holds {holds:,}",
+        # C: replicas and capacity
+        "one_share": "   one replica's share of {replicas} (every {replicas}th request, as "
+                     "round-robin routes them); the replica table below serves them all",
+        "fleet": "C  {replicas} replicas of {slots} slots behind each router: {requests:,} "
+                 "requests, arrivals {arrivals}, continuous batching, KV cache: {kv}",
+        "router": "router", "slo_met": "SLO met", "per_replica": "requests per replica",
+        "busiest": "busiest occupancy",
+        "capacity": "C  capacity at the SLO ({slo}, for {attainment:.0%} of requests): one "
+                    "replica serves {rate} requests/s ({tokens:,.0f} output tokens/s); over "
+                    "{seeds} draws of {requests:,} Poisson arrivals: {low}-{high}",
+        "slo_ttft": "TTFT <= {ms:g} ms", "slo_tpot": "TPOT <= {ms:g} ms",
+        "capacity_none": "none", "capacity_all": "more than {rate:.3g}",
+        "replicas_needed": "C  replicas needed for {rate:g} requests/s at that SLO ({requests:,} "
+                           "Poisson arrivals per count tried)",
+        "replicas_col": "replicas", "attained_col": "SLO met at that count",
+        "below_col": "with one fewer", "too_many": "more than {n:,}",
+        "answer": "answer: {replicas} replicas, with {router}{tie}",
+        "answer_tie": " (as few as any router needs)",
+        "answer_none": "answer: no count up to {n:,} replicas serves it",
         # C: the KV cache
         "kv": "C  KV cache: {gb:,.2f} GB ({memory_source}) = {tokens:,} tokens of {bytes:,} "
               "bytes; reserve: prompt + {max_output:,} output tokens each; paged: blocks of "
@@ -3092,6 +3419,24 @@ TEXT = {
         "kv_max_output": "--max-output {max_output:,}이 가장 긴 출력 {longest:,}보다 작다",
         "kv_too_long": "요청 {request:,} 하나만으로 {needs:,}토큰이 필요한데 (질문 {prompt:,} + 출력 "
                        "{output:,}) 예산은 {holds:,}토큰",
+        "one_share": "   복제본 {replicas}개 중 하나의 몫 ({replicas}번째 요청마다, 라운드 로빈이 보내는 "
+                     "대로); 아래의 복제본 표는 전부를 다룬다",
+        "fleet": "C  슬롯 {slots}개짜리 복제본 {replicas}개를 라우터 뒤에: 요청 {requests:,}개, "
+                 "도착: {arrivals}, 연속 배칭, KV 캐시: {kv}",
+        "router": "라우터", "slo_met": "SLO 충족", "per_replica": "복제본마다 요청",
+        "busiest": "가장 바쁜 점유율",
+        "capacity": "C  SLO에서의 처리 용량 ({slo}, 요청의 {attainment:.0%}): 복제본 하나가 초당 "
+                    "{rate}개 (출력 토큰 초당 {tokens:,.0f}개); 포아송 도착 {requests:,}개를 "
+                    "{seeds}번 뽑아서: {low}-{high}",
+        "slo_ttft": "TTFT <= {ms:g} ms", "slo_tpot": "TPOT <= {ms:g} ms",
+        "capacity_none": "없음", "capacity_all": "{rate:.3g} 넘게",
+        "replicas_needed": "C  그 SLO에서 초당 {rate:g}개 요청에 필요한 복제본 (시도한 개수마다 "
+                           "포아송 도착 {requests:,}개)",
+        "replicas_col": "복제본", "attained_col": "그 개수에서 SLO 충족",
+        "below_col": "하나 적을 때", "too_many": "{n:,}개 넘게",
+        "answer": "답: 복제본 {replicas}개, 라우터 {router}{tie}",
+        "answer_tie": " (어느 라우터보다 적거나 같다)",
+        "answer_none": "답: 복제본 {n:,}개까지 어느 개수로도 감당하지 못한다",
         "kv": "C  KV 캐시: {gb:,.2f} GB ({memory_source}) = 토큰 {tokens:,}개 (토큰당 "
               "{bytes:,}바이트); 예약: 요청마다 질문 + 출력 {max_output:,}토큰; 페이지: "
               "{block}토큰 블록{admission}",
@@ -3224,6 +3569,10 @@ def format_tables(results, lang="en"):
             out += [kv_table(T, results["C"]["kv"])]
         if "orders" in results["C"]:
             out += who_waits_tables(T, results["C"])
+        if "replicas" in results["C"]:
+            out += [fleet_table(T, results["C"]["replicas"])]
+        if "capacity" in results["C"]:
+            out += [capacity_text(T, results["C"]["capacity"])]
     if "D" in results:
         out += [engine_table(T, results["D"])]
     return "\n\n".join(out)
@@ -3300,6 +3649,65 @@ def spread_text(T, s, pct=False):
     return f"{s['p50']:.2f}{T['times']} ({s['p10']:.2f}-{s['p90']:.2f}{T['times']})"
 
 
+def fleet_table(T, fleet):
+    """C with --replicas: each router's latencies, SLO and balance over the whole load."""
+    def ms(d, key):
+        return f"{1e3 * d[key]:,.1f}"
+    rows = []
+    for router, m in fleet["routers"].items():
+        b = m["balance"]
+        rows.append([router, f"{m['throughput_rps']:,.2f}"]
+                    + [ms(m[k], p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p99")]
+                    + ([f"{m['slo_attained']:.1%}", f"{m['goodput_rps']:,.2f}"]
+                       if "slo_attained" in m else [])
+                    + [f"{b['requests_min']:,}-{b['requests_max']:,}",
+                       f"{b['busiest_occupancy']:.1%}"])
+    slo = ["slo_met", "goodput"] if "slo_attained" in m else []
+    kv = T[fleet["kv_policy"]] if fleet["kv_policy"] else T["who_waits_kv_none"]
+    return "\n".join([T["fleet"].format(replicas=fleet["replicas"], slots=fleet["slots"],
+                                        requests=fleet["requests"], kv=kv,
+                                        arrivals=describe(T, fleet["arrivals"])),
+                      table(T, rows, ["router", "req_s", "ttft_p50", "ttft_p99", "tpot_p50",
+                                      "tpot_p99", "e2e_p50", "e2e_p99"] + slo
+                            + ["per_replica", "busiest"])])
+
+
+def capacity_text(T, cap):
+    """The capacity of one replica at the SLO and, for a target rate, the replicas needed."""
+    def rate(value):
+        if value == 0:
+            return T["capacity_none"]
+        return f"{value:,.3g}" if math.isfinite(value) else T["capacity_all"].format(
+            rate=max(rate for rate, _ in cap["one_replica"]["tried"]))
+    slo = ", ".join(T[key].format(ms=1e3 * cap[f"{key}_s"]) for key in ("slo_ttft", "slo_tpot")
+                    if cap[f"{key}_s"])
+    one = cap["one_replica"]
+    lines = [T["capacity"].format(slo=slo, attainment=cap["attainment"], rate=rate(one["rate_rps"]),
+                                  tokens=one["output_tokens_per_s"] if math.isfinite(
+                                      one["rate_rps"]) else 0.0, seeds=cap["seeds"],
+                                  requests=cap["requests"], low=rate(one["rates_rps"][0]),
+                                  high=rate(one["rates_rps"][-1]))]
+    if "routers" not in cap:
+        return "\n".join(lines)
+    rows = [[router, f"{r['replicas']:,}" if r["replicas"] else
+             T["too_many"].format(n=REPLICAS_MAX),
+             f"{r['attainment']:.1%}" if r["attainment"] is not None else "-",
+             f"{r['below']:.1%}" if r["below"] is not None else "-"]
+            for router, r in cap["routers"].items()]
+    lines += ["", T["replicas_needed"].format(rate=cap["target_rate"],
+                                              requests=cap["fleet_requests"]),
+              table(T, rows, ["router", "replicas_col", "attained_col", "below_col"])]
+    found = {router: r for router, r in cap["routers"].items() if r["replicas"]}
+    if not found:
+        lines.append(T["answer_none"].format(n=REPLICAS_MAX))
+    else:
+        router = min(found, key=lambda k: (found[k]["replicas"], -found[k]["attainment"]))
+        fewest = found[router]["replicas"]
+        tie = T["answer_tie"] if sum(r["replicas"] == fewest for r in found.values()) > 1 else ""
+        lines.append(T["answer"].format(replicas=fewest, router=router, tie=tie))
+    return "\n".join(lines)
+
+
 def orders_steps_table(T, C):
     """The post's table in each order of the queue."""
     rows = [[T["order_" + name]] + [v for p in ("static", "continuous") for v in (
@@ -3366,8 +3774,10 @@ def serving_table(T, C):
     lines = [T["C_seconds"].format(requests=C["requests"], source=describe(T, C["source"]),
                                    slots=C["slots"], arrivals=describe(T, C["arrivals"])),
              T["step_costs"].format(pricing=describe(T, C["cost_model"]["source"])),
-             T["queue"].format(order=order_text(T, C["order"])),
-             table(T, rows, headers)]
+             T["queue"].format(order=order_text(T, C["order"]))]
+    if C.get("share_of", 1) > 1:
+        lines.append(T["one_share"].format(replicas=C["share_of"]))
+    lines.append(table(T, rows, headers))
     work = C.get("simulation")
     if work:
         lines.append(T["simulations"].format(
@@ -3867,6 +4277,52 @@ def plot_who_waits(results, path):
     save_figure(fig, results, path)
 
 
+ROUTER_STYLES = {"round-robin": (GREY, "o"), "least-requests": (BLUE, "s"),
+                 "power-of-two": ("#2ca02c", "^"), "least-kv": (PREFILL, "D")}
+
+
+def plot_capacity(results, path):
+    """The SLO met against the offered rate on one replica, and against the replicas behind
+    each router at the target rate."""
+    import matplotlib.pyplot as plt
+    cap = results["C"].get("capacity")
+    if not cap:
+        return "needs an SLO (--slo-ttft-ms or --slo-tpot-ms)"
+    fleet = "routers" in cap
+    fig, axes = plt.subplots(1, 2 if fleet else 1, figsize=(9 if fleet else 6, 3.8),
+                             squeeze=False)
+    ax = axes[0][0]
+    rate, met = zip(*sorted(cap["one_replica"]["tried"]))
+    ax.plot(rate, met, "o-", color=BLUE, label="one replica (one arrival draw)")
+    one = cap["one_replica"]["rate_rps"]
+    if 0 < one < math.inf:
+        ax.axvline(one, color=DARK, linestyle=":", linewidth=1)
+        ax.annotate(f" capacity {one:.3g}/s", (one, 0.05), fontsize=8)
+    ax.set_xlabel("offered rate (requests/s)")
+    ax.set_ylabel("share of requests within the SLO")
+    ax.set_title("one replica", fontsize=9)
+    if fleet:
+        ax2 = axes[0][1]
+        for router, r in cap["routers"].items():
+            color, marker = ROUTER_STYLES[router]
+            n, met2 = zip(*r["tried"])
+            ax2.plot(n, met2, marker + "-", color=color, label=router, alpha=0.8)
+        ax2.set_xlabel("replicas")
+        ax2.xaxis.get_major_locator().set_params(integer=True)
+        ax2.set_title(f"at {cap['target_rate']:g} requests/s", fontsize=9)
+        ax2.legend(fontsize=7)
+    for a in axes[0]:
+        a.axhline(cap["attainment"], color=RED, linewidth=1, linestyle="--")
+        a.set_ylim(-0.02, 1.02)
+        a.grid(alpha=0.3)
+    slo = ", ".join(f"{name} <= {1e3 * cap[key]:g} ms" for name, key in (
+        ("TTFT", "slo_ttft_s"), ("TPOT", "slo_tpot_s")) if cap[key])
+    fig.suptitle(f"C: capacity at the SLO ({slo}; dashed: {cap['attainment']:.0%} of "
+                 "requests)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
 KV_COLORS = {"reserve": "#8c564b", "paged": "#17becf"}
 
 
@@ -3928,6 +4384,7 @@ FIGURES = {"phases.png": ("B", plot_phases),
            "rate_sweep.png": ("C", plot_rate_sweep),
            "kv_memory.png": ("C", plot_kv_memory),
            "who_waits.png": ("C", plot_who_waits),
+           "capacity.png": ("C", plot_capacity),
            "engine.png": ("D", plot_engine),
            "decode_batch.png": ("A", plot_decode_batch),
            "prefill_decode.png": ("B", plot_prefill_decode),
@@ -3936,7 +4393,8 @@ FIGURES = {"phases.png": ("B", plot_phases),
 
 
 def draw_figures(results, out_dir, dpi=100, fmt="png"):
-    """Every figure the results support -> (written, missing: {name: why not})."""
+    """Every figure the results support -> (written, missing: {name: why not}). A plot that
+    cannot draw returns False (no measured rows) or the reason."""
     import matplotlib
     matplotlib.use("Agg")
     FIGURE_STYLE.update(dpi=dpi, format=fmt)
@@ -3945,10 +4403,12 @@ def draw_figures(results, out_dir, dpi=100, fmt="png"):
         name = name.replace(".png", "." + fmt)
         if not any(e in results for e in experiment):
             missing[name] = f"needs experiment {' or '.join(experiment)}"
-        elif plot(results, os.path.join(out_dir, name)) is False:
-            missing[name] = "no measured rows to draw"
         else:
-            written.append(name)
+            why = plot(results, os.path.join(out_dir, name))
+            if why is None:
+                written.append(name)
+            else:
+                missing[name] = "no measured rows to draw" if why is False else why
     return written, missing
 
 
@@ -4145,6 +4605,21 @@ def build_parser():
     c.add_argument("--max-wait-s", type=number(1e-6, 1e12),
                    help="starvation guard: a request that has waited this long goes first "
                         "(default: off; the who-waits study uses FCFS's 99th-percentile wait)")
+    c.add_argument("--replicas", type=integer(1, REPLICAS_MAX), default=1,
+                   help="identical replicas behind a router; C's single-replica tables then "
+                        "show one replica's share (every N-th request), and a table compares "
+                        "the routers over the whole load (default 1)")
+    c.add_argument("--router", choices=("all",) + ROUTERS, default="all",
+                   help="which routers the replica and capacity studies run: round-robin, "
+                        "least-requests (fewest queued + running), power-of-two (the less "
+                        "loaded of two drawn at random), least-kv (fewest KV tokens committed); "
+                        "default all")
+    c.add_argument("--slo-attainment", type=number(0.01, 1.0), default=0.9,
+                   help="the share of requests that must meet the SLOs (default 0.9); with an "
+                        "SLO, C finds the highest rate one replica serves at it")
+    c.add_argument("--target-rate", type=number(*RATES),
+                   help="requests/s to serve: C finds the fewest replicas under each router "
+                        "that meet the SLOs at it (needs --slo-ttft-ms or --slo-tpot-ms)")
     c.add_argument("--slo-ttft-ms", type=number(1e-6, 1e12), help="goodput: TTFT bound")
     c.add_argument("--slo-tpot-ms", type=number(1e-6, 1e12), help="goodput: TPOT bound")
     c.add_argument("--save-requests", metavar="CSV", help="write every request's times")
@@ -4250,7 +4725,8 @@ def parse_args(argv):
                slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
                slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
                order=args.order, predict_sigma=args.predict_sigma, max_wait_s=args.max_wait_s,
-               gpu=args.gpu,
+               gpu=args.gpu, replicas=args.replicas, router=args.router,
+               slo_attainment=args.slo_attainment, target_rate=args.target_rate,
                save_requests=args.save_requests,
                engine_attention=args.engine_attention,
                kv_policies=("reserve", "paged") if args.kv_policy == "both" else
@@ -4261,6 +4737,9 @@ def parse_args(argv):
                out=args.out, figures=not args.no_figures, dpi=args.dpi, format=args.format,
                lang=args.lang, quick=args.quick,
                preset=preset)
+    if args.target_rate and not (args.slo_ttft_ms or args.slo_tpot_ms):
+        raise UsageError("--target-rate: give the SLO it must be served at (--slo-ttft-ms, "
+                         "--slo-tpot-ms)")
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
     longest = max(max(run["contexts"]) + 1, max(run["prefill_lengths"]))

@@ -27,6 +27,7 @@ FLAGS = {
     "--block-tokens": "C", "--watermark": "C", "--jobs": "C", "--max-output": "C",
     "--engine-requests": "D", "--dpi": "C", "--predict-sigma": "C", "--max-wait-s": "C",
     "--kv-heads": "A", "--ffn-hidden": "A", "--engine-slots": "D", "--engine-shrink": "D",
+    "--replicas": "C", "--slo-attainment": "C", "--target-rate": "C",
 }
 
 

@@ -9,14 +9,15 @@ from test_cli import expect_usage_error
 def test_replot_redraws_the_same_set(tiny_args, tmp_path, capsys, monkeypatch):
     S.main(tiny_args)
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert "phases.png" in drawn and len(drawn) == len(S.FIGURES)
+    # (every figure but the capacity search's, which needs an SLO)
+    assert "phases.png" in drawn and len(drawn) == len(S.FIGURES) - 1
     monkeypatch.setattr(S, "Bench", lambda *a: pytest.fail("replot ran an experiment"))
     monkeypatch.setattr(S, "resolve_device", lambda *a: pytest.fail("replot probed a device"))
     again = tmp_path / "again"
     result = S.main(["--replot", str(tmp_path / "results.json"), "--out", str(again),
                      "--format", "svg"])
     assert sorted(p.name for p in again.iterdir()) == [n.replace(".png", ".svg") for n in drawn]
-    assert result["missing"] == {}
+    assert result["missing"] == {"capacity.svg": "needs an SLO (--slo-ttft-ms or --slo-tpot-ms)"}
 
 
 def test_replot_of_c_only_draws_c_and_says_so(tmp_path, capsys):

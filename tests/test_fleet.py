@@ -1,0 +1,161 @@
+"""Replicas behind a router, and how many a load needs at an SLO."""
+import numpy as np
+import pytest
+
+import NN_40_serving as S
+from test_cli import expect_usage_error, run_main
+
+COSTS = S.analytic_costs(S.ModelConfig(), 960.0, 105.5)
+UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
+
+
+def poisson(n, rate, seed=1, prompt=128):
+    return S.Requests(S.arrival_times(n, rate, 1.0, np.random.default_rng(seed)),
+                      np.full(n, prompt), S.lognormal_lengths(n, seed), "poisson")
+
+
+def same(a, b, keys=("start", "first_token", "finish", "first_step", "finish_step")):
+    return all(np.array_equal(a[k], b[k]) for k in keys) and a["steps"] == b["steps"]
+
+
+@pytest.mark.parametrize("router", S.ROUTERS)
+@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+@pytest.mark.parametrize("policy", [None, "paged", "reserve"])
+def test_one_replica_is_the_plain_simulation(router, scheduler, policy):
+    req = poisson(1500, 95.0)
+    kv = None if policy is None else S.KVBudget(policy, 60_000, 16, 2048,
+                                                0.01 if policy == "paged" else 0.0)
+    plain = S.simulate_serving(req, 32, COSTS, scheduler, 512, kv)
+    fleet = S.simulate_fleet(req, 1, 32, COSTS, scheduler, 512, kv, router)
+    assert same(plain, fleet)
+
+
+def test_one_replica_with_an_order_and_preemption_is_the_plain_simulation():
+    req = poisson(800, 120.0, prompt=600)
+    kv = S.KVBudget("paged", 12_000, 16)
+    order = S.queue_order("predicted", req.output, 0.8, 3, max_wait_s=0.5)
+    plain = S.simulate_serving(req, 32, COSTS, "chunked", 256, kv, order=order)
+    fleet = S.simulate_fleet(req, 1, 32, COSTS, "chunked", 256, kv, "least-kv", order)
+    assert plain["kv"]["preemptions"] > 0 and same(plain, fleet)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_round_robin_is_independent_replicas_of_every_nth_request(n):
+    req = poisson(2000, 60.0 * n)
+    kv = S.KVBudget("paged", 40_000, 16, watermark=0.01)
+    fleet = S.simulate_fleet(req, n, 16, COSTS, "continuous", 512, kv, "round-robin")
+    for i in range(n):
+        alone = S.simulate_serving(S.every_nth(req, n, i), 16, COSTS, "continuous", 512, kv)
+        for key in ("start", "first_token", "finish"):
+            np.testing.assert_array_equal(alone[key], fleet[key][i::n])
+    assert [p["requests"] for p in fleet["per_replica"]] == [len(range(i, 2000, n))
+                                                            for i in range(n)]
+
+
+def routed(router, arrival, output, replicas=2, prompt=None, kv=None):
+    prompt = np.full(len(output), 4) if prompt is None else np.array(prompt)
+    req = S.Requests(np.array(arrival, float), prompt, np.array(output), "hand")
+    return S.simulate_fleet(req, replicas, 1, UNIT, "continuous", kv=kv, router=router)
+
+
+def test_least_requests_by_hand():
+    # one slot each, 1 s a pass. A (6 tokens) at 0 -> replica 0 (ties: the lowest), runs to 6.
+    # B (9) at 0.5: 0 holds A, 1 is empty -> 1, starts at once, runs to 9.5. C (1) at 0.7: both
+    # hold one -> 0, queued behind A: 6 to 7. D (2) at 0.9: 0 holds A + C, 1 holds B -> 1,
+    # after B: 9.5. E (1) at 7.5: 0 is empty again, 1 holds B + D -> 0, at once
+    fleet = routed("least-requests", [0.0, 0.5, 0.7, 0.9, 7.5], [6, 9, 1, 2, 1])
+    assert fleet["replica"].tolist() == [0, 1, 0, 1, 0]
+    assert fleet["start"].tolist() == [0.0, 0.5, 6.0, 9.5, 7.5]
+    assert fleet["finish"].tolist() == [6.0, 9.5, 7.0, 11.5, 8.5]
+
+
+def test_round_robin_by_hand():
+    fleet = routed("round-robin", [0.0, 0.5, 0.7, 0.9, 7.5], [6, 9, 1, 2, 1], replicas=3)
+    assert fleet["replica"].tolist() == [0, 1, 2, 0, 1]
+
+
+def test_power_of_two_by_hand():
+    # the draws of seed 0 decide which two replicas each request compares; the less loaded
+    # of the two wins, the first drawn on a tie
+    n, replicas = 6, 4
+    first = np.random.default_rng(0).integers(replicas, size=n)
+    second = (first + 1 + np.random.default_rng(1).integers(replicas - 1, size=n)) % replicas
+    assert (first != second).all()
+    fleet = routed("power-of-two", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5], [50] * n, replicas=replicas)
+    load = [0] * replicas  # (nobody finishes within 0.5 s: every load only grows)
+    for r, (a, b) in enumerate(zip(first, second)):
+        want = b if load[b] < load[a] else a
+        assert fleet["replica"][r] == want
+        load[want] += 1
+
+
+def test_least_kv_by_hand():
+    # two requests of long prompts land on different replicas; a third goes to the replica
+    # with fewer KV tokens committed (the shorter prompt's), although both hold one request
+    fleet = routed("least-kv", [0.0, 0.1, 5.0], [20, 20, 1], prompt=[900, 100, 10])
+    assert fleet["replica"].tolist() == [0, 1, 1]
+    requests = routed("least-requests", [0.0, 0.1, 5.0], [20, 20, 1], prompt=[900, 100, 10])
+    assert requests["replica"].tolist() == [0, 1, 0]  # (counts tie: the lowest index)
+
+
+def test_a_replica_that_could_never_hold_a_request_gets_none():
+    req = S.Requests(np.zeros(3), np.array([10, 5000, 10]), np.array([5, 5, 5]), "hand")
+    with pytest.raises(S.UsageError, match="cannot hold every request: request 1 alone needs"):
+        S.simulate_fleet(req, 4, 8, UNIT, "continuous", kv=S.KVBudget("paged", 2_000, 16))
+
+
+def test_the_bisection_finds_a_known_threshold(monkeypatch):
+    # a synthetic attainment: every request within the SLO up to 37.3 requests/s, a third past
+    monkeypatch.setattr(S, "attained", lambda req, unit, rate, *a: 1.0 if rate <= 37.3 else 0.3)
+    req = poisson(50, 1.0)
+    rate, tried = S.capacity_one(req, 8, COSTS, None, None, (1.0, None), 0.9, 1.0, 0)
+    assert 37.3 / 1.01 <= rate <= 37.3
+    assert all((met == 1.0) == (r <= 37.3) for r, met in tried)
+    # and the fewest replicas: 13 meet the SLO, 12 do not, from above and from below
+    monkeypatch.setattr(S, "attained", lambda req, unit, rate, n, *a: 0.95 if n >= 13 else 0.5)
+    for start in (1, 5, 13, 40):
+        n, tried = S.fewest_replicas(req, 8, COSTS, None, None, (1.0, None), 0.9, 1.0, 0,
+                                     "round-robin", 100.0, start)
+        assert n == 13 and tried[12] == 0.5 and tried[13] == 0.95
+    monkeypatch.setattr(S, "attained", lambda *a: 0.5)
+    assert S.fewest_replicas(req, 8, COSTS, None, None, (1.0, None), 0.9, 1.0, 0,
+                             "round-robin", 100.0, 3)[0] is None
+
+
+def test_replicas_and_capacity_end_to_end(tmp_path, capsys):
+    results, out = run_main(["--experiments", "C", "--requests", "2000", "--rate", "200",
+                             "--replicas", "3", "--slo-ttft-ms", "500", "--slo-tpot-ms", "20",
+                             "--target-rate", "300", "--rates", "50", "--out", str(tmp_path)],
+                            capsys)
+    C = results["C"]
+    assert C["requests"] == 667 and C["share_of"] == 3  # one replica's share, every 3rd
+    fleet = C["replicas"]
+    assert fleet["replicas"] == 3 and fleet["requests"] == 2000
+    for router, m in fleet["routers"].items():
+        assert {"ttft_s", "tpot_s", "e2e_s", "goodput_rps", "slo_attained", "per_replica"} <= \
+            set(m)
+        assert sum(p["requests"] for p in m["per_replica"]) == 2000
+        assert m["balance"]["requests_min"] <= 2000 / 3 <= m["balance"]["requests_max"]
+    cap = C["capacity"]
+    one = cap["one_replica"]["rate_rps"]
+    assert 0 < one < 1e4 and len(cap["one_replica"]["rates_rps"]) == S.CAPACITY_SEEDS
+    for router, r in cap["routers"].items():
+        assert r["attainment"] >= 0.9 and (r["below"] is None or r["below"] < 0.9)
+        assert r["replicas"] >= 1
+    for text in ("C  3 replicas of 32 slots behind each router", "C  capacity at the SLO",
+                 "C  replicas needed for 300 requests/s", "answer: "):
+        assert text in out.out
+    assert (tmp_path / "capacity.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--replicas", "0"], "positive integer"),
+    (["--replicas", "2000"], "up to 1,024"),
+    (["--target-rate", "100"], "give the SLO"),
+    (["--router", "random"], "--router"),
+    (["--target-rate", "1e9", "--slo-ttft-ms", "1000"], "even 1,024 replicas cannot"),
+    (["--target-rate", "10", "--slo-ttft-ms", "1e-3"], "no arrival rate meets the SLO"),
+])
+def test_bad_replica_and_capacity_flags(args, fragment, capsys):
+    expect_usage_error(["--experiments", "C", "--requests", "200", "--no-figures"] + args,
+                       capsys, fragment)
