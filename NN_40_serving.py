@@ -1933,12 +1933,12 @@ class Bench:
         return time_region(fn, self.device, self.run.warmup, self.run.reps,
                            budget_s or self.run.time_budget_s)
 
-    def time_decode(self, batch, context, mode="eager", budget_s=None, low=None):
+    def time_decode(self, batch, context, mode="eager", budget_s=None, low=None, pad=False):
         """One decode step of `batch` rows, each with `context` cached tokens (the post's proxy:
         `batch` tokens through its matmuls). Fresh random tokens are copied into a static input
         buffer before each step (one tiny copy, in both modes). low: the rows' contexts spread
-        evenly from low to `context` instead, attended in one call padded to the longest row
-        (as D's engine decodes on CUDA)."""
+        evenly from low to `context` instead (as in D's continuous engine), attended per span
+        of rows at one position, or (pad) in one call padded to the longest row."""
         if self.cfg.arch == "post":
             x = torch.empty(batch, self.cfg.hidden, device=self.device,
                             dtype=DTYPES[self.cfg.dtype])
@@ -1950,8 +1950,8 @@ class Bench:
         tokens = next_tokens().clone()
         positions = context if low is None else \
             np.linspace(low, context, batch).round().astype(int).tolist()
-        return self.time(lambda: decode_step(self.model, cache, tokens, positions,
-                                             pad=low is not None), mode, budget_s,
+        return self.time(lambda: decode_step(self.model, cache, tokens, positions, pad=pad),
+                         mode, budget_s,
                          feed=lambda: tokens.copy_(next_tokens()))
 
     def time_prefill(self, tokens, batch=1, budget_s=None):
@@ -2253,11 +2253,12 @@ def run_parallel(calls, jobs):
 def run_batching_sim(run, req, log, results, kv=None):
     """C: static vs continuous batching in steps (the post's table, then in every order of the
     queue), then in seconds under the step-cost model for all three schedulers, (kv: kv_setup's
-    budgets) the KV-cache study, who waits under each order, and a sweep of arrival rates; the
-    independent simulations run in --jobs worker processes."""
+    budgets) the KV-cache study, who waits under each order, a sweep of arrival rates, and
+    with --replicas or an SLO the routers and the capacity search; the independent
+    simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
     costs, order, fleet_req = step_costs(run, results), run_order(run, req.output), req
-    studied = study_budget(kv[1] if kv else ())  # (the fleet's and the capacity's)
+    fleet_order, studied = order, study_budget(kv[1] if kv else ())  # (fleet and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
     if run.slo_ttft_s or run.slo_tpot_s:
         capacity = capacity_study(run, req, costs, studied, order)
@@ -2282,7 +2283,7 @@ def run_batching_sim(run, req, log, results, kv=None):
     calls = [(simulation_task, (label, req, run.slots, costs, name, run.chunk_tokens, budget,
                                 order)) for label, name, budget in runs]
     if "static" in result and not run.lengths_file:
-        calls.append((seed_spread, (run.requests, run.slots)))
+        calls.append((seed_spread, (len(req.output), run.slots)))
     done = run_parallel(calls, run.jobs)
     if len(done) > len(runs):
         result["seed_spread"] = done.pop()
@@ -2308,8 +2309,7 @@ def run_batching_sim(run, req, log, results, kv=None):
                                              order)
     fleets = []
     if run.replicas > 1:
-        result["replicas"], fleets = replicas_study(run, fleet_req, costs, studied,
-                                                 run_order(run, fleet_req.output))
+        result["replicas"], fleets = replicas_study(run, fleet_req, costs, studied, fleet_order)
     if capacity:
         result["capacity"] = capacity
     every = list(sims.values()) + waited + swept + fleets
@@ -2892,10 +2892,11 @@ def engine_costs(bench, prompt_len, pad):
     prompts, half the usual time per shape. They are fitted on each shape's mean, not its
     median: the engine's wall time is a sum of steps, and a sum grows with the mean.
 
-    pad: the engine's continuous decode pads its rows to the longest, so it is also priced as
-    it runs: each batch's rows spread evenly over the contexts from the prompt to the longer
-    one, in one padded call (its cost per cached token then carries the padding read).
-    -> (costs of single-span decodes, costs of padded decodes or None, the timed rows)"""
+    A continuous batch holds rows at many positions, so it is also priced as it runs: each
+    batch's rows spread evenly over the contexts from the prompt to the longer one, attended
+    per span (each row its own: a call per row, an upper bound on the engine's) or, with pad,
+    in one padded call (its cost per cached token then carries the padding read).
+    -> (costs of one-span decodes, costs of spread decodes, the timed rows)"""
     run, budget_s = bench.run, bench.run.time_budget_s / 2
     long_context = min(prompt_len + 512, bench.cfg.max_positions - 1)
     batches = sorted({1, max(1, run.engine_slots // 4), run.engine_slots})
@@ -2904,24 +2905,22 @@ def engine_costs(bench, prompt_len, pad):
         return {**shape, "step_ms": t["mean_ms"], "median_ms": t["median_ms"],
                 "p10_ms": t["p10_ms"], "p90_ms": t["p90_ms"]}
     decode = [row(bench.time_decode(batch, context, budget_s=budget_s), batch=batch,
-                  context=context, padded=False)
+                  context=context, spread=False, padded=False)
               for batch in batches for context in (prompt_len, long_context)]
-    if pad:  # (a single row has nothing to pad)
-        decode += [row(bench.time_decode(b, long_context, budget_s=budget_s, low=prompt_len),
-                       batch=b, context=(prompt_len + long_context) / 2, padded=True)
-                   for b in batches if b > 1]
+    decode += [row(bench.time_decode(b, long_context, budget_s=budget_s, low=prompt_len,
+                                     pad=pad), batch=b, context=(prompt_len + long_context) / 2,
+                   spread=True, padded=pad)
+               for b in batches if b > 1]  # (a single row has nothing to spread)
     prefills = [row(bench.time_prefill(prompt_len, batch, budget_s=budget_s), batch=batch,
-                    tokens=batch * prompt_len, padded=False)
+                    tokens=batch * prompt_len, spread=False, padded=False)
                 for batch in sorted({1, run.engine_slots})]
     source = {"kind": "pricing_engine", "device": device_name(bench.device)}
-    spans = fit_step_costs([r for r in decode if not r["padded"]], prefills, prompt_len, 0.0,
-                           source)
-    padded = None
-    if pad:  # the padded rows, the same batches at the prompt's context, and the single row
-        padded = fit_step_costs([r for r in decode if r["padded"] or r["batch"] == 1
-                                 or r["context"] == prompt_len], prefills, prompt_len, 0.0,
-                                source)
-    return spans, padded, decode + prefills
+    one_span = fit_step_costs([r for r in decode if not r["spread"]], prefills, prompt_len,
+                              0.0, source)
+    # the spread rows, the same batches at the prompt's context, and the single row
+    spread = fit_step_costs([r for r in decode if r["spread"] or r["batch"] == 1
+                             or r["context"] == prompt_len], prefills, prompt_len, 0.0, source)
+    return one_span, spread, decode + prefills
 
 
 def run_serving_engine(bench, lengths, arrival, log):
@@ -2991,13 +2990,12 @@ def serve_and_predict(bench, lengths, arrival, log, pad):
     drift between timing and running)."""
     run, cfg, device = bench.run, bench.cfg, bench.device
     n, P, slots = len(lengths), run.engine_prompt_len, run.engine_slots
-    spans, padded, cost_rows = engine_costs(bench, P, pad)
-    for name, costs in (("spans", spans), ("padded", padded)):
-        if costs is not None:
-            knots = ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in zip(costs.tokens, costs.seconds))
-            per_token = ", ".join(f"{b}: {1e6 * v:.2f}" for b, v in costs.kv_by_batch)
-            log(f"D step costs ({name}), ms by tokens per pass: {knots}; µs per cached token "
-                f"by batch: {per_token}")
+    one_span, spread, cost_rows = engine_costs(bench, P, pad)
+    for name, costs in (("one span", one_span), ("spread", spread)):
+        knots = ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in zip(costs.tokens, costs.seconds))
+        per_token = ", ".join(f"{b}: {1e6 * v:.2f}" for b, v in costs.kv_by_batch)
+        log(f"D step costs ({name}), ms by tokens per pass: {knots}; µs per cached token by "
+            f"batch: {per_token}")
     g = torch.Generator(device="cpu").manual_seed(run.seed + 3)
     prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
     cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2), device)
@@ -3012,14 +3010,15 @@ def serve_and_predict(bench, lengths, arrival, log, pad):
               "order": order_info(order, lengths, run.seed),
               "arrivals": arrivals(run) if not at_zero else {"kind": "arrivals_zero"},
               "sdpa_backends": list(D_SDPA_BACKENDS), "attention": "padded" if pad else "spans",
-              "cost_model": {**spans.describe(), "rows": cost_rows}}
-    if padded is not None:
-        result["cost_model_padded"] = padded.describe()
+              "cost_model": {**one_span.describe(), "rows": cost_rows},
+              "cost_model_spread": spread.describe()}
     for policy in ("static", "continuous"):
         _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy, pad, order,
                              arrival)
-        model = "padded" if elog["padded_decode_steps"] else "spans"  # (as it ran)
-        priced = padded if model == "padded" else spans
+        # (as it ran: rows at one position, or at several)
+        several = elog["attention_calls"] > elog["decode_steps"] or elog["padded_decode_steps"]
+        model = "spread" if several else "one_span"
+        priced = spread if several else one_span
         sim = simulate_serving(req, slots, priced, policy, order=order)
         replayed = fit_passes(elog["passes"], {"kind": "pricing_passes"})
         replay = simulate_serving(req, slots, replayed, policy, order=order)
@@ -3295,8 +3294,9 @@ TEXT = {
         "between_s": "between passes s",
         "attention_calls": "attention calls per layer per decode step: static {static:.1f}, "
                            "continuous {continuous:.1f}",
-        "attention_spans": " (one per span of rows at one position; the step costs were timed "
-                           "with one)",
+        "attention_spans": " (one per span of rows at one position; continuous is priced with "
+                           "decode costs timed with each batch's rows spread over the contexts, "
+                           "a span per row)",
         "attention_padded": "; {padded:,} of continuous's {steps:,} decode steps padded to "
                             "their longest row, and priced with decode costs timed padded",
         "sdpa": "attention backends: {backends} (none that plans each new shape)",
@@ -3489,7 +3489,8 @@ TEXT = {
         "between_s": "패스 사이 초",
         "attention_calls": "디코드 한 스텝의 층마다 어텐션 호출: 정적 {static:.1f}, "
                            "연속 {continuous:.1f}",
-        "attention_spans": " (같은 위치의 행 묶음마다 한 번; 스텝 비용은 한 번으로 쟀다)",
+        "attention_spans": " (같은 위치의 행 묶음마다 한 번; 연속 배칭은 배치의 행들을 문맥에 고루 "
+                           "흩어 행마다 한 번씩 잰 디코드 비용으로 매겼다)",
         "attention_padded": "; 연속 배칭의 디코드 {steps:,}스텝 중 {padded:,}스텝은 가장 긴 행에 "
                             "맞춰 채웠고, 그 값도 채운 채로 잰 디코드 비용으로 매겼다",
         "sdpa": "어텐션 백엔드: {backends} (새 모양마다 계획을 세우는 것은 뺐다)",

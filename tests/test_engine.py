@@ -194,30 +194,35 @@ def test_a_padded_engine_still_generates_what_it_would_alone(device):
 
 def test_forced_padding_is_priced_as_it_runs(tiny_args, capsys):
     # D with the padded path forced on CPU: the cost rows include padded decodes of every
-    # batch above one, the continuous engine pads, and its prediction uses the padded prices
+    # batch above one, rows spread over the contexts; the continuous engine pads, and its
+    # prediction uses the spread (here padded) prices
     results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
                                          "--max-positions", "4096", "--engine-attention",
                                          "padded"], capsys)
     D = results["D"]
     rows = [r for r in D["cost_model"]["rows"] if "context" in r]
     assert {r["batch"] for r in rows if r["padded"]} == {r["batch"] for r in rows} - {1}
-    assert all(16 < r["context"] < 16 + 512 for r in rows if r["padded"])
-    assert D["attention"] == "padded" and "cost_model_padded" in D
+    assert all(r["spread"] and 16 < r["context"] < 16 + 512 for r in rows if r["padded"])
+    assert D["attention"] == "padded" and "cost_model_spread" in D
     assert D["continuous"]["padded_decode_steps"] > 0 == D["static"]["padded_decode_steps"]
-    assert D["continuous"]["predicted"]["cost_model"] == "padded"
-    assert D["static"]["predicted"]["cost_model"] == "spans"  # a static batch never pads
+    assert D["continuous"]["predicted"]["cost_model"] == "spread"
+    assert D["static"]["predicted"]["cost_model"] == "one_span"  # a static batch never pads
     assert "decode steps padded to their longest row" in out.out
     assert D["sdpa_backends"] == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
 
 
-def test_by_default_the_cpu_engine_runs_spans(tiny_args, capsys):
+def test_by_default_the_cpu_engine_runs_spans_and_prices_them(tiny_args, capsys):
     results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
                                          "--max-positions", "4096"], capsys)
     D = results["D"]
-    assert D["attention"] == "spans" and "cost_model_padded" not in D
-    assert not any(r["padded"] for r in D["cost_model"]["rows"])
+    assert D["attention"] == "spans" and not any(r["padded"] for r in D["cost_model"]["rows"])
+    # continuous: rows at several positions, a call per span, priced by decodes timed so
+    spread = [r for r in D["cost_model"]["rows"] if r["spread"]]
+    assert {r["batch"] for r in spread} == {2, 8}
     assert D["continuous"]["padded_decode_steps"] == 0
     assert D["continuous"]["attention_calls_per_decode"] > 1  # rows at several positions
+    assert D["continuous"]["predicted"]["cost_model"] == "spread"
+    assert D["static"]["predicted"]["cost_model"] == "one_span"
 
 
 def test_d_with_arrivals_and_an_order(tiny_args, capsys):

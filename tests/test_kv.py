@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
-from test_cli import expect_usage_error, run_main
+from test_cli import run_main
 
 COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
                     source="test")
