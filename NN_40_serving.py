@@ -849,6 +849,7 @@ class Ledger:
         self.first_step, self.finish_step = [0] * n, [0] * n  # (in the serving simulation's steps)
         self.to_prefill, self.remaining = list(self.prompt), list(self.output)
         self.generated = [0] * n  # tokens each request has emitted
+        self.taken = bytearray(n)  # taken out of a waiting queue (see PriorityQueue)
 
 
 class FifoQueue:
@@ -893,7 +894,7 @@ class PriorityQueue(FifoQueue):
         self.heap = []                      # the ranks of the requests that have arrived
         self.arrived = 0                    # ids[:arrived] have joined the heap
         self.front = 0                      # ids[front]: the oldest not yet taken
-        self.gone = bytearray(len(self.arrival))  # taken (left in the heap until on top)
+        self.gone = ledger.taken            # taken (a fleet's queues share it)
         self.chosen = None
 
     def head(self, t):
