@@ -330,6 +330,12 @@ class Requests:
     output: np.ndarray     # (n,) generated tokens (>= 1)
     source: str
 
+    def take(self, index=slice(None), arrival_s=None):
+        """The requests at `index` (a slice or an index array), arriving at `arrival_s`
+        instead of their own times when it is given."""
+        return Requests(self.arrival_s[index] if arrival_s is None else arrival_s,
+                        self.prompt[index], self.output[index], self.source)
+
 
 TRACE_COLUMNS = [  # (prompt column, output column, timestamp column or None)
     ("num_prefill_tokens", "num_decode_tokens", None),
@@ -987,6 +993,7 @@ class ServingSim:
         self.progress = progress
         self.retry = []                  # preempted ids (a heap: the oldest first)
         self.pending = None              # the planned run: (plan, steps, blocked)
+        self.end_s = None                # when it ends, once asked (see pending_end)
         self.running = {}                # admission order -> Seq, oldest first
         self.prefilling = []             # running requests with prompt left, oldest first
         self.pre_total = self.pre_ctx = 0  # their prompt tokens left, and cached
@@ -1026,13 +1033,13 @@ class ServingSim:
             raise SimulationStalled(
                 f"the {self.scheduler} simulation stalled at t = {self.t:.3f} s with "
                 f"{len(self.waiting) + len(self.retry):,} requests waiting and none running")
-        self.pending = (plan, self.steps_until_event(plan, blocked), blocked)
+        self.pending, self.end_s = (plan, self.steps_until_event(plan, blocked), blocked), None
         return True
 
     def commit(self):
         """Run the planned steps."""
         plan, k, _ = self.pending
-        self.pending = None
+        self.pending = self.end_s = None
         self.advance(plan, k)
         self.finish_due()
 
@@ -1040,9 +1047,12 @@ class ServingSim:
     # planned run short, as the next arrival bounds a run when the replica runs alone.
 
     def pending_end(self):
-        """When the planned run ends (the clock it will set, to the bit)."""
-        prefill_s, decode_s = self.price(*self.pending[:2])[:2]
-        return self.t + (prefill_s + decode_s)
+        """When the planned run ends (the clock it will set, to the bit), priced once per
+        plan: a fleet asks at every arrival."""
+        if self.end_s is None:
+            prefill_s, decode_s = self.price(*self.pending[:2])[:2]
+            self.end_s = self.t + (prefill_s + decode_s)
+        return self.end_s
 
     def run_until(self, t):
         """Run every run of steps that ends by t, and plan one that starts before t."""
@@ -1064,7 +1074,7 @@ class ServingSim:
         if self.pending is not None:
             plan, k, blocked = self.pending
             if not plan and k > 1 and self.could_join(blocked):
-                self.pending = (plan, self.steps_to_reach(t, k), blocked)
+                self.pending, self.end_s = (plan, self.steps_to_reach(t, k), blocked), None
 
     def load(self):
         """Requests queued, preempted and running: what least-requests routing compares."""
@@ -1368,9 +1378,10 @@ def simulate_fleet(req, replicas, slots, costs, scheduler, chunk_tokens=None, kv
     reading every replica as it is then: the replicas run in time together, each up to every
     arrival. -> as simulate_serving (steps, iterations and memory summed over replicas) with
     "replica": where each request went, and "per_replica": what each served."""
-    if kv is not None and check_kv_budget(req, kv):  # (identical replicas: all or none)
+    unfit = kv is not None and check_kv_budget(req, kv)  # (identical replicas: all or none)
+    if unfit:
         raise UsageError(f"the {kv.policy} KV budget of a replica cannot hold every request: "
-                         + describe(TEXT["en"], check_kv_budget(req, kv)))
+                         + describe(TEXT["en"], unfit))
     ledger, n = Ledger(req), len(req.output)
     sims = [ServingSim(req, slots, costs, scheduler, chunk_tokens, kv, None, order, ledger,
                        ids=[]) for _ in range(replicas)]
@@ -2328,8 +2339,7 @@ CAPACITY_SEEDS = 5        # independent arrival draws of one replica's capacity
 
 def every_nth(req, n, offset=0):
     """The requests one replica of n sees under round-robin (every n-th, arrivals kept)."""
-    return Requests(req.arrival_s[offset::n], req.prompt[offset::n], req.output[offset::n],
-                    req.source)
+    return req.take(slice(offset, None, n))
 
 
 def fleet_task(label, req, replicas, slots, costs, scheduler, chunk_tokens, kv, router, order,
@@ -2373,7 +2383,7 @@ def replicas_study(run, req, costs, budget, order):
 def attained(req, unit_arrival, rate, replicas, slots, costs, kv, order, router, slo, seed):
     """The share of requests meeting the SLO when they arrive at `rate` (unit-rate arrivals
     scaled: every rate sees the same draw)."""
-    at_rate = Requests(unit_arrival / rate, req.prompt, req.output, req.source)
+    at_rate = req.take(arrival_s=unit_arrival / rate)
     sim = simulate_fleet(at_rate, replicas, slots, costs, "continuous", None, kv, router, order,
                          seed) if replicas > 1 else \
         simulate_serving(at_rate, slots, costs, "continuous", None, kv, order=order)
@@ -2392,7 +2402,7 @@ def capacity_one(req, slots, costs, kv, order, slo, target, burstiness, seed, re
         tried.append((rate, attained(req, unit, rate, 1, slots, costs, kv, order, None, slo,
                                      seed)))
         return tried[-1][1] >= target
-    saturated = Requests(np.zeros(len(req.output)), req.prompt, req.output, req.source)
+    saturated = req.take(arrival_s=np.zeros(len(req.output)))
     sim = simulate_serving(saturated, slots, costs, "continuous", None, kv, order=order)
     top = hi = serving_metrics(saturated, sim)["throughput_rps"]
     if not ok(top / 1000):  # (nearly idle, and still late)
@@ -2443,14 +2453,17 @@ def fewest_replicas(req, slots, costs, kv, order, slo, target, burstiness, seed,
     return n, tried
 
 
+def cycled(req, n):
+    """n requests: the run's, cycled (their arrivals are drawn per search)."""
+    return req.take(np.arange(n) % len(req.output), np.zeros(n))
+
+
 def capacity_study(run, req, costs, budget, order):
     """C with an SLO: the capacity of one replica (CAPACITY_SEEDS draws of Poisson arrivals,
     bisected to 1%), and with --target-rate, the fewest replicas under each router."""
     slo, target = (run.slo_ttft_s, run.slo_tpot_s), run.slo_attainment
     m = max(CAPACITY_REQUESTS, len(req.output))
-    cycled = np.arange(m) % len(req.output)  # (the run's requests, cycled to m)
-    base = Requests(np.zeros(m), req.prompt[cycled], req.output[cycled], req.source)
-    common = (base, run.slots, costs, budget, order, slo, target, run.burstiness)
+    common = (cycled(req, m), run.slots, costs, budget, order, slo, target, run.burstiness)
     searches = run_parallel([(capacity_one, common + (run.seed + 10 + s,))
                              for s in range(CAPACITY_SEEDS)], run.jobs)
     rates = sorted(rate for rate, _ in searches)
@@ -2473,8 +2486,7 @@ def capacity_study(run, req, costs, budget, order):
     # as many requests per replica (at the count the search starts from) as one replica's
     # search had: a finite run past capacity fails a loose SLO late, so the horizon matters
     n = min(m * start, 200_000)
-    cycled = np.arange(n) % len(req.output)
-    base = Requests(np.zeros(n), req.prompt[cycled], req.output[cycled], req.source)
+    base = cycled(req, n)
     routers = ROUTERS if run.router == "all" else (run.router,)
     found = run_parallel([(fewest_replicas, (base, run.slots, costs, budget, order, slo, target,
                                              run.burstiness, run.seed + 20, router,
@@ -2602,7 +2614,7 @@ def who_waits(run, req, costs, budgets):
     run again with the starvation guard (--max-wait-s, or else FCFS's 99th-percentile wait).
     -> (what ran, {order: latencies overall and by output length}, the simulations)"""
     n = min(len(req.output), WHO_WAITS_REQUESTS)
-    req = Requests(req.arrival_s[:n], req.prompt[:n], req.output[:n], req.source)
+    req = req.take(slice(n))
     budget = study_budget(budgets)
 
     def simulate(orders):
@@ -2618,11 +2630,11 @@ def who_waits(run, req, costs, budgets):
     sims.update(simulate({f"{name}_guarded": dataclasses.replace(orders[name], max_wait_s=guard)
                           for name in ("sjf", "predicted")}))
     edges = [int(e) for e in np.quantile(req.output, [1 / 3, 2 / 3])]
+    predicted = order_info(orders["predicted"], req.output, run.seed)
     info = {"requests": n, "slots": run.slots, "scheduler": "continuous",
             "kv_policy": budget.policy if budget else None, "arrivals": arrivals(run),
             "guard_s": guard, "guard_source": source, "length_edges": edges,
-            **order_info(orders["predicted"], req.output, run.seed)}
-    del info["name"], info["max_wait_s"]
+            "sigma": predicted["sigma"], "kendall_tau": predicted["kendall_tau"]}
     return info, {name: order_latencies(req, sim, edges) for name, sim in sims.items()}, \
         list(sims.values())
 
@@ -2711,14 +2723,13 @@ def rate_sweep(run, req, costs, continuous, order=None):
     SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals. -> (points, the
     simulations behind them)
     """
-    req = Requests(req.arrival_s[:SWEEP_REQUESTS], req.prompt[:SWEEP_REQUESTS],
-                   req.output[:SWEEP_REQUESTS], req.source)
+    req = req.take(slice(SWEEP_REQUESTS))
     capacity = continuous["throughput_rps"]
     rates = run.rates or tuple(round(f * capacity, 6) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0,
                                                                 1.2))
     rng = np.random.default_rng(run.seed + 2)
-    swept = [Requests(arrival_times(len(req.output), rate, run.burstiness, rng), req.prompt,
-                      req.output, req.source) for rate in rates]
+    swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.burstiness, rng))
+             for rate in rates]
     sims = run_parallel([(simulation_task, (f"C sweep {rate:g}/s {name}", r, run.slots, costs,
                                             name, run.chunk_tokens, None, order))
                          for rate, r in zip(rates, swept) for name in SCHEDULERS], run.jobs)
@@ -3582,12 +3593,13 @@ def format_tables(results, lang="en"):
 
 def catalog_table(T, cat):
     """--catalog: every named model on every named card."""
-    def ms(value):
+    def decode_ms(value):
         return T["no_fit"] if value is None else f"{value:,.2f}"
     b = cat["batch"]
     rows = [[r["model"], GPUS[r["gpu"]].name, f"{r['weights_gb']:,.2f}",
              f"{r['kv_bytes_per_token']:,}", f"{r['kv_tokens']:,}", f"{r['crossover_batch']:,}",
-             ms(r["decode_b1_ms"]), ms(r[f"decode_b{b}_ms"])] for r in cat["rows"]]
+             decode_ms(r["decode_b1_ms"]), decode_ms(r[f"decode_b{b}_ms"])]
+            for r in cat["rows"]]
     return "\n".join([T["catalog"].format(**cat), table(T, rows, [
         "model_col", "card_col", "weights_gb", "kv_per_token", "kv_fit", "crossover_col",
         "decode_b1", "decode_bn"], batch=b)])
@@ -3651,10 +3663,13 @@ def spread_text(T, s, pct=False):
     return f"{s['p50']:.2f}{T['times']} ({s['p10']:.2f}-{s['p90']:.2f}{T['times']})"
 
 
+def ms(d, key):
+    """A latency of a percentiles dict, in ms ("-" when there was none)."""
+    return f"{1e3 * d[key]:,.1f}" if d[key] is not None else "-"
+
+
 def fleet_table(T, fleet):
     """C with --replicas: each router's latencies, SLO and balance over the whole load."""
-    def ms(d, key):
-        return f"{1e3 * d[key]:,.1f}"
     rows = []
     for router, m in fleet["routers"].items():
         b = m["balance"]
@@ -3712,9 +3727,13 @@ def capacity_text(T, cap):
 
 def orders_steps_table(T, C):
     """The post's table in each order of the queue."""
-    rows = [[T["order_" + name]] + [v for p in ("static", "continuous") for v in (
-        f"{s[p]['steps']:,}", f"{100 * s[p]['occupancy']:.1f}%", f"{s[p]['mean_finish_step']:,.0f}")]
-        + [f"{s['continuous']['p99_finish_step']:,.0f}"] for name, s in C["orders_steps"].items()]
+    rows = []
+    for name, s in C["orders_steps"].items():
+        rows.append([T["order_" + name]] + [
+            v for p in ("static", "continuous") for v in (
+                f"{s[p]['steps']:,}", f"{100 * s[p]['occupancy']:.1f}%",
+                f"{s[p]['mean_finish_step']:,.0f}")]
+            + [f"{s['continuous']['p99_finish_step']:,.0f}"])
     return "\n".join([T["orders_steps"].format(requests=C["requests"]), table(T, rows, [
         "order", "static_steps", "static_occ", "static_finish", "continuous_steps",
         "continuous_occ", "continuous_finish", "continuous_p99"])])
@@ -3761,8 +3780,6 @@ def who_waits_tables(T, C):
 
 def serving_table(T, C):
     """C in seconds: each scheduler's throughput and latency percentiles."""
-    def ms(d, key):
-        return f"{1e3 * d[key]:,.1f}" if d[key] is not None else "-"
     rows = []
     for name, m in C["schedulers"].items():
         rows.append([T[name], f"{m['steps']:,}", f"{m['makespan_s']:,.2f}",
