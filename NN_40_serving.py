@@ -31,10 +31,12 @@ It prints a banner and one table per experiment, and writes OUT/results.json and
 # imports
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import functools
 import heapq
+import itertools
 import json
 import math
 import os
@@ -100,9 +102,9 @@ class ModelConfig:
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
-# PyTorch's fp16 matmul on CPU is ~1000x slower than bf16 (0.0004 vs 0.41 TFLOP/s for a 2048^3
-# product on a 2-core dev machine), so on CPU every model field the user leaves unset comes from
-# this smaller preset instead of the post's GPU model.
+# The post's model takes minutes per experiment on a CPU, so there every model field the user
+# leaves unset comes from this smaller preset; its dtype is a probe's choice (see probe_dtypes)
+# unless --dtype is given, bfloat16 where no probe runs.
 CPU_PRESET = ModelConfig(layers=4, hidden=1024, heads=8, vocab=8192, max_positions=4096,
                          dtype="bfloat16")
 
@@ -223,6 +225,7 @@ class RunConfig:
     lang: str = "en"
     quick: bool = False
     preset: tuple = ()            # the model fields the CPU preset set ("layers=4", ...)
+    dtype_given: bool = False     # --dtype was given (else on CPU a probe chooses)
 
 
 # -----------------------------------------------------------------------------
@@ -553,10 +556,10 @@ def fit_step_costs(decode_rows, prefill_rows, context, kv_token_s, source):
 def measured_costs(cfg, results):
     """Pricing from this run's A rows (decode, by batch) and B rows (prefill, by tokens)."""
     A = results["A"]
-    mode = A["modes"][-1]
+    mode = A["modes"][-1]  # (decode and prefill both from this mode)
     ceil = results["environment"]["ceilings"]
     prefills = [r for r in measured(results.get("B", {}).get("rows", []))
-                if r["phase"] == "prefill"]
+                if r["phase"] == "prefill" and r["mode"] == mode]
     return fit_step_costs([r for r in measured(A["rows"]) if r["mode"] == mode], prefills,
                           A["context"], kv_bytes_per_token(cfg) / (ceil["bandwidth_gbs"] * 1e9),
                           {"kind": "pricing_measured",
@@ -1622,9 +1625,12 @@ class Transformer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        self.tok_embed = nn.Embedding(cfg.vocab, cfg.hidden)
+        # (tables given, not drawn: drawing on the meta device imports torch._dynamo, 2 s)
+        self.tok_embed = nn.Embedding(cfg.vocab, cfg.hidden,
+                                      _weight=torch.empty(cfg.vocab, cfg.hidden))
         if cfg.positions == "learned":
-            self.pos_embed = nn.Embedding(cfg.max_positions, cfg.hidden)
+            self.pos_embed = nn.Embedding(cfg.max_positions, cfg.hidden, _weight=torch.empty(
+                cfg.max_positions, cfg.hidden))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln_f = norm_layer(cfg)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
@@ -1653,7 +1659,7 @@ class Transformer(nn.Module):
 def rope_frequencies(cfg):
     """theta^(-2i/D) for i < D/2: the rotary angle per position of each pair of dimensions."""
     D = cfg.head_dim
-    return cfg.rope_theta ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
+    return cfg.rope_theta ** (-torch.arange(0, D, 2, dtype=torch.float32, device="cpu") / D)
 
 
 class PostProxy(nn.Module):
@@ -1679,8 +1685,13 @@ def build_model(cfg, device, seed=0):
     model never exists in fp32 on the host)."""
     with torch.device("meta"):
         model = PostProxy(cfg) if cfg.arch == "post" else Transformer(cfg)
-    model = model.to(DTYPES[cfg.dtype]).to_empty(device=device)
-    if cfg.arch == "transformer" and cfg.tied:  # (to_empty allocates each module's own copy)
+    for module in model.modules():  # (by hand: Module.to_empty imports sympy, 1-2 s)
+        for name, p in module.named_parameters(recurse=False):
+            module._parameters[name] = nn.Parameter(torch.empty(
+                p.shape, device=device, dtype=DTYPES[cfg.dtype]))
+        for name, b in module.named_buffers(recurse=False):
+            module._buffers[name] = torch.empty(b.shape, device=device, dtype=b.dtype)
+    if cfg.arch == "transformer" and cfg.tied:  # (each module was given its own copy)
         model.lm_head.weight = model.tok_embed.weight
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
@@ -1773,23 +1784,34 @@ def percentile_summary(samples_ms):
             "mean_ms": float(np.mean(samples_ms)), "n": len(samples_ms)}
 
 
+SLOW_CALL_SHARE = 0.2  # a call over this share of a shape's time budget is timed fewer times
+
+
 def time_region(fn, device, warmup, reps, budget_s):
     """Median and p10/p90 of fn() in ms after `warmup` untimed calls.
 
     CUDA: events around each call. CPU: perf_counter. Repeats `reps` times or until `budget_s`
-    of timed calls, whichever comes first, but at least 5 times. Warm-up stops early once it
-    has spent a third of the budget (a slow shape needs one call to warm, not three).
+    of timed calls, whichever comes first, but at least 5 times; 3 times where one call takes
+    over SLOW_CALL_SHARE of the budget and once where it takes the whole budget, so that no
+    shape takes minutes ("few_reps" says so). Warm-up stops early once it has spent a third of
+    the budget (a slow shape needs one call to warm, not three).
     """
     cuda = device.type == "cuda"
-    t0 = time.perf_counter()
-    for i in range(warmup):  # at least one call; no more than budget_s / 3 of them
+    t0, slowest_s = time.perf_counter(), 0.0
+    for i in range(warmup):
+        t_call = time.perf_counter()
         fn()
         if cuda:
             torch.cuda.synchronize(device)
+        slowest_s = max(slowest_s, time.perf_counter() - t_call)
         if time.perf_counter() - t0 > budget_s / 3:
             break
     samples, spent = [], 0.0
-    while len(samples) < reps and (spent < budget_s or len(samples) < 5):
+    while len(samples) < reps:
+        least = 5 if slowest_s <= SLOW_CALL_SHARE * budget_s else 3 if slowest_s <= budget_s \
+            else 1
+        if spent >= budget_s and len(samples) >= least:
+            break
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -1798,12 +1820,75 @@ def time_region(fn, device, warmup, reps, budget_s):
             end.synchronize()
             ms = start.elapsed_time(end)
         else:
-            t0 = time.perf_counter()
+            t_call = time.perf_counter()
             fn()
-            ms = (time.perf_counter() - t0) * 1e3
+            ms = (time.perf_counter() - t_call) * 1e3
         samples.append(ms)
         spent += ms / 1e3
-    return percentile_summary(samples)
+        slowest_s = max(slowest_s, ms / 1e3)
+    summary = percentile_summary(samples)
+    summary["few_reps"] = len(samples) < min(5, reps)
+    return summary
+
+
+class OpLog:
+    """The aten ops run inside it, by name (PyTorch's profiler, CPU-side events only): which
+    attention kernel ran (PyTorch picks one per shape), and whether a step reads a device value
+    on the host."""
+
+    def __enter__(self):
+        self.profile = torch.autograd.profiler.profile()
+        with quiet_stderr():  # (recent builds print a line to fd 2 as a profile starts)
+            self.profile.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        with quiet_stderr():  # (and as it stops)
+            self.profile.__exit__(*exc)
+        self.ops = [e.name.removeprefix("aten::") for e in self.profile.function_events]
+
+    def attention(self):
+        """The attention kernels that ran (those named *attention*, less the dispatcher)."""
+        return sorted({op for op in self.ops if "attention" in op
+                       and op != "scaled_dot_product_attention"})
+
+    def host_syncs(self):
+        return [op for op in self.ops if op in HOST_SYNC_OPS]
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """File descriptor 2 sent to the null device for the block (C++ code prints there)."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def attention_kernel(device, dtype, batch, heads, queries, keys, head_dim, causal=False,
+                     padded=False):
+    """The attention kernel PyTorch runs for this shape under the backends allowed now: one
+    call on random tensors of the shape (at most 8 rows), its ops logged."""
+    g = torch.Generator(device="cpu").manual_seed(5)
+    b = min(batch, 8)
+    q = torch.randn(b, heads, queries, head_dim, generator=g).to(device, dtype)
+    k, v = (torch.randn(b, heads, keys, head_dim, generator=g).to(device, dtype)
+            for _ in range(2))
+    mask = torch.ones(b, 1, 1, keys, dtype=torch.bool, device=device) if padded else None
+    with OpLog() as log:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    return log.attention()
+
+
+# ops that read a device value on the host (a CUDA graph cannot capture them; eagerly they stall
+# the stream): .item() and .tolist(), data-dependent shapes, a tensor made from host values
+HOST_SYNC_OPS = {"item", "_local_scalar_dense", "nonzero", "masked_select", "unique",
+                 "_unique2", "lift_fresh", "lift_fresh_copy"}
 
 
 def random_tokens(cfg, shape, device, n=8, seed=0):
@@ -1819,15 +1904,6 @@ def random_activations(cfg, shape, device, n=8, seed=0):
             for _ in range(n)]
 
 
-def cycle(items):
-    state = {"i": 0}
-
-    def next_item():
-        state["i"] += 1
-        return items[state["i"] % len(items)]
-    return next_item
-
-
 # -----------------------------------------------------------------------------
 # device facts
 
@@ -1840,18 +1916,116 @@ def resolve_device(name):
     return torch.device(name)
 
 
+# On CPU the matmul speed of each type depends on the chip: with AVX-512 BF16 (recent Xeons)
+# bfloat16 is fast and float16 ~1000x slower; with AVX2 alone (most laptops, AMD before Zen 4)
+# both 2-byte types fall back to paths 5-60x slower than float32 at a prefill's sizes, though
+# not always at a decode's. So unless --dtype is given, the run takes the type a probe measures
+# fastest over the shapes it runs, a 2-byte type unless float32 beats it by more than
+# DTYPE_PREFERENCE (half the bytes of weights and KV cache, and what GPUs serve in).
+PROBE_DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_PREFERENCE = 1.1
+# (rows, output features, weights in turn) through F.linear of the model's width, smallest first:
+# decode at 1 and 8 rows through four (4096, width) weights (64 MB in float32, past a laptop's
+# cache), prefill-like products at 64 and 256 rows
+PROBE_SHAPES = ((1, 4096, 4), (8, 4096, 4), (64, 1024, 1), (256, 1024, 1))
+PROBE_DROP = 4.0  # a type this much slower than the best at a shape is out (its rest untimed)
+
+
+def probe_dtypes(width=1024, budget_s=0.02):
+    """F.linear in each type at PROBE_SHAPES, each a warm call and repeats up to budget_s (the
+    one timed call where a single call is slower). A type PROBE_DROP times slower than the
+    best at some shape leaves the probe there, so even a type on a 1000x slower path costs a
+    fraction of a second. -> {dtype: {"ms": [per shape], "total_ms" (None: left the probe)}}"""
+    g = torch.Generator(device="cpu").manual_seed(7)
+    weights = {out: [torch.randn(out, width, generator=g) * width ** -0.5 for _ in range(n)]
+               for _, out, n in PROBE_SHAPES}
+    probe = {name: {"ms": [], "total_ms": 0.0} for name in PROBE_DTYPES}
+    for rows, out, n in PROBE_SHAPES:
+        x = torch.randn(rows, width, generator=g)
+        timed = [name for name in PROBE_DTYPES if probe[name]["total_ms"] is not None]
+        for name in timed:
+            ws = [w.to(DTYPES[name]) for w in weights[out][:n]]
+            xs = x.to(DTYPES[name])
+            probe[name]["ms"].append(probe_ms(lambda: [F.linear(xs, w) for w in ws], budget_s))
+            probe[name]["total_ms"] += probe[name]["ms"][-1]
+        best = min(probe[name]["ms"][-1] for name in timed)
+        for name in timed:
+            if probe[name]["ms"][-1] > PROBE_DROP * best:
+                probe[name]["total_ms"] = None  # (out: its remaining shapes untimed)
+    return probe
+
+
+def probe_ms(fn, budget_s):
+    """The fastest ms of fn() after one warm call, bounded by budget_s (at most 20 calls), or
+    the warm call's where it alone takes longer. (The fastest: what the type can do, whatever
+    else the machine runs meanwhile.)"""
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    if first > budget_s:
+        return first * 1e3
+    samples, t_end = [], time.perf_counter() + budget_s
+    while len(samples) < 20 and time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return min(samples) * 1e3
+
+
+def choose_dtype(probe):
+    """The type of least total time over the probe's shapes; a 2-byte type over float32 unless
+    float32 is more than DTYPE_PREFERENCE faster."""
+    timed = {d: p["total_ms"] for d, p in probe.items() if p["total_ms"] is not None}
+    fastest = min(timed, key=timed.get)
+    halves = [d for d in timed if d != "float32"]
+    if fastest == "float32" and halves:
+        half = min(halves, key=timed.get)
+        if timed[half] <= DTYPE_PREFERENCE * timed["float32"]:
+            return half
+    return fastest
+
+
+def with_probed_dtype(run):
+    """On CPU with no --dtype, the run with the type probe_dtypes measures fastest here. In
+    float32 the CPU preset (where it set the layers) keeps half its layers: a decode step then
+    reads the bytes it reads in a 2-byte type, and the run takes the time it takes there."""
+    if run.device != "cpu" or run.dtype_given:
+        return run, None
+    probe = probe_dtypes(min(run.model.hidden, 1024))
+    chosen = choose_dtype(probe)
+    model, preset = dataclasses.replace(run.model, dtype=chosen), run.preset
+    if chosen == "float32" and f"layers={CPU_PRESET.layers}" in preset:
+        layers = max(1, CPU_PRESET.layers // 2)
+        model = dataclasses.replace(model, layers=layers)
+        preset = tuple(f"layers={layers}" if p.startswith("layers=") else p for p in preset)
+    return dataclasses.replace(run, model=model, preset=preset), {
+        "chosen": chosen, "times": probe, "preference": DTYPE_PREFERENCE}
+
+
 def device_name(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({platform.processor() or platform.machine()} x {os.cpu_count()})"
 
 
+def cuda_index(device):
+    """The CUDA device's index: torch 2.3 and 2.4 refuse a torch.device("cuda") with none in
+    mem_get_info (ValueError; fixed in 2.5), so it is always given."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def free_memory_bytes(device):
     """Memory free for new allocations on the device (on CUDA, with what PyTorch's caching
-    allocator holds but does not use)."""
+    allocator holds but does not use); math.inf when the host cannot tell."""
     if device.type == "cuda":
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return torch.cuda.mem_get_info(device)[0] + cached
+        return torch.cuda.mem_get_info(cuda_index(device))[0] + cached
+    return free_host_memory_bytes()
+
+
+def free_host_memory_bytes():
+    """Available RAM: Linux's MemAvailable, Windows' GlobalMemoryStatusEx, else sysconf's
+    available pages, else (macOS, which has no such count) all physical memory."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -1859,7 +2033,45 @@ def free_memory_bytes(device):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if sys.platform == "win32":
+        return windows_available_bytes()
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            pass
+    return math.inf
+
+
+def windows_available_bytes():
+    import ctypes
+
+    class MemoryStatus(ctypes.Structure):  # MEMORYSTATUSEX
+        _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong)] + [
+            (name, ctypes.c_ulonglong) for name in ("total", "available", "total_page",
+                                                    "available_page", "total_virtual",
+                                                    "available_virtual", "extended")]
+    status = MemoryStatus()
+    status.length = ctypes.sizeof(status)
+    try:
+        if ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):
+            return int(status.available)
+    except (AttributeError, OSError):
+        pass
+    return math.inf
+
+
+def check_cuda_arch(device):
+    """One line when this PyTorch has no kernels for the device (e.g. an RTX 5080, sm_120,
+    under a build for CUDA before 12.8): kernels for its sm, or PTX of an older one to JIT."""
+    major, minor = torch.cuda.get_device_capability(device)
+    sm, archs = major * 10 + minor, torch.cuda.get_arch_list()
+    ptx = [int(a[8:]) for a in archs if a.startswith("compute_") and a[8:].isdigit()]
+    if archs and f"sm_{sm}" not in archs and not any(p <= sm for p in ptx):
+        raise UsageError(f"this PyTorch ({torch.__version__}, CUDA {torch.version.cuda}) has no "
+                         f"kernels for the {torch.cuda.get_device_name(device)} (sm_{sm}; it "
+                         f"has {' '.join(archs)}): install a build for a newer CUDA (sm_120, "
+                         "the RTX 50 series, needs CUDA 12.8 or later)")
 
 
 def fits(cfg, device, batch, cache_len, new_tokens, margin=0.9):
@@ -1881,7 +2093,7 @@ def kv_budget_bytes(run, device):
                 {"kind": "memory_card", "fraction": KV_MEMORY_FRACTION, "card": card.name,
                  "total_gb": card.memory_gb, "weights_gib": weights / 2**30})
     if device is not None and device.type == "cuda":
-        total = torch.cuda.mem_get_info(device)[1]
+        total = torch.cuda.mem_get_info(cuda_index(device))[1]
         return (KV_MEMORY_FRACTION * total - weights,
                 {"kind": "memory_cuda", "fraction": KV_MEMORY_FRACTION,
                  "total_gib": total / 2**30, "device": device_name(device),
@@ -1936,14 +2148,22 @@ class Bench:
         from it. feed, which copies fresh inputs into the buffers step reads, runs eagerly
         before every call, outside any graph: a graph replays the copies it captured, from
         the tensors it captured, so inside one every replay would see the same input."""
-        run = cuda_graph(step) if mode == "graph" else step
+        run, failed = step, None
+        if mode == "graph":  # (a capture that fails is timed eagerly, and says so)
+            try:
+                run = cuda_graph(step)
+            except RuntimeError as e:
+                failed = one_line(e)
 
         def fn():
             if feed is not None:
                 feed()
             run()
-        return time_region(fn, self.device, self.run.warmup, self.run.reps,
-                           budget_s or self.run.time_budget_s)
+        timing = time_region(fn, self.device, self.run.warmup, self.run.reps,
+                             budget_s or self.run.time_budget_s)
+        if failed:
+            timing["graph_failed"] = failed
+        return timing
 
     def time_decode(self, batch, context, mode="eager", budget_s=None, low=None, pad=False):
         """One decode step of `batch` rows, each with `context` cached tokens (the post's proxy:
@@ -1952,30 +2172,33 @@ class Bench:
         evenly from low to `context` instead (as in D's continuous engine), attended per span
         of rows at one position, or (pad) in one call padded to the longest row."""
         if self.cfg.arch == "post":
-            x = torch.empty(batch, self.cfg.hidden, device=self.device,
-                            dtype=DTYPES[self.cfg.dtype])
-            next_x = cycle(random_activations(self.cfg, (batch,), self.device, seed=batch))
+            inputs = random_activations(self.cfg, (batch,), self.device, seed=batch)
+            x, next_x = inputs[0].clone(), itertools.cycle(inputs)
             return self.time(lambda: self.model(x), mode, budget_s,
-                             feed=lambda: x.copy_(next_x()))
+                             feed=lambda: x.copy_(next(next_x)))
         cache = new_kv_cache(self.cfg, batch, context + 1, self.device)
-        next_tokens = cycle(random_tokens(self.cfg, (batch,), self.device, seed=batch))
-        tokens = next_tokens().clone()
+        next_tokens = itertools.cycle(random_tokens(self.cfg, (batch,), self.device, seed=batch))
+        tokens = next(next_tokens).clone()
         positions = context if low is None else \
             np.linspace(low, context, batch).round().astype(int).tolist()
         return self.time(lambda: decode_step(self.model, cache, tokens, positions, pad=pad),
                          mode, budget_s,
-                         feed=lambda: tokens.copy_(next_tokens()))
+                         feed=lambda: tokens.copy_(next(next_tokens)))
 
-    def time_prefill(self, tokens, batch=1, budget_s=None):
+    def time_prefill(self, tokens, batch=1, budget_s=None, mode="eager"):
         """A prefill of `batch` prompts of `tokens` tokens each into empty cache rows (the
-        post's proxy: batch x tokens tokens through its matmuls)."""
+        post's proxy: batch x tokens tokens through its matmuls), fresh prompts copied into a
+        static input buffer before each, as for decode (so it can replay from a graph too)."""
         if self.cfg.arch == "post":
-            next_x = cycle(random_activations(self.cfg, (batch, tokens), self.device,
-                                              seed=tokens))
-            return self.time(lambda: self.model(next_x()), budget_s=budget_s)
+            inputs = random_activations(self.cfg, (batch, tokens), self.device, seed=tokens)
+            x, next_x = inputs[0].clone(), itertools.cycle(inputs)
+            return self.time(lambda: self.model(x), mode, budget_s,
+                             feed=lambda: x.copy_(next(next_x)))
         cache = new_kv_cache(self.cfg, batch, tokens, self.device)
-        next_prompt = cycle(random_tokens(self.cfg, (batch, tokens), self.device, seed=tokens))
-        return self.time(lambda: prefill(self.model, cache, next_prompt()), budget_s=budget_s)
+        prompts = random_tokens(self.cfg, (batch, tokens), self.device, seed=tokens)
+        prompt, next_prompt = prompts[0].clone(), itertools.cycle(prompts)
+        return self.time(lambda: prefill(self.model, cache, prompt), mode, budget_s,
+                         feed=lambda: prompt.copy_(next(next_prompt)))
 
     def linear_chain(self, mode):
         """The model's own matmul weights as a bare chain of F.linear calls at batch 1.
@@ -1999,10 +2222,52 @@ class Bench:
                 "gbs": weight_bytes / s / 1e9}
 
     def skip_reason(self, batch, cache_len, new_tokens, margin=0.9):
-        """None when the step fits the device's memory, else what it needs and what is free."""
+        """None when the step fits the device's memory and its attention's views index in 32
+        bits, else why not."""
         ok, needed, free = fits(self.cfg, self.device, batch, cache_len, new_tokens, margin)
-        return None if ok else {"kind": "does_not_fit", "needed_gib": needed / 2**30,
-                                "free_gib": free / 2**30}
+        if not ok:
+            return {"kind": "does_not_fit", "needed_gib": needed / 2**30,
+                    "free_gib": free / 2**30}
+        elements = kv_view_elements(self.cfg, batch, cache_len)
+        if elements > VIEW_ELEMENTS_MAX:
+            return {"kind": "view_too_large", "elements": elements, "limit": VIEW_ELEMENTS_MAX}
+        return None
+
+
+# A layer's K (or V) view over a batch: batch x kv_heads x cached tokens x head_dim elements.
+# Past 2^31 - 1 some attention kernels' 32-bit offsets overflow (A at batch 256 and 4,096
+# tokens of context reaches 2^31 with the post's model), so such a row is skipped, not run.
+VIEW_ELEMENTS_MAX = 2**31 - 1
+
+
+def kv_view_elements(cfg, batch, cache_len):
+    return 0 if cfg.arch == "post" else batch * cfg.n_kv_heads * cache_len * cfg.head_dim
+
+
+def one_line(error):
+    """An exception as one line: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def out_of_memory(error):
+    """Whether an exception is an allocation the device (or host) could not make."""
+    return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
+def timed_or_skipped(row, time_it):
+    """row updated with time_it() (-> its fields), or marked skipped where the device ran out
+    of memory (the caching allocator's spare blocks given back before the next row)."""
+    try:
+        row.update(time_it())
+    except Exception as e:
+        if not out_of_memory(e):
+            raise
+        row["skipped"] = {"kind": "out_of_memory", "error": one_line(e)}
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return row
 
 
 
@@ -2023,13 +2288,21 @@ def kv_device_check(bench, kv):
     if reason:
         check["skipped"] = reason
         return check
-    cache = new_kv_cache(cfg, n_rows, row_tokens, bench.device)
-    next_tokens = cycle(random_tokens(cfg, (batch,), bench.device, seed=batch))
-    timing = time_region(lambda: decode_step(bench.model, cache, next_tokens(), positions),
-                         bench.device, bench.run.warmup, min(bench.run.reps, 10),
-                         bench.run.time_budget_s)
-    check.update(step_ms=timing["median_ms"], p10_ms=timing["p10_ms"], p90_ms=timing["p90_ms"])
-    return check
+    pad = engine_attention(bench.run, bench.device)  # (attending as D's engine does)
+    check.update(attention="padded" if pad else "spans", kernel=attention_kernel(
+        bench.device, DTYPES[cfg.dtype], batch, cfg.n_kv_heads, cfg.heads // cfg.n_kv_heads,
+        max(positions) + 1, cfg.head_dim, padded=pad))
+
+    def time_it():
+        cache = new_kv_cache(cfg, n_rows, row_tokens, bench.device)
+        next_tokens = itertools.cycle(random_tokens(cfg, (batch,), bench.device, seed=batch))
+        timing = time_region(lambda: decode_step(bench.model, cache, next(next_tokens),
+                                                 positions, pad=pad),
+                             bench.device, bench.run.warmup, min(bench.run.reps, 10),
+                             bench.run.time_budget_s)
+        return {"step_ms": timing["median_ms"], "p10_ms": timing["p10_ms"],
+                "p90_ms": timing["p90_ms"]}
+    return timed_or_skipped(check, time_it)
 
 
 def cuda_graph(fn):
@@ -2046,11 +2319,18 @@ def cuda_graph(fn):
     return graph.replay  # the bound method keeps the graph (and its memory pool) alive
 
 
+CEILING_MATMUL_S = 0.05  # the ceilings' matmul grows until one product takes this long
+CEILING_MATMUL_N = {"cuda": (1024, 16384), "cpu": (256, 4096)}  # (first, largest) size
+
+
 def measure_ceilings(run, device, log):
     """The device's limits in the run's dtype: copy bandwidth and square-matmul throughput.
 
     Bandwidth: dst.copy_(src) over a buffer far past the last-level cache, counting bytes read
-    plus written. Matmul: a large square product of random (never zero) operands.
+    plus written. Matmul: square products of random (never zero) operands, doubled in size
+    until one takes CEILING_MATMUL_S (or the largest size is reached), each timed, the fastest
+    rate kept: large enough to be fast, small enough to be timed in seconds on any device, and
+    the best of several sizes (a CPU's matmul library is faster at some than at others).
     --peak-bandwidth-gbs / --peak-tflops replace a measurement.
     """
     dtype = DTYPES[run.model.dtype]
@@ -2070,21 +2350,27 @@ def measure_ceilings(run, device, log):
     if run.peak_tflops:
         ceilings.update(matmul_tflops=run.peak_tflops, matmul_source={"kind": "given"})
     else:
-        n = 8192 if cuda else 2048
         g = torch.Generator(device="cpu").manual_seed(2)
-        a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
-        timing = time_region(lambda: a @ b, device, run.warmup, run.reps, run.time_budget_s)
-        ceilings.update(matmul_tflops=2 * n**3 / (timing["median_ms"] / 1e3) / 1e12,
-                        matmul_source={"kind": "measured_matmul", "n": n,
-                                       "dtype": run.model.dtype})
-        del a, b
+        n, largest = CEILING_MATMUL_N[device.type]
+        best = (0.0, n)
+        while True:
+            a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
+            timing = time_region(lambda: a @ b, device, run.warmup, run.reps,
+                                 run.time_budget_s / 2)
+            best = max(best, (2 * n**3 / (timing["median_ms"] / 1e3) / 1e12, n))
+            del a, b
+            if n >= largest or timing["median_ms"] / 1e3 >= CEILING_MATMUL_S:
+                break
+            n *= 2
+        ceilings.update(matmul_tflops=best[0], matmul_source={
+            "kind": "measured_matmul", "n": best[1], "dtype": run.model.dtype})
     ceilings["ridge_flop_per_byte"] = ceilings["matmul_tflops"] * 1e3 / ceilings["bandwidth_gbs"]
-    log(f"ceilings: {ceilings['bandwidth_gbs']:.1f} GB/s, {ceilings['matmul_tflops']:.2f} "
+    log(f"ceilings: {ceilings['bandwidth_gbs']:.1f} GB/s, {ceilings['matmul_tflops']:.3g} "
         f"TFLOP/s")
     return ceilings
 
 
-def roofline_row(cfg, ceilings, timing, batch, new_tokens, context):
+def roofline_row(cfg, ceilings, timing, batch, new_tokens, context, cuda=False):
     """Timing + the accounting of the step it timed: rates, intensity, MBU, MFU and bound.
 
     MBU = achieved bytes/s (weights + KV cache + activations, the step_cost model) / measured
@@ -2095,15 +2381,30 @@ def roofline_row(cfg, ceilings, timing, batch, new_tokens, context):
     s = timing["median_ms"] / 1e3
     tokens = batch * new_tokens
     intensity = cost["flops"] / cost["bytes"]
-    return {"step_ms": timing["median_ms"], "p10_ms": timing["p10_ms"],
-            "p90_ms": timing["p90_ms"], "reps": timing["n"],
-            "tokens_per_s": tokens / s, "us_per_token": s * 1e6 / tokens,
-            "tflops": cost["flops"] / s / 1e12, "gbs": cost["bytes"] / s / 1e9,
-            "mbu": cost["bytes"] / s / 1e9 / ceilings["bandwidth_gbs"],
-            "mfu": cost["flops"] / s / 1e12 / ceilings["matmul_tflops"],
-            "intensity": intensity,
-            "bound": "memory" if intensity < ceilings["ridge_flop_per_byte"] else "compute",
-            "flops": cost["flops"], "bytes": cost["bytes"]}
+    mbu = cost["bytes"] / s / 1e9 / ceilings["bandwidth_gbs"]
+    mfu = cost["flops"] / s / 1e12 / ceilings["matmul_tflops"]
+    bound = "memory" if intensity < ceilings["ridge_flop_per_byte"] else "compute"
+    row = {"step_ms": timing["median_ms"], "p10_ms": timing["p10_ms"],
+           "p90_ms": timing["p90_ms"], "reps": timing["n"],
+           "few_reps": timing.get("few_reps", False),
+           "tokens_per_s": tokens / s, "us_per_token": s * 1e6 / tokens,
+           "tflops": cost["flops"] / s / 1e12, "gbs": cost["bytes"] / s / 1e9,
+           "mbu": mbu, "mfu": mfu, "intensity": intensity,
+           "bound": ("launch" if cuda else "overhead") if max(mbu, mfu) < LAUNCH_BOUND_SHARE
+           else bound,
+           "flops": cost["flops"], "bytes": cost["bytes"]}
+    above = [k for k in ("mbu", "mfu") if row[k] > 1.0]
+    if above:  # a ceiling measured too low, or an accounting that counts too much
+        row["above_ceiling"] = above
+    if "graph_failed" in timing:
+        row["graph_failed"] = timing["graph_failed"]
+    return row
+
+
+# A step that reaches under this share of both ceilings is bound by neither. On a GPU that is
+# kernel launches and host work (eager decode on a fast card): "launch". On a CPU, "overhead":
+# a matmul library far from its best at the shape (small batches on some chips), and host work.
+LAUNCH_BOUND_SHARE = 0.25
 
 
 def kv_crossover_batch(cfg, context):
@@ -2118,10 +2419,21 @@ def decode_row(bench, ceilings, batch, context, mode):
     reason = bench.skip_reason(batch, context + 1, 1)
     if reason:
         row["skipped"] = reason
-    else:
-        row.update(roofline_row(bench.cfg, ceilings, bench.time_decode(batch, context, mode),
-                                batch, 1, context))
-    return row
+        return row
+    return timed_or_skipped(row, lambda: roofline_row(
+        bench.cfg, ceilings, bench.time_decode(batch, context, mode), batch, 1, context,
+        bench.device.type == "cuda"))
+
+
+def prefill_row(bench, ceilings, tokens, mode):
+    row = {"phase": "prefill", "tokens": tokens, "batch": 1, "context": 0, "mode": mode}
+    reason = bench.skip_reason(1, tokens, tokens)
+    if reason:
+        row["skipped"] = reason
+        return row
+    return timed_or_skipped(row, lambda: roofline_row(
+        bench.cfg, ceilings, bench.time_prefill(tokens, mode=mode), 1, tokens, 0,
+        bench.device.type == "cuda"))
 
 
 def run_decode_sweep(bench, ceilings, log):
@@ -2140,24 +2452,44 @@ def run_decode_sweep(bench, ceilings, log):
                     r["throughput_vs_1"] = r["tokens_per_s"] / base["tokens_per_s"]
                     r["wait_vs_1"] = r["step_ms"] / base["step_ms"]
     crossover = {str(c): kv_crossover_batch(bench.cfg, c) for c in run.contexts}
+    largest = max(measured(rows), key=lambda r: r["batch"] * r["context"], default=None)
     return {"context": run.context, "contexts": list(run.contexts), "modes": list(bench.modes),
-            "kv_crossover_batch": crossover, "rows": rows}
+            "kv_crossover_batch": crossover, "rows": rows, **attention_policy(
+                largest and decode_kernel(bench, largest["batch"], largest["context"] + 1))}
+
+
+def decode_kernel(bench, batch, keys, pad=False):
+    """The attention kernel of a decode step over `keys` cached tokens (None: no attention)."""
+    cfg = bench.cfg
+    if cfg.arch == "post":
+        return None
+    return attention_kernel(bench.device, DTYPES[cfg.dtype], batch, cfg.n_kv_heads,
+                            cfg.heads // cfg.n_kv_heads, keys, cfg.head_dim, padded=pad)
+
+
+def prefill_kernel(bench, tokens):
+    cfg = bench.cfg
+    if cfg.arch == "post":
+        return None
+    return attention_kernel(bench.device, DTYPES[cfg.dtype], 1, cfg.heads, tokens, tokens,
+                            cfg.head_dim, causal=True)
+
+
+def attention_policy(*kernels):
+    """What results.json says of an experiment's attention: the backends allowed and the
+    kernels that ran at its largest shapes."""
+    return {"sdpa_backends": list(SDPA_BACKENDS),
+            "kernels": sorted({k for ks in kernels if ks for k in ks})}
 
 
 def run_prefill_decode(bench, ceilings, log):
     """B: prefill of whole prompts against decode of one token alone and in a batch."""
     run = bench.run
     rows = []
-    for tokens in run.prefill_lengths:
-        row = {"phase": "prefill", "tokens": tokens, "batch": 1, "context": 0, "mode": "eager"}
-        reason = bench.skip_reason(1, tokens, tokens)
-        if reason:
-            row["skipped"] = reason
-        else:
-            row.update(roofline_row(bench.cfg, ceilings, bench.time_prefill(tokens), 1, tokens,
-                                    0))
-        rows.append(row)
-        log(f"B prefill {tokens}: " + row_progress(row))
+    for mode in bench.modes:  # (C prices prefill and decode from one mode: both are timed in each)
+        for tokens in run.prefill_lengths:
+            rows.append(prefill_row(bench, ceilings, tokens, mode))
+            log(f"B prefill {mode} {tokens}: " + row_progress(rows[-1]))
     chain = []
     for mode in bench.modes:
         # the bare chain right before the decodes, so both see the machine in the same state
@@ -2167,7 +2499,10 @@ def run_prefill_decode(bench, ceilings, log):
             rows.append({"phase": "decode", "tokens": 1,
                          **decode_row(bench, ceilings, batch, run.context, mode)})
             log(f"B decode {mode} x{batch}: " + row_progress(rows[-1]))
-    return {"rows": rows, "linear_chain": chain}
+    longest = max((r["tokens"] for r in measured(rows) if r["phase"] == "prefill"), default=None)
+    return {"rows": rows, "linear_chain": chain, **attention_policy(
+        longest and prefill_kernel(bench, longest),
+        decode_kernel(bench, max(run.decode_batches), run.context + 1))}
 
 
 def row_progress(row):
@@ -2766,9 +3101,9 @@ def save_requests_csv(path, req, sims):
 
 # D on CPU serves the post's law shrunk (CUDA: the post's requests as they are): a CPU's ridge is
 # tens of FLOP/byte, so its decode step stays flat in the batch only to about 8 rows, where a
-# GPU's stays flat past 100; and outputs a quarter as long keep the run under a minute.
-ENGINE_CPU = {"requests": 96, "shrink": 4, "prompt_len": 16, "slots": 8}
-ENGINE_QUICK = {"requests": 24, "shrink": 8, "prompt_len": 8, "slots": 4}
+# GPU's stays flat past 100; and outputs an eighth as long keep D within about half a minute.
+ENGINE_CPU = {"requests": 96, "shrink": 8, "prompt_len": 16, "slots": 8}
+ENGINE_QUICK = {"requests": 24, "shrink": 16, "prompt_len": 8, "slots": 4}
 
 
 def run_engine(model, cache, prompts, output_lens, policy, pad=False, order=None,
@@ -2886,10 +3221,18 @@ def check_engine(run, lengths):
                          f"{run.model.max_positions:,}")
 
 
-# D's attention runs on backends that build no plan per shape: its decode shapes change at
-# nearly every step, and cuDNN's attention (PyTorch's first choice on Hopper) plans each new
-# shape, tens of ms to 0.4 s apiece, a cost D's step costs (timed on warmed shapes) never see.
-D_SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+# Every experiment's attention runs on backends that build no plan per shape: D's decode shapes
+# change at nearly every step, and cuDNN's attention (PyTorch's first choice on Hopper from
+# torch 2.5) plans each new shape, tens of ms to 0.4 s apiece, a cost D's step costs (timed on
+# warmed shapes) never see; A, B and C's KV check run under the same policy, so that their
+# tables compare the same kernels. Each records the kernels that ran.
+SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
+def sdpa_policy():
+    """A context in which scaled_dot_product_attention may use SDPA_BACKENDS alone."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS])
 
 
 def engine_attention(run, device):
@@ -2939,10 +3282,8 @@ def run_serving_engine(bench, lengths, arrival, log):
     """D: static and continuous batching for real, set beside C's simulation of the same
     requests: request by request in steps, and in seconds priced two ways (see
     serve_and_predict)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel([getattr(SDPBackend, name) for name in D_SDPA_BACKENDS]):
-        return serve_and_predict(bench, lengths, arrival, log,
-                                 engine_attention(bench.run, bench.device))
+    return serve_and_predict(bench, lengths, arrival, log,
+                             engine_attention(bench.run, bench.device))
 
 
 def fit_passes(passes, source):
@@ -3021,7 +3362,8 @@ def serve_and_predict(bench, lengths, arrival, log, pad):
                           "max": int(lengths.max()), "total": int(lengths.sum())},
               "order": order_info(order, lengths, run.seed),
               "arrivals": arrivals(run) if not at_zero else {"kind": "arrivals_zero"},
-              "sdpa_backends": list(D_SDPA_BACKENDS), "attention": "padded" if pad else "spans",
+              "attention": "padded" if pad else "spans",
+              **attention_policy(decode_kernel(bench, slots, P + int(lengths.max()), pad)),
               "cost_model": {**one_span.describe(), "rows": cost_rows},
               "cost_model_spread": spread.describe()}
     for policy in ("static", "continuous"):
@@ -3141,7 +3483,11 @@ TEXT = {
         "model_post": "model: the post's proxy, {layers} square {hidden} x {hidden} {dtype} "
                       "matmuls per token (no attention, KV cache, norms, embeddings or LM "
                       "head): {params:,.1f} M parameters, {gib:.2f} GiB",
-        "preset": "CPU preset (fp16 matmul is ~1000x slower than bf16 on CPU): {fields}",
+        "preset": "CPU preset (the post's model would take minutes per experiment): {fields}",
+        "dtype_probe": "dtype: {chosen}, the fastest here by a probe (F.linear ms at {rows} "
+                       "rows: {times}; a 2-byte type unless float32 is {preference:g}x "
+                       "faster); --dtype to choose",
+        "probe_dropped": " (out: over 4x the best)",
         "ceilings": "ceilings: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
                     "({matmul_source}); ridge {ridge:.0f} FLOP/byte",
         "cpu_graphs": "  (CPU: eager only; CUDA graphs need CUDA)",
@@ -3162,6 +3508,24 @@ TEXT = {
         "us_per_token": "µs / token", "tflops": "TFLOP/s", "intensity": "FLOP/byte",
         "bound": "bound",
         "eager": "eager", "graph": "graph", "memory": "memory", "compute": "compute",
+        "launch": "launch", "graph_failed": "eager (graph failed)",
+        "above_ceiling": "> ceiling",
+        "few_reps": "* timed fewer than 5 times: one call took over a fifth of the {budget:g} s "
+                    "each shape is given",
+        "above_ceiling_note": "> ceiling: the step ran faster than a measured ceiling allows, "
+                              "so that ceiling (measured at one shape) or the step's accounting "
+                              "is wrong for it; its share is not printed",
+        "launch_note": "launch: under {share:.0%} of both ceilings, bound by kernel launches and "
+                       "host work, not by memory or arithmetic",
+        "overhead": "overhead",
+        "overhead_note": "overhead: under {share:.0%} of both ceilings, bound by neither memory "
+                         "nor arithmetic: the CPU's matmul library is far from its best at this "
+                         "shape, or host work dominates",
+        "kernels": "attention kernels: {kernels} (allowed: {backends}; none that plans each new "
+                   "shape)",
+        "view_too_large": "skipped: a K/V view of {elements:,} elements, past {limit:,} (32-bit "
+                          "offsets)",
+        "out_of_memory": "skipped: out of memory ({error})",
         "chain": "bare F.linear chain over the same {mb:,.0f} MB of weights ({mode}, batch 1): "
                  "{ms:.3f} ms, {gbs:.1f} GB/s",
         "chain_decode": "; decode at batch 1 moves {gbs:.1f} GB/s = {share:.0%} of it",
@@ -3311,7 +3675,6 @@ TEXT = {
                            "a span per row)",
         "attention_padded": "; {padded:,} of continuous's {steps:,} decode steps padded to "
                             "their longest row, and priced with decode costs timed padded",
-        "sdpa": "attention backends: {backends} (none that plans each new shape)",
         "verdict": "{speedup}: measured {measured:.2f}x, predicted {predicted:.2f}x ({off:+.0%})",
         "verdict_within": ": within {tolerance:.0%}",
         "verdict_outside": ": outside {tolerance:.0%}; the largest gap is {mode}'s {part}: "
@@ -3348,7 +3711,11 @@ TEXT = {
         "model_post": "모델: 글의 대용 모델, 토큰마다 {hidden} x {hidden} 정사각 {dtype} 행렬곱 "
                       "{layers}개 (어텐션, KV 캐시, 정규화, 임베딩, LM 헤드 없음): 매개변수 "
                       "{params:,.1f} M개, {gib:.2f} GiB",
-        "preset": "CPU 설정 (CPU에서는 fp16 행렬곱이 bf16보다 약 1000배 느리다): {fields}",
+        "preset": "CPU 설정 (글의 모델은 실험마다 몇 분이 걸린다): {fields}",
+        "dtype_probe": "자료형: {chosen}, 이 기계에서 측정해 가장 빠른 것 (F.linear ms, {rows}행: "
+                       "{times}; float32가 {preference:g}배보다 더 빠르지 않으면 2바이트 "
+                       "형식); --dtype으로 고를 수 있다",
+        "probe_dropped": " (탈락: 최고의 4배 넘음)",
         "ceilings": "한계: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
                     "({matmul_source}); 능선 {ridge:.0f} FLOP/byte",
         "cpu_graphs": "  (CPU: 즉시 실행만; CUDA 그래프는 CUDA에서만)",
@@ -3368,6 +3735,23 @@ TEXT = {
         "wait_vs_1": "대기 배율", "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
         "intensity": "산술 강도", "bound": "병목",
         "eager": "즉시 실행", "graph": "CUDA 그래프", "memory": "메모리", "compute": "계산",
+        "launch": "커널 실행", "graph_failed": "즉시 실행 (그래프 실패)",
+        "above_ceiling": "> 천장",
+        "few_reps": "* 5번보다 적게 쟀다: 한 번의 호출이 모양마다 주어진 {budget:g}초의 5분의 1을 "
+                    "넘었다",
+        "above_ceiling_note": "> 천장: 측정한 천장이 허락하는 것보다 빨리 돌았다. 그 천장(한 "
+                              "모양에서 측정)이나 이 스텝의 계산이 틀렸으므로 비율을 싣지 "
+                              "않는다",
+        "launch_note": "커널 실행: 두 천장 모두의 {share:.0%}에 못 미친다. 메모리나 연산이 아니라 "
+                       "커널 실행과 호스트 작업이 병목이다",
+        "overhead": "오버헤드",
+        "overhead_note": "오버헤드: 두 천장 모두의 {share:.0%}에 못 미친다. 메모리도 연산도 아닌, "
+                         "이 모양에서 제 속도를 못 내는 CPU 행렬곱 라이브러리나 호스트 작업이 "
+                         "병목이다",
+        "kernels": "어텐션: {kernels} (허용: {backends}; 새 모양마다 계획을 세우는 것은 뺐다)",
+        "view_too_large": "건너뜀: K/V 뷰가 {elements:,}개 원소로 {limit:,}를 넘는다 (32비트 "
+                          "오프셋)",
+        "out_of_memory": "건너뜀: 메모리 부족 ({error})",
         "chain": "같은 가중치 {mb:,.0f} MB를 읽는 맨 F.linear 연쇄 ({mode}, 배치 1): "
                  "{ms:.3f} ms, {gbs:.1f} GB/s",
         "chain_decode": "; 배치 1 디코드는 {gbs:.1f} GB/s로 그 {share:.0%}",
@@ -3505,7 +3889,6 @@ TEXT = {
                            "흩어 행마다 한 번씩 잰 디코드 비용으로 매겼다)",
         "attention_padded": "; 연속 배칭의 디코드 {steps:,}스텝 중 {padded:,}스텝은 가장 긴 행에 "
                             "맞춰 채웠고, 그 값도 채운 채로 잰 디코드 비용으로 매겼다",
-        "sdpa": "어텐션 백엔드: {backends} (새 모양마다 계획을 세우는 것은 뺐다)",
         "verdict": "{speedup}: 실측 {measured:.2f}배, 예측 {predicted:.2f}배 ({off:+.0%})",
         "verdict_within": ": {tolerance:.0%} 안",
         "verdict_outside": ": {tolerance:.0%} 밖; 가장 큰 차이는 {mode}의 {part}: "
@@ -3536,9 +3919,27 @@ def describe(T, what):
 def cell(T, row, key, fmt):
     if key == "step_ms" and "skipped" in row:
         return describe(T, row["skipped"])
+    if key == "mode" and "graph_failed" in row:
+        return T["graph_failed"]
     if key in ("mode", "bound") and key in row:
         return T[row[key]]
-    return format(row[key], fmt) if key in row else ""
+    if key in row.get("above_ceiling", ()):
+        return T["above_ceiling"]
+    text = format(row[key], fmt) if key in row else ""
+    return text + "*" if key == "step_ms" and row.get("few_reps") else text
+
+
+def roofline_notes(T, results, rows):
+    """The lines under A's or B's table: the attention kernels, and what a mark means."""
+    lines = []
+    if any(r.get("few_reps") for r in rows):
+        lines.append(T["few_reps"].format(budget=results["config"]["time_budget_s"]))
+    if any("above_ceiling" in r for r in rows):
+        lines.append(T["above_ceiling_note"])
+    for bound in ("launch", "overhead"):
+        if any(r.get("bound") == bound for r in rows):
+            lines.append(T[bound + "_note"].format(share=LAUNCH_BOUND_SHARE))
+    return lines
 
 
 ROOFLINE_COLUMNS = [("gbs", ",.1f"), ("mbu", ".0%"), ("mfu", ".1%"), ("bound", "s")]
@@ -3562,7 +3963,9 @@ def format_tables(results, lang="en"):
         rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]
                 if r["context"] == A["context"]]
         post = results["config"]["model"].get("arch") == "post"
-        out += [T["A_post" if post else "A"].format(**A), table(T, rows, [k for k, _ in cols])]
+        out += [T["A_post" if post else "A"].format(**A), "\n".join(
+            [table(T, rows, [k for k, _ in cols])] + roofline_notes(T, results, A["rows"])
+            + kernels_text(T, A))]
         if len(A["contexts"]) > 1:
             out += [T["A_contexts"].format(mode=T[A["modes"][-1]]), context_table(T, A)]
     if "B" in results:
@@ -3570,8 +3973,9 @@ def format_tables(results, lang="en"):
                 ("intensity", ".1f")] + ROOFLINE_COLUMNS
         rows = [[T[r["phase"]].format(**r)] + [cell(T, r, k, f) for k, f in cols]
                 for r in results["B"]["rows"]]
-        out += [T["B"], table(T, rows, ["row"] + [k for k, _ in cols]),
-                chain_text(T, results["B"])]
+        out += [T["B"], "\n".join([table(T, rows, ["row"] + [k for k, _ in cols])]
+                                   + roofline_notes(T, results, results["B"]["rows"])
+                                   + kernels_text(T, results["B"])), chain_text(T, results["B"])]
     if "C" in results and "static" in results["C"]:
         out += [post_table_text(T, results["C"])]
         if "orders_steps" in results["C"]:
@@ -3589,6 +3993,14 @@ def format_tables(results, lang="en"):
     if "D" in results:
         out += [engine_table(T, results["D"])]
     return "\n\n".join(out)
+
+
+def kernels_text(T, experiment):
+    """The attention backends allowed and the kernels that ran (none for the post's proxy)."""
+    if not experiment.get("kernels"):
+        return []
+    return [T["kernels"].format(backends=", ".join(experiment["sdpa_backends"]),
+                                kernels=", ".join(experiment["kernels"]))]
 
 
 def catalog_table(T, cat):
@@ -3871,7 +4283,7 @@ def engine_table(T, D):
         + (T["attention_padded"].format(padded=D["continuous"]["padded_decode_steps"],
                                         steps=D["continuous"]["decode_steps"])
            if D["continuous"]["padded_decode_steps"] else T["attention_spans"]),
-        T["sdpa"].format(backends=", ".join(D["sdpa_backends"])),
+        *kernels_text(T, D),
         "", request_table(T, D), verdict_text(T, D["verdict"])])
 
 
@@ -3950,6 +4362,13 @@ def banner(results, T):
            else "", "mlp_text": T["mlp_" + cfg["mlp"]]}))
     if results["config"].get("preset"):
         lines.append(T["preset"].format(fields=", ".join(results["config"]["preset"])))
+    if "dtype_probe" in env:
+        probe = env["dtype_probe"]
+        lines.append(T["dtype_probe"].format(chosen=probe["chosen"], preference=probe[
+            "preference"], rows="/".join(str(r) for r, _, _ in PROBE_SHAPES),
+            times=", ".join(f"{d} " + " / ".join(f"{ms:.1f}" for ms in t["ms"])
+                            + ("" if t["total_ms"] is not None else T["probe_dropped"])
+                            for d, t in probe["times"].items())))
     if results["config"].get("gpu"):
         card = GPUS[results["config"]["gpu"]]
         lines.append(T["card"].format(name=card.name, bandwidth=card.bandwidth_gbs,
@@ -4200,7 +4619,7 @@ def plot_latency_cdf(results, path):
     axes[0].set_ylabel("fraction of requests")
     axes[0].legend(fontsize=8, loc="lower right")
     fig.suptitle(f"C: latency CDFs, {C['requests']:,} requests, {C['slots']} slots, arrivals "
-                 f"{C['arrivals']}", fontsize=10)
+                 f"{describe(TEXT['en'], C['arrivals'])}", fontsize=10)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     save_figure(fig, results, path)
 
@@ -4411,24 +4830,32 @@ FIGURES = {"phases.png": ("B", plot_phases),
            "decode_context.png": ("A", plot_decode_context)}
 
 
-def draw_figures(results, out_dir, dpi=100, fmt="png"):
-    """Every figure the results support -> (written, missing: {name: why not}). A plot that
-    cannot draw returns False (no measured rows) or the reason."""
+def draw_figures(results, out_dir, dpi=100, fmt="png", jobs=1):
+    """Every figure the results support -> (written, missing: {name: why not}), drawn in up to
+    `jobs` worker processes. A plot that cannot draw returns False (no measured rows) or the
+    reason."""
     import matplotlib
     matplotlib.use("Agg")
-    FIGURE_STYLE.update(dpi=dpi, format=fmt)
-    written, missing = [], {}
+    import matplotlib.pyplot  # noqa: F401  (once, before the workers are forked)
+    written, missing, calls = [], {}, []
     for name, (experiment, plot) in FIGURES.items():
         name = name.replace(".png", "." + fmt)
         if not any(e in results for e in experiment):
             missing[name] = f"needs experiment {' or '.join(experiment)}"
         else:
-            why = plot(results, os.path.join(out_dir, name))
-            if why is None:
-                written.append(name)
-            else:
-                missing[name] = "no measured rows to draw" if why is False else why
+            calls.append((draw_one, (plot, results, os.path.join(out_dir, name), dpi, fmt)))
+    for (_, (_, _, path, _, _)), why in zip(calls, run_parallel(calls, jobs)):
+        name = os.path.basename(path)
+        if why is None:
+            written.append(name)
+        else:
+            missing[name] = "no measured rows to draw" if why is False else why
     return written, missing
+
+
+def draw_one(plot, results, path, dpi, fmt):
+    FIGURE_STYLE.update(dpi=dpi, format=fmt)
+    return plot(results, path)
 
 
 # -----------------------------------------------------------------------------
@@ -4706,8 +5133,10 @@ def parse_args(argv):
     fields = {f: getattr(args, f) for f in ("layers", "hidden", "heads", "kv_heads", "mlp",
                                             "ffn_hidden", "vocab", "max_positions", "dtype")}
     on_cpu = device is not None and device.type == "cpu"
-    if args.quick and on_cpu and fields["layers"] is None:
-        fields["layers"] = 2
+    if args.quick and on_cpu:  # (a smoke run: a model that reads a fraction of the preset's)
+        fields["layers"] = fields["layers"] or 2
+        if args.model == "post":
+            fields["hidden"] = fields["hidden"] or 512
     given = {f: v for f, v in fields.items() if v is not None}
     cpu_preset = on_cpu and args.model == "post"
     model = dataclasses.replace(CPU_PRESET if cpu_preset else MODELS[args.model], arch=args.arch,
@@ -4716,7 +5145,7 @@ def parse_args(argv):
         model = dataclasses.replace(model, name=args.model + " (" + ", ".join(
             f"{f.replace('_', '-')}={v}" for f, v in given.items()) + ")")
     preset = tuple(f"{f}={getattr(CPU_PRESET, f)}" for f in ("layers", "hidden", "heads",
-                                                             "vocab", "max_positions", "dtype")
+                                                             "vocab", "max_positions")
                    if fields[f] is None and cpu_preset)
     if model.hidden % model.heads:
         raise UsageError(f"--hidden {model.hidden} is not divisible by --heads {model.heads}")
@@ -4755,7 +5184,7 @@ def parse_args(argv):
                warmup=args.warmup, reps=args.reps,
                out=args.out, figures=not args.no_figures, dpi=args.dpi, format=args.format,
                lang=args.lang, quick=args.quick,
-               preset=preset)
+               preset=preset, dtype_given=args.dtype is not None)
     if args.target_rate and not (args.slo_ttft_ms or args.slo_tpot_ms):
         raise UsageError("--target-rate: give the SLO it must be served at (--slo-ttft-ms, "
                          "--slo-tpot-ms)")
@@ -4795,11 +5224,24 @@ def prepare_out_dir(path):
 def main(argv=None):
     """Run the chosen experiments; print tables; write results.json and figures. -> results."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    tolerant_output()
     try:
         return _main(argv)
     except UsageError as e:
         print(f"NN_40_serving.py: error: {e}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def tolerant_output():
+    """Where the console's encoding is not UTF-8 (a Windows code page, output redirected to a
+    file), a character it cannot encode (Korean, µ) prints as '?', never a traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="replace")
+            except (ValueError, OSError):
+                pass
 
 
 def log(message):
@@ -4825,7 +5267,7 @@ def replot(argv):
         raise UsageError(f"{args.replot}: not a results.json written by NN_40_serving.py")
     prepare_out_dir(args.out)
     try:
-        written, missing = draw_figures(results, args.out, args.dpi, args.format)
+        written, missing = draw_figures(results, args.out, args.dpi, args.format, args.jobs)
     except (KeyError, TypeError, IndexError, ValueError) as e:
         raise UsageError(f"{args.replot}: lacks a field the figures need ({e!r}); it may come "
                          "from another version of the script")
@@ -4845,6 +5287,9 @@ def _main(argv):
         return results
     run = parse_args(argv)
     device = run.device and torch.device(run.device)
+    if device and device.type == "cuda":
+        check_cuda_arch(device)
+    run, dtype_probe = with_probed_dtype(run)
     requests = kv = None
     if "C" in run.experiments:  # read C's input once, failing before any long measurement
         requests = make_requests(run)
@@ -4863,47 +5308,64 @@ def _main(argv):
                                     "weight_bytes": param_count(cfg) * cfg.dtype_bytes,
                                     "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn},
                           **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
+    if dtype_probe:
+        results["environment"]["dtype_probe"] = dtype_probe
     T = TEXT[run.lang]
     print(banner(results, T), flush=True)
-    interrupted = False
+    interrupted, stage, bench = False, None, []
     try:
-        with torch.inference_mode():
-            if device:
-                bench = Bench(run, device, log)
-            if set("AB") & set(run.experiments):
-                ceilings = measure_ceilings(run, device, log)
-                results["environment"]["ceilings"] = ceilings
-                print(ceilings_line(T, ceilings, run.device), flush=True)
-                if "A" in run.experiments:
-                    results["A"] = run_decode_sweep(bench, ceilings, log)
-                if "B" in run.experiments:
-                    results["B"] = run_prefill_decode(bench, ceilings, log)
-                for e in set("AB") & set(results):  # fixed shapes, each warmed before timing
-                    results[e]["sdpa_backends"] = "any: PyTorch's own choice"
-        if "C" in run.experiments:
-            results["C"] = run_batching_sim(run, requests, log, results, kv)
-            if device and "peak" in results["C"].get("kv", {}):  # the budget is real
-                with torch.inference_mode():
-                    results["C"]["kv"]["device_check"] = kv_device_check(bench,
-                                                                         results["C"]["kv"])
-        if "D" in run.experiments:
-            with torch.inference_mode():
-                results["D"] = run_serving_engine(bench, lengths, arrival, log)
+        with torch.inference_mode(), sdpa_policy():
+            for stage in run.experiments:
+                run_experiment(stage, run, device, results, bench, requests, kv, lengths,
+                               arrival)
     except KeyboardInterrupt:
         interrupted = True
         results["interrupted"] = True
+    except UsageError:
+        raise
+    except Exception as e:  # a late failure keeps what finished, and says so in one line
+        results["failed"] = {"experiment": stage, "error": one_line(e)}
     print("\n" + format_tables(results, run.lang) + "\n", flush=True)
     json_path = os.path.join(run.out, "results.json")
     write_atomic(json_path, to_json(results))
     if run.figures and not interrupted:
-        written, _ = draw_figures(results, run.out, run.dpi, run.format)
+        written, _ = draw_figures(results, run.out, run.dpi, run.format, run.jobs)
         print(T["wrote"].format(json=json_path, figures=", ".join(written)))
     else:
         print(T["wrote_json"].format(json=json_path))
     if interrupted:
         print(T["interrupted"], file=sys.stderr)
         raise SystemExit(130)
+    if "failed" in results:
+        failed = results["failed"]
+        print(f"NN_40_serving.py: error: experiment {failed['experiment']} failed "
+              f"({failed['error']}); results.json keeps what finished before it",
+              file=sys.stderr)
+        raise SystemExit(1)
     return results
+
+
+def run_experiment(name, run, device, results, benches, requests, kv, lengths, arrival):
+    """One experiment into results. benches: [the model on its device, a Bench], built by the
+    first experiment that needs it and kept for the next."""
+    if not benches and (name in "ABD" or (device and kv)):
+        benches.append(Bench(run, device, log))
+    bench = benches[0] if benches else None
+    if name in "AB" and "ceilings" not in results["environment"]:
+        ceilings = measure_ceilings(run, device, log)
+        results["environment"]["ceilings"] = ceilings
+        print(ceilings_line(TEXT[run.lang], ceilings, run.device), flush=True)
+    ceilings = results["environment"].get("ceilings")
+    if name == "A":
+        results["A"] = run_decode_sweep(bench, ceilings, log)
+    elif name == "B":
+        results["B"] = run_prefill_decode(bench, ceilings, log)
+    elif name == "C":
+        results["C"] = run_batching_sim(run, requests, log, results, kv)
+        if device and "peak" in results["C"].get("kv", {}):  # the budget is real
+            results["C"]["kv"]["device_check"] = kv_device_check(bench, results["C"]["kv"])
+    elif name == "D":
+        results["D"] = run_serving_engine(bench, lengths, arrival, log)
 
 
 if __name__ == "__main__":

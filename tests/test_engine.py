@@ -153,7 +153,7 @@ def test_d_end_to_end(tiny_args, tmp_path, capsys):
     results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
                                          "--max-positions", "4096"], capsys)
     D = results["D"]
-    assert (D["requests"], D["slots"], D["prompt_tokens"], D["shrink"]) == (12, 8, 16, 4)
+    assert (D["requests"], D["slots"], D["prompt_tokens"], D["shrink"]) == (12, 8, 16, 8)
     for policy in ("static", "continuous"):
         assert {"wall_s", "output_tokens_per_s", "steps", "occupancy"} <= set(D[policy])
         assert D[policy]["steps"] == D[policy]["predicted"]["steps"]

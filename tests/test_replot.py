@@ -1,4 +1,6 @@
 """--replot redraws from a saved results.json without running anything."""
+import json
+import os
 
 import pytest
 
@@ -44,3 +46,23 @@ def test_replot_of_bad_files(tmp_path, capsys, content, fragment):
 
 def test_replot_of_a_missing_file(tmp_path, capsys):
     expect_usage_error(["--replot", str(tmp_path / "nope.json")], capsys, "cannot read")
+
+
+def test_no_figure_prints_a_raw_description(tiny_args, tmp_path, capsys, monkeypatch):
+    """Every string drawn goes through the description renderer: no dict in any figure (the
+    latency CDFs' title once printed "arrivals {'kind': 'arrivals_zero'}")."""
+    S.main(tiny_args + ["--experiments", "ABCD", "--engine-requests", "8", "--no-figures"])
+    texts = {}
+
+    def collect(fig, results, path):
+        import matplotlib.pyplot as plt
+        import matplotlib.text
+        texts[os.path.basename(path)] = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+        plt.close(fig)
+    monkeypatch.setattr(S, "save_figure", collect)
+    S.draw_figures(json.loads((tmp_path / "results.json").read_text()), str(tmp_path), jobs=1)
+    assert set(texts) == set(S.FIGURES) - {"capacity.png"}  # (it needs an SLO)
+    for name, strings in texts.items():
+        for text in strings:
+            assert "{'" not in text and "'kind'" not in text, (name, text)
+    assert any("arrivals all at t=0" in t for t in texts["latency_cdf.png"])

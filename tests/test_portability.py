@@ -1,0 +1,448 @@
+"""Runs first time on any machine: the dtype probe, portable memory facts, bounded timing,
+failures that keep what finished, and the CUDA control flow under stand-ins for torch.cuda."""
+import contextlib
+import json
+import math
+import time
+import types
+
+import pytest
+import torch
+
+import NN_40_serving as S
+
+TINY = S.ModelConfig(layers=1, hidden=64, heads=4, vocab=128, max_positions=64, dtype="float32")
+CPU = torch.device("cpu")
+
+
+# --- the dtype probe ---------------------------------------------------------------------
+
+
+def scores(bf16, fp16, fp32):
+    """A probe's result: each type's total ms (None: it left the probe, too slow)."""
+    return {d: {"ms": [s or 99.0], "total_ms": s}
+            for d, s in (("float32", fp32), ("bfloat16", bf16), ("float16", fp16))}
+
+
+@pytest.mark.parametrize("probe, chosen", [
+    (scores(1.0, None, 3.0), "bfloat16"),      # AVX-512 BF16: bf16 fast, fp16 ~1000x slower
+    (scores(None, None, 1.0), "float32"),      # AVX2 alone: both 2-byte types on slow paths
+    (scores(40.0, 50.0, 1.0), "float32"),
+    (scores(1.09, 5.0, 1.0), "bfloat16"),      # within DTYPE_PREFERENCE: half the bytes pays
+    (scores(1.12, 5.0, 1.0), "float32"),       # past it
+    (scores(9.0, 1.05, 1.0), "float16"),       # the faster 2-byte type, when one is close
+])
+def test_the_probe_chooses_the_fastest_type_preferring_two_bytes(probe, chosen):
+    assert S.DTYPE_PREFERENCE == 1.1
+    assert S.choose_dtype(probe) == chosen
+
+
+def test_the_probe_times_every_type_and_drops_one_far_behind(monkeypatch):
+    probe = S.probe_dtypes(width=64, budget_s=0.005)
+    assert list(probe) == ["float32", "bfloat16", "float16"]
+    assert len(probe["float32"]["ms"]) == len(S.PROBE_SHAPES)  # (never dropped: it is first)
+    for times in probe.values():
+        assert all(ms > 0 for ms in times["ms"])
+        if times["total_ms"] is not None:
+            assert times["total_ms"] == pytest.approx(sum(times["ms"]))
+    # stand-in times by (type, rows): float16 is 5x float32 at the second shape and leaves
+    # there, its last two shapes never run; bfloat16 is 3.9x and stays
+    table = {torch.float32: [1.0, 2.0, 3.0, 4.0], torch.bfloat16: [0.5, 7.8, 3.0, 4.0],
+             torch.float16: [0.5, 10.0, 3.0, 4.0]}
+    ran = []
+    real_linear = S.F.linear
+
+    def linear(x, w):
+        ran.append((x.dtype, x.shape[0]))
+        return real_linear(x, w)
+
+    def probe_ms(fn, budget_s):
+        fn()
+        dtype, rows = ran[-1]
+        return table[dtype][[r for r, _, _ in S.PROBE_SHAPES].index(rows)]
+    monkeypatch.setattr(S.F, "linear", linear)
+    monkeypatch.setattr(S, "probe_ms", probe_ms)
+    probe = S.probe_dtypes(width=64)
+    assert probe["float16"] == {"ms": [0.5, 10.0], "total_ms": None}
+    assert probe["bfloat16"] == {"ms": [0.5, 7.8, 3.0, 4.0], "total_ms": pytest.approx(15.3)}
+    assert (torch.float16, S.PROBE_SHAPES[2][0]) not in ran
+    assert S.choose_dtype(probe) == "float32"  # (10 ms against bfloat16's 15.3)
+
+
+def test_a_slow_probe_shape_is_timed_once():
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.03)
+    assert S.probe_ms(slow, budget_s=0.01) >= 30 and len(calls) == 1  # its warm call alone
+
+
+def test_the_probe_sets_the_dtype_only_when_none_is_given(monkeypatch):
+    monkeypatch.setattr(S, "probe_dtypes", lambda width: scores(None, None, 1.0))
+    run = S.parse_args(["--device", "cpu", "--experiments", "A"])
+    assert not run.dtype_given and "dtype=" not in " ".join(run.preset)
+    probed, info = S.with_probed_dtype(run)
+    assert probed.model.dtype == "float32" and info["chosen"] == "float32"
+    given = S.parse_args(["--device", "cpu", "--experiments", "A", "--dtype", "bfloat16"])
+    assert S.with_probed_dtype(given) == (given, None)
+    alone = S.parse_args(["--experiments", "C"])  # no device: nothing to probe
+    assert S.with_probed_dtype(alone) == (alone, None)
+
+
+def test_the_probe_is_printed_and_recorded(tiny_args, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(S, "probe_dtypes", lambda width: scores(40.0, None, 2.0))
+    args = [a for a in tiny_args if a not in ("--dtype", "float32")]
+    results = S.main(args + ["--experiments", "A", "--no-figures"])
+    out = capsys.readouterr().out
+    assert results["config"]["model"]["dtype"] == "float32"
+    assert results["environment"]["dtype_probe"]["chosen"] == "float32"
+    assert "dtype: float32, the fastest here by a probe" in out and "bfloat16 40.0," in out
+    assert "float16 99.0 (out: over 4x the best)" in out
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["environment"]["dtype_probe"]["times"]["float32"]["total_ms"] == 2.0
+
+
+# --- memory facts, any OS -------------------------------------------------------------------
+
+
+def no_meminfo(monkeypatch):
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/meminfo":
+            raise OSError("no /proc here")
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr("builtins.open", fake_open)
+
+
+def test_free_memory_on_macos_falls_back_to_physical_pages(monkeypatch):
+    no_meminfo(monkeypatch)
+    monkeypatch.setattr(S.sys, "platform", "darwin")
+
+    def sysconf(name):  # macOS: no SC_AVPHYS_PAGES
+        if name == "SC_AVPHYS_PAGES":
+            raise ValueError("unrecognized configuration name")
+        return {"SC_PHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}[name]
+    monkeypatch.setattr(S.os, "sysconf", sysconf)
+    assert S.free_memory_bytes(CPU) == 1000 * 4096
+
+
+def test_free_memory_on_windows_asks_windows(monkeypatch):
+    no_meminfo(monkeypatch)
+    monkeypatch.setattr(S.sys, "platform", "win32")
+    monkeypatch.delattr(S.os, "sysconf")  # Windows has none
+    monkeypatch.setattr(S, "windows_available_bytes", lambda: 8 * 2**30)
+    assert S.free_memory_bytes(CPU) == 8 * 2**30
+
+
+def test_free_memory_unknown_is_infinite_not_an_error(monkeypatch):
+    no_meminfo(monkeypatch)
+    monkeypatch.setattr(S.sys, "platform", "plan9")
+    monkeypatch.delattr(S.os, "sysconf")
+    assert S.free_memory_bytes(CPU) == math.inf
+    assert S.fits(TINY, CPU, 1, 8, 1)[0]
+
+
+def test_windows_memory_reads_globalmemorystatusex():
+    if not hasattr(__import__("ctypes"), "windll"):
+        assert S.windows_available_bytes() == math.inf  # (not Windows: no windll)
+    else:
+        assert 0 < S.windows_available_bytes() < math.inf
+
+
+# --- timing bounded by time -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sleep_s, budget_s, expect", [(0.0, 1.0, 12), (0.06, 0.1, 3),
+                                                       (0.12, 0.1, 1)])
+def test_a_slow_call_is_timed_fewer_times_and_says_so(sleep_s, budget_s, expect):
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(sleep_s)
+    timing = S.time_region(fn, CPU, warmup=2, reps=12, budget_s=budget_s)
+    assert timing["n"] == expect and timing["few_reps"] == (expect < 5)
+    warm = len(calls) - timing["n"]
+    assert 1 <= warm <= 2
+
+
+def test_the_ceilings_matmul_grows_until_it_takes_tens_of_ms(monkeypatch):
+    sizes = []
+
+    def fake_time_region(fn, device, warmup, reps, budget_s):
+        sizes.append(None)
+        if len(sizes) == 1:  # the copy
+            return {"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0, "n": 5}
+        n = 256 * 2 ** (len(sizes) - 2)
+        tflops = 0.25 if n == 1024 else 0.2  # (a matmul library best at one size)
+        return {"median_ms": 2 * n ** 3 / (tflops * 1e12) * 1e3, "n": 5}
+    monkeypatch.setattr(S, "time_region", fake_time_region)
+    run = S.RunConfig(model=TINY, warmup=1, reps=3, time_budget_s=0.1)
+    ceilings = S.measure_ceilings(run, CPU, log=lambda m: None)
+    # 256: 0.17 ms, 512: 1.3, 1024: 8.6, 2048: 85.9 ms >= 50 ms: stops there, keeps the best
+    assert len(sizes) == 1 + 4 and S.CEILING_MATMUL_S == 0.05
+    assert ceilings["matmul_source"]["n"] == 1024
+    assert ceilings["matmul_tflops"] == pytest.approx(0.25)
+
+
+# --- roofline labels ---------------------------------------------------------------------------
+
+
+CEILINGS = {"bandwidth_gbs": 100.0, "matmul_tflops": 10.0, "ridge_flop_per_byte": 100.0}
+
+
+def timing_ms(ms):
+    return {"median_ms": ms, "p10_ms": ms, "p90_ms": ms, "n": 5, "few_reps": False}
+
+
+def test_a_step_above_a_ceiling_is_flagged_not_printed(tiny_args, capsys):
+    cost = S.step_cost(TINY, 1, 1, 8)
+    fast_ms = 1e3 * cost["bytes"] / 200e9  # twice the 100 GB/s ceiling
+    row = S.roofline_row(TINY, CEILINGS, timing_ms(fast_ms), 1, 1, 8)
+    assert row["above_ceiling"] == ["mbu"] and row["mbu"] == pytest.approx(2.0)
+    T = S.TEXT["en"]
+    assert S.cell(T, row, "mbu", ".0%") == "> ceiling" and S.cell(T, row, "mfu", ".1%") != ""
+    results = {"config": {"time_budget_s": 2.0}}
+    assert T["above_ceiling_note"] in S.roofline_notes(T, results, [row])
+
+
+def test_a_step_far_below_both_roofs_is_launch_or_overhead_bound():
+    cost = S.step_cost(TINY, 1, 1, 8)
+    slow_ms = 1e3 * cost["bytes"] / 10e9  # 10% of the bandwidth, far less of the FLOP rate
+    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), 1, 1, 8)["bound"] == "overhead"
+    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), 1, 1, 8, cuda=True)["bound"] \
+        == "launch"
+    fair_ms = 1e3 * cost["bytes"] / 50e9  # half the bandwidth: memory-bound as ever
+    assert S.roofline_row(TINY, CEILINGS, timing_ms(fair_ms), 1, 1, 8)["bound"] == "memory"
+
+
+def test_a_view_past_2_31_elements_is_skipped_before_allocation(monkeypatch):
+    post = S.ModelConfig()  # A's largest CUDA row: batch 256, 4,096 cached tokens + 1
+    assert S.kv_view_elements(post, 256, 4097) == 256 * 16 * 4097 * 128 > 2**31 - 1
+    assert S.kv_view_elements(post, 128, 4097) <= 2**31 - 1
+    monkeypatch.setattr(S, "fits", lambda *a, **k: (True, 0, 0))
+    bench = types.SimpleNamespace(cfg=post, device=CPU)
+    reason = S.Bench.skip_reason(bench, 256, 4097, 1)
+    assert reason["kind"] == "view_too_large" and reason["elements"] == 2_148_007_936
+    assert S.Bench.skip_reason(bench, 128, 4097, 1) is None
+    assert "32-bit" in S.describe(S.TEXT["en"], reason)
+
+
+# --- failures keep what finished -----------------------------------------------------------------
+
+
+def test_a_late_failure_keeps_the_finished_experiments(tiny_args, tmp_path, capsys, monkeypatch):
+    def broken(bench, ceilings, log):
+        raise RuntimeError("CUDA error: an illegal memory access\nmore detail")
+    monkeypatch.setattr(S, "run_prefill_decode", broken)
+    with pytest.raises(SystemExit) as exit_info:
+        S.main(tiny_args + ["--experiments", "ABC", "--no-figures"])
+    assert exit_info.value.code == 1
+    captured = capsys.readouterr()
+    assert "A  decode batch sweep" in captured.out
+    err = [line for line in captured.err.splitlines() if "error:" in line]
+    assert len(err) == 1 and "experiment B failed (RuntimeError: CUDA error: an illegal " \
+        "memory access)" in err[0] and "Traceback" not in captured.err
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert "A" in saved and "B" not in saved and "C" not in saved
+    assert saved["failed"] == {"experiment": "B", "error": "RuntimeError: CUDA error: an "
+                                                             "illegal memory access"}
+
+
+def test_a_row_out_of_memory_is_skipped_and_the_rest_run(tiny_args, capsys, monkeypatch):
+    real = S.Bench.time_decode
+
+    def time_decode(self, batch, context, *args, **kwargs):
+        if batch == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, batch, context, *args, **kwargs)
+    monkeypatch.setattr(S.Bench, "time_decode", time_decode)
+    results = S.main(tiny_args + ["--experiments", "A", "--no-figures"])
+    rows = {(r["context"], r["batch"]): r for r in results["A"]["rows"]}
+    assert rows[8, 4]["skipped"]["kind"] == "out_of_memory" and "step_ms" in rows[8, 1]
+    assert "skipped: out of memory (OutOfMemoryError: CUDA out of memory" in \
+        capsys.readouterr().out
+
+
+def test_host_allocation_failure_counts_as_out_of_memory():
+    assert S.out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you "
+                                        "tried to allocate 1000 bytes"))
+    assert S.out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not S.out_of_memory(RuntimeError("shape mismatch"))
+
+
+# --- stand-ins for torch.cuda ------------------------------------------------------------------
+
+
+class FakeEvent:
+    records = 0
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        FakeEvent.records += 1
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+class FakeGraph:
+    """torch.cuda.CUDAGraph: the capture logs the ops the step runs, a replay runs nothing."""
+    captured = []
+
+    def replay(self):
+        pass
+
+
+@contextlib.contextmanager
+def fake_capture(graph):
+    with S.OpLog() as log:
+        yield
+    FakeGraph.captured.append(log)
+
+
+class FakeStream:
+    def wait_stream(self, other):
+        pass
+
+
+def fake_mem_get_info(device=None):
+    """torch 2.4's behaviour: a torch.device("cuda") without an index is a ValueError."""
+    if isinstance(device, torch.device) and device.index is None:
+        raise ValueError("Expected a cuda device with a specified index or an integer, but "
+                         "got: cuda")
+    return (40 * 2**30, 80 * 2**30)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Enough of torch.cuda to run the CUDA control flow on CPU tensors."""
+    FakeEvent.records, FakeGraph.captured = 0, []
+    for name, value in {"is_available": lambda: True, "Event": FakeEvent,
+                        "synchronize": lambda device=None: None, "Stream": FakeStream,
+                        "stream": lambda s: contextlib.nullcontext(),
+                        "current_stream": lambda: FakeStream(), "CUDAGraph": FakeGraph,
+                        "graph": fake_capture, "current_device": lambda: 0,
+                        "mem_get_info": fake_mem_get_info,
+                        "memory_reserved": lambda device=None: 3 * 2**30,
+                        "memory_allocated": lambda device=None: 2 * 2**30,
+                        "get_device_name": lambda device=None: "Stand-in GPU",
+                        "get_device_capability": lambda device=None: (9, 0),
+                        "get_arch_list": lambda: ["sm_80", "sm_90"]}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    return types.SimpleNamespace(type="cuda", index=None)
+
+
+def test_cuda_timing_uses_events_with_warmup_and_sample_counts(fake_cuda):
+    calls = []
+    timing = S.time_region(lambda: calls.append(1), fake_cuda, warmup=3, reps=7, budget_s=5.0)
+    assert timing["n"] == 7 and len(calls) == 3 + 7
+    assert FakeEvent.records == 2 * 7  # a start and an end event around every timed call
+
+
+def test_free_memory_passes_an_index_to_mem_get_info(fake_cuda):
+    # torch 2.3 and 2.4 refuse torch.device("cuda") in mem_get_info (fixed in 2.5)
+    with pytest.raises(ValueError):
+        torch.cuda.mem_get_info(torch.device("cuda"))
+    assert S.free_memory_bytes(torch.device("cuda")) == 40 * 2**30 + 2**30
+    run = S.RunConfig(model=TINY)
+    budget, source = S.kv_budget_bytes(run, torch.device("cuda"))
+    assert source["kind"] == "memory_cuda" and budget == pytest.approx(
+        0.9 * 80 * 2**30 - S.param_count(TINY) * 4)
+
+
+def test_cuda_defaults_from_parse_args(fake_cuda):
+    run = S.parse_args([])
+    assert run.device == "cuda" and run.graphs == "both"
+    assert run.contexts == (128, 1024, 4096) and run.model == S.MODELS["post"]
+    assert (run.engine_requests, run.engine_slots, run.engine_prompt_len,
+            run.engine_shrink) == (600, 32, 128, 1)
+    assert S.with_probed_dtype(run) == (run, None)  # no probe on CUDA: float16 as the post
+
+
+@torch.inference_mode()
+def test_a_graph_captured_decode_step_never_syncs_with_the_host(fake_cuda):
+    cfg = S.ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, vocab=97, max_positions=64,
+                        dtype="float32", mlp="gated", norm="rms", positions="rope")
+    model = S.build_model(cfg, CPU)
+    cache = S.new_kv_cache(cfg, 4, 17, CPU)
+    tokens = torch.randint(cfg.vocab, (4,))
+    S.cuda_graph(lambda: S.decode_step(model, cache, tokens, 16))  # A's and B's timed step
+    assert FakeGraph.captured[-1].attention() and FakeGraph.captured[-1].host_syncs() == []
+    # the check can fail: rows at several positions read their positions from the host
+    S.cuda_graph(lambda: S.decode_step(model, cache, tokens, [3, 8, 8, 16]))
+    assert FakeGraph.captured[-1].host_syncs()
+
+
+@torch.inference_mode()
+def test_graph_mode_times_prefill_too_and_feeds_fresh_prompts(fake_cuda, monkeypatch):
+    run = S.RunConfig(model=TINY, device="cpu", graphs="both", warmup=1, reps=5,
+                      time_budget_s=10.0)
+    bench = S.Bench(run, CPU, log=lambda m: None)
+    seen = []
+    real_prefill = S.prefill
+
+    def spy(model, cache, tokens, rows=None):
+        seen.append(tokens.clone())
+        return real_prefill(model, cache, tokens, rows)
+    monkeypatch.setattr(S, "prefill", spy)
+    monkeypatch.setattr(S, "cuda_graph", lambda step: step)  # replay = the step itself
+    timing = bench.time_prefill(16, mode="graph")
+    assert timing["n"] == 5 and "graph_failed" not in timing
+    assert len({tuple(t.flatten().tolist()) for t in seen}) > 1  # a fresh prompt each call
+
+
+def test_a_failed_capture_is_timed_eagerly_and_says_so(fake_cuda, monkeypatch):
+    def broken(step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(S, "cuda_graph", broken)
+    run = S.RunConfig(model=TINY, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
+    bench = S.Bench(run, CPU, log=lambda m: None)
+    with torch.inference_mode():
+        timing = bench.time_decode(2, 8, mode="graph")
+    assert timing["n"] == 5 and timing["graph_failed"].startswith("RuntimeError: operation")
+    row = S.roofline_row(TINY, CEILINGS, timing, 2, 1, 8)
+    assert S.cell(S.TEXT["en"], {**row, "mode": "graph"}, "mode", "s") == \
+        "eager (graph failed)"
+
+
+def test_c_prices_decode_and_prefill_from_one_mode():
+    def row(phase, mode, ms, **shape):
+        return {"phase": phase, "mode": mode, "step_ms": ms, **shape}
+    A = {"modes": ["eager", "graph"], "context": 128, "rows": [
+        {"batch": b, "context": 128, "mode": m, "step_ms": ms}
+        for b, m, ms in ((1, "eager", 3.0), (8, "eager", 3.5), (1, "graph", 1.0),
+                         (8, "graph", 1.2))]}
+    B = {"rows": [row("prefill", "eager", 9.0, tokens=512), row("prefill", "graph", 6.0,
+                                                                  tokens=512)]}
+    results = {"A": A, "B": B, "environment": {
+        "device": "GPU", "ceilings": {"bandwidth_gbs": 1000.0}}}
+    costs = S.measured_costs(S.ModelConfig(), results)
+    assert costs.source["mode"] == "graph"
+    assert dict(zip(costs.tokens, costs.seconds))[512] == pytest.approx(6.0e-3)
+
+
+def test_an_unsupported_gpu_architecture_is_one_line(fake_cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "RTX 5080")
+    with pytest.raises(S.UsageError, match="no kernels for the RTX 5080 .sm_120.*CUDA 12.8"):
+        S.check_cuda_arch(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_90", "compute_90"])
+    S.check_cuda_arch(torch.device("cuda"))  # PTX of an older sm: JIT-compiled, runs
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_90", "sm_120"])
+    S.check_cuda_arch(torch.device("cuda"))
+
+
+def test_rows_that_do_not_fit_the_gpu_are_skipped_before_allocating(fake_cuda, monkeypatch):
+    monkeypatch.setattr(S, "free_memory_bytes", lambda device: 2**30)
+    bench = types.SimpleNamespace(cfg=S.ModelConfig(), device=torch.device("cuda"))
+    reason = S.Bench.skip_reason(bench, 256, 4097, 1)
+    assert reason["kind"] == "does_not_fit" and reason["free_gib"] == 1.0
+    assert S.Bench.skip_reason(bench, 1, 129, 1) is None
