@@ -1,5 +1,6 @@
 """Experiment D: the real engine, against generating alone and against C's step counts."""
 import math
+import time
 
 import numpy as np
 import pytest
@@ -72,8 +73,28 @@ def test_steps_check_names_the_first_request_that_differs():
         "request": 2, "engine": [3, 7], "simulated": [3, 8]}}
 
 
+class FakeClock:
+    """time for run_engine, independent of the machine's speed: every read of the clock
+    advances it 0.1 ms (a step is a few reads), and a sleep advances it by what it asks."""
+
+    def __init__(self):
+        self.now, self.slept = 0.0, []
+
+    def perf_counter(self):
+        self.now += 1e-4
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+    strftime = staticmethod(time.strftime)
+
+
 @torch.inference_mode()
-def test_arrivals_are_honoured_on_the_wall_clock():
+def test_arrivals_are_honoured_on_the_wall_clock(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(S, "time", clock)
     model = S.build_model(TINY, "cpu")
     lengths = [3, 5, 2, 4, 6, 1]
     arrival = [0.0, 0.0, 0.05, 0.08, 0.2, 0.21]  # the engine idles until the fifth arrives
@@ -82,7 +103,9 @@ def test_arrivals_are_honoured_on_the_wall_clock():
     generated, log = S.run_engine(model, cache, prompts, lengths, "continuous",
                                   arrival_s=arrival)
     assert all(start >= a for start, a in zip(log["start_s"], arrival))
-    assert log["start_s"][4] >= 0.2 and log["idle_s"] > 0
+    # the first four are done within a few ms of the clock: it sleeps to each later arrival
+    assert max(log["finish_s"][:4]) < 0.2 and log["idle_s"] == pytest.approx(sum(clock.slept))
+    assert 0.2 <= log["start_s"][4] < 0.2 + 1e-3 and log["idle_s"] > 0.1
     assert [len(g) for g in generated] == lengths
     assert all(s <= f <= e for s, f, e in zip(log["start_s"], log["first_s"], log["finish_s"]))
 
@@ -99,6 +122,44 @@ def test_fitting_an_engines_passes_by_hand():
     np.testing.assert_allclose([s for _, s in costs.kv_by_batch], (1e-6, 0.5e-6))
     for tokens, kv, seconds in passes:
         assert costs.pass_s(tokens, kv) == pytest.approx(seconds)
+
+
+def test_fitted_passes_sum_back_to_the_measured_time_with_noisy_passes():
+    # decode passes of 1, 2 and 8 rows with skewed noise (exponential: mean above median) over
+    # spread contexts, prefills of 16 and 128 tokens: whatever the noise, the fit prices each
+    # kind of pass back to the seconds the engine measured (least squares: residuals sum to 0)
+    rng = np.random.default_rng(4)
+    passes = []
+    for rows, base, per_kv in ((1, 0.010, 2e-7), (2, 0.011, 1.5e-7), (8, 0.013, 1e-7)):
+        kv = rng.integers(16, 4000, size=40)
+        passes += [(rows, int(k), base + per_kv * k + rng.exponential(0.002)) for k in kv]
+    passes += [(tokens, 0, 0.02 * tokens / 16 + rng.exponential(0.003)) for tokens in (16, 128)
+               for _ in range(15)]
+    costs = S.fit_passes(passes, "noisy")
+    for tokens in (1, 2, 8, 16, 128):
+        mine = [(kv, sec) for t, kv, sec in passes if t == tokens]
+        assert sum(costs.pass_s(tokens, kv) for kv, _ in mine) == pytest.approx(
+            sum(sec for _, sec in mine), rel=1e-9)
+
+
+def test_a_run_faster_than_its_price_is_outside_the_tolerance_too():
+    # every latency 20% below the price, and a speedup 23% below the one predicted: the
+    # verdict counts how far off, either way
+    D = {"static": engine_run(10.0, 0.0), "continuous": engine_run(5.0, 0.0)}
+    for run in (D["static"], D["continuous"]):
+        run["latency"]["priced"] = {k: v / 0.8 for k, v in run["latency"]["measured"].items()}
+    D["speedup_measured"], D["speedup_predicted"] = 2.0, 2.6
+    verdict = S.engine_verdict(D)
+    assert verdict["priced"]["within"] == 0 and verdict["priced"]["worst"]["off"] == \
+        pytest.approx(-0.2)
+    assert verdict["passes"]["within"] == 10  # (priced with its own passes: exact)
+    assert verdict["off"] == pytest.approx(2.0 / 2.6 - 1) and not verdict["within"]
+    just = {"static": engine_run(10.0, 0.0), "continuous": engine_run(5.0, 0.0)}
+    for run in (just["static"], just["continuous"]):
+        run["latency"]["priced"] = {k: v / 0.86 for k, v in run["latency"]["measured"].items()}
+    just["speedup_measured"], just["speedup_predicted"] = 2.0, 2.0 / 0.86
+    verdict = S.engine_verdict(just)  # 14% under the price: within 15%
+    assert verdict["priced"]["within"] == 10 and verdict["within"]
 
 
 def engine_run(wall, other, prefill=1.0, agree=10):

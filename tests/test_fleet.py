@@ -70,23 +70,64 @@ def test_least_requests_by_hand():
 
 
 def test_round_robin_by_hand():
+    # three replicas, one slot each, 1 s a pass: the first request to replica 0, then 1, 2, 0,
+    # 1; the fourth (2 tokens, at 0.9) waits on replica 0 behind the first (6 tokens, to 6.0)
     fleet = routed("round-robin", [0.0, 0.5, 0.7, 0.9, 7.5], [6, 9, 1, 2, 1], replicas=3)
     assert fleet["replica"].tolist() == [0, 1, 2, 0, 1]
+    assert fleet["start"].tolist() == [0.0, 0.5, 0.7, 6.0, 9.5]
+    assert fleet["finish"].tolist() == [6.0, 9.5, 1.7, 8.0, 10.5]
+
+
+def test_a_replica_that_empties_between_arrivals_is_read_as_it_is_then():
+    # one slot each, 1 s a pass. L (10 tokens) at 0 -> replica 0; S (2 tokens) at 0.1 -> 1,
+    # done at 2.1. C at 3.0: replica 1 has emptied (read as it is at 3.0, not as it was at
+    # 0.1, when it held S and tied with 0, whose tie goes to the lowest index) -> 1, at once
+    for router in ("least-requests", "least-kv"):
+        fleet = routed(router, [0.0, 0.1, 3.0], [10, 2, 1])
+        assert fleet["replica"].tolist() == [0, 1, 1], router
+        assert fleet["start"].tolist() == [0.0, 0.1, 3.0] and fleet["finish"][1] == 2.1
+
+
+def test_least_kv_counts_the_prompts_waiting():
+    # one slot each. A (prompt 100) at 0 -> 0; B (300) at 0.1 -> 1 (empty); C (250) at 0.2 ->
+    # 0 (100 against 300), where it waits behind A. F at 0.3: replica 0 has committed A's 100
+    # and C's 250 waiting, 350 against 300 -> 1 (counting only what runs would say 0)
+    fleet = routed("least-kv", [0.0, 0.1, 0.2, 0.3], [20, 20, 20, 1],
+                   prompt=[100, 300, 250, 10])
+    assert fleet["replica"].tolist() == [0, 1, 0, 1]
+    # and what runs counts its prompt before its prefill has run: at 0.2, A's and B's passes
+    # are both under way; replica 0's 100 < 300 is what sends C there
+    kv = S.KVBudget("paged", 10_000, 16)
+    paged = routed("least-kv", [0.0, 0.1, 0.2, 0.3], [20, 20, 20, 1],
+                   prompt=[100, 300, 250, 10], kv=kv)
+    assert paged["replica"].tolist() == [0, 1, 0, 1]
 
 
 def test_power_of_two_by_hand():
-    # the draws of seed 0 decide which two replicas each request compares; the less loaded
-    # of the two wins, the first drawn on a tie
+    # seed 0's draws over 4 replicas, two distinct replicas for every request:
+    # (3, 1) (2, 0) (2, 1) (1, 0) (1, 2) (0, 1). Nobody finishes within 0.5 s, so the loads
+    # only grow: 0-0 tie -> 3; 0-0 -> 2; 2 has 1, 1 has 0 -> 1; 1 has 1, 0 has 0 -> 0;
+    # 1-1 tie -> 1 (the first drawn); 0 has 1, 1 has 2 -> 0
     n, replicas = 6, 4
     first = np.random.default_rng(0).integers(replicas, size=n)
     second = (first + 1 + np.random.default_rng(1).integers(replicas - 1, size=n)) % replicas
-    assert (first != second).all()
+    assert list(zip(first.tolist(), second.tolist())) == [(3, 1), (2, 0), (2, 1), (1, 0),
+                                                          (1, 2), (0, 1)]
     fleet = routed("power-of-two", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5], [50] * n, replicas=replicas)
-    load = [0] * replicas  # (nobody finishes within 0.5 s: every load only grows)
-    for r, (a, b) in enumerate(zip(first, second)):
-        want = b if load[b] < load[a] else a
-        assert fleet["replica"][r] == want
-        load[want] += 1
+    assert fleet["replica"].tolist() == [3, 2, 1, 0, 1, 0]
+
+
+def test_power_of_two_keeps_the_replicas_even():
+    # all at t=0, one slot each: every request joins a queue, and the less loaded of two
+    # distinct replicas keeps the queues within a few of each other; a draw that could pick
+    # the same replica twice (or one that ignored the loads) lets them drift apart by tens
+    n, replicas = 24_000, 4
+    req = S.Requests(np.zeros(n), np.full(n, 4), np.full(n, 1), "hand")
+    for seed in range(3):
+        fleet = S.simulate_fleet(req, replicas, 1, UNIT, "continuous", router="power-of-two",
+                                 seed=seed)
+        counts = np.bincount(fleet["replica"], minlength=replicas)
+        assert counts.sum() == n and counts.max() - counts.min() <= 4, counts
 
 
 def test_least_kv_by_hand():

@@ -27,6 +27,52 @@ def test_rotary_positions_turn_pairs_and_keep_relative_angles():
     assert dot == pytest.approx([dot[0]] * 3, rel=1e-5)  # only the distance, 3, matters
 
 
+def test_rms_norm_of_a_four_element_vector_by_hand():
+    # x = (1, 2, 3, 4): mean of squares 30 / 4 = 7.5, so x / sqrt(7.5 + 1e-5), times the weight
+    norm = S.RMSNorm(4)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, 0.5, 2.0, -1.0]))
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    scale = 1 / math.sqrt(7.5 + 1e-5)
+    want = [1 * scale, 2 * scale * 0.5, 3 * scale * 2.0, -4 * scale]
+    assert norm(x)[0].tolist() == pytest.approx(want, rel=1e-6)
+    assert want[0] == pytest.approx(0.365148, rel=1e-5)
+    half = norm.to(torch.float16)(x.half())  # (computed in fp32, returned in the input's type)
+    assert half.dtype == torch.float16 and half[0].float().tolist() == pytest.approx(want,
+                                                                                     rel=1e-3)
+
+
+@torch.inference_mode()
+def test_rotary_attention_sees_only_relative_positions():
+    # a rope model's prefill of the same tokens at positions 0..5 and at 37..42 gives the same
+    # logits: rotating q and k by their positions leaves only the distance between them in
+    # their dot products. Keys left unrotated (or rotated by another position) break this.
+    cfg = S.ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, vocab=97, max_positions=64,
+                        dtype="float32", mlp="gated", norm="rms", positions="rope")
+    model = S.build_model(cfg, "cpu", seed=1)
+    tokens = torch.randint(cfg.vocab, (2, 6), generator=torch.Generator().manual_seed(2))
+    logits = []
+    for shift in (0, 37):
+        cache = S.new_kv_cache(cfg, 2, 64, "cpu")
+        positions = torch.arange(shift, shift + 6).expand(2, 6)
+        logits.append(model(tokens, positions, cache))
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+    # (the property is not empty: the same model without rotary positions on the keys differs)
+    real = S.rotate
+    calls = []
+
+    def rotate_queries_only(x, rope):
+        calls.append(1)
+        return real(x, rope) if len(calls) % 2 else x
+    try:
+        S.rotate = rotate_queries_only
+        shifted = [model(tokens, torch.arange(s, s + 6).expand(2, 6),
+                         S.new_kv_cache(cfg, 2, 64, "cpu")) for s in (0, 37)]
+    finally:
+        S.rotate = real
+    assert (shifted[0] - shifted[1]).abs().max() > 1e-3
+
+
 def test_c_prices_a_named_model_on_a_named_card(tmp_path, capsys):
     results, out = run_main(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
                              "--requests", "200", "--rates", "5", "--no-figures",
@@ -130,3 +176,18 @@ def test_the_catalog(capsys):
     assert by["llama-3-8b", "h100"]["crossover_batch"] == S.kv_crossover_batch(llama, 1024) == \
         math.floor(S.step_cost(llama, 1, 1, 1024)["weight_bytes"] / (1024 * 131_072)) + 1
     assert "does not fit" in out.out and "H200 SXM" in out.out
+
+
+def test_the_catalogs_batch_1_price_of_llama_3_8b_on_an_h100_by_hand():
+    # bf16 weights read once per step: 8,030,261,248 parameters less the token table
+    # (128,256 x 4,096 = 525,336,576), whose one looked-up row (4,096) is all a step reads:
+    # 7,504,928,768 x 2 bytes = 15.01 GB; 1,024 cached tokens of 131,072 bytes each (32 layers
+    # x K and V x 8 heads x 128 x 2 bytes): 134 MB. At the stated 90% of the H100's
+    # 3,350 GB/s: 4.978 + 0.045 = 5.02 ms. (Activations add 5 MB, 0.03%.)
+    by = {(r["model"], r["gpu"]): r for r in S.catalog()["rows"]}
+    weights = (8_030_261_248 - 128_256 * 4_096 + 4_096) * 2
+    kv = 1024 * 32 * 2 * 8 * 128 * 2
+    assert S.CARD_EFFICIENCY["bandwidth"] == 0.9
+    want_ms = 1e3 * (weights + kv) / (0.9 * 3350e9)
+    assert want_ms == pytest.approx(5.023, abs=1e-3)
+    assert by["llama-3-8b", "h100"]["decode_b1_ms"] == pytest.approx(want_ms, rel=1e-3)

@@ -191,3 +191,25 @@ def test_a_guard_given_is_used(tmp_path, capsys):
     assert results["C"]["who_waits"]["guard_s"] == 0.25
     assert results["C"]["order"] == {"name": "fcfs", "max_wait_s": 0.25}
     assert "goes first (--max-wait-s)" in out.out
+
+
+def test_a_request_exactly_at_the_guard_goes_first():
+    # one slot, 1 s a pass: A (3 tokens) runs to t=3.0. L (10 tokens) arrives at 1.0, S (1
+    # token) at 1.5. At 3.0 L has waited exactly the guard's 2.0 s: it goes first (a wait of
+    # max_wait_s is enough), though shortest first would take S
+    sim = serve([0.0, 1.0, 1.5], [3, 10, 1], "sjf", max_wait_s=2.0)
+    assert sim["start"].tolist() == [0.0, 3.0, 13.0]
+    just_below = serve([0.0, 1.0, 1.5], [3, 10, 1], "sjf", max_wait_s=2.0 + 1e-9)
+    assert just_below["start"].tolist() == [0.0, 4.0, 3.0]
+
+
+@pytest.mark.parametrize("sigma", [0.5, 2.0])
+def test_predicted_lengths_carry_log_normal_noise_of_sigma(sigma):
+    # each prediction is the true length times e^N(0, sigma^2): the log-ratio has mean 0 and
+    # standard deviation sigma (a variance used in its place would give 0.25 or 4.0)
+    output = S.lognormal_lengths(200_000, 7)
+    order = S.queue_order("predicted", output, sigma, seed=11)
+    noise = np.log(np.array(order.keys) / output)
+    assert abs(noise.mean()) < 0.01 * sigma and noise.std() == pytest.approx(sigma, rel=0.01)
+    assert order.sigma == sigma
+    assert S.queue_order("predicted", output, sigma, seed=12).keys != order.keys  # (a draw)
