@@ -1925,22 +1925,24 @@ def resolve_device(name):
 PROBE_DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_PREFERENCE = 1.1
 # (rows, output features, weights in turn) through F.linear of the model's width, smallest first:
-# decode at 1 and 8 rows through four (4096, width) weights (64 MB in float32, past a laptop's
-# cache), prefill-like products at 64 and 256 rows
-PROBE_SHAPES = ((1, 4096, 4), (8, 4096, 4), (64, 1024, 1), (256, 1024, 1))
-PROBE_DROP = 4.0  # a type this much slower than the best at a shape is out (its rest untimed)
+# decode at 1 and 8 rows through four weights of 2^22 elements (64 MB in float32, 32 MB in a
+# 2-byte type: past a laptop's cache in both), prefill-like products at 64 and 256 rows
+PROBE_SHAPES = ((1, None, 4), (8, None, 4), (64, 1024, 1), (256, 1024, 1))  # None: 2^22 / width
+PROBE_DROP = 4.0  # a 2-byte type this much slower than the best at a shape is out (float32,
+# never on a slow path, is always timed whole)
 
 
 def probe_dtypes(width=1024, budget_s=0.02):
     """F.linear in each type at PROBE_SHAPES, each a warm call and repeats up to budget_s (the
-    one timed call where a single call is slower). A type PROBE_DROP times slower than the
-    best at some shape leaves the probe there, so even a type on a 1000x slower path costs a
-    fraction of a second. -> {dtype: {"ms": [per shape], "total_ms" (None: left the probe)}}"""
+    one timed call where a single call is slower). A 2-byte type PROBE_DROP times slower than
+    the best at some shape leaves the probe there, so even a type on a 1000x slower path costs
+    a fraction of a second. -> {dtype: {"ms": [per shape], "total_ms" (None: left the probe)}}"""
     g = torch.Generator(device="cpu").manual_seed(7)
+    shapes = [(rows, out or 2**22 // width, n) for rows, out, n in PROBE_SHAPES]
     weights = {out: [torch.randn(out, width, generator=g) * width ** -0.5 for _ in range(n)]
-               for _, out, n in PROBE_SHAPES}
+               for _, out, n in shapes}
     probe = {name: {"ms": [], "total_ms": 0.0} for name in PROBE_DTYPES}
-    for rows, out, n in PROBE_SHAPES:
+    for rows, out, n in shapes:
         x = torch.randn(rows, width, generator=g)
         timed = [name for name in PROBE_DTYPES if probe[name]["total_ms"] is not None]
         for name in timed:
@@ -1950,7 +1952,7 @@ def probe_dtypes(width=1024, budget_s=0.02):
             probe[name]["total_ms"] += probe[name]["ms"][-1]
         best = min(probe[name]["ms"][-1] for name in timed)
         for name in timed:
-            if probe[name]["ms"][-1] > PROBE_DROP * best:
+            if name != "float32" and probe[name]["ms"][-1] > PROBE_DROP * best:
                 probe[name]["total_ms"] = None  # (out: its remaining shapes untimed)
     return probe
 
@@ -2319,7 +2321,8 @@ def cuda_graph(fn):
     return graph.replay  # the bound method keeps the graph (and its memory pool) alive
 
 
-CEILING_MATMUL_S = 0.05  # the ceilings' matmul grows until one product takes this long
+CEILING_MATMUL_SHARE = 1 / 40  # the ceilings' matmul grows until one product takes this share
+# of a shape's time budget: 50 ms by default, 5 ms with --quick
 CEILING_MATMUL_N = {"cuda": (1024, 16384), "cpu": (256, 4096)}  # (first, largest) size
 
 
@@ -2328,7 +2331,8 @@ def measure_ceilings(run, device, log):
 
     Bandwidth: dst.copy_(src) over a buffer far past the last-level cache, counting bytes read
     plus written. Matmul: square products of random (never zero) operands, doubled in size
-    until one takes CEILING_MATMUL_S (or the largest size is reached), each timed, the fastest
+    until one takes CEILING_MATMUL_SHARE of the time budget (or the largest size is reached),
+    each timed, the fastest
     rate kept: large enough to be fast, small enough to be timed in seconds on any device, and
     the best of several sizes (a CPU's matmul library is faster at some than at others).
     --peak-bandwidth-gbs / --peak-tflops replace a measurement.
@@ -2340,7 +2344,10 @@ def measure_ceilings(run, device, log):
         ceilings.update(bandwidth_gbs=run.peak_bandwidth_gbs, bandwidth_source={"kind": "given"})
     else:
         n_bytes = (2 if cuda else 0.25) * 2**30
-        src = torch.randn(int(n_bytes // 4), device=device)  # fp32: the copy moves bytes
+        # fp32: the copy moves bytes. (On CPU a random 4 MB block is tiled across it: drawing
+        # 0.25 GiB of normal numbers there takes 0.6 s, a copy of them 0.03 s.)
+        n = int(n_bytes // 4)
+        src = torch.randn(n, device=device) if cuda else torch.randn(2**20).repeat(n // 2**20)
         dst = torch.empty_like(src)
         timing = time_region(lambda: dst.copy_(src), device, run.warmup, run.reps,
                              run.time_budget_s)
@@ -2359,7 +2366,8 @@ def measure_ceilings(run, device, log):
                                  run.time_budget_s / 2)
             best = max(best, (2 * n**3 / (timing["median_ms"] / 1e3) / 1e12, n))
             del a, b
-            if n >= largest or timing["median_ms"] / 1e3 >= CEILING_MATMUL_S:
+            if n >= largest or timing["median_ms"] / 1e3 >= CEILING_MATMUL_SHARE * \
+                    run.time_budget_s:
                 break
             n *= 2
         ceilings.update(matmul_tflops=best[0], matmul_source={
@@ -3103,7 +3111,7 @@ def save_requests_csv(path, req, sims):
 # tens of FLOP/byte, so its decode step stays flat in the batch only to about 8 rows, where a
 # GPU's stays flat past 100; and outputs an eighth as long keep D within about half a minute.
 ENGINE_CPU = {"requests": 96, "shrink": 8, "prompt_len": 16, "slots": 8}
-ENGINE_QUICK = {"requests": 24, "shrink": 16, "prompt_len": 8, "slots": 4}
+ENGINE_QUICK = {"requests": 16, "shrink": 16, "prompt_len": 8, "slots": 4}
 
 
 def run_engine(model, cache, prompts, output_lens, policy, pad=False, order=None,
@@ -4844,13 +4852,19 @@ def draw_figures(results, out_dir, dpi=100, fmt="png", jobs=1):
             missing[name] = f"needs experiment {' or '.join(experiment)}"
         else:
             calls.append((draw_one, (plot, results, os.path.join(out_dir, name), dpi, fmt)))
+    calls.sort(key=lambda c: os.path.basename(c[1][2]).split(".")[0] not in SLOWEST_FIGURES)
     for (_, (_, _, path, _, _)), why in zip(calls, run_parallel(calls, jobs)):
         name = os.path.basename(path)
         if why is None:
             written.append(name)
         else:
             missing[name] = "no measured rows to draw" if why is False else why
-    return written, missing
+    names = [n.replace(".png", "." + fmt) for n in FIGURES]  # (written in FIGURES' order)
+    return sorted(written, key=names.index), missing
+
+
+# the figures slowest to draw (0.5-1 s each on a 2-core CPU), sent to the workers first
+SLOWEST_FIGURES = ("who_waits", "rate_sweep", "roofline", "kv_memory")
 
 
 def draw_one(plot, results, path, dpi, fmt):
@@ -5200,7 +5214,7 @@ def parse_args(argv):
                    prefill_lengths=tuple(max(1, t // 8) for t in args.prefill_lengths),
                    warmup=min(args.warmup, 1), reps=min(args.reps, 5),
                    prompt_len=min(run["prompt_len"], 32))
-        run["time_budget_s"] = 0.3
+        run["time_budget_s"] = 0.2
     engine = ENGINE_QUICK if args.quick else ENGINE_CPU if on_cpu else {
         "requests": args.requests, "slots": args.slots, "prompt_len": run["prompt_len"],
         "shrink": 1}

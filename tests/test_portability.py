@@ -67,6 +67,13 @@ def test_the_probe_times_every_type_and_drops_one_far_behind(monkeypatch):
     assert probe["bfloat16"] == {"ms": [0.5, 7.8, 3.0, 4.0], "total_ms": pytest.approx(15.3)}
     assert (torch.float16, S.PROBE_SHAPES[2][0]) not in ran
     assert S.choose_dtype(probe) == "float32"  # (10 ms against bfloat16's 15.3)
+    # float32 is never on a slow path, so never dropped: at a decode's shape a 2-byte type may
+    # be 5x faster (half the bytes, and a cache that holds its half)
+    table[torch.float32] = [5.0, 2.0, 3.0, 4.0]
+    table[torch.bfloat16] = [1.0, 2.0, 30.0, 40.0]
+    probe = S.probe_dtypes(width=64)
+    assert probe["float32"] == {"ms": [5.0, 2.0, 3.0, 4.0], "total_ms": 14.0}
+    assert probe["bfloat16"]["total_ms"] is None and S.choose_dtype(probe) == "float32"
 
 
 def test_a_slow_probe_shape_is_timed_once():
@@ -179,10 +186,11 @@ def test_the_ceilings_matmul_grows_until_it_takes_tens_of_ms(monkeypatch):
         tflops = 0.25 if n == 1024 else 0.2  # (a matmul library best at one size)
         return {"median_ms": 2 * n ** 3 / (tflops * 1e12) * 1e3, "n": 5}
     monkeypatch.setattr(S, "time_region", fake_time_region)
-    run = S.RunConfig(model=TINY, warmup=1, reps=3, time_budget_s=0.1)
+    run = S.RunConfig(model=TINY, warmup=1, reps=3, time_budget_s=2.0)
     ceilings = S.measure_ceilings(run, CPU, log=lambda m: None)
-    # 256: 0.17 ms, 512: 1.3, 1024: 8.6, 2048: 85.9 ms >= 50 ms: stops there, keeps the best
-    assert len(sizes) == 1 + 4 and S.CEILING_MATMUL_S == 0.05
+    # 256: 0.17 ms, 512: 1.3, 1024: 8.6, 2048: 85.9 ms >= 50 ms (a 40th of the 2 s budget):
+    # stops there, keeps the best
+    assert len(sizes) == 1 + 4 and S.CEILING_MATMUL_SHARE * run.time_budget_s == 0.05
     assert ceilings["matmul_source"]["n"] == 1024
     assert ceilings["matmul_tflops"] == pytest.approx(0.25)
 
