@@ -2291,9 +2291,8 @@ def kv_device_check(bench, kv):
         check["skipped"] = reason
         return check
     pad = engine_attention(bench.run, bench.device)  # (attending as D's engine does)
-    check.update(attention="padded" if pad else "spans", kernel=attention_kernel(
-        bench.device, DTYPES[cfg.dtype], batch, cfg.n_kv_heads, cfg.heads // cfg.n_kv_heads,
-        max(positions) + 1, cfg.head_dim, padded=pad))
+    check.update(attention="padded" if pad else "spans",
+                 kernel=decode_kernel(bench, batch, max(positions) + 1, pad))
 
     def time_it():
         cache = new_kv_cache(cfg, n_rows, row_tokens, bench.device)
@@ -3938,7 +3937,7 @@ def cell(T, row, key, fmt):
 
 
 def roofline_notes(T, results, rows):
-    """The lines under A's or B's table: the attention kernels, and what a mark means."""
+    """The lines under A's or B's table that say what its marks and labels mean."""
     lines = []
     if any(r.get("few_reps") for r in rows):
         lines.append(T["few_reps"].format(budget=results["config"]["time_budget_s"]))
