@@ -45,14 +45,16 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+
 # -----------------------------------------------------------------------------
-# configuration
+# configuration: the model's shape, the cards, the run, and every limit and seed
+# Owns the frozen configs (ModelConfig, GPU, RunConfig) and the constants every section reads:
+# the named models and cards, the post's length law, the limits on sizes and counts, the seeds.
 
 
 class UsageError(Exception):
@@ -113,6 +115,7 @@ CPU_PRESET = ModelConfig(layers=4, hidden=1024, heads=8, vocab=8192, max_positio
 # Left out: Qwen2.5's biases on q, k and v (0.01% of its weights), rotary scaling (it changes
 # values past 8k tokens, not costs), Mistral v0.1's sliding window (v0.3 has none).
 _LLAMA = dict(mlp="gated", norm="rms", positions="rope", dtype="bfloat16")
+
 MODELS = {
     "post": ModelConfig(),  # the post's 12 layers x 2048 (on CPU, the CPU preset)
     "llama-3-8b": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, vocab=128256,
@@ -147,25 +150,56 @@ GPUS = {  # README cites the spec sheets
     "h100": GPU("H100 SXM", 3350.0, 989.4, 80.0),
     "h200": GPU("H200 SXM", 4800.0, 989.4, 141.0),
 }
+
 # What C's analytic pricing takes of a card's peaks: kernels reach less than the spec sheet.
 # An H200 in this workplace copied at about 4.3 of its 4.8 TB/s and ran a large bf16 matmul
 # at 769-798 of its 989 TFLOP/s; the post's RTX 5080 reached 105.5 of its 112.6.
 CARD_EFFICIENCY = {"bandwidth": 0.9, "matmul": 0.8}
 
 EXPERIMENTS = "ABCD"
+
 # C prices steps in seconds with a roofline of these when no device was measured: the post's
 # RTX 5080 (960 GB/s by specification; 105.5 TFLOP/s, the post's best measured fp16 rate).
 REFERENCE_BANDWIDTH_GBS, REFERENCE_TFLOPS = 960.0, 105.5
+
 # The post's output lengths: floor(e^N(4.2, 0.9^2)), at least 1, 600 draws from NumPy's
 # default_rng(3): median 70.5, max 1,327, the post's "median 70, max 1,327" (and its table to
 # the step). Longer draws of other seeds or sizes are capped at LENGTH_MAX (a reservation's
 # default output, and what D's position table must hold).
 LENGTH_MU, LENGTH_SIGMA, LENGTH_MAX, LENGTH_SEED = 4.2, 0.9, 2048, 3
+
 # The KV cache's memory in C, unless --kv-memory-gb: on CUDA, this share of the device's memory
 # less the weights (vLLM's default gpu_memory_utilization); on CPU, a deliberately small cache,
 # so that memory and not the slots limits the batch; with no device (C alone, analytic prices),
 # the post's RTX 5080 and its 16 GB.
 KV_MEMORY_FRACTION, CPU_KV_MEMORY_GB, REFERENCE_MEMORY_GB = 0.9, 0.5, 16.0
+
+COUNT_MAX = 10**9  # the largest count a flag takes: past any run here, far inside 64 bits
+
+RATES = (1e-6, 1e12)  # requests/s a flag takes (a run's arrivals must also span < MAX_SPAN_S)
+
+MAX_SPAN_S = 1e9  # the arrivals' span: past it, float seconds lose a millisecond step's detail
+
+# C's memory per request, with room to spare: one simulation peaked at ~160 bytes a request
+# (1M requests), and the parent keeps three floats a request from each of nine simulations
+REQUEST_BYTES = 2048
+
+SWEEP_REQUESTS = 2000  # requests per point of the rate sweep
+
+WHO_WAITS_REQUESTS = 100_000  # the who-waits study serves the first this many requests
+
+REPLICAS_MAX = 1024       # the most replicas a flag or a search goes to
+
+CAPACITY_REQUESTS = 4000  # requests per point of a capacity search (the run's, cycled)
+
+CAPACITY_SEEDS = 5        # independent arrival draws of one replica's capacity
+
+# D on CPU serves the post's law shrunk (CUDA: the post's requests as they are): a CPU's ridge is
+# tens of FLOP/byte, so its decode step stays flat in the batch only to about 8 rows, where a
+# GPU's stays flat past 100; and outputs an eighth as long keep D within about half a minute.
+ENGINE_CPU = {"requests": 96, "shrink": 8, "prompt_len": 16, "slots": 8}
+
+ENGINE_QUICK = {"requests": 16, "shrink": 16, "prompt_len": 8, "slots": 4}
 
 
 @dataclass(frozen=True)
@@ -229,7 +263,215 @@ class RunConfig:
 
 
 # -----------------------------------------------------------------------------
-# workload: generated lengths of the requests (pure NumPy)
+# helpers: the console, the host's memory, atomic files, worker processes (pure Python)
+# What every later section may call; calls nothing later.
+
+
+def log(message):
+    print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def log_labelled(label, message):
+    log(f"{label}: {message}")
+
+
+def one_line(error):
+    """An exception as one line: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def gib(n_bytes):
+    return f"{n_bytes / 2**30:.2f} GiB"
+
+
+def free_host_memory_bytes():
+    """Available RAM: Linux's MemAvailable, Windows' GlobalMemoryStatusEx, else sysconf's
+    available pages, else (macOS, which has no such count) all physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if sys.platform == "win32":
+        return windows_available_bytes()
+    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            pass
+    return math.inf
+
+
+def windows_available_bytes():
+    import ctypes
+
+    class MemoryStatus(ctypes.Structure):  # MEMORYSTATUSEX
+        _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong)] + [
+            (name, ctypes.c_ulonglong) for name in ("total", "available", "total_page",
+                                                    "available_page", "total_virtual",
+                                                    "available_virtual", "extended")]
+    status = MemoryStatus()
+    status.length = ctypes.sizeof(status)
+    try:
+        if ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):
+            return int(status.available)
+    except (AttributeError, OSError):
+        pass
+    return math.inf
+
+
+def write_atomic(path, data, mode="w"):
+    """Write a file whole or not at all: a temporary file beside it, then a rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
+            f.write(data)
+        umask = os.umask(0)  # mkstemp makes the file private; give it a plain file's mode
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def to_json(results):
+    def default(o):
+        if isinstance(o, (np.integer,)):
+            return int(o)
+        if isinstance(o, (np.floating,)):
+            return float(o)
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        raise TypeError(type(o).__name__)
+    return json.dumps(results, indent=1, ensure_ascii=False, default=default)
+
+
+def run_parallel(calls, jobs):
+    """[(function, args)] -> [function(*args)], in order; in up to `jobs` worker processes.
+
+    On Linux the workers are forked: they inherit the loaded module (no fresh torch import)
+    and touch no device, which is what makes forking safe after CUDA has been used."""
+    if jobs <= 1 or len(calls) <= 1:
+        return [fn(*args) for fn, args in calls]
+    import concurrent.futures
+    import multiprocessing
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(calls)), context) as pool:
+        futures = [pool.submit(fn, *args) for fn, args in calls]
+        return [f.result() for f in futures]
+
+
+# -----------------------------------------------------------------------------
+# accounting: FLOPs and bytes of one forward step (pure: the one source of truth for A, B,
+# MBU/MFU, C's prices and every memory check)
+# Per layer the block holds its matmul weights (see layer_weights: for the post's model 12 h^2,
+# qkv 3h^2, proj h^2, fc 4h^2, out 4h^2) and two norms (LayerNorm 2h each, RMSNorm h); the
+# model adds a final norm, an LM head (h V, the token table itself when tied) and embedding
+# tables (token V h, and with learned positions P h) of which a step reads only the rows it
+# looks up. A step runs `new_tokens` tokens in each of `batch` rows whose cache already holds
+# `context` tokens, and computes logits for the last token of each row only (as servers do).
+
+
+def layer_weights(cfg):
+    """Matmul weights of one block: q and the output projection h x h each, K and V
+    h x kv_dim each (grouped heads share them), the MLP 2 h f (gelu) or 3 h f (gated)."""
+    h = cfg.hidden
+    return 2 * h * h + 2 * h * cfg.kv_dim + (2 if cfg.mlp == "gelu" else 3) * h * cfg.ffn
+
+
+def param_count(cfg):
+    h = cfg.hidden
+    if cfg.arch == "post":
+        return cfg.layers * h * h
+    norm = 2 * h if cfg.norm == "layer" else h
+    tables = cfg.vocab * h * (1 if cfg.tied else 2) + \
+        (cfg.max_positions * h if cfg.positions == "learned" else 0)
+    return cfg.layers * (layer_weights(cfg) + 2 * norm) + norm + tables
+
+
+def kv_bytes_per_token(cfg):
+    """K and V of one token in every layer (the post's proxy keeps none)."""
+    return 0 if cfg.arch == "post" else cfg.layers * 2 * cfg.kv_dim * cfg.dtype_bytes
+
+
+def step_cost(cfg, batch, new_tokens, context):
+    """FLOPs and bytes of one forward step.
+
+    flops: 2 per multiply-add of every matmul (weights, and attention's QK^T and PV over the
+           keys each query may see: its row's cached context plus the new tokens up to itself)
+    bytes: weights read once (matmuls, norms, looked-up embedding rows) + the KV cache read
+           (the cached context of every row) + the KV written (the new tokens) + activations
+           (each matmul's input and output once, and the logits): a lower bound on traffic.
+    The post's proxy (--arch post) is its L square matmuls alone: 2 L h^2 FLOPs per token,
+    its weights read once, each matmul's input and output; no attention and no KV cache.
+    """
+    h, L, e = cfg.hidden, cfg.layers, cfg.dtype_bytes
+    tokens = batch * new_tokens
+    if cfg.arch == "post":
+        flops, weight_bytes, activation_bytes = 2 * tokens * L * h * h, L * h * h * e, \
+            2 * L * h * tokens * e
+        return {"flops": flops, "matmul_flops": flops, "attention_flops": 0,
+                "weight_bytes": weight_bytes, "kv_read_bytes": 0, "kv_write_bytes": 0,
+                "activation_bytes": activation_bytes, "bytes": weight_bytes + activation_bytes}
+    keys_seen = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # per row, per layer
+    matmul_flops = 2 * tokens * L * layer_weights(cfg) + 2 * batch * h * cfg.vocab
+    attention_flops = 4 * h * L * batch * keys_seen  # (every query head: 4 h per key)
+    norm = 2 * h if cfg.norm == "layer" else h
+    looked_up = (2 if cfg.positions == "learned" else 1) * tokens * h  # embedding rows
+    weight_bytes = (L * (layer_weights(cfg) + 2 * norm) + norm + h * cfg.vocab + looked_up) * e
+    kv_read_bytes = batch * context * kv_bytes_per_token(cfg)
+    kv_write_bytes = tokens * kv_bytes_per_token(cfg)
+    # each matmul's input and output: qkv h + (h + 2 kv_dim), attention's q in and out 2h,
+    # proj 2h; the MLP (h + f) + (f + h), or gated (h + 2f) + (f + h); then the logits
+    f = cfg.ffn
+    mlp_io = 2 * h + (2 if cfg.mlp == "gelu" else 3) * f
+    activation_bytes = (L * (6 * h + 2 * cfg.kv_dim + mlp_io) * tokens + batch * cfg.vocab) * e
+    return {"flops": matmul_flops + attention_flops,
+            "matmul_flops": matmul_flops,
+            "attention_flops": attention_flops,
+            "weight_bytes": weight_bytes,
+            "kv_read_bytes": kv_read_bytes,
+            "kv_write_bytes": kv_write_bytes,
+            "activation_bytes": activation_bytes,
+            "bytes": weight_bytes + kv_read_bytes + kv_write_bytes + activation_bytes}
+
+
+def memory_needed_bytes(cfg, batch, cache_len, new_tokens):
+    """Device memory a step needs beyond the weights: its KV cache and peak activations.
+
+    Activations are counted generously (the widest intermediate, the logits in fp32, and a
+    full attention score matrix in case the kernel materialises it).
+    """
+    e = cfg.dtype_bytes
+    tokens = batch * new_tokens
+    if cfg.arch == "post":  # a cycle of 8 fresh inputs, and a matmul's input and output
+        return 10 * tokens * cfg.hidden * e
+    kv = batch * cache_len * kv_bytes_per_token(cfg)
+    widest = (2 if cfg.mlp == "gelu" else 3) * cfg.ffn + 2 * cfg.hidden
+    if cfg.n_kv_heads < cfg.heads:  # (a prefill repeats K and V for every query head)
+        widest += 2 * cfg.hidden
+    activations = (tokens * widest * e + batch * cfg.vocab * 4
+                   + batch * cfg.heads * new_tokens * cache_len * 4)
+    return kv + activations
+
+
+def kv_crossover_batch(cfg, context):
+    """Smallest batch whose KV-cache reads per decode step exceed the weight reads."""
+    cost = step_cost(cfg, 1, 1, context)
+    kv_per_row = cost["kv_read_bytes"]
+    return math.floor(cost["weight_bytes"] / kv_per_row) + 1 if kv_per_row else None
+
+
+# -----------------------------------------------------------------------------
+# workload: the requests C serves, their lengths and arrivals (pure NumPy)
+# The post's log-normal law, a lengths file or a trace; arrivals at t=0, Poisson or gamma, or
+# the trace's own timestamps. Calls the helpers only.
 
 
 def lognormal_lengths(n, seed, mu=LENGTH_MU, sigma=LENGTH_SIGMA, max_len=LENGTH_MAX):
@@ -265,65 +507,10 @@ def read_lengths_file(path):
     return np.array(lengths, dtype=np.int64)
 
 
-# -----------------------------------------------------------------------------
-# simulation: slot-steps of static and continuous batching (pure NumPy, no torch)
-# A request of length L holds its slot for exactly L decode steps. Static batching takes the
-# requests in order in groups of `slots` and runs each group until its longest request ends.
-# Continuous batching gives a slot freed after step t to the next waiting request at step t+1.
-
-
-def occupied_per_step(starts, lengths, steps, max_points=None):
-    """Occupied slots at each step 0..steps-1, from each request's first step and length.
-    -> (values, steps per value): per step, or past max_points steps the mean over bins of
-    whole steps, computed at the bins' edges alone (no array as long as the run)."""
-    if max_points is None or steps <= max_points:
-        delta = np.bincount(starts, minlength=steps + 1) - np.bincount(starts + lengths,
-                                                                       minlength=steps + 1)
-        return np.cumsum(delta)[:steps], 1
-    per = -(-steps // max_points)
-    edges = np.append(np.arange(0, steps, per), steps)
-
-    def below(a):  # sum over i of min(edge, a_i), at every edge
-        a = np.sort(a)
-        k = np.searchsorted(a, edges)
-        return np.concatenate([[0], np.cumsum(a)])[k] + edges * (len(a) - k)
-    occupied = below(starts + lengths) - below(starts)  # slot-steps before each edge
-    return np.diff(occupied) / np.diff(edges), per
-
-
-def static_starts(lengths, slots):
-    """First step of every request under static batching, and the makespan."""
-    firsts = np.arange(0, len(lengths), slots)  # the first request of each batch
-    group_steps = np.maximum.reduceat(lengths, firsts)
-    group_start = np.concatenate([[0], np.cumsum(group_steps)[:-1]])
-    return np.repeat(group_start, np.diff(np.append(firsts, len(lengths)))), \
-        int(group_steps.sum())
-
-
-def continuous_starts(lengths, slots):
-    """First step of every request under continuous batching, and the makespan."""
-    free_at = [0] * min(slots, len(lengths))  # step at which each slot next becomes free
-    starts = np.empty(len(lengths), dtype=np.int64)
-    for i, length in enumerate(lengths.tolist()):
-        start = heapq.heappop(free_at)
-        starts[i] = start
-        heapq.heappush(free_at, start + length)
-    return starts, max(free_at)
-
-
-def simulate_slots(lengths, slots, policy, max_points=None):
-    """Steps, occupancy and occupied slots per step of one policy ('static' or 'continuous');
-    see occupied_per_step for max_points."""
-    starts, steps = {"static": static_starts, "continuous": continuous_starts}[policy](lengths,
-                                                                                     slots)
-    occupied, per = occupied_per_step(starts, lengths, steps, max_points)
-    return {"steps": steps, "occupancy": float(lengths.sum() / (steps * slots)),
-            "occupied": occupied, "occupied_bin_steps": per}
-
-
-# -----------------------------------------------------------------------------
-# serving simulation: requests in seconds, with prompts, arrivals and three schedulers
-# (pure NumPy). A step-cost model prices each forward pass; the schedulers decide what runs.
+def request_lengths(run):
+    if run.lengths_file:
+        return read_lengths_file(run.lengths_file)
+    return lognormal_lengths(run.requests, run.seed)
 
 
 @dataclass(frozen=True)
@@ -410,16 +597,10 @@ def arrival_times(n, rate, burstiness, rng):
     return np.cumsum(gaps) - gaps[0]
 
 
-MAX_SPAN_S = 1e9  # the arrivals' span: past it, float seconds lose a millisecond step's detail
-# C's memory per request, with room to spare: one simulation peaked at ~160 bytes a request
-# (1M requests), and the parent keeps three floats a request from each of nine simulations
-REQUEST_BYTES = 2048
-
-
 def make_requests(run):
     """The requests of C: lengths (log-normal law, lengths file or trace) and arrivals."""
     if not (run.trace or run.lengths_file):
-        need, free = run.requests * REQUEST_BYTES, free_memory_bytes(torch.device("cpu"))
+        need, free = run.requests * REQUEST_BYTES, free_host_memory_bytes()
         if need > 0.5 * free:
             raise UsageError(f"--requests {run.requests:,}: C would need about {gib(need)} of "
                              f"memory, and {gib(free)} is free")
@@ -446,6 +627,12 @@ def make_requests(run):
     else:
         arrival = arrival_times(len(output), run.rate, run.burstiness, rng)
     return Requests(arrival, prompt, output, source)
+
+
+# -----------------------------------------------------------------------------
+# step costs: the seconds of one forward pass (pure NumPy)
+# A roofline of a card's (or this run's) peaks, or a fit to passes timed by A and B or by D's
+# engine. Calls the accounting.
 
 
 @dataclass(frozen=True)
@@ -499,7 +686,7 @@ class StepCosts:
         return steps * self.pass_s(tokens, kv_tokens) + \
             self.kv_s(tokens) * tokens * steps * (steps - 1) / 2
 
-    def describe(self):
+    def as_dict(self):
         """The model's numbers, for results.json."""
         return {"source": self.source, "tokens": list(self.tokens),
                 "seconds": list(self.seconds), "kv_token_s": self.kv_token_s,
@@ -553,6 +740,10 @@ def fit_step_costs(decode_rows, prefill_rows, context, kv_token_s, source):
                                seconds=tuple(max(knots[k], 1e-9) for k in x))
 
 
+def measured(rows):
+    return [r for r in rows if "skipped" not in r]
+
+
 def measured_costs(cfg, results):
     """Pricing from this run's A rows (decode, by batch) and B rows (prefill, by tokens)."""
     A = results["A"]
@@ -566,12 +757,89 @@ def measured_costs(cfg, results):
                            "device": results["environment"]["device"], "mode": mode})
 
 
-def percentiles(values):
-    if len(values) == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"mean": float(np.mean(values)), "p50": float(p50), "p90": float(p90),
-            "p99": float(p99)}
+def fit_passes(passes, source):
+    """StepCosts fitted to an engine's own timed passes [(tokens, cached tokens, seconds)]: for
+    each number of tokens per pass, a least-squares line in the cached tokens (its mean where
+    they do not vary, or too few passes tell), so that a simulation priced with it replays the
+    run's own costs: the seconds of each kind of pass sum to what the engine measured."""
+    by_tokens = {}
+    for tokens, kv, seconds in passes:
+        by_tokens.setdefault(tokens, []).append((kv, seconds))
+    slopes = {}
+    for tokens, points in by_tokens.items():
+        kv, seconds = np.array(points, dtype=np.float64).T
+        if len(points) > 2 and np.ptp(kv) > 0:
+            slopes[tokens] = max(float(np.polyfit(kv, seconds, 1)[0]), 0.0)
+    costs = StepCosts((1,), (0.0,), float(np.median(list(slopes.values()))) if slopes else 0.0,
+                      source, tuple(sorted(slopes.items())))
+    knots = {}
+    for tokens, points in by_tokens.items():
+        kv, seconds = np.array(points, dtype=np.float64).T
+        knots[tokens] = max(float((seconds - costs.kv_s(tokens) * kv).mean()), 1e-9)
+    x = sorted(knots)
+    return dataclasses.replace(costs, tokens=tuple(x), seconds=tuple(knots[k] for k in x))
+
+
+# -----------------------------------------------------------------------------
+# the post's slot-steps: static and continuous batching counted in decode steps (pure NumPy)
+# A request of length L holds its slot for exactly L decode steps. Static batching takes the
+# requests in order in groups of `slots` and runs each group until its longest request ends.
+# Continuous batching gives a slot freed after step t to the next waiting request at step t+1.
+
+
+def occupied_per_step(starts, lengths, steps, max_points=None):
+    """Occupied slots at each step 0..steps-1, from each request's first step and length.
+    -> (values, steps per value): per step, or past max_points steps the mean over bins of
+    whole steps, computed at the bins' edges alone (no array as long as the run)."""
+    if max_points is None or steps <= max_points:
+        delta = np.bincount(starts, minlength=steps + 1) - np.bincount(starts + lengths,
+                                                                       minlength=steps + 1)
+        return np.cumsum(delta)[:steps], 1
+    per = -(-steps // max_points)
+    edges = np.append(np.arange(0, steps, per), steps)
+
+    def below(a):  # sum over i of min(edge, a_i), at every edge
+        a = np.sort(a)
+        k = np.searchsorted(a, edges)
+        return np.concatenate([[0], np.cumsum(a)])[k] + edges * (len(a) - k)
+    occupied = below(starts + lengths) - below(starts)  # slot-steps before each edge
+    return np.diff(occupied) / np.diff(edges), per
+
+
+def static_starts(lengths, slots):
+    """First step of every request under static batching, and the makespan."""
+    firsts = np.arange(0, len(lengths), slots)  # the first request of each batch
+    group_steps = np.maximum.reduceat(lengths, firsts)
+    group_start = np.concatenate([[0], np.cumsum(group_steps)[:-1]])
+    return np.repeat(group_start, np.diff(np.append(firsts, len(lengths)))), \
+        int(group_steps.sum())
+
+
+def continuous_starts(lengths, slots):
+    """First step of every request under continuous batching, and the makespan."""
+    free_at = [0] * min(slots, len(lengths))  # step at which each slot next becomes free
+    starts = np.empty(len(lengths), dtype=np.int64)
+    for i, length in enumerate(lengths.tolist()):
+        start = heapq.heappop(free_at)
+        starts[i] = start
+        heapq.heappush(free_at, start + length)
+    return starts, max(free_at)
+
+
+def simulate_slots(lengths, slots, policy, max_points=None):
+    """Steps, occupancy and occupied slots per step of one policy ('static' or 'continuous');
+    see occupied_per_step for max_points."""
+    starts, steps = {"static": static_starts, "continuous": continuous_starts}[policy](lengths,
+                                                                                     slots)
+    occupied, per = occupied_per_step(starts, lengths, steps, max_points)
+    return {"steps": steps, "occupancy": float(lengths.sum() / (steps * slots)),
+            "occupied": occupied, "occupied_bin_steps": per}
+
+
+# -----------------------------------------------------------------------------
+# KV allocators: the cache's memory counted in tokens, reserved or paged (pure Python)
+# What a request needs to be admitted, what each run of steps allocates, and the integrals of
+# memory held and allocated over time. The event loop calls them; they call nothing later.
 
 
 @dataclass(frozen=True)
@@ -611,6 +879,14 @@ class KVBudget:
             * self.block_tokens
 
 
+class KVUnfit(UsageError):
+    """A KV budget some request can never fit (why: check_kv_budget's description)."""
+
+    def __init__(self, policy, why):
+        super().__init__(policy, why)
+        self.policy, self.why = policy, why
+
+
 def check_kv_budget(req, kv):
     """Every request must fit alone, or the simulation could never finish it. -> None, or why
     not (a description for the tables)."""
@@ -626,16 +902,6 @@ def check_kv_budget(req, kv):
                 "output": int(kv.max_output if kv.policy == "reserve" else req.output[worst]),
                 "holds": int(kv.capacity_tokens)}
     return None
-
-
-# -----------------------------------------------------------------------------
-# serving simulation, the engine: events, not steps (pure Python)
-# The loop moves from event to event: an arrival, an admission, a prefill (or a chunk of one),
-# a finish, a preemption, or, when memory binds, the block boundary the cache cannot pass.
-# Between two events the batch is fixed and every step is alike but for its growing caches,
-# so a run of k steps is priced in closed form: step j takes a + e (j - 1) seconds. Nothing is
-# done per step or per slot: the decoding requests are kept as aggregates (how many, their
-# cached tokens, a heap of the steps at which they end), so an event costs O(log slots).
 
 
 class Seq:
@@ -790,6 +1056,12 @@ class PagedBlocks:
             seq.alloc = new
         self.total += grown
         return integral
+
+
+# -----------------------------------------------------------------------------
+# queues and orders: who takes a free seat first (pure Python)
+# The waiting requests in arrival order, or by a key (true or predicted length), with the
+# starvation guard; the Ledger holds every request's state and times.
 
 
 ORDERS = ("fcfs", "sjf", "predicted", "longest")
@@ -951,6 +1223,19 @@ def waiting_queue(ledger, ids, order=None):
     if order is None or order.keys is None:
         return FifoQueue(ledger, ids)
     return PriorityQueue(ledger, ids, order.rank, order.ranked, order.max_wait_s)
+
+
+# -----------------------------------------------------------------------------
+# the event loop: requests in seconds through one replica's seats (pure Python)
+# The loop moves from event to event: an arrival, an admission, a prefill (or a chunk of one),
+# a finish, a preemption, or, when memory binds, the block boundary the cache cannot pass.
+# Between two events the batch is fixed and every step is alike but for its growing caches,
+# so a run of k steps is priced in closed form: step j takes a + e (j - 1) seconds. Nothing is
+# done per step or per slot: the decoding requests are kept as aggregates (how many, their
+# cached tokens, a heap of the steps at which they end), so an event costs O(log slots).
+
+
+SCHEDULERS = ("static", "continuous", "chunked")
 
 
 def schedule_prefill(prefilling, n_dec, chunk_tokens):
@@ -1350,6 +1635,10 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None, p
     return ServingSim(req, slots, costs, scheduler, chunk_tokens, kv, progress, order).run()
 
 
+# -----------------------------------------------------------------------------
+# fleets and metrics: replicas behind a router, and the latencies of a run (pure NumPy)
+
+
 ROUTERS = ("round-robin", "least-requests", "power-of-two", "least-kv")
 
 
@@ -1383,8 +1672,7 @@ def simulate_fleet(req, replicas, slots, costs, scheduler, chunk_tokens=None, kv
     "replica": where each request went, and "per_replica": what each served."""
     unfit = kv is not None and check_kv_budget(req, kv)  # (identical replicas: all or none)
     if unfit:
-        raise UsageError(f"the {kv.policy} KV budget of a replica cannot hold every request: "
-                         + describe(TEXT["en"], unfit))
+        raise KVUnfit(kv.policy, unfit)
     ledger, n = Ledger(req), len(req.output)
     sims = [ServingSim(req, slots, costs, scheduler, chunk_tokens, kv, None, order, ledger,
                        ids=[]) for _ in range(replicas)]
@@ -1421,6 +1709,14 @@ def simulate_fleet(req, replicas, slots, costs, scheduler, chunk_tokens=None, kv
     return fleet
 
 
+def percentiles(values):
+    if len(values) == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": float(np.mean(values)), "p50": float(p50), "p90": float(p90),
+            "p99": float(p99)}
+
+
 def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
     ttft = sim["first_token"] - req.arrival_s
     e2e = sim["finish"] - req.arrival_s
@@ -1445,105 +1741,20 @@ def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
     return metrics
 
 
-SCHEDULERS = ("static", "continuous", "chunked")
-SWEEP_REQUESTS = 2000  # requests per point of the rate sweep
+def quantile_curve(sorted_values, points=200):
+    """A compact CDF for the JSON and the figure: values at evenly spaced quantiles."""
+    q = np.linspace(0, 1, points)
+    return np.quantile(sorted_values, q).tolist() if len(sorted_values) else []
+
+
+def thin(rows, points=400):
+    """At most `points` evenly spaced rows of a time series, the last one included."""
+    keep = np.unique(np.linspace(0, len(rows) - 1, min(points, len(rows))).astype(int))
+    return [rows[i] for i in keep]
 
 
 # -----------------------------------------------------------------------------
-# accounting: FLOPs and bytes of one forward step (the one source of truth for A, B and MBU/MFU)
-# Per layer the block holds its matmul weights (see layer_weights: for the post's model 12 h^2,
-# qkv 3h^2, proj h^2, fc 4h^2, out 4h^2) and two norms (LayerNorm 2h each, RMSNorm h); the
-# model adds a final norm, an LM head (h V, the token table itself when tied) and embedding
-# tables (token V h, and with learned positions P h) of which a step reads only the rows it
-# looks up. A step runs `new_tokens` tokens in each of `batch` rows whose cache already holds
-# `context` tokens, and computes logits for the last token of each row only (as servers do).
-
-
-def layer_weights(cfg):
-    """Matmul weights of one block: q and the output projection h x h each, K and V
-    h x kv_dim each (grouped heads share them), the MLP 2 h f (gelu) or 3 h f (gated)."""
-    h = cfg.hidden
-    return 2 * h * h + 2 * h * cfg.kv_dim + (2 if cfg.mlp == "gelu" else 3) * h * cfg.ffn
-
-
-def param_count(cfg):
-    h = cfg.hidden
-    if cfg.arch == "post":
-        return cfg.layers * h * h
-    norm = 2 * h if cfg.norm == "layer" else h
-    tables = cfg.vocab * h * (1 if cfg.tied else 2) + \
-        (cfg.max_positions * h if cfg.positions == "learned" else 0)
-    return cfg.layers * (layer_weights(cfg) + 2 * norm) + norm + tables
-
-
-def kv_bytes_per_token(cfg):
-    """K and V of one token in every layer (the post's proxy keeps none)."""
-    return 0 if cfg.arch == "post" else cfg.layers * 2 * cfg.kv_dim * cfg.dtype_bytes
-
-
-def step_cost(cfg, batch, new_tokens, context):
-    """FLOPs and bytes of one forward step.
-
-    flops: 2 per multiply-add of every matmul (weights, and attention's QK^T and PV over the
-           keys each query may see: its row's cached context plus the new tokens up to itself)
-    bytes: weights read once (matmuls, norms, looked-up embedding rows) + the KV cache read
-           (the cached context of every row) + the KV written (the new tokens) + activations
-           (each matmul's input and output once, and the logits): a lower bound on traffic.
-    The post's proxy (--arch post) is its L square matmuls alone: 2 L h^2 FLOPs per token,
-    its weights read once, each matmul's input and output; no attention and no KV cache.
-    """
-    h, L, e = cfg.hidden, cfg.layers, cfg.dtype_bytes
-    tokens = batch * new_tokens
-    if cfg.arch == "post":
-        flops, weight_bytes, activation_bytes = 2 * tokens * L * h * h, L * h * h * e, \
-            2 * L * h * tokens * e
-        return {"flops": flops, "matmul_flops": flops, "attention_flops": 0,
-                "weight_bytes": weight_bytes, "kv_read_bytes": 0, "kv_write_bytes": 0,
-                "activation_bytes": activation_bytes, "bytes": weight_bytes + activation_bytes}
-    keys_seen = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # per row, per layer
-    matmul_flops = 2 * tokens * L * layer_weights(cfg) + 2 * batch * h * cfg.vocab
-    attention_flops = 4 * h * L * batch * keys_seen  # (every query head: 4 h per key)
-    norm = 2 * h if cfg.norm == "layer" else h
-    looked_up = (2 if cfg.positions == "learned" else 1) * tokens * h  # embedding rows
-    weight_bytes = (L * (layer_weights(cfg) + 2 * norm) + norm + h * cfg.vocab + looked_up) * e
-    kv_read_bytes = batch * context * kv_bytes_per_token(cfg)
-    kv_write_bytes = tokens * kv_bytes_per_token(cfg)
-    # each matmul's input and output: qkv h + (h + 2 kv_dim), attention's q in and out 2h,
-    # proj 2h; the MLP (h + f) + (f + h), or gated (h + 2f) + (f + h); then the logits
-    f = cfg.ffn
-    mlp_io = 2 * h + (2 if cfg.mlp == "gelu" else 3) * f
-    activation_bytes = (L * (6 * h + 2 * cfg.kv_dim + mlp_io) * tokens + batch * cfg.vocab) * e
-    return {"flops": matmul_flops + attention_flops,
-            "matmul_flops": matmul_flops,
-            "attention_flops": attention_flops,
-            "weight_bytes": weight_bytes,
-            "kv_read_bytes": kv_read_bytes,
-            "kv_write_bytes": kv_write_bytes,
-            "activation_bytes": activation_bytes,
-            "bytes": weight_bytes + kv_read_bytes + kv_write_bytes + activation_bytes}
-
-
-def memory_needed_bytes(cfg, batch, cache_len, new_tokens):
-    """Device memory a step needs beyond the weights: its KV cache and peak activations.
-
-    Activations are counted generously (the widest intermediate, the logits in fp32, and a
-    full attention score matrix in case the kernel materialises it).
-    """
-    e = cfg.dtype_bytes
-    tokens = batch * new_tokens
-    if cfg.arch == "post":  # a cycle of 8 fresh inputs, and a matmul's input and output
-        return 10 * tokens * cfg.hidden * e
-    kv = batch * cache_len * kv_bytes_per_token(cfg)
-    widest = (2 if cfg.mlp == "gelu" else 3) * cfg.ffn + 2 * cfg.hidden
-    if cfg.n_kv_heads < cfg.heads:  # (a prefill repeats K and V for every query head)
-        widest += 2 * cfg.hidden
-    activations = (tokens * widest * e + batch * cfg.vocab * 4
-                   + batch * cfg.heads * new_tokens * cache_len * 4)
-    return kv + activations
-
-
-# -----------------------------------------------------------------------------
-# model: a decoder-only transformer with a static KV cache
+# model: a decoder-only transformer with a static KV cache (device code)
 # The cache is one preallocated tensor (layers, 2, batch, kv_heads, max_len, head_dim); each
 # row writes its new K/V at its own positions, so shapes never change between steps. The post's
 # model: LayerNorm, learned positions, multi-head attention, a 4x GELU MLP. The open models
@@ -1774,123 +1985,6 @@ def decode_step(model, cache, tokens, positions, rows=None, pad=False):
     return model(tokens[:, None], position_tensor, cache, index, spans, mask)
 
 
-# -----------------------------------------------------------------------------
-# timing: one primitive for every measured region
-
-
-def percentile_summary(samples_ms):
-    p10, p50, p90 = np.percentile(samples_ms, [10, 50, 90])
-    return {"median_ms": float(p50), "p10_ms": float(p10), "p90_ms": float(p90),
-            "mean_ms": float(np.mean(samples_ms)), "n": len(samples_ms)}
-
-
-SLOW_CALL_SHARE = 0.2  # a call over this share of a shape's time budget is timed fewer times
-
-
-def time_region(fn, device, warmup, reps, budget_s):
-    """Median and p10/p90 of fn() in ms after `warmup` untimed calls.
-
-    CUDA: events around each call. CPU: perf_counter. Repeats `reps` times or until `budget_s`
-    of timed calls, whichever comes first, but at least 5 times; 3 times where one call takes
-    over SLOW_CALL_SHARE of the budget and once where it takes the whole budget, so that no
-    shape takes minutes ("few_reps" says so). Warm-up stops early once it has spent a third of
-    the budget (a slow shape needs one call to warm, not three).
-    """
-    cuda = device.type == "cuda"
-    t0, slowest_s = time.perf_counter(), 0.0
-    for i in range(warmup):
-        t_call = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize(device)
-        slowest_s = max(slowest_s, time.perf_counter() - t_call)
-        if time.perf_counter() - t0 > budget_s / 3:
-            break
-    samples, spent = [], 0.0
-    while len(samples) < reps:
-        least = 5 if slowest_s <= SLOW_CALL_SHARE * budget_s else 3 if slowest_s <= budget_s \
-            else 1
-        if spent >= budget_s and len(samples) >= least:
-            break
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        else:
-            t_call = time.perf_counter()
-            fn()
-            ms = (time.perf_counter() - t_call) * 1e3
-        samples.append(ms)
-        spent += ms / 1e3
-        slowest_s = max(slowest_s, ms / 1e3)
-    summary = percentile_summary(samples)
-    summary["few_reps"] = len(samples) < min(5, reps)
-    return summary
-
-
-class OpLog:
-    """The aten ops run inside it, by name (PyTorch's profiler, CPU-side events only): which
-    attention kernel ran (PyTorch picks one per shape), and whether a step reads a device value
-    on the host."""
-
-    def __enter__(self):
-        self.profile = torch.autograd.profiler.profile()
-        with quiet_stderr():  # (recent builds print a line to fd 2 as a profile starts)
-            self.profile.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        with quiet_stderr():  # (and as it stops)
-            self.profile.__exit__(*exc)
-        self.ops = [e.name.removeprefix("aten::") for e in self.profile.function_events]
-
-    def attention(self):
-        """The attention kernels that ran (those named *attention*, less the dispatcher)."""
-        return sorted({op for op in self.ops if "attention" in op
-                       and op != "scaled_dot_product_attention"})
-
-    def host_syncs(self):
-        return [op for op in self.ops if op in HOST_SYNC_OPS]
-
-
-@contextlib.contextmanager
-def quiet_stderr():
-    """File descriptor 2 sent to the null device for the block (C++ code prints there)."""
-    sys.stderr.flush()
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
-
-
-def attention_kernel(device, dtype, batch, heads, queries, keys, head_dim, causal=False,
-                     padded=False):
-    """The attention kernel PyTorch runs for this shape under the backends allowed now: one
-    call on random tensors of the shape (at most 8 rows), its ops logged."""
-    g = torch.Generator(device="cpu").manual_seed(5)
-    b = min(batch, 8)
-    q = torch.randn(b, heads, queries, head_dim, generator=g).to(device, dtype)
-    k, v = (torch.randn(b, heads, keys, head_dim, generator=g).to(device, dtype)
-            for _ in range(2))
-    mask = torch.ones(b, 1, 1, keys, dtype=torch.bool, device=device) if padded else None
-    with OpLog() as log:
-        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    return log.attention()
-
-
-# ops that read a device value on the host (a CUDA graph cannot capture them; eagerly they stall
-# the stream): .item() and .tolist(), data-dependent shapes, a tensor made from host values
-HOST_SYNC_OPS = {"item", "_local_scalar_dense", "nonzero", "masked_select", "unique",
-                 "_unique2", "lift_fresh", "lift_fresh_copy"}
-
-
 def random_tokens(cfg, shape, device, n=8, seed=0):
     """A few fresh random token tensors to cycle through, so no call reuses the last input."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -1905,7 +1999,8 @@ def random_activations(cfg, shape, device, n=8, seed=0):
 
 
 # -----------------------------------------------------------------------------
-# device facts
+# device facts: which device, which dtype, how much memory, which attention backends
+# Probes and checks made before anything large is allocated; calls the accounting.
 
 
 def resolve_device(name):
@@ -1923,12 +2018,16 @@ def resolve_device(name):
 # fastest over the shapes it runs, a 2-byte type unless float32 beats it by more than
 # DTYPE_PREFERENCE (half the bytes of weights and KV cache, and what GPUs serve in).
 PROBE_DTYPES = ("float32", "bfloat16", "float16")
+
 DTYPE_PREFERENCE = 1.1
+
 # (rows, output features, weights in turn) through F.linear of the model's width, smallest first:
 # decode at 1 and 8 rows through four weights of 2^22 elements (64 MB in float32, 32 MB in a
 # 2-byte type: past a laptop's cache in both), prefill-like products at 64 and 256 rows
 PROBE_SHAPES = ((1, None, 4), (8, None, 4), (64, 1024, 1), (256, 1024, 1))  # None: 2^22 / width
+
 PROBE_DROP = 4.0  # a 2-byte type this much slower than the best at a shape is out (float32,
+
 # never on a slow path, is always timed whole)
 
 
@@ -2025,44 +2124,6 @@ def free_memory_bytes(device):
     return free_host_memory_bytes()
 
 
-def free_host_memory_bytes():
-    """Available RAM: Linux's MemAvailable, Windows' GlobalMemoryStatusEx, else sysconf's
-    available pages, else (macOS, which has no such count) all physical memory."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if sys.platform == "win32":
-        return windows_available_bytes()
-    for pages in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
-        try:
-            return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
-        except (AttributeError, ValueError, OSError):
-            pass
-    return math.inf
-
-
-def windows_available_bytes():
-    import ctypes
-
-    class MemoryStatus(ctypes.Structure):  # MEMORYSTATUSEX
-        _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong)] + [
-            (name, ctypes.c_ulonglong) for name in ("total", "available", "total_page",
-                                                    "available_page", "total_virtual",
-                                                    "available_virtual", "extended")]
-    status = MemoryStatus()
-    status.length = ctypes.sizeof(status)
-    try:
-        if ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):
-            return int(status.available)
-    except (AttributeError, OSError):
-        pass
-    return math.inf
-
-
 def check_cuda_arch(device):
     """One line when this PyTorch has no kernels for the device (e.g. an RTX 5080, sm_120,
     under a build for CUDA before 12.8): kernels for its sm, or PTX of an older one to JIT."""
@@ -2076,11 +2137,43 @@ def check_cuda_arch(device):
                          "the RTX 50 series, needs CUDA 12.8 or later)")
 
 
+# A layer's K (or V) view over a batch: batch x kv_heads x cached tokens x head_dim elements.
+# Past 2^31 - 1 some attention kernels' 32-bit offsets overflow (A at batch 256 and 4,096
+# tokens of context reaches 2^31 with the post's model), so such a row is skipped, not run.
+VIEW_ELEMENTS_MAX = 2**31 - 1
+
+
+def kv_view_elements(cfg, batch, cache_len):
+    return 0 if cfg.arch == "post" else batch * cfg.n_kv_heads * cache_len * cfg.head_dim
+
+
 def fits(cfg, device, batch, cache_len, new_tokens, margin=0.9):
     """(fits, needed_bytes, free_bytes) for one step's cache and activations, before allocating."""
     needed = memory_needed_bytes(cfg, batch, cache_len, new_tokens)
     free = free_memory_bytes(device)
     return needed <= margin * free, needed, free
+
+
+def check_memory(run, device, engine_lengths=None):
+    """The model's weights with the least that A and B need (a batch-1 decode step) and, for
+    D, its engine's KV cache, before anything is allocated: one line if it cannot fit. (A and B
+    rows too large for what is left are marked as not fitting, not refused.)"""
+    cfg = run.model
+    weights = param_count(cfg) * cfg.dtype_bytes
+    need = weights + memory_needed_bytes(cfg, 1, run.context + 1, 1)
+    what = "its weights"
+    if engine_lengths is not None:
+        longest = run.engine_prompt_len + int(engine_lengths.max())
+        engine = weights + memory_needed_bytes(cfg, run.engine_slots, longest,
+                                               run.engine_prompt_len)
+        if engine > need:
+            need, what = engine, f"its weights and D's KV cache ({run.engine_slots} rows x " \
+                                 f"{longest:,} tokens)"
+    free = free_memory_bytes(device)
+    if need > 0.9 * free:
+        raise UsageError(f"the model ({cfg.name}, {param_count(cfg) / 1e9:.2f} B parameters): "
+                         f"{what} need {gib(need)} but the device has {gib(free)} free; use a "
+                         "smaller model or --slots, or --experiments C (it allocates nothing)")
 
 
 def kv_budget_bytes(run, device):
@@ -2107,34 +2200,167 @@ def kv_budget_bytes(run, device):
              "total_gb": REFERENCE_MEMORY_GB, "weights_gib": weights / 2**30})
 
 
-def gib(n_bytes):
-    return f"{n_bytes / 2**30:.2f} GiB"
+def out_of_memory(error):
+    """Whether an exception is an allocation the device (or host) could not make."""
+    return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
 
 
-def check_memory(run, device, engine_lengths=None):
-    """The model's weights with the least that A and B need (a batch-1 decode step) and, for
-    D, its engine's KV cache, before anything is allocated: one line if it cannot fit. (A and B
-    rows too large for what is left are marked as not fitting, not refused.)"""
-    cfg = run.model
-    weights = param_count(cfg) * cfg.dtype_bytes
-    need = weights + memory_needed_bytes(cfg, 1, run.context + 1, 1)
-    what = "its weights"
-    if engine_lengths is not None:
-        longest = run.engine_prompt_len + int(engine_lengths.max())
-        engine = weights + memory_needed_bytes(cfg, run.engine_slots, longest,
-                                               run.engine_prompt_len)
-        if engine > need:
-            need, what = engine, f"its weights and D's KV cache ({run.engine_slots} rows x " \
-                                 f"{longest:,} tokens)"
-    free = free_memory_bytes(device)
-    if need > 0.9 * free:
-        raise UsageError(f"the model ({cfg.name}, {param_count(cfg) / 1e9:.2f} B parameters): "
-                         f"{what} need {gib(need)} but the device has {gib(free)} free; use a "
-                         "smaller model or --slots, or --experiments C (it allocates nothing)")
+# Every experiment's attention runs on backends that build no plan per shape: D's decode shapes
+# change at nearly every step, and cuDNN's attention (PyTorch's first choice on Hopper from
+# torch 2.5) plans each new shape, tens of ms to 0.4 s apiece, a cost D's step costs (timed on
+# warmed shapes) never see; A, B and C's KV check run under the same policy, so that their
+# tables compare the same kernels. Each records the kernels that ran.
+SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
+def sdpa_policy():
+    """A context in which scaled_dot_product_attention may use SDPA_BACKENDS alone."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS])
+
+
+def engine_attention(run, device):
+    """Whether D's engine pads its decode attention: --engine-attention, or by default on CUDA,
+    where one padded call beats a launch per span of rows."""
+    return {"padded": True, "spans": False}.get(run.engine_attention, device.type == "cuda")
 
 
 # -----------------------------------------------------------------------------
-# experiments A and B (device code)
+# timing: one primitive for every measured region, and the ops a region ran
+
+
+def percentile_summary(samples_ms):
+    p10, p50, p90 = np.percentile(samples_ms, [10, 50, 90])
+    return {"median_ms": float(p50), "p10_ms": float(p10), "p90_ms": float(p90),
+            "mean_ms": float(np.mean(samples_ms)), "n": len(samples_ms)}
+
+
+SLOW_CALL_SHARE = 0.2  # a call over this share of a shape's time budget is timed fewer times
+
+
+def time_region(fn, device, warmup, reps, budget_s):
+    """Median and p10/p90 of fn() in ms after `warmup` untimed calls.
+
+    CUDA: events around each call. CPU: perf_counter. Repeats `reps` times or until `budget_s`
+    of timed calls, whichever comes first, but at least 5 times; 3 times where one call takes
+    over SLOW_CALL_SHARE of the budget and once where it takes the whole budget, so that no
+    shape takes minutes ("few_reps" says so). Warm-up stops early once it has spent a third of
+    the budget (a slow shape needs one call to warm, not three).
+    """
+    cuda = device.type == "cuda"
+    t0, slowest_s = time.perf_counter(), 0.0
+    for i in range(warmup):
+        t_call = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        slowest_s = max(slowest_s, time.perf_counter() - t_call)
+        if time.perf_counter() - t0 > budget_s / 3:
+            break
+    samples, spent = [], 0.0
+    while len(samples) < reps:
+        least = 5 if slowest_s <= SLOW_CALL_SHARE * budget_s else 3 if slowest_s <= budget_s \
+            else 1
+        if spent >= budget_s and len(samples) >= least:
+            break
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t_call = time.perf_counter()
+            fn()
+            ms = (time.perf_counter() - t_call) * 1e3
+        samples.append(ms)
+        spent += ms / 1e3
+        slowest_s = max(slowest_s, ms / 1e3)
+    summary = percentile_summary(samples)
+    summary["few_reps"] = len(samples) < min(5, reps)
+    return summary
+
+
+def cuda_graph(fn):
+    """Capture fn() into a CUDA graph (after warming it on a side stream); return a replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay  # the bound method keeps the graph (and its memory pool) alive
+
+
+class OpLog:
+    """The aten ops run inside it, by name (PyTorch's profiler, CPU-side events only): which
+    attention kernel ran (PyTorch picks one per shape), and whether a step reads a device value
+    on the host."""
+
+    def __enter__(self):
+        self.profile = torch.autograd.profiler.profile()
+        with quiet_stderr():  # (recent builds print a line to fd 2 as a profile starts)
+            self.profile.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        with quiet_stderr():  # (and as it stops)
+            self.profile.__exit__(*exc)
+        self.ops = [e.name.removeprefix("aten::") for e in self.profile.function_events]
+
+    def attention(self):
+        """The attention kernels that ran (those named *attention*, less the dispatcher)."""
+        return sorted({op for op in self.ops if "attention" in op
+                       and op != "scaled_dot_product_attention"})
+
+    def host_syncs(self):
+        return [op for op in self.ops if op in HOST_SYNC_OPS]
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """File descriptor 2 sent to the null device for the block (C++ code prints there)."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+# ops that read a device value on the host (a CUDA graph cannot capture them; eagerly they stall
+# the stream): .item() and .tolist(), data-dependent shapes, a tensor made from host values
+HOST_SYNC_OPS = {"item", "_local_scalar_dense", "nonzero", "masked_select", "unique",
+                 "_unique2", "lift_fresh", "lift_fresh_copy"}
+
+
+def attention_kernel(device, dtype, batch, heads, queries, keys, head_dim, causal=False,
+                     padded=False):
+    """The attention kernel PyTorch runs for this shape under the backends allowed now: one
+    call on random tensors of the shape (at most 8 rows), its ops logged."""
+    g = torch.Generator(device="cpu").manual_seed(5)
+    b = min(batch, 8)
+    q = torch.randn(b, heads, queries, head_dim, generator=g).to(device, dtype)
+    k, v = (torch.randn(b, heads, keys, head_dim, generator=g).to(device, dtype)
+            for _ in range(2))
+    mask = torch.ones(b, 1, 1, keys, dtype=torch.bool, device=device) if padded else None
+    with OpLog() as log:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    return log.attention()
+
+
+# -----------------------------------------------------------------------------
+# experiments A and B: decode against batch and context, prefill against decode (device code)
+# Each row is a timing (time_region) joined to its accounting (step_cost) under the measured
+# ceilings: rates, intensity, MBU, MFU and the bound.
 
 
 class Bench:
@@ -2236,28 +2462,6 @@ class Bench:
         return None
 
 
-# A layer's K (or V) view over a batch: batch x kv_heads x cached tokens x head_dim elements.
-# Past 2^31 - 1 some attention kernels' 32-bit offsets overflow (A at batch 256 and 4,096
-# tokens of context reaches 2^31 with the post's model), so such a row is skipped, not run.
-VIEW_ELEMENTS_MAX = 2**31 - 1
-
-
-def kv_view_elements(cfg, batch, cache_len):
-    return 0 if cfg.arch == "post" else batch * cfg.n_kv_heads * cache_len * cfg.head_dim
-
-
-def one_line(error):
-    """An exception as one line: its type and the first line of its message."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
-
-
-def out_of_memory(error):
-    """Whether an exception is an allocation the device (or host) could not make."""
-    return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or (
-        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
-
-
 def timed_or_skipped(row, time_it):
     """row updated with time_it() (-> its fields), or marked skipped where the device ran out
     of memory (the caching allocator's spare blocks given back before the next row)."""
@@ -2272,55 +2476,8 @@ def timed_or_skipped(row, time_it):
     return row
 
 
-
-def kv_device_check(bench, kv):
-    """Allocate the KV cache C's budget holds, as rows of the longest sequence that fits (at
-    least one row per request running at the peak of the continuous schedule), and time one
-    decode step over the first rows, each at the context its request had at the peak."""
-    cfg, contexts = bench.cfg, kv["peak"]["contexts"]
-    batch = len(contexts)
-    row_tokens = min(kv["budget_tokens"] // batch, cfg.max_positions)
-    n_rows = max(batch, kv["budget_tokens"] // row_tokens)
-    positions = [min(c, row_tokens) - 1 for c in contexts]  # the token each row decodes next
-    clamped = sum(c > row_tokens for c in contexts)
-    check = {"device": device_name(bench.device), "rows": n_rows, "batch": batch,
-             "row_tokens": row_tokens, "bytes": n_rows * row_tokens * kv_bytes_per_token(cfg),
-             "clamped_rows": clamped, "max_context": max(contexts)}
-    reason = bench.skip_reason(n_rows, row_tokens, 1, margin=1.0)  # the budget has its margin
-    if reason:
-        check["skipped"] = reason
-        return check
-    pad = engine_attention(bench.run, bench.device)  # (attending as D's engine does)
-    check.update(attention="padded" if pad else "spans",
-                 kernel=decode_kernel(bench, batch, max(positions) + 1, pad))
-
-    def time_it():
-        cache = new_kv_cache(cfg, n_rows, row_tokens, bench.device)
-        next_tokens = itertools.cycle(random_tokens(cfg, (batch,), bench.device, seed=batch))
-        timing = time_region(lambda: decode_step(bench.model, cache, next(next_tokens),
-                                                 positions, pad=pad),
-                             bench.device, bench.run.warmup, min(bench.run.reps, 10),
-                             bench.run.time_budget_s)
-        return {"step_ms": timing["median_ms"], "p10_ms": timing["p10_ms"],
-                "p90_ms": timing["p90_ms"]}
-    return timed_or_skipped(check, time_it)
-
-
-def cuda_graph(fn):
-    """Capture fn() into a CUDA graph (after warming it on a side stream); return a replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay  # the bound method keeps the graph (and its memory pool) alive
-
-
 CEILING_MATMUL_SHARE = 1 / 40  # the ceilings' matmul grows until one product takes this share
+
 # of a shape's time budget: 50 ms by default, 5 ms with --quick
 CEILING_MATMUL_N = {"cuda": (1024, 16384), "cpu": (256, 4096)}  # (first, largest) size
 
@@ -2377,6 +2534,12 @@ def measure_ceilings(run, device, log):
     return ceilings
 
 
+# A step that reaches under this share of both ceilings is bound by neither. On a GPU that is
+# kernel launches and host work (eager decode on a fast card): "launch". On a CPU, "overhead":
+# a matmul library far from its best at the shape (small batches on some chips), and host work.
+LAUNCH_BOUND_SHARE = 0.25
+
+
 def roofline_row(cfg, ceilings, timing, batch, new_tokens, context, cuda=False):
     """Timing + the accounting of the step it timed: rates, intensity, MBU, MFU and bound.
 
@@ -2406,19 +2569,6 @@ def roofline_row(cfg, ceilings, timing, batch, new_tokens, context, cuda=False):
     if "graph_failed" in timing:
         row["graph_failed"] = timing["graph_failed"]
     return row
-
-
-# A step that reaches under this share of both ceilings is bound by neither. On a GPU that is
-# kernel launches and host work (eager decode on a fast card): "launch". On a CPU, "overhead":
-# a matmul library far from its best at the shape (small batches on some chips), and host work.
-LAUNCH_BOUND_SHARE = 0.25
-
-
-def kv_crossover_batch(cfg, context):
-    """Smallest batch whose KV-cache reads per decode step exceed the weight reads."""
-    cost = step_cost(cfg, 1, 1, context)
-    kv_per_row = cost["kv_read_bytes"]
-    return math.floor(cost["weight_bytes"] / kv_per_row) + 1 if kv_per_row else None
 
 
 def decode_row(bench, ceilings, batch, context, mode):
@@ -2519,8 +2669,43 @@ def row_progress(row):
            f"{row['reps']} reps)"
 
 
+def kv_device_check(bench, kv):
+    """Allocate the KV cache C's budget holds, as rows of the longest sequence that fits (at
+    least one row per request running at the peak of the continuous schedule), and time one
+    decode step over the first rows, each at the context its request had at the peak."""
+    cfg, contexts = bench.cfg, kv["peak"]["contexts"]
+    batch = len(contexts)
+    row_tokens = min(kv["budget_tokens"] // batch, cfg.max_positions)
+    n_rows = max(batch, kv["budget_tokens"] // row_tokens)
+    positions = [min(c, row_tokens) - 1 for c in contexts]  # the token each row decodes next
+    clamped = sum(c > row_tokens for c in contexts)
+    check = {"device": device_name(bench.device), "rows": n_rows, "batch": batch,
+             "row_tokens": row_tokens, "bytes": n_rows * row_tokens * kv_bytes_per_token(cfg),
+             "clamped_rows": clamped, "max_context": max(contexts)}
+    reason = bench.skip_reason(n_rows, row_tokens, 1, margin=1.0)  # the budget has its margin
+    if reason:
+        check["skipped"] = reason
+        return check
+    pad = engine_attention(bench.run, bench.device)  # (attending as D's engine does)
+    check.update(attention="padded" if pad else "spans",
+                 kernel=decode_kernel(bench, batch, max(positions) + 1, pad))
+
+    def time_it():
+        cache = new_kv_cache(cfg, n_rows, row_tokens, bench.device)
+        next_tokens = itertools.cycle(random_tokens(cfg, (batch,), bench.device, seed=batch))
+        timing = time_region(lambda: decode_step(bench.model, cache, next(next_tokens),
+                                                 positions, pad=pad),
+                             bench.device, bench.run.warmup, min(bench.run.reps, 10),
+                             bench.run.time_budget_s)
+        return {"step_ms": timing["median_ms"], "p10_ms": timing["p10_ms"],
+                "p90_ms": timing["p90_ms"]}
+    return timed_or_skipped(check, time_it)
+
+
 # -----------------------------------------------------------------------------
-# experiment C (pure simulation)
+# experiment C: static against continuous batching, in steps and in seconds (pure simulation)
+# The post's table, the three schedulers, the KV cache, who waits, the rate sweep; every
+# simulation a worker's task. Calls the pure sections only.
 
 
 def catalog(context=1024, batch=64):
@@ -2541,12 +2726,6 @@ def catalog(context=1024, batch=64):
                              if b * (context + 1) <= fit else None for b in (1, batch)}})
     return {"context": context, "batch": batch, "fraction": KV_MEMORY_FRACTION, **{
         f"{k}_share": v for k, v in CARD_EFFICIENCY.items()}, "rows": rows}
-
-
-def request_lengths(run):
-    if run.lengths_file:
-        return read_lengths_file(run.lengths_file)
-    return lognormal_lengths(run.requests, run.seed)
 
 
 def seed_spread(n, slots):
@@ -2580,6 +2759,74 @@ def post_table(run, lengths):
     return result
 
 
+def orders_steps(lengths, slots, orders):
+    """The post's table under each order: every request waiting at t=0, so an order is a
+    stable sort of the queue; the steps, occupancy and the step at which requests finish."""
+    result = {}
+    for order in orders:
+        ordered = lengths if order.keys is None else lengths[order.ranked]
+        result[order.name] = {}
+        for policy, starts_of in (("static", static_starts), ("continuous", continuous_starts)):
+            starts, steps = starts_of(ordered, slots)
+            finish = starts + ordered
+            result[order.name][policy] = {
+                "steps": steps, "occupancy": float(lengths.sum() / (steps * slots)),
+                "mean_finish_step": float(finish.mean()),
+                "p99_finish_step": float(np.percentile(finish, 99))}
+    return result
+
+
+def step_costs(run, results):
+    """C's prices: measured (A's rows; the default when A ran and no --gpu is named), or the
+    named card's analytic roofline, or one of --peak-*, this run's ceilings or the post's."""
+    if run.cost == "measured" or (run.cost is None and "A" in results and not run.gpu):
+        if "A" not in results:
+            raise UsageError("--cost measured needs experiment A in the same run")
+        return measured_costs(run.model, results)
+    if run.gpu and not (run.peak_bandwidth_gbs or run.peak_tflops):
+        return card_costs(run.model, GPUS[run.gpu])
+    ceil = results["environment"].get("ceilings", {})
+    return analytic_costs(run.model, run.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
+                          or REFERENCE_BANDWIDTH_GBS,
+                          run.peak_tflops or ceil.get("matmul_tflops") or REFERENCE_TFLOPS)
+
+
+def arrivals(run):
+    """How C's requests arrive, as a description for the tables."""
+    if run.rate is None:
+        return {"kind": "arrivals_zero"}
+    if run.rate == "trace":
+        return {"kind": "arrivals_trace"}
+    if run.burstiness == 1:
+        return {"kind": "arrivals_poisson", "rate": run.rate}
+    return {"kind": "arrivals_gamma", "rate": run.rate, "burstiness": run.burstiness}
+
+
+def workload(run):
+    """Where C's request lengths come from, as a description for the tables."""
+    if run.trace:
+        return {"kind": "source_trace", "name": os.path.basename(run.trace)}
+    if run.lengths_file:
+        return {"kind": "source_file", "path": run.lengths_file}
+    return {"kind": "source_law", "mu": LENGTH_MU, "sigma": LENGTH_SIGMA, "max": LENGTH_MAX,
+            "seed": run.seed}
+
+
+def run_order(run, output, name=None):
+    """The queue's Order for C's requests: --order with --max-wait-s, or the order `name` with
+    no guard; the predicted lengths are the same draw (--predict-sigma) in every study."""
+    return queue_order(name or run.order, output, run.predict_sigma, run.seed + 4,
+                       None if name else run.max_wait_s)
+
+
+def order_info(order, output, seed=0):
+    """An Order as a description for the tables (with how well its predictions rank)."""
+    info = {"name": order.name, "max_wait_s": order.max_wait_s}
+    if order.name == "predicted":
+        info.update(sigma=order.sigma, kendall_tau=kendall_tau(output, order.keys, seed=seed))
+    return info
+
+
 def simulation_task(label, req, slots, costs, scheduler, chunk_tokens, kv=None, order=None):
     """One timed simulation, with progress lines on a long one (run in a worker process)."""
     t0 = time.perf_counter()
@@ -2587,21 +2834,6 @@ def simulation_task(label, req, slots, costs, scheduler, chunk_tokens, kv=None, 
                            functools.partial(log_labelled, label), order)
     sim["wall_s"] = time.perf_counter() - t0
     return sim
-
-
-def run_parallel(calls, jobs):
-    """[(function, args)] -> [function(*args)], in order; in up to `jobs` worker processes.
-
-    On Linux the workers are forked: they inherit the loaded module (no fresh torch import)
-    and touch no device, which is what makes forking safe after CUDA has been used."""
-    if jobs <= 1 or len(calls) <= 1:
-        return [fn(*args) for fn, args in calls]
-    import concurrent.futures
-    import multiprocessing
-    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
-    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(calls)), context) as pool:
-        futures = [pool.submit(fn, *args) for fn, args in calls]
-        return [f.result() for f in futures]
 
 
 def run_batching_sim(run, req, log, results, kv=None):
@@ -2627,7 +2859,7 @@ def run_batching_sim(run, req, log, results, kv=None):
             run_order(run, req.output, name) for name in ORDERS])
     result.update(source=workload(run), requests=len(req.output), slots=run.slots,
                   share_of=run.replicas,
-                  cost_model=costs.describe(), order=order_info(order, req.output, run.seed),
+                  cost_model=costs.as_dict(), order=order_info(order, req.output, run.seed),
                   arrivals=arrivals(run), prompt_tokens=percentiles(req.prompt),
                   output_tokens=percentiles(req.output), schedulers={}, distributions={})
     runs = [(f"C {name}", name, None) for name in SCHEDULERS]
@@ -2674,9 +2906,182 @@ def run_batching_sim(run, req, log, results, kv=None):
     return result
 
 
-REPLICAS_MAX = 1024       # the most replicas a flag or a search goes to
-CAPACITY_REQUESTS = 4000  # requests per point of a capacity search (the run's, cycled)
-CAPACITY_SEEDS = 5        # independent arrival draws of one replica's capacity
+def kv_setup(run, req, device):
+    """C's KV budgets, one per policy, checked against every request before anything runs.
+    -> (the budget's description, the budgets every request fits); a policy a request does not
+    fit is left out, and info["unfit"] says why, so its rows print as not fitting."""
+    memory_bytes, source = kv_budget_bytes(run, device)
+    per_token = kv_bytes_per_token(run.model)
+    generated = not (run.trace or run.lengths_file)
+    max_output = run.max_output or (LENGTH_MAX if generated else int(req.output.max()))
+    info = {"memory_bytes": memory_bytes, "memory_source": source, "bytes_per_token": per_token,
+            "budget_tokens": max(int(memory_bytes // per_token), 0),
+            "block_tokens": run.block_tokens, "max_output": max_output,
+            "watermark": run.watermark, "unfit": {}}
+    budgets = []
+    for policy in run.kv_policies:
+        kv = KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output,
+                      run.watermark if policy == "paged" else 0.0)
+        why = check_kv_budget(req, kv) if info["budget_tokens"] else {"kind": "kv_no_memory"}
+        if why:
+            info["unfit"][policy] = why
+        else:
+            budgets.append(kv)
+    return info, budgets
+
+
+def kv_metrics(req, sim, kv):
+    """Memory use of one simulated run: time averages over the makespan, and its latencies."""
+    m, mem = serving_metrics(req, sim), sim["kv"]
+    utilization = mem["held_s"] / mem["alloc_s"] if mem["alloc_s"] else 0.0
+    if kv.policy == "reserve":  # reserved for output the request never produced
+        unused = (kv.max_output - req.output) * (sim["finish"] - sim["start"])
+        fragmentation = float(unused.sum()) / mem["alloc_s"] if mem["alloc_s"] else 0.0
+    else:  # the empty tails of the last blocks
+        fragmentation = 1.0 - utilization
+    return {"utilization": utilization, "fragmentation": fragmentation,
+            "peak_concurrency": mem["peak_running"],
+            "mean_concurrency": mem["running_s"] / m["makespan_s"],
+            "preemptions": mem["preemptions"], "recomputed_tokens": mem["recomputed_tokens"],
+            "max_allocated_tokens": mem["max_alloc"],
+            **{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "makespan_s", "steps",
+                                 "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")}}
+
+
+def kv_study(req, sims, info, budgets):
+    """C's KV cache: every allocation policy with every scheduler, against the memory budget
+    (sims: the finished simulations, by label)."""
+    result = {**info, "series": {}}
+    for kv in budgets:
+        result[kv.policy] = {}
+        for name in SCHEDULERS:
+            sim = sims[f"C kv {kv.policy} {name}"]
+            result[kv.policy][name] = kv_metrics(req, sim, kv)
+            if name == "continuous":
+                t, held, alloc, running = zip(*thin(sim["kv"]["series"]))
+                result["series"][kv.policy] = {"t_s": t, "held_tokens": held,
+                                               "allocated_tokens": alloc, "running": running}
+                result["peak"] = {"policy": kv.policy, "scheduler": name,
+                                  "contexts": sim["kv"]["peak_contexts"]}
+    return result
+
+
+def study_budget(budgets):
+    """The KV budget a study runs under: paged where every request fits it, else the other
+    policy, else none (memory unlimited)."""
+    return next((b for b in budgets if b.policy == "paged"), budgets[0] if budgets else None)
+
+
+def who_waits(run, req, costs, budgets):
+    """C: who waits under each order of the queue. Continuous batching serves the run's
+    requests (the first WHO_WAITS_REQUESTS) as they arrive, within the KV budget (paged where
+    every request fits it, else the other policy, else none); the two shortest-first orders
+    run again with the starvation guard (--max-wait-s, or else FCFS's 99th-percentile wait).
+    -> (what ran, {order: latencies overall and by output length}, the simulations)"""
+    n = min(len(req.output), WHO_WAITS_REQUESTS)
+    req = req.take(slice(n))
+    budget = study_budget(budgets)
+
+    def simulate(orders):
+        return dict(zip(orders, run_parallel([(simulation_task, (
+            f"C who waits {name}", req, run.slots, costs, "continuous", run.chunk_tokens, budget,
+            order)) for name, order in orders.items()], run.jobs)))
+    orders = {name: run_order(run, req.output, name) for name in ORDERS}
+    sims = simulate(orders)
+    guard, source = run.max_wait_s, "guard_flag"
+    if guard is None:
+        guard = float(np.percentile(sims["fcfs"]["start"] - req.arrival_s, 99))
+        source = "guard_fcfs"
+    sims.update(simulate({f"{name}_guarded": dataclasses.replace(orders[name], max_wait_s=guard)
+                          for name in ("sjf", "predicted")}))
+    edges = [int(e) for e in np.quantile(req.output, [1 / 3, 2 / 3])]
+    predicted = order_info(orders["predicted"], req.output, run.seed)
+    info = {"requests": n, "slots": run.slots, "scheduler": "continuous",
+            "kv_policy": budget.policy if budget else None, "arrivals": arrivals(run),
+            "guard_s": guard, "guard_source": source, "length_edges": edges,
+            "sigma": predicted["sigma"], "kendall_tau": predicted["kendall_tau"]}
+    return info, {name: order_latencies(req, sim, edges) for name, sim in sims.items()}, \
+        list(sims.values())
+
+
+def order_latencies(req, sim, edges):
+    """One order's latencies: overall, by output-length bucket (short up to edges[0] tokens,
+    medium up to edges[1], long), and a curve by output length for the figure. Normalized
+    latency is E2E / output tokens (Orca's and vLLM's measure); the wait is admission -
+    arrival."""
+    m = serving_metrics(req, sim)
+    out = req.output
+    ttft, e2e = sim["first_token"] - req.arrival_s, sim["finish"] - req.arrival_s
+    wait, per_token = sim["start"] - req.arrival_s, e2e / out
+    buckets = []
+    for name, mask in (("short", out <= edges[0]), ("medium", (out > edges[0])
+                                                    & (out <= edges[1])),
+                       ("long", out > edges[1])):
+        if mask.any():
+            buckets.append({"bucket": name, "low": int(out[mask].min()),
+                            "high": int(out[mask].max()), "count": int(mask.sum()),
+                            "ttft_s": percentiles(ttft[mask]), "e2e_s": percentiles(e2e[mask]),
+                            "normalized_s_per_token": float(per_token[mask].mean()),
+                            "max_wait_s": float(wait[mask].max())})
+    bins = np.unique(np.geomspace(out.min(), out.max() + 1, 17).astype(int))
+    which = np.searchsorted(bins, out, side="right") - 1
+    curve = {"length": [], "ttft_mean_s": [], "e2e_mean_s": [], "per_token_mean_s": []}
+    for b in np.unique(which):  # (means: a bin's few long waits are what an order moves)
+        mask = which == b
+        curve["length"].append(float(np.median(out[mask])))
+        for key, values in (("ttft_mean_s", ttft), ("e2e_mean_s", e2e),
+                            ("per_token_mean_s", per_token)):
+            curve[key].append(float(values[mask].mean()))
+    return {**{k: m[k] for k in ("makespan_s", "throughput_rps", "output_tokens_per_s",
+                                 "ttft_s", "tpot_s", "e2e_s", "iterations", "simulation_s")},
+            "normalized_s_per_token": float(per_token.mean()), "max_wait_s": float(wait.max()),
+            "by_length": buckets, "curve": curve}
+
+
+def rate_sweep(run, req, costs, continuous, order=None):
+    """Throughput and p99 latency of each scheduler as the arrival rate grows.
+
+    Rates: --rates, or fractions of the continuous scheduler's capacity (its throughput with
+    every request waiting at t=0, or as measured above). Each point replays the first
+    SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals. -> (points, the
+    simulations behind them)
+    """
+    req = req.take(slice(SWEEP_REQUESTS))
+    capacity = continuous["throughput_rps"]
+    rates = run.rates or tuple(round(f * capacity, 6) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0,
+                                                                1.2))
+    rng = np.random.default_rng(run.seed + 2)
+    swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.burstiness, rng))
+             for rate in rates]
+    sims = run_parallel([(simulation_task, (f"C sweep {rate:g}/s {name}", r, run.slots, costs,
+                                            name, run.chunk_tokens, None, order))
+                         for rate, r in zip(rates, swept) for name in SCHEDULERS], run.jobs)
+    points = []
+    for i, (rate, r) in enumerate(zip(rates, swept)):
+        row = {"rate_rps": rate}
+        for name, sim in zip(SCHEDULERS, sims[3 * i:3 * i + 3]):
+            m = serving_metrics(r, sim)
+            row[name] = {"throughput_rps": m["throughput_rps"], "e2e_p99_s": m["e2e_s"]["p99"],
+                         "ttft_p99_s": m["ttft_s"]["p99"]}
+        points.append(row)
+    return points, sims
+
+
+def save_requests_csv(path, req, sims):
+    lines = ["scheduler,id,arrival,prompt,output,start,first_token,finish"]
+    for name, sim in sims.items():
+        for i in range(len(req.output)):
+            lines.append(f"{name},{i},{req.arrival_s[i]:.6f},{req.prompt[i]},{req.output[i]},"
+                         f"{sim['start'][i]:.6f},{sim['first_token'][i]:.6f},"
+                         f"{sim['finish'][i]:.6f}")
+    try:
+        write_atomic(path, "\n".join(lines) + "\n")
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror}")
+
+
+# -----------------------------------------------------------------------------
+# C's fleets and capacity: replicas behind routers, and the capacity at an SLO (pure simulation)
 
 
 def every_nth(req, n, offset=0):
@@ -2842,275 +3247,12 @@ def capacity_study(run, req, costs, budget, order):
     return result
 
 
-def kv_setup(run, req, device):
-    """C's KV budgets, one per policy, checked against every request before anything runs.
-    -> (the budget's description, the budgets every request fits); a policy a request does not
-    fit is left out, and info["unfit"] says why, so its rows print as not fitting."""
-    memory_bytes, source = kv_budget_bytes(run, device)
-    per_token = kv_bytes_per_token(run.model)
-    generated = not (run.trace or run.lengths_file)
-    max_output = run.max_output or (LENGTH_MAX if generated else int(req.output.max()))
-    info = {"memory_bytes": memory_bytes, "memory_source": source, "bytes_per_token": per_token,
-            "budget_tokens": max(int(memory_bytes // per_token), 0),
-            "block_tokens": run.block_tokens, "max_output": max_output,
-            "watermark": run.watermark, "unfit": {}}
-    budgets = []
-    for policy in run.kv_policies:
-        kv = KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output,
-                      run.watermark if policy == "paged" else 0.0)
-        why = check_kv_budget(req, kv) if info["budget_tokens"] else {"kind": "kv_no_memory"}
-        if why:
-            info["unfit"][policy] = why
-        else:
-            budgets.append(kv)
-    return info, budgets
-
-
-def kv_metrics(req, sim, kv):
-    """Memory use of one simulated run: time averages over the makespan, and its latencies."""
-    m, mem = serving_metrics(req, sim), sim["kv"]
-    utilization = mem["held_s"] / mem["alloc_s"] if mem["alloc_s"] else 0.0
-    if kv.policy == "reserve":  # reserved for output the request never produced
-        unused = (kv.max_output - req.output) * (sim["finish"] - sim["start"])
-        fragmentation = float(unused.sum()) / mem["alloc_s"] if mem["alloc_s"] else 0.0
-    else:  # the empty tails of the last blocks
-        fragmentation = 1.0 - utilization
-    return {"utilization": utilization, "fragmentation": fragmentation,
-            "peak_concurrency": mem["peak_running"],
-            "mean_concurrency": mem["running_s"] / m["makespan_s"],
-            "preemptions": mem["preemptions"], "recomputed_tokens": mem["recomputed_tokens"],
-            "max_allocated_tokens": mem["max_alloc"],
-            **{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "makespan_s", "steps",
-                                 "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")}}
-
-
-def thin(rows, points=400):
-    """At most `points` evenly spaced rows of a time series, the last one included."""
-    keep = np.unique(np.linspace(0, len(rows) - 1, min(points, len(rows))).astype(int))
-    return [rows[i] for i in keep]
-
-
-def kv_study(req, sims, info, budgets):
-    """C's KV cache: every allocation policy with every scheduler, against the memory budget
-    (sims: the finished simulations, by label)."""
-    result = {**info, "series": {}}
-    for kv in budgets:
-        result[kv.policy] = {}
-        for name in SCHEDULERS:
-            sim = sims[f"C kv {kv.policy} {name}"]
-            result[kv.policy][name] = kv_metrics(req, sim, kv)
-            if name == "continuous":
-                t, held, alloc, running = zip(*thin(sim["kv"]["series"]))
-                result["series"][kv.policy] = {"t_s": t, "held_tokens": held,
-                                               "allocated_tokens": alloc, "running": running}
-                result["peak"] = {"policy": kv.policy, "scheduler": name,
-                                  "contexts": sim["kv"]["peak_contexts"]}
-    return result
-
-
-def run_order(run, output, name=None):
-    """The queue's Order for C's requests: --order with --max-wait-s, or the order `name` with
-    no guard; the predicted lengths are the same draw (--predict-sigma) in every study."""
-    return queue_order(name or run.order, output, run.predict_sigma, run.seed + 4,
-                       None if name else run.max_wait_s)
-
-
-def order_info(order, output, seed=0):
-    """An Order as a description for the tables (with how well its predictions rank)."""
-    info = {"name": order.name, "max_wait_s": order.max_wait_s}
-    if order.name == "predicted":
-        info.update(sigma=order.sigma, kendall_tau=kendall_tau(output, order.keys, seed=seed))
-    return info
-
-
-def orders_steps(lengths, slots, orders):
-    """The post's table under each order: every request waiting at t=0, so an order is a
-    stable sort of the queue; the steps, occupancy and the step at which requests finish."""
-    result = {}
-    for order in orders:
-        ordered = lengths if order.keys is None else lengths[order.ranked]
-        result[order.name] = {}
-        for policy, starts_of in (("static", static_starts), ("continuous", continuous_starts)):
-            starts, steps = starts_of(ordered, slots)
-            finish = starts + ordered
-            result[order.name][policy] = {
-                "steps": steps, "occupancy": float(lengths.sum() / (steps * slots)),
-                "mean_finish_step": float(finish.mean()),
-                "p99_finish_step": float(np.percentile(finish, 99))}
-    return result
-
-
-WHO_WAITS_REQUESTS = 100_000  # the who-waits study serves the first this many requests
-
-
-def study_budget(budgets):
-    """The KV budget a study runs under: paged where every request fits it, else the other
-    policy, else none (memory unlimited)."""
-    return next((b for b in budgets if b.policy == "paged"), budgets[0] if budgets else None)
-
-
-def who_waits(run, req, costs, budgets):
-    """C: who waits under each order of the queue. Continuous batching serves the run's
-    requests (the first WHO_WAITS_REQUESTS) as they arrive, within the KV budget (paged where
-    every request fits it, else the other policy, else none); the two shortest-first orders
-    run again with the starvation guard (--max-wait-s, or else FCFS's 99th-percentile wait).
-    -> (what ran, {order: latencies overall and by output length}, the simulations)"""
-    n = min(len(req.output), WHO_WAITS_REQUESTS)
-    req = req.take(slice(n))
-    budget = study_budget(budgets)
-
-    def simulate(orders):
-        return dict(zip(orders, run_parallel([(simulation_task, (
-            f"C who waits {name}", req, run.slots, costs, "continuous", run.chunk_tokens, budget,
-            order)) for name, order in orders.items()], run.jobs)))
-    orders = {name: run_order(run, req.output, name) for name in ORDERS}
-    sims = simulate(orders)
-    guard, source = run.max_wait_s, "guard_flag"
-    if guard is None:
-        guard = float(np.percentile(sims["fcfs"]["start"] - req.arrival_s, 99))
-        source = "guard_fcfs"
-    sims.update(simulate({f"{name}_guarded": dataclasses.replace(orders[name], max_wait_s=guard)
-                          for name in ("sjf", "predicted")}))
-    edges = [int(e) for e in np.quantile(req.output, [1 / 3, 2 / 3])]
-    predicted = order_info(orders["predicted"], req.output, run.seed)
-    info = {"requests": n, "slots": run.slots, "scheduler": "continuous",
-            "kv_policy": budget.policy if budget else None, "arrivals": arrivals(run),
-            "guard_s": guard, "guard_source": source, "length_edges": edges,
-            "sigma": predicted["sigma"], "kendall_tau": predicted["kendall_tau"]}
-    return info, {name: order_latencies(req, sim, edges) for name, sim in sims.items()}, \
-        list(sims.values())
-
-
-def order_latencies(req, sim, edges):
-    """One order's latencies: overall, by output-length bucket (short up to edges[0] tokens,
-    medium up to edges[1], long), and a curve by output length for the figure. Normalized
-    latency is E2E / output tokens (Orca's and vLLM's measure); the wait is admission -
-    arrival."""
-    m = serving_metrics(req, sim)
-    out = req.output
-    ttft, e2e = sim["first_token"] - req.arrival_s, sim["finish"] - req.arrival_s
-    wait, per_token = sim["start"] - req.arrival_s, e2e / out
-    buckets = []
-    for name, mask in (("short", out <= edges[0]), ("medium", (out > edges[0])
-                                                    & (out <= edges[1])),
-                       ("long", out > edges[1])):
-        if mask.any():
-            buckets.append({"bucket": name, "low": int(out[mask].min()),
-                            "high": int(out[mask].max()), "count": int(mask.sum()),
-                            "ttft_s": percentiles(ttft[mask]), "e2e_s": percentiles(e2e[mask]),
-                            "normalized_s_per_token": float(per_token[mask].mean()),
-                            "max_wait_s": float(wait[mask].max())})
-    bins = np.unique(np.geomspace(out.min(), out.max() + 1, 17).astype(int))
-    which = np.searchsorted(bins, out, side="right") - 1
-    curve = {"length": [], "ttft_mean_s": [], "e2e_mean_s": [], "per_token_mean_s": []}
-    for b in np.unique(which):  # (means: a bin's few long waits are what an order moves)
-        mask = which == b
-        curve["length"].append(float(np.median(out[mask])))
-        for key, values in (("ttft_mean_s", ttft), ("e2e_mean_s", e2e),
-                            ("per_token_mean_s", per_token)):
-            curve[key].append(float(values[mask].mean()))
-    return {**{k: m[k] for k in ("makespan_s", "throughput_rps", "output_tokens_per_s",
-                                 "ttft_s", "tpot_s", "e2e_s", "iterations", "simulation_s")},
-            "normalized_s_per_token": float(per_token.mean()), "max_wait_s": float(wait.max()),
-            "by_length": buckets, "curve": curve}
-
-
-def step_costs(run, results):
-    """C's prices: measured (A's rows; the default when A ran and no --gpu is named), or the
-    named card's analytic roofline, or one of --peak-*, this run's ceilings or the post's."""
-    if run.cost == "measured" or (run.cost is None and "A" in results and not run.gpu):
-        if "A" not in results:
-            raise UsageError("--cost measured needs experiment A in the same run")
-        return measured_costs(run.model, results)
-    if run.gpu and not (run.peak_bandwidth_gbs or run.peak_tflops):
-        return card_costs(run.model, GPUS[run.gpu])
-    ceil = results["environment"].get("ceilings", {})
-    return analytic_costs(run.model, run.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
-                          or REFERENCE_BANDWIDTH_GBS,
-                          run.peak_tflops or ceil.get("matmul_tflops") or REFERENCE_TFLOPS)
-
-
-def arrivals(run):
-    """How C's requests arrive, as a description for the tables."""
-    if run.rate is None:
-        return {"kind": "arrivals_zero"}
-    if run.rate == "trace":
-        return {"kind": "arrivals_trace"}
-    if run.burstiness == 1:
-        return {"kind": "arrivals_poisson", "rate": run.rate}
-    return {"kind": "arrivals_gamma", "rate": run.rate, "burstiness": run.burstiness}
-
-
-def workload(run):
-    """Where C's request lengths come from, as a description for the tables."""
-    if run.trace:
-        return {"kind": "source_trace", "name": os.path.basename(run.trace)}
-    if run.lengths_file:
-        return {"kind": "source_file", "path": run.lengths_file}
-    return {"kind": "source_law", "mu": LENGTH_MU, "sigma": LENGTH_SIGMA, "max": LENGTH_MAX,
-            "seed": run.seed}
-
-
-def quantile_curve(sorted_values, points=200):
-    """A compact CDF for the JSON and the figure: values at evenly spaced quantiles."""
-    q = np.linspace(0, 1, points)
-    return np.quantile(sorted_values, q).tolist() if len(sorted_values) else []
-
-
-def rate_sweep(run, req, costs, continuous, order=None):
-    """Throughput and p99 latency of each scheduler as the arrival rate grows.
-
-    Rates: --rates, or fractions of the continuous scheduler's capacity (its throughput with
-    every request waiting at t=0, or as measured above). Each point replays the first
-    SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals. -> (points, the
-    simulations behind them)
-    """
-    req = req.take(slice(SWEEP_REQUESTS))
-    capacity = continuous["throughput_rps"]
-    rates = run.rates or tuple(round(f * capacity, 6) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0,
-                                                                1.2))
-    rng = np.random.default_rng(run.seed + 2)
-    swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.burstiness, rng))
-             for rate in rates]
-    sims = run_parallel([(simulation_task, (f"C sweep {rate:g}/s {name}", r, run.slots, costs,
-                                            name, run.chunk_tokens, None, order))
-                         for rate, r in zip(rates, swept) for name in SCHEDULERS], run.jobs)
-    points = []
-    for i, (rate, r) in enumerate(zip(rates, swept)):
-        row = {"rate_rps": rate}
-        for name, sim in zip(SCHEDULERS, sims[3 * i:3 * i + 3]):
-            m = serving_metrics(r, sim)
-            row[name] = {"throughput_rps": m["throughput_rps"], "e2e_p99_s": m["e2e_s"]["p99"],
-                         "ttft_p99_s": m["ttft_s"]["p99"]}
-        points.append(row)
-    return points, sims
-
-
-def save_requests_csv(path, req, sims):
-    lines = ["scheduler,id,arrival,prompt,output,start,first_token,finish"]
-    for name, sim in sims.items():
-        for i in range(len(req.output)):
-            lines.append(f"{name},{i},{req.arrival_s[i]:.6f},{req.prompt[i]},{req.output[i]},"
-                         f"{sim['start'][i]:.6f},{sim['first_token'][i]:.6f},"
-                         f"{sim['finish'][i]:.6f}")
-    try:
-        write_atomic(path, "\n".join(lines) + "\n")
-    except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror}")
-
-
 # -----------------------------------------------------------------------------
-# experiment D: a real serving engine on the model (device code)
+# experiment D: a real serving engine on the model, against C's simulation (device code)
 # A queue of requests, `slots` rows of one static KV cache, and a scheduler that picks who runs
 # each step. The running requests always occupy rows 0..B-1 (a finished request's row is
 # refilled by moving the last row into it), so a decode step reads views of the cache, and
 # rows admitted together share a position and one attention span.
-
-# D on CPU serves the post's law shrunk (CUDA: the post's requests as they are): a CPU's ridge is
-# tens of FLOP/byte, so its decode step stays flat in the batch only to about 8 rows, where a
-# GPU's stays flat past 100; and outputs an eighth as long keep D within about half a minute.
-ENGINE_CPU = {"requests": 96, "shrink": 8, "prompt_len": 16, "slots": 8}
-ENGINE_QUICK = {"requests": 16, "shrink": 16, "prompt_len": 8, "slots": 4}
 
 
 def run_engine(model, cache, prompts, output_lens, policy, pad=False, order=None,
@@ -3209,7 +3351,7 @@ def engine_requests(run):
     """D's requests: output lengths of C's law (divided by --engine-shrink, at least 1), and
     their arrivals (--rate: Poisson, on the wall clock; else all at once)."""
     n, P = run.engine_requests, run.engine_prompt_len
-    need, free = n * (P + 32) * 8, free_memory_bytes(torch.device("cpu"))
+    need, free = n * (P + 32) * 8, free_host_memory_bytes()
     if need > 0.5 * free:  # its prompts, and a list of tokens for each
         raise UsageError(f"D: {n:,} requests of {P:,} prompt tokens would need about "
                          f"{gib(need)} of memory, and {gib(free)} is free")
@@ -3226,26 +3368,6 @@ def check_engine(run, lengths):
         raise UsageError(f"D: a request of {longest:,} tokens (prompt {run.engine_prompt_len} + "
                          f"output {lengths.max():,}) exceeds --max-positions "
                          f"{run.model.max_positions:,}")
-
-
-# Every experiment's attention runs on backends that build no plan per shape: D's decode shapes
-# change at nearly every step, and cuDNN's attention (PyTorch's first choice on Hopper from
-# torch 2.5) plans each new shape, tens of ms to 0.4 s apiece, a cost D's step costs (timed on
-# warmed shapes) never see; A, B and C's KV check run under the same policy, so that their
-# tables compare the same kernels. Each records the kernels that ran.
-SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
-
-
-def sdpa_policy():
-    """A context in which scaled_dot_product_attention may use SDPA_BACKENDS alone."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS])
-
-
-def engine_attention(run, device):
-    """Whether D's engine pads its decode attention: --engine-attention, or by default on CUDA,
-    where one padded call beats a launch per span of rows."""
-    return {"padded": True, "spans": False}.get(run.engine_attention, device.type == "cuda")
 
 
 def engine_costs(bench, prompt_len, pad):
@@ -3291,29 +3413,6 @@ def run_serving_engine(bench, lengths, arrival, log):
     serve_and_predict)."""
     return serve_and_predict(bench, lengths, arrival, log,
                              engine_attention(bench.run, bench.device))
-
-
-def fit_passes(passes, source):
-    """StepCosts fitted to an engine's own timed passes [(tokens, cached tokens, seconds)]: for
-    each number of tokens per pass, a least-squares line in the cached tokens (its mean where
-    they do not vary, or too few passes tell), so that a simulation priced with it replays the
-    run's own costs: the seconds of each kind of pass sum to what the engine measured."""
-    by_tokens = {}
-    for tokens, kv, seconds in passes:
-        by_tokens.setdefault(tokens, []).append((kv, seconds))
-    slopes = {}
-    for tokens, points in by_tokens.items():
-        kv, seconds = np.array(points, dtype=np.float64).T
-        if len(points) > 2 and np.ptp(kv) > 0:
-            slopes[tokens] = max(float(np.polyfit(kv, seconds, 1)[0]), 0.0)
-    costs = StepCosts((1,), (0.0,), float(np.median(list(slopes.values()))) if slopes else 0.0,
-                      source, tuple(sorted(slopes.items())))
-    knots = {}
-    for tokens, points in by_tokens.items():
-        kv, seconds = np.array(points, dtype=np.float64).T
-        knots[tokens] = max(float((seconds - costs.kv_s(tokens) * kv).mean()), 1e-9)
-    x = sorted(knots)
-    return dataclasses.replace(costs, tokens=tuple(x), seconds=tuple(knots[k] for k in x))
 
 
 LATENCIES = ("makespan_s", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s")
@@ -3371,8 +3470,8 @@ def serve_and_predict(bench, lengths, arrival, log, pad):
               "arrivals": arrivals(run) if not at_zero else {"kind": "arrivals_zero"},
               "attention": "padded" if pad else "spans",
               **attention_policy(decode_kernel(bench, slots, P + int(lengths.max()), pad)),
-              "cost_model": {**one_span.describe(), "rows": cost_rows},
-              "cost_model_spread": spread.describe()}
+              "cost_model": {**one_span.as_dict(), "rows": cost_rows},
+              "cost_model_spread": spread.as_dict()}
     for policy in ("static", "continuous"):
         _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy, pad, order,
                              arrival)
@@ -3461,9 +3560,1447 @@ def engine_verdict(D, tolerance=0.15):
 
 
 # -----------------------------------------------------------------------------
-# reporting: banner, tables, results.json
-# Every line printed comes from TEXT, one table of strings per language; a description stored
-# in results.json as a dict with a "kind" names its template there (see describe).
+# tables: every experiment's results as text (from the results dictionary alone)
+# Every line printed comes from TEXT (the appendix), one table of strings per language; a
+# description stored in results.json as a dict with a "kind" names its template there.
+
+
+def describe(T, what):
+    """A description from results.json (a dict naming its template in "kind") in T's
+    language; a plain string as it is."""
+    if not isinstance(what, dict):
+        return str(what)
+    return T[what["kind"]].format(**{k: T[v] if k == "mode" else v for k, v in what.items()})
+
+
+def cell(T, row, key, fmt):
+    if key == "step_ms" and "skipped" in row:
+        return describe(T, row["skipped"])
+    if key == "mode" and "graph_failed" in row:
+        return T["graph_failed"]
+    if key in ("mode", "bound") and key in row:
+        return T[row[key]]
+    if key in row.get("above_ceiling", ()):
+        return T["above_ceiling"]
+    text = format(row[key], fmt) if key in row else ""
+    return text + "*" if key == "step_ms" and row.get("few_reps") else text
+
+
+def roofline_notes(T, results, rows):
+    """The lines under A's or B's table that say what its marks and labels mean."""
+    lines = []
+    if any(r.get("few_reps") for r in rows):
+        lines.append(T["few_reps"].format(budget=results["config"]["time_budget_s"]))
+    if any("above_ceiling" in r for r in rows):
+        lines.append(T["above_ceiling_note"])
+    for bound in ("launch", "overhead"):
+        if any(r.get("bound") == bound for r in rows):
+            lines.append(T[bound + "_note"].format(share=LAUNCH_BOUND_SHARE))
+    return lines
+
+
+ROOFLINE_COLUMNS = [("gbs", ",.1f"), ("mbu", ".0%"), ("mfu", ".1%"), ("bound", "s")]
+
+
+def table(T, rows, headers, **fields):
+    """Rows under the headers named (TEXT keys, formatted with `fields`), right-aligned."""
+    from tabulate import tabulate
+    return tabulate(rows, [T[h].format(**fields) for h in headers], stralign="right",
+                    disable_numparse=True)
+
+
+def format_tables(results, lang="en"):
+    """The tables of every finished experiment, as one string."""
+    T = TEXT[lang]
+    out = []
+    if "A" in results:
+        A = results["A"]
+        cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
+                ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
+        rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]
+                if r["context"] == A["context"]]
+        post = results["config"]["model"].get("arch") == "post"
+        out += [T["A_post" if post else "A"].format(**A), "\n".join(
+            [table(T, rows, [k for k, _ in cols])] + roofline_notes(T, results, A["rows"])
+            + kernels_text(T, A))]
+        if len(A["contexts"]) > 1:
+            out += [T["A_contexts"].format(mode=T[A["modes"][-1]]), context_table(T, A)]
+    if "B" in results:
+        cols = [("mode", "s"), ("step_ms", ".3f"), ("us_per_token", ".1f"), ("tflops", ".2f"),
+                ("intensity", ".1f")] + ROOFLINE_COLUMNS
+        rows = [[T[r["phase"]].format(**r)] + [cell(T, r, k, f) for k, f in cols]
+                for r in results["B"]["rows"]]
+        out += [T["B"], "\n".join([table(T, rows, ["row"] + [k for k, _ in cols])]
+                                   + roofline_notes(T, results, results["B"]["rows"])
+                                   + kernels_text(T, results["B"])), chain_text(T, results["B"])]
+    if "C" in results and "static" in results["C"]:
+        out += [post_table_text(T, results["C"])]
+        if "orders_steps" in results["C"]:
+            out += [orders_steps_table(T, results["C"])]
+    if "C" in results:
+        out += [serving_table(T, results["C"])]
+        if "kv" in results["C"]:
+            out += [kv_table(T, results["C"]["kv"])]
+        if "orders" in results["C"]:
+            out += who_waits_tables(T, results["C"])
+        if "replicas" in results["C"]:
+            out += [fleet_table(T, results["C"]["replicas"])]
+        if "capacity" in results["C"]:
+            out += [capacity_text(T, results["C"]["capacity"])]
+    if "D" in results:
+        out += [engine_table(T, results["D"])]
+    return "\n\n".join(out)
+
+
+def kernels_text(T, experiment):
+    """The attention backends allowed and the kernels that ran (none for the post's proxy)."""
+    if not experiment.get("kernels"):
+        return []
+    return [T["kernels"].format(backends=", ".join(experiment["sdpa_backends"]),
+                                kernels=", ".join(experiment["kernels"]))]
+
+
+def context_table(T, A):
+    """Decode step ms by batch (rows) and context (columns), in the fastest mode measured."""
+    from tabulate import tabulate
+    mode = A["modes"][-1]
+    by_key = {(r["batch"], r["context"]): r for r in A["rows"] if r["mode"] == mode}
+    batches = sorted({r["batch"] for r in A["rows"]})
+    rows = [[b] + [cell(T, by_key[b, c], "step_ms", ".3f") for c in A["contexts"]]
+            for b in batches]
+    crossover = ", ".join(T["crossover_at"].format(batch=b, context=c)
+                          for c, b in A["kv_crossover_batch"].items())
+    return (tabulate(rows, [T["batch"]] + [T["ctx_ms"].format(context=c) for c in A["contexts"]],
+                     stralign="right")
+            + "\n" + T["crossover"].format(batches=crossover))
+
+
+def chain_text(T, B):
+    """How close decode at batch 1 comes to a bare chain of its own matmuls."""
+    lines = []
+    for chain in B["linear_chain"]:
+        decode = next((r for r in measured(B["rows"]) if r["phase"] == "decode"
+                       and r["batch"] == 1 and r["mode"] == chain["mode"]), None)
+        text = T["chain"].format(mb=chain["bytes"] / 1e6, mode=T[chain["mode"]],
+                                 ms=chain["step_ms"], gbs=chain["gbs"])
+        if decode:
+            text += T["chain_decode"].format(gbs=decode["gbs"], share=decode["gbs"] / chain["gbs"])
+        lines.append(text)
+    return "\n".join(lines)
+
+
+def ceilings_line(T, ceilings, device_type):
+    return T["ceilings"].format(
+        bandwidth=ceilings["bandwidth_gbs"], tflops=ceilings["matmul_tflops"],
+        bandwidth_source=describe(T, ceilings["bandwidth_source"]),
+        matmul_source=describe(T, ceilings["matmul_source"]),
+        ridge=ceilings["ridge_flop_per_byte"]) + ("" if device_type == "cuda" else T["cpu_graphs"])
+
+
+def post_table_text(T, C):
+    """The post's table: static vs continuous in steps, and how much one draw says."""
+    rows = [[T[p], f"{C[p]['steps']:,}", f"{100 * C[p]['occupancy']:.1f}%"]
+            for p in ("static", "continuous")]
+    lines = [T["C"].format(**C), "", table(T, rows, ["policy", "steps", "occupancy"]), "",
+             T["lengths"].format(speedup=T["speedup"], value=C["speedup"], **C["lengths"])]
+    if "seed_spread" in C:
+        s = C["seed_spread"]
+        lines += ["", T["spread"].format(
+            seeds=s["seeds"], static=spread_text(T, s["static_occupancy"], pct=True),
+            continuous=spread_text(T, s["continuous_occupancy"], pct=True),
+            speedup=spread_text(T, s["speedup"]))]
+    return "\n".join(lines)
+
+
+def spread_text(T, s, pct=False):
+    if pct:
+        return f"{100 * s['p50']:.1f}% ({100 * s['p10']:.1f}-{100 * s['p90']:.1f}%)"
+    return f"{s['p50']:.2f}{T['times']} ({s['p10']:.2f}-{s['p90']:.2f}{T['times']})"
+
+
+def ms(d, key):
+    """A latency of a percentiles dict, in ms ("-" when there was none)."""
+    return f"{1e3 * d[key]:,.1f}" if d[key] is not None else "-"
+
+
+def seconds(value):
+    return f"{value:,.2f}" if value >= 1 else f"{value:.3f}"
+
+
+def orders_steps_table(T, C):
+    """The post's table in each order of the queue."""
+    rows = []
+    for name, s in C["orders_steps"].items():
+        rows.append([T["order_" + name]] + [
+            v for p in ("static", "continuous") for v in (
+                f"{s[p]['steps']:,}", f"{100 * s[p]['occupancy']:.1f}%",
+                f"{s[p]['mean_finish_step']:,.0f}")]
+            + [f"{s['continuous']['p99_finish_step']:,.0f}"])
+    return "\n".join([T["orders_steps"].format(requests=C["requests"]), table(T, rows, [
+        "order", "static_steps", "static_occ", "static_finish", "continuous_steps",
+        "continuous_occ", "continuous_finish", "continuous_p99"])])
+
+
+def order_text(T, info):
+    """--order as a phrase: its name, how good its predictions are, its guard."""
+    text = T["order_" + info["name"]]
+    if "kendall_tau" in info:
+        text += T["queue_predicted"].format(**info)
+    if info.get("max_wait_s") is not None:
+        text += T["queue_guard"].format(**info)
+    return text
+
+
+def serving_table(T, C):
+    """C in seconds: each scheduler's throughput and latency percentiles."""
+    rows = []
+    for name, m in C["schedulers"].items():
+        rows.append([T[name], f"{m['steps']:,}", f"{m['makespan_s']:,.2f}",
+                     f"{m['throughput_rps']:,.2f}", f"{m['output_tokens_per_s']:,.0f}",
+                     f"{100 * m['occupancy']:.1f}%"]
+                    + [ms(m[k], p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p99")]
+                    + ([f"{m['goodput_rps']:,.2f}"] if "goodput_rps" in m else []))
+    headers = ["policy", "steps", "seconds", "req_s", "tokens_per_s", "occupancy", "ttft_p50",
+               "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99"] + (
+                   ["goodput"] if "goodput_rps" in m else [])
+    lines = [T["C_seconds"].format(requests=C["requests"], source=describe(T, C["source"]),
+                                   slots=C["slots"], arrivals=describe(T, C["arrivals"])),
+             T["step_costs"].format(pricing=describe(T, C["cost_model"]["source"])),
+             T["queue"].format(order=order_text(T, C["order"]))]
+    if C.get("share_of", 1) > 1:
+        lines.append(T["one_share"].format(replicas=C["share_of"]))
+    lines.append(table(T, rows, headers))
+    work = C.get("simulation")
+    if work:
+        lines.append(T["simulations"].format(
+            runs=work["runs"], iterations=work["iterations"], seconds=work["simulation_s"],
+            rate=work["iterations"] / max(work["simulation_s"], 1e-9), wall=work["wall_s"],
+            jobs=work["jobs"]))
+    return "\n".join(lines)
+
+
+def kv_table(T, kv):
+    """C's KV-cache study: memory use, concurrency and latency of each policy and scheduler."""
+    rows = []
+    for policy in ("reserve", "paged"):
+        for name, m in kv.get(policy, {}).items():
+            rows.append([T[policy], T[name], f"{m['throughput_rps']:,.2f}",
+                         f"{m['peak_concurrency']} / {m['mean_concurrency']:.1f}",
+                         f"{m['utilization']:.1%}", f"{m['fragmentation']:.1%}",
+                         f"{m['max_allocated_tokens']:,}", f"{m['preemptions']:,}",
+                         f"{m['recomputed_tokens']:,}", f"{1e3 * m['ttft_s']['p99']:,.0f}",
+                         f"{1e3 * m['e2e_s']['p99']:,.0f}"])
+    admission = (T["admit_watermark"].format(share=kv["watermark"]) if kv.get("watermark")
+                 else T["admit_naive"])
+    lines = [T["kv"].format(gb=max(kv["memory_bytes"], 0) / 1e9,
+                            memory_source=describe(T, kv["memory_source"]),
+                            tokens=kv["budget_tokens"], bytes=kv["bytes_per_token"],
+                            max_output=kv["max_output"], block=kv["block_tokens"],
+                            admission=admission)] + ([
+             table(T, rows, ["allocation", "policy", "req_s", "concurrency", "kv_used",
+                             "never_used", "max_allocated", "preempted", "recomputed",
+                             "ttft_p99", "e2e_p99"])] if rows else [])
+    lines += [T["kv_unfit_row"].format(policy=T[policy], why=describe(T, why))
+              for policy, why in kv.get("unfit", {}).items()]
+    if kv.get("device_check"):
+        lines.append(device_check_text(T, kv["device_check"]))
+    return "\n".join(lines)
+
+
+def device_check_text(T, check):
+    shape = T["check_shape"].format(rows=check["rows"], tokens=check["row_tokens"],
+                                    gb=check["bytes"] / 1e9)
+    if "skipped" in check:
+        return T["check_skipped"].format(device=check["device"], shape=shape,
+                                         reason=describe(T, check["skipped"]))
+    clamped = T["check_clamped"].format(n=check["clamped_rows"]) if check["clamped_rows"] else ""
+    return T["check"].format(device=check["device"], shape=shape, batch=check["batch"],
+                             max_context=check["max_context"], clamped=clamped,
+                             ms=check["step_ms"])
+
+
+def who_waits_tables(T, C):
+    """Who waits: each order's makespan and latencies, then by output length."""
+    w, orders = C["who_waits"], C["orders"]
+    kv = T[w["kv_policy"]] if w["kv_policy"] else T["who_waits_kv_none"]
+    header = [T["who_waits"].format(requests=w["requests"], slots=w["slots"], kv=kv,
+                                    arrivals=describe(T, w["arrivals"])),
+              T["who_waits_setup"].format(sigma=w["sigma"], tau=w["kendall_tau"],
+                                          guard=w["guard_s"], source=T[w["guard_source"]])]
+    rows = [[T["order_" + name], seconds(m["makespan_s"]), f"{m['throughput_rps']:,.2f}",
+             seconds(m["ttft_s"]["mean"]), seconds(m["ttft_s"]["p99"]), seconds(m["e2e_s"]["mean"]),
+             seconds(m["e2e_s"]["p99"]), f"{1e3 * m['normalized_s_per_token']:,.1f}",
+             seconds(m["max_wait_s"])] for name, m in orders.items()]
+    by_length = [[T["order_" + name], T["bucket"].format(name=T["bucket_" + b["bucket"]], **b),
+                  f"{b['count']:,}", seconds(b["ttft_s"]["p50"]), seconds(b["ttft_s"]["p99"]),
+                  seconds(b["e2e_s"]["p50"]), seconds(b["e2e_s"]["p99"]),
+                  f"{1e3 * b['normalized_s_per_token']:,.1f}", seconds(b["max_wait_s"])]
+                 for name, m in orders.items() for b in m["by_length"]]
+    return ["\n".join(header + [table(T, rows, [
+                "order", "seconds", "req_s", "ttft_mean_s", "ttft_p99_s", "e2e_mean_s",
+                "e2e_p99_s", "per_token_ms", "longest_wait"])]),
+            "\n".join([T["who_waits_by_length"], table(T, by_length, [
+                "order", "output_tokens", "count", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s",
+                "e2e_p99_s", "per_token_ms", "longest_wait"])])]
+
+
+def fleet_table(T, fleet):
+    """C with --replicas: each router's latencies, SLO and balance over the whole load."""
+    rows = []
+    for router, m in fleet["routers"].items():
+        b = m["balance"]
+        rows.append([router, f"{m['throughput_rps']:,.2f}"]
+                    + [ms(m[k], p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p99")]
+                    + ([f"{m['slo_attained']:.1%}", f"{m['goodput_rps']:,.2f}"]
+                       if "slo_attained" in m else [])
+                    + [f"{b['requests_min']:,}-{b['requests_max']:,}",
+                       f"{b['busiest_occupancy']:.1%}"])
+    slo = ["slo_met", "goodput"] if "slo_attained" in m else []
+    kv = T[fleet["kv_policy"]] if fleet["kv_policy"] else T["who_waits_kv_none"]
+    return "\n".join([T["fleet"].format(replicas=fleet["replicas"], slots=fleet["slots"],
+                                        requests=fleet["requests"], kv=kv,
+                                        arrivals=describe(T, fleet["arrivals"])),
+                      table(T, rows, ["router", "req_s", "ttft_p50", "ttft_p99", "tpot_p50",
+                                      "tpot_p99", "e2e_p50", "e2e_p99"] + slo
+                            + ["per_replica", "busiest"])])
+
+
+def capacity_text(T, cap):
+    """The capacity of one replica at the SLO and, for a target rate, the replicas needed."""
+    def rate(value):
+        if value == 0:
+            return T["capacity_none"]
+        return f"{value:,.3g}" if math.isfinite(value) else T["capacity_all"].format(
+            rate=max(rate for rate, _ in cap["one_replica"]["tried"]))
+    slo = ", ".join(T[key].format(ms=1e3 * cap[f"{key}_s"]) for key in ("slo_ttft", "slo_tpot")
+                    if cap[f"{key}_s"])
+    one = cap["one_replica"]
+    lines = [T["capacity"].format(slo=slo, attainment=cap["attainment"], rate=rate(one["rate_rps"]),
+                                  tokens=one["output_tokens_per_s"] if math.isfinite(
+                                      one["rate_rps"]) else 0.0, seeds=cap["seeds"],
+                                  requests=cap["requests"], low=rate(one["rates_rps"][0]),
+                                  high=rate(one["rates_rps"][-1]))]
+    if "routers" not in cap:
+        return "\n".join(lines)
+    rows = [[router, f"{r['replicas']:,}" if r["replicas"] else
+             T["too_many"].format(n=REPLICAS_MAX),
+             f"{r['attainment']:.1%}" if r["attainment"] is not None else "-",
+             f"{r['below']:.1%}" if r["below"] is not None else "-"]
+            for router, r in cap["routers"].items()]
+    lines += ["", T["replicas_needed"].format(rate=cap["target_rate"],
+                                              requests=cap["fleet_requests"]),
+              table(T, rows, ["router", "replicas_col", "attained_col", "below_col"])]
+    found = {router: r for router, r in cap["routers"].items() if r["replicas"]}
+    if not found:
+        lines.append(T["answer_none"].format(n=REPLICAS_MAX))
+    else:
+        router = min(found, key=lambda k: (found[k]["replicas"], -found[k]["attainment"]))
+        fewest = found[router]["replicas"]
+        tie = T["answer_tie"] if sum(r["replicas"] == fewest for r in found.values()) > 1 else ""
+        lines.append(T["answer"].format(replicas=fewest, router=router, tie=tie))
+    return "\n".join(lines)
+
+
+def engine_table(T, D):
+    """D: the engine's measured wall time and its parts beside what C's simulation priced."""
+    rows = []
+    for policy in ("static", "continuous"):
+        d, p = D[policy], D[policy]["predicted"]
+        rows.append([T[policy], f"{d['wall_s']:,.2f}", f"{p['wall_s']:,.2f}",
+                     f"{d['output_tokens_per_s']:,.0f}", f"{d['steps']:,}",
+                     f"{100 * d['occupancy']:.1f}%",
+                     f"{d['prefill_s']:,.2f} / {p['prefill_s']:,.2f}",
+                     f"{d['decode_s']:,.2f} / {p['decode_s']:,.2f}", f"{d['other_s']:,.2f}"])
+    shrink = D.get("shrink", 1)
+    source = T["D_source_shrunk"].format(shrink=shrink) if shrink > 1 else T["D_source"]
+    return "\n".join([
+        T["D"].format(requests=D["requests"], prompt=D["prompt_tokens"], slots=D["slots"],
+                      source=source, order=order_text(T, D["order"]),
+                      arrivals=describe(T, D["arrivals"]), **D["lengths"])]
+        + ([T["D_cpu"]] if shrink > 1 else []) + [
+        T["D_predicted"].format(pricing=describe(T, D["cost_model"]["source"])),
+        table(T, rows, ["policy", "wall_s", "predicted_s", "tokens_per_s", "steps", "occupancy",
+                        "prefill_s", "decode_s", "between_s"]),
+        T["attention_calls"].format(static=D["static"]["attention_calls_per_decode"],
+                                    continuous=D["continuous"]["attention_calls_per_decode"])
+        + (T["attention_padded"].format(padded=D["continuous"]["padded_decode_steps"],
+                                        steps=D["continuous"]["decode_steps"])
+           if D["continuous"]["padded_decode_steps"] else T["attention_spans"]),
+        *kernels_text(T, D),
+        "", request_table(T, D), verdict_text(T, D["verdict"])])
+
+
+def request_table(T, D):
+    """D request by request: steps, then latencies measured against the two predictions."""
+    rows, lines = [], [T["D_requests"]]
+    for policy in ("static", "continuous"):
+        lat = D[policy]["latency"]
+        for metric in LATENCIES:
+            m = lat["measured"][metric]
+            rows.append([T[policy], T["lat_" + metric], seconds(m)] + [
+                v for pricing in ("passes", "priced")
+                for v in (seconds(lat[pricing][metric]),
+                          f"{m / max(lat[pricing][metric], 1e-12) - 1:+.0%}")])
+    lines.append(table(T, rows, ["policy", "latency", "measured_col", "passes_col", "off_col",
+                                 "priced_col", "off_col"]))
+    checks = {p: D[p]["steps_check"] for p in ("static", "continuous")}
+    if None in checks.values():
+        lines.append(T["D_steps_arrivals"])
+    else:
+        text = T["D_steps"].format(**{p: T["D_steps_count"].format(**c)
+                                      for p, c in checks.items()})
+        wrong = [(p, c["first_mismatch"]) for p, c in checks.items() if "first_mismatch" in c]
+        if wrong:
+            policy, first = wrong[0]
+            text += T["D_steps_mismatch"].format(policy=T[policy], **first)
+        lines.append(text)
+    for policy in ("static", "continuous"):
+        p = D[policy]["passes_priced"]
+        lines.append(T["D_passes"].format(
+            policy=T[policy], n_decode=p["decode"]["passes"], n_prefill=p["prefill"]["passes"],
+            **{kind: p[kind]["priced_s"] / max(p[kind]["measured_s"], 1e-12) - 1
+               for kind in ("decode", "prefill")}))
+    return "\n".join(lines)
+
+
+def verdict_text(T, v):
+    """The verdict: steps exact, seconds within the tolerance, the speedup."""
+    answer = {True: "yes", False: "no", None: "not_checked"}[v["steps_exact"]]
+    worst = v["priced"]["worst"]
+    text = T["verdict_steps"].format(answer=T[answer]) + T["verdict_seconds"].format(
+        tolerance=v["tolerance"], checked=v["passes"]["checked"], passes=v["passes"]["within"],
+        priced=v["priced"]["within"], mode=T[worst["mode"]], metric=T["lat_" + worst["metric"]],
+        off=worst["off"])
+    speedup = T["verdict"].format(speedup=T["speedup"], **v)
+    if v["within"]:
+        return text + "\n" + speedup + T["verdict_within"].format(**v)
+    return text + "\n" + speedup + T["verdict_outside"].format(
+        tolerance=v["tolerance"], mode=T[v["mode"]], part=T["part_" + v["part"]],
+        measured_s=v["measured_s"], priced_s=v["priced_s"])
+
+
+def catalog_table(T, cat):
+    """--catalog: every named model on every named card."""
+    def decode_ms(value):
+        return T["no_fit"] if value is None else f"{value:,.2f}"
+    b = cat["batch"]
+    rows = [[r["model"], GPUS[r["gpu"]].name, f"{r['weights_gb']:,.2f}",
+             f"{r['kv_bytes_per_token']:,}", f"{r['kv_tokens']:,}", f"{r['crossover_batch']:,}",
+             decode_ms(r["decode_b1_ms"]), decode_ms(r[f"decode_b{b}_ms"])]
+            for r in cat["rows"]]
+    return "\n".join([T["catalog"].format(**cat), table(T, rows, [
+        "model_col", "card_col", "weights_gb", "kv_per_token", "kv_fit", "crossover_col",
+        "decode_b1", "decode_bn"], batch=b)])
+
+
+# -----------------------------------------------------------------------------
+# figures: drawn from the results dictionary alone
+
+
+# one palette for every figure: static red and continuous blue (as in the post), chunked green;
+# prefill (compute) orange and decode (memory) purple; throughput dark grey
+RED, BLUE, GREY = "#d62728", "#1f77b4", "#7f7f7f"
+
+PREFILL, DECODE, DARK = "#ff7f0e", "#9467bd", "#333333"
+
+
+def figure_note(results):
+    env, cfg = results["environment"], results["config"]["model"]
+    if "device" not in env:
+        return f"simulation, {env['date'][:10]}"
+    return (f"{env['device']}, {cfg['dtype']}, {cfg['layers']} layers x {cfg['hidden']} "
+            f"({cfg['params'] / 1e6:,.0f} M params), {env['date'][:10]}")
+
+
+FIGURE_STYLE = {"dpi": 100, "format": "png"}  # set from --dpi / --format by draw_figures
+
+
+def save_figure(fig, results, path):
+    """Note the device, dtype and model on the figure, then write it atomically."""
+    import io
+    import matplotlib.pyplot as plt
+    fig.text(0.99, 0.005, figure_note(results), ha="right", va="bottom", fontsize=7, color=GREY)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=FIGURE_STYLE["format"], dpi=FIGURE_STYLE["dpi"])
+    plt.close(fig)
+    write_atomic(path, buf.getvalue(), mode="wb")
+
+
+def plot_slot_panels(results, path, slots, panels, xlabel, title):
+    """Occupied slots over time, static (red) over continuous (blue), the post's figure.
+
+    panels: [(x, occupied, step, panel title)] for static, then continuous; step is
+    matplotlib's: "post" when each value holds from its x on, "pre" when it holds up to it.
+    """
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True, sharey=True)
+    for ax, (x, occupied, step, panel_title), color in zip(axes, panels, (RED, BLUE)):
+        ax.fill_between(x, occupied, step=step, color=color, alpha=0.8, linewidth=0)
+        ax.set_ylim(0, slots * 1.05)
+        ax.set_ylabel("occupied slots")
+        ax.set_title(panel_title, fontsize=9, loc="left")
+    axes[1].set_xlabel(xlabel)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_occupancy(results, path):
+    C = results["C"]
+    if "static" not in C:  # a trace run has no step-count table
+        return False
+    panels = [(np.arange(len(C[p]["occupied"])) * C[p].get("occupied_bin_steps", 1),
+               C[p]["occupied"], "post", f"{p} batching: {C[p]['steps']:,} steps, "
+               f"{100 * C[p]['occupancy']:.1f}% occupancy") for p in ("static", "continuous")]
+    plot_slot_panels(results, path, C["slots"], panels, "decode step",
+                     f"{C['requests']} requests, {C['slots']} slots: continuous batching is "
+                     f"{C['speedup']:.2f}x faster")
+
+
+def plot_decode_batch(results, path):
+    import matplotlib.pyplot as plt
+    A = results["A"]
+    if not any(r["context"] == A["context"] for r in measured(A["rows"])):
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    ax2 = ax.twinx()
+    for mode, style in zip(A["modes"], ("--", "-") if len(A["modes"]) == 2 else ("-",)):
+        rows = [r for r in measured(A["rows"]) if r["context"] == A["context"]
+                and r["mode"] == mode]
+        batch = [r["batch"] for r in rows]
+        ax.plot(batch, [r["step_ms"] for r in rows], "o" + style, color=DECODE,
+                label=f"step time = each user's wait ({mode})")
+        ax.fill_between(batch, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows],
+                        color=DECODE, alpha=0.15, linewidth=0)
+        ax2.plot(batch, [r["tokens_per_s"] for r in rows], "s" + style, color=DARK,
+                 label=f"tokens/s ({mode})")
+    ax.set_xscale("log", base=2)
+    batches = sorted({r["batch"] for r in measured(A["rows"])})
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("decode batch size")
+    ax.set_ylabel("step time (ms; band: p10-p90)", color=DECODE)
+    ax2.set_ylabel("throughput (tokens/s)", color=DARK)
+    ax.set_ylim(bottom=0)
+    ax2.set_ylim(bottom=0)
+    ax.set_title(f"A: one decode step for the whole batch (context {A['context']} tokens per "
+                 "row)", fontsize=10)
+    fig.legend(loc="upper left", bbox_to_anchor=(0.1, 0.88), fontsize=8)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_prefill_decode(results, path):
+    import matplotlib.pyplot as plt
+    rows = measured(results["B"]["rows"])
+    if not rows:
+        return False
+    labels = [f"prefill\n{r['tokens']} tokens" if r["phase"] == "prefill"
+              else f"decode\nbatch {r['batch']}\n{r['mode']}" for r in rows]
+    colors = [PREFILL if r["phase"] == "prefill" else DECODE for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    bars = ax.bar(labels, [r["tflops"] for r in rows], color=colors)
+    ax.set_yscale("log")
+    ax.set_ylabel("achieved TFLOP/s (log)")
+    for bar, r in zip(bars, rows):
+        ax.annotate(f"{r['tflops']:.3g} TFLOP/s\n{r['intensity']:.0f} FLOP/byte",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                    va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+    ax.set_ylim(top=ax.get_ylim()[1] * 3)
+    ax.set_title("B: achieved TFLOP/s of prefill and decode on the same device", fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_roofline(results, path):
+    """Achieved TFLOP/s against arithmetic intensity, under the two measured ceilings."""
+    import matplotlib.pyplot as plt
+    ceil = results["environment"]["ceilings"]
+    points = []
+    if "A" in results:
+        points += [(r, f"b{r['batch']}", DECODE) for r in measured(results["A"]["rows"])
+                   if r["context"] == results["A"]["context"]]
+    if "B" in results:
+        points += [(r, f"prefill {r['tokens']}" if r["phase"] == "prefill" else
+                    f"B b{r['batch']}", PREFILL if r["phase"] == "prefill" else DARK)
+                   for r in measured(results["B"]["rows"])]
+    if not points:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    xs = [r["intensity"] for r, _, _ in points] + [ceil["ridge_flop_per_byte"]]
+    x = np.geomspace(min(xs) / 2, max(xs) * 2, 200)
+    ax.plot(x, np.minimum(ceil["matmul_tflops"], ceil["bandwidth_gbs"] * x / 1e3), color=GREY,
+            label=f"roofline: {ceil['bandwidth_gbs']:,.0f} GB/s, "
+                  f"{ceil['matmul_tflops']:.3g} TFLOP/s")
+    for i, (r, label, color) in enumerate(points):
+        marker = "o" if r["mode"] == "eager" else "^"
+        ax.scatter(r["intensity"], r["tflops"], color=color, marker=marker, zorder=3,
+                   facecolors="none" if color == DECODE else color)
+        # alternate labels above and below so neighbouring batches do not overprint
+        ax.annotate(label, (r["intensity"], r["tflops"]), fontsize=7, xytext=(
+            4, 5 if i % 2 else -9), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte, log)")
+    ax.set_ylabel("achieved TFLOP/s (log)")
+    ax.set_title("roofline: A (open, decode sweep) and B (filled) against the measured "
+                 "ceilings; o eager, ^ CUDA graph", fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_decode_context(results, path):
+    """Decode step time and tokens/s against batch at each context: where the KV cache rules."""
+    import matplotlib.pyplot as plt
+    A = results["A"]
+    mode = A["modes"][-1]
+    if not measured(A["rows"]) or results["config"]["model"].get("arch") == "post":
+        return False  # (the post's proxy has no KV cache: its context changes nothing)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+    colors = plt.get_cmap("viridis")(np.linspace(0, 0.85, len(A["contexts"])))
+    for context, color in zip(A["contexts"], colors):
+        rows = [r for r in measured(A["rows"]) if r["context"] == context and r["mode"] == mode]
+        batch = [r["batch"] for r in rows]
+        ax1.plot(batch, [r["step_ms"] for r in rows], "o-", color=color, label=f"context "
+                                                                             f"{context}")
+        ax2.plot(batch, [r["tokens_per_s"] for r in rows], "o-", color=color)
+        cross = A["kv_crossover_batch"][str(context)]
+        if cross and batch and cross <= max(batch):
+            ax1.axvline(cross, color=color, linestyle=":", linewidth=1)
+    batches = sorted({r["batch"] for r in measured(A["rows"])})
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_xlabel("decode batch size")
+    ax1.set_ylabel("step time (ms)")
+    ax2.set_ylabel("tokens/s")
+    ax1.legend(fontsize=8)
+    ax1.set_title("step time (dotted: KV reads = weight reads)", fontsize=9)
+    ax2.set_title("throughput", fontsize=9)
+    fig.suptitle(f"A: decode at several contexts ({mode})", fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+SCHEDULER_COLORS = {"static": RED, "continuous": BLUE, "chunked": "#2ca02c"}
+
+
+def plot_latency_cdf(results, path):
+    import matplotlib.pyplot as plt
+    C = results["C"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    for ax, key, label in zip(axes, ("ttft_s", "e2e_s"), ("time to first token", "end-to-end "
+                                                                                  "latency")):
+        for name, dist in C["distributions"].items():
+            values = np.asarray(dist[key])
+            ax.plot(values, np.linspace(0, 1, len(values)), color=SCHEDULER_COLORS[name],
+                    label=name, linestyle="--" if name == "chunked" else "-")
+        ax.set_xlabel(f"{label} (s)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of requests")
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"C: latency CDFs, {C['requests']:,} requests, {C['slots']} slots, arrivals "
+                 f"{describe(TEXT['en'], C['arrivals'])}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_rate_sweep(results, path):
+    import matplotlib.pyplot as plt
+    sweep = results["C"].get("rate_sweep") or []
+    if not sweep:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for name in SCHEDULERS:
+        ax.plot([p[name]["throughput_rps"] for p in sweep], [p[name]["e2e_p99_s"] for p in sweep],
+                "o--" if name == "chunked" else "o-", color=SCHEDULER_COLORS[name], label=name,
+                linewidth=3 if name == "continuous" else 1.5)  # visible under chunked
+    ax.set_yscale("log")
+    ax.set_xlabel("achieved throughput (requests/s)")
+    ax.set_ylabel("p99 end-to-end latency (s, log)")
+    ax.set_title("C: the serving curve: offered rate rising from "
+                 f"{sweep[0]['rate_rps']:.3g} to {sweep[-1]['rate_rps']:.3g} requests/s",
+                 fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_phases(results, path, decode_steps=24):
+    """One request to scale: a prefill block, then a train of decode steps; beneath, the same
+    steps shared by a batch. Widths, rates and bounds are this run's measured B rows."""
+    import matplotlib.pyplot as plt
+    rows = measured(results["B"]["rows"])
+    prefills = [r for r in rows if r["phase"] == "prefill"]
+    decodes = [r for r in rows if r["phase"] == "decode"]
+    mode = decodes[-1]["mode"] if decodes else None
+    alone = next((r for r in decodes if r["batch"] == 1 and r["mode"] == mode), None)
+    shared = max((r for r in decodes if r["mode"] == mode), key=lambda r: r["batch"],
+                 default=None)
+    if not prefills or not alone:
+        return False
+    pre = prefills[-1]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    lanes = [(1.0, alone, "one user")]
+    if shared and shared["batch"] > 1:
+        lanes.append((0.0, shared, f"batch of {shared['batch']}"))
+    for y, dec, label in lanes:
+        ax.broken_barh([(0, pre["step_ms"])], (y + 0.1, 0.8), color=PREFILL)
+        ax.broken_barh([(pre["step_ms"] + i * dec["step_ms"], dec["step_ms"] * 0.85)
+                        for i in range(decode_steps)], (y + 0.1, 0.8), color=DECODE)
+        ax.text(pre["step_ms"] + decode_steps * dec["step_ms"], y + 0.5,
+                f"  {label}: {dec['us_per_token']:,.0f} µs/token, {dec['tflops']:.3g} TFLOP/s, "
+                f"{dec['bound']}-bound", va="center", fontsize=8)
+    ax.text(pre["step_ms"] / 2, 1.5, f"prefill {pre['tokens']} tokens\n{pre['tflops']:.3g} "
+            f"TFLOP/s\n{pre['bound']}-bound", ha="center", va="center", fontsize=8,
+            color="white")
+    ax.set_yticks([y + 0.5 for y, _, _ in lanes], [label for _, _, label in lanes])
+    longest = pre["step_ms"] + decode_steps * max(d["step_ms"] for _, d, _ in lanes)
+    ax.set_xlim(0, longest * 1.9)
+    ax.set_xlabel(f"time (ms): prefill, then {decode_steps} decode steps of one token each")
+    ax.set_title("two phases of one request, to scale (this run's B rows)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    save_figure(fig, results, path)
+
+
+ORDER_STYLES = {"fcfs": (BLUE, "-"), "sjf": ("#2ca02c", "-"), "predicted": (PREFILL, "-"),
+                "longest": (DECODE, "-"), "sjf_guarded": ("#2ca02c", "--"),
+                "predicted_guarded": (PREFILL, "--")}
+
+
+def plot_who_waits(results, path):
+    """Latency against output length under each order of the queue: who waits for whom."""
+    import matplotlib.pyplot as plt
+    C = results["C"]
+    if "orders" not in C:
+        return False
+    w = C["who_waits"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    for ax, key, label in zip(axes, ("ttft_mean_s", "per_token_mean_s"), (
+            "time to first token (s, mean)", "end-to-end latency per output token (s, mean)")):
+        for name, m in C["orders"].items():
+            color, style = ORDER_STYLES[name]
+            ax.plot(m["curve"]["length"], m["curve"][key], style, color=color, marker=".",
+                    label=name.replace("_guarded", " + guard"))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("output tokens (log)")
+        ax.set_ylabel(label, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"C: who waits: {w['requests']:,} requests, continuous batching, {w['slots']} "
+                 f"slots, arrivals {describe(TEXT['en'], w['arrivals'])}; guard "
+                 f"{w['guard_s']:.3g} s", fontsize=9)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+ROUTER_STYLES = {"round-robin": (GREY, "o"), "least-requests": (BLUE, "s"),
+                 "power-of-two": ("#2ca02c", "^"), "least-kv": (PREFILL, "D")}
+
+
+def plot_capacity(results, path):
+    """The SLO met against the offered rate on one replica, and against the replicas behind
+    each router at the target rate."""
+    import matplotlib.pyplot as plt
+    cap = results["C"].get("capacity")
+    if not cap:
+        return "needs an SLO (--slo-ttft-ms or --slo-tpot-ms)"
+    fleet = "routers" in cap
+    fig, axes = plt.subplots(1, 2 if fleet else 1, figsize=(9 if fleet else 6, 3.8),
+                             squeeze=False)
+    ax = axes[0][0]
+    rate, met = zip(*sorted(cap["one_replica"]["tried"]))
+    ax.plot(rate, met, "o-", color=BLUE, label="one replica (one arrival draw)")
+    one = cap["one_replica"]["rate_rps"]
+    if 0 < one < math.inf:
+        ax.axvline(one, color=DARK, linestyle=":", linewidth=1)
+        ax.annotate(f" capacity {one:.3g}/s", (one, 0.05), fontsize=8)
+    ax.set_xlabel("offered rate (requests/s)")
+    ax.set_ylabel("share of requests within the SLO")
+    ax.set_title("one replica", fontsize=9)
+    if fleet:
+        ax2 = axes[0][1]
+        for router, r in cap["routers"].items():
+            color, marker = ROUTER_STYLES[router]
+            n, met2 = zip(*r["tried"])
+            ax2.plot(n, met2, marker + "-", color=color, label=router, alpha=0.8)
+        ax2.set_xlabel("replicas")
+        ax2.xaxis.get_major_locator().set_params(integer=True)
+        ax2.set_title(f"at {cap['target_rate']:g} requests/s", fontsize=9)
+        ax2.legend(fontsize=7)
+    for a in axes[0]:
+        a.axhline(cap["attainment"], color=RED, linewidth=1, linestyle="--")
+        a.set_ylim(-0.02, 1.02)
+        a.grid(alpha=0.3)
+    slo = ", ".join(f"{name} <= {1e3 * cap[key]:g} ms" for name, key in (
+        ("TTFT", "slo_ttft_s"), ("TPOT", "slo_tpot_s")) if cap[key])
+    fig.suptitle(f"C: capacity at the SLO ({slo}; dashed: {cap['attainment']:.0%} of "
+                 "requests)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+KV_COLORS = {"reserve": "#8c564b", "paged": "#17becf"}
+
+
+def plot_kv_memory(results, path):
+    """KV tokens held against tokens reserved or allocated, and requests running, over time
+    (the continuous scheduler under each allocation policy)."""
+    import matplotlib.pyplot as plt
+    kv = results["C"].get("kv")
+    if not kv or not kv["series"]:
+        return False
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5.4), sharex=True)
+    for policy, series in kv["series"].items():
+        color, m = KV_COLORS[policy], kv[policy]["continuous"]
+        ax1.plot(series["t_s"], series["allocated_tokens"], color=color, linestyle="--",
+                 label=f"{policy}: allocated")
+        ax1.plot(series["t_s"], series["held_tokens"], color=color,
+                 linewidth=3 if policy == "reserve" else 1.5,  # visible under paged
+                 label=f"{policy}: held ({m['utilization']:.0%} of allocated)")
+        ax2.plot(series["t_s"], series["running"], color=color, drawstyle="steps-post",
+                 label=f"{policy}: peak {m['peak_concurrency']}, mean "
+                       f"{m['mean_concurrency']:.1f}, {m['preemptions']:,} preemptions")
+    ax1.axhline(kv["budget_tokens"], color=GREY, linewidth=1)
+    ax1.annotate(f"budget {kv['budget_tokens']:,} tokens", (0, kv["budget_tokens"]),
+                 xytext=(2, -10), textcoords="offset points", fontsize=8, color=GREY)
+    ax1.set_ylabel("KV tokens")
+    ax1.set_ylim(0, kv["budget_tokens"] * 1.08)
+    ax1.legend(fontsize=7, loc="center right")
+    ax2.set_ylabel("requests running")
+    ax2.set_xlabel("time (s)")
+    ax2.set_ylim(bottom=0)
+    ax2.legend(fontsize=7, loc="lower center")
+    fig.suptitle(f"C: KV memory under continuous batching: {results['C']['slots']} slots, "
+                 f"{kv['memory_bytes'] / 1e9:.2f} GB of KV cache", fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_engine(results, path):
+    """D's measured occupancy over wall time, in the form of occupancy.png."""
+    D = results["D"]
+    panels = []
+    for policy in ("static", "continuous"):
+        d = D[policy]
+        t, running = d["timeline"]["t_s"], d["timeline"]["running"]
+        # each step's slots fill the interval that ends with it, the first from t = 0
+        panels.append(([0.0, *t], [running[0], *running], "pre",
+                       f"{policy}: {d['wall_s']:,.1f} s measured ({d['predicted']['wall_s']:,.1f} "
+                       f"s predicted), {d['steps']:,} steps, {100 * d['occupancy']:.1f}% "
+                       "occupancy"))
+    plot_slot_panels(results, path, D["slots"], panels, "wall time (s)",
+                     f"D: a real engine, {D['requests']} requests, {D['slots']} slots: continuous "
+                     f"is {D['speedup_measured']:.2f}x faster (C predicts "
+                     f"{D['speedup_predicted']:.2f}x)")
+
+
+FIGURES = {"phases.png": ("B", plot_phases),
+           "occupancy.png": ("C", plot_occupancy),
+           "latency_cdf.png": ("C", plot_latency_cdf),
+           "rate_sweep.png": ("C", plot_rate_sweep),
+           "kv_memory.png": ("C", plot_kv_memory),
+           "who_waits.png": ("C", plot_who_waits),
+           "capacity.png": ("C", plot_capacity),
+           "engine.png": ("D", plot_engine),
+           "decode_batch.png": ("A", plot_decode_batch),
+           "prefill_decode.png": ("B", plot_prefill_decode),
+           "roofline.png": ("AB", plot_roofline),
+           "decode_context.png": ("A", plot_decode_context)}
+
+
+def draw_figures(results, out_dir, dpi=100, fmt="png", jobs=1):
+    """Every figure the results support -> (written, missing: {name: why not}), drawn in up to
+    `jobs` worker processes. A plot that cannot draw returns False (no measured rows) or the
+    reason."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401  (once, before the workers are forked)
+    written, missing, calls = [], {}, []
+    for name, (experiment, plot) in FIGURES.items():
+        name = name.replace(".png", "." + fmt)
+        if not any(e in results for e in experiment):
+            missing[name] = f"needs experiment {' or '.join(experiment)}"
+        else:
+            calls.append((draw_one, (plot, results, os.path.join(out_dir, name), dpi, fmt)))
+    calls.sort(key=lambda c: os.path.basename(c[1][2]).split(".")[0] not in SLOWEST_FIGURES)
+    for (_, (_, _, path, _, _)), why in zip(calls, run_parallel(calls, jobs)):
+        name = os.path.basename(path)
+        if why is None:
+            written.append(name)
+        else:
+            missing[name] = "no measured rows to draw" if why is False else why
+    names = [n.replace(".png", "." + fmt) for n in FIGURES]  # (written in FIGURES' order)
+    return sorted(written, key=names.index), missing
+
+
+# the figures slowest to draw (0.5-1 s each on a 2-core CPU), sent to the workers first
+SLOWEST_FIGURES = ("who_waits", "rate_sweep", "roofline", "kv_memory")
+
+
+def draw_one(plot, results, path, dpi, fmt):
+    FIGURE_STYLE.update(dpi=dpi, format=fmt)
+    return plot(results, path)
+
+
+# -----------------------------------------------------------------------------
+# flags: argv to a RunConfig
+
+
+def integer(low=1, high=COUNT_MAX):
+    """An argparse type: an integer in [low, high]."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            kind = "a positive integer" if low == 1 else f"an integer from {low:,}"
+            raise argparse.ArgumentTypeError(f"expected {kind} up to {high:,}, got {text!r}")
+        return value
+    parse.bounds = (low, high)
+    return parse
+
+
+def integers(text):
+    """An argparse type: comma-separated positive integers (each at most COUNT_MAX)."""
+    try:
+        return tuple(integer()(v) for v in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers up to "
+                                         f"{COUNT_MAX:,}, got {text!r}")
+
+
+integers.bounds = (1, COUNT_MAX)
+
+
+def number(low, high):
+    """An argparse type: a number in [low, high] (both positive: no zero, no inf, no nan)."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a number from {low:g} to {high:g}, got "
+                                             f"{text!r}")
+        return value
+    parse.bounds = (low, high)
+    return parse
+
+
+def numbers(low, high):
+    """An argparse type: comma-separated numbers in [low, high]."""
+    def parse(text):
+        try:
+            return tuple(number(low, high)(v) for v in text.split(","))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers from {low:g} to "
+                                             f"{high:g}, got {text!r}")
+    parse.bounds = (low, high)
+    return parse
+
+
+def fraction(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+fraction.bounds = (0.0, 0.99)  # (the ends the flag test tries: the range is [0, 1))
+
+
+def rate_value(text):
+    return "trace" if text == "trace" else number(*RATES)(text)
+
+
+def experiment_letters(text):
+    letters = "".join(text.replace(",", "").upper().split())
+    unknown = sorted(set(letters) - set(EXPERIMENTS))
+    if not letters or unknown:
+        raise argparse.ArgumentTypeError(f"unknown experiment {''.join(unknown) or text!r}; "
+                                         f"choose from {EXPERIMENTS}")
+    return "".join(e for e in EXPERIMENTS if e in letters)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UsageError(message)
+
+
+def build_parser():
+    p = ArgumentParser(prog="NN_40_serving.py",
+                       description="\n\n".join(__doc__.split("\n\n")[1:4]),  # with A-D
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--experiments", type=experiment_letters,
+                   help="which experiments to run, e.g. AB or C (default: ABCD; AB with "
+                        "--arch post)")
+    p.add_argument("--arch", choices=["transformer", "post"], default="transformer",
+                   help="the model A and B time: a real decoder-only transformer (default), "
+                        "or the post's proxy, `layers` square h x h matmuls per token and "
+                        "nothing else, which is what the post's A and B figures measure")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--catalog", action="store_true",
+                   help="print every named model on every named card (weights, KV bytes per "
+                        "token, KV tokens that fit, where KV reads pass weight reads, priced "
+                        "decode steps) and exit; touches no device")
+    m = p.add_argument_group("model (the flags below override the --model preset's fields; on "
+                             "CPU, the post's model takes unset fields from the CPU preset: 4 "
+                             "layers, hidden 1024, 8 heads, vocab 8192, bfloat16)")
+    m.add_argument("--model", choices=list(MODELS), default="post",
+                   help="a named shape (random weights, nothing downloaded): the post's "
+                        "(default) or an open model's, which runs at its own size")
+    m.add_argument("--layers", type=integer(), help="default 12")
+    m.add_argument("--hidden", type=integer(), help="default 2048")
+    m.add_argument("--heads", type=integer(), help="default 16")
+    m.add_argument("--kv-heads", type=integer(),
+                   help="K/V heads (grouped-query attention; 1: multi-query; default: --heads)")
+    m.add_argument("--mlp", choices=["gelu", "gated"],
+                   help="the MLP: gelu (fc, GELU, out; the post's) or gated (SiLU(gate) x up, "
+                        "then down; Llama's)")
+    m.add_argument("--ffn-hidden", type=integer(),
+                   help="the MLP's width (default: 4 x hidden for gelu, 8/3 x hidden for gated)")
+    m.add_argument("--vocab", type=integer(), help="default 32000")
+    m.add_argument("--max-positions", type=integer(), help="longest sequence (default 8192)")
+    m.add_argument("--dtype", choices=list(DTYPES), help="default float16")
+    a = p.add_argument_group("A and B")
+    a.add_argument("--batch-sizes", type=integers, default=(1, 8, 32, 128, 256),
+                   help="A: decode batch sizes (default 1,8,32,128,256)")
+    a.add_argument("--context", type=integer(), default=128,
+                   help="tokens already in each row's KV cache at a decode step (default 128)")
+    a.add_argument("--contexts", type=integers,
+                   help="A: contexts to sweep (default: --context and 1024, 4096 on CUDA; "
+                        "--context and 1024 on CPU)")
+    a.add_argument("--graphs", choices=["on", "off", "both"],
+                   help="decode steps replayed from CUDA graphs (on), eager (off) or both "
+                        "side by side (default: both on CUDA, off on CPU)")
+    a.add_argument("--peak-bandwidth-gbs", type=number(1e-3, 1e7),
+                   help="use this memory bandwidth instead of measuring a copy")
+    a.add_argument("--peak-tflops", type=number(1e-6, 1e7),
+                   help="use this matmul throughput instead of measuring one")
+    a.add_argument("--prefill-lengths", type=integers, default=(512, 2048),
+                   help="B: prompt lengths (default 512,2048)")
+    a.add_argument("--decode-batches", type=integers, default=(1, 32),
+                   help="B: decode batch sizes (default 1,32)")
+    a.add_argument("--warmup", type=integer(0), default=3, help="untimed calls per shape")
+    a.add_argument("--reps", type=integer(), default=50, help="timed calls per shape (at most)")
+    c = p.add_argument_group("C")
+    c.add_argument("--requests", type=integer(), default=600)
+    c.add_argument("--slots", type=integer(), default=32)
+    c.add_argument("--seed", type=integer(0, 2**32 - 1), default=LENGTH_SEED,
+                   help=f"draw of the length law, the model's weights and D's prompts (default "
+                        f"{LENGTH_SEED}: the post's lengths)")
+    c.add_argument("--lengths-file", metavar="PATH",
+                   help="generated lengths, one positive integer per line ('#' comments)")
+    c.add_argument("--prompt-len", type=integer(),
+                   help="prompt tokens of each generated request (default 128; D on CPU: "
+                        f"{ENGINE_CPU['prompt_len']})")
+    c.add_argument("--trace", metavar="CSV", help="a request trace: columns num_prefill_tokens,"
+                   "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
+    c.add_argument("--trace-limit", type=integer(), metavar="N", help="first N trace rows")
+    c.add_argument("--rate", type=rate_value, help="arrivals per second (Poisson, or gamma with "
+                   "--burstiness), or 'trace' for the trace's timestamps (default: all at t=0)")
+    c.add_argument("--burstiness", type=number(1e-3, 1e3), default=1.0,
+                   help="gamma shape of the gaps: 1 = Poisson, below 1 burstier")
+    c.add_argument("--rates", type=numbers(*RATES),
+                   help="rate sweep, requests/s (default: 0.2-1.2x "
+                   "the continuous scheduler's capacity)")
+    c.add_argument("--chunk-tokens", type=integer(), default=512,
+                   help="chunked prefill: tokens per step, decodes included (default 512)")
+    c.add_argument("--cost", choices=["measured", "analytic"],
+                   help="price steps from this run's A/B rows or from a roofline (default: "
+                        "measured when A runs and no --gpu is named)")
+    c.add_argument("--gpu", choices=list(GPUS),
+                   help="the card C plans for: its analytic prices (spec peaks x "
+                        f"{CARD_EFFICIENCY['bandwidth']:g} bandwidth, x "
+                        f"{CARD_EFFICIENCY['matmul']:g} FLOP/s) and its memory for the KV "
+                        "budget (default: this run's measurements, else the post's RTX 5080)")
+    c.add_argument("--order", choices=ORDERS, default="fcfs",
+                   help="who takes a free seat first, in every scheduler of C (and D): fcfs "
+                        "(first come, first served; default), sjf (shortest output first, "
+                        "by the true lengths), predicted (shortest predicted output first), "
+                        "longest (longest output first); preempted requests always go first")
+    c.add_argument("--predict-sigma", type=number(0.0, 10.0), default=0.8,
+                   help="predicted: each length times e^N(0, s^2) (default 0.8: Kendall's tau "
+                        "about 0.55 against the truth on the post's law)")
+    c.add_argument("--max-wait-s", type=number(1e-6, 1e12),
+                   help="starvation guard: a request that has waited this long goes first "
+                        "(default: off; the who-waits study uses FCFS's 99th-percentile wait)")
+    c.add_argument("--replicas", type=integer(1, REPLICAS_MAX), default=1,
+                   help="identical replicas behind a router; C's single-replica tables then "
+                        "show one replica's share (every N-th request), and a table compares "
+                        "the routers over the whole load (default 1)")
+    c.add_argument("--router", choices=("all",) + ROUTERS, default="all",
+                   help="which routers the replica and capacity studies run: round-robin, "
+                        "least-requests (fewest queued + running), power-of-two (the less "
+                        "loaded of two drawn at random), least-kv (fewest KV tokens committed); "
+                        "default all")
+    c.add_argument("--slo-attainment", type=number(0.01, 1.0), default=0.9,
+                   help="the share of requests that must meet the SLOs (default 0.9); with an "
+                        "SLO, C finds the highest rate one replica serves at it")
+    c.add_argument("--target-rate", type=number(*RATES),
+                   help="requests/s to serve: C finds the fewest replicas under each router "
+                        "that meet the SLOs at it (needs --slo-ttft-ms or --slo-tpot-ms)")
+    c.add_argument("--slo-ttft-ms", type=number(1e-6, 1e12), help="goodput: TTFT bound")
+    c.add_argument("--slo-tpot-ms", type=number(1e-6, 1e12), help="goodput: TPOT bound")
+    c.add_argument("--save-requests", metavar="CSV", help="write every request's times")
+    c.add_argument("--kv-policy", choices=["reserve", "paged", "both"], default="both",
+                   help="KV-cache allocation: a contiguous reservation of prompt + max output, "
+                        "or blocks allocated as a sequence grows (default: both)")
+    c.add_argument("--kv-memory-gb", type=number(1e-6, 1e6), help="memory for the KV cache, GB "
+                   f"(default: {KV_MEMORY_FRACTION:g} x CUDA memory - weights; "
+                   f"{CPU_KV_MEMORY_GB:g} on CPU; {KV_MEMORY_FRACTION:g} x "
+                   f"{REFERENCE_MEMORY_GB:g} - weights, the post's RTX 5080, with no device)")
+    c.add_argument("--block-tokens", type=integer(), default=16,
+                   help="paged: tokens per KV block (default 16)")
+    c.add_argument("--watermark", type=fraction, default=0.01,
+                   help="paged: admit as vLLM does, when the whole prompt's blocks fit and "
+                        "this share of the blocks stays free (default 0.01); 0 admits on the "
+                        "first step's blocks alone")
+    c.add_argument("--jobs", type=integer(1, 1024), default=os.cpu_count() or 1,
+                   help="worker processes for C's simulations (default: the machine's cores, "
+                        f"{os.cpu_count()} here)")
+    c.add_argument("--max-output", type=integer(), help="reserve: output tokens reserved per "
+                   f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for "
+                   "the log-normal law)")
+    d = p.add_argument_group("D (takes --seed, --order and --rate from C; on CUDA also its "
+                             "--requests, --slots and --prompt-len)")
+    d.add_argument("--engine-attention", choices=["auto", "spans", "padded"], default="auto",
+                   help="how D's engine attends when its rows sit at several positions: a call "
+                        "per span of rows at one position, or one call padded to the longest "
+                        "row (default: padded on CUDA, spans elsewhere); each is priced as it "
+                        "runs")
+    d.add_argument("--engine-requests", type=integer(), help="requests the engine serves "
+                   f"(default: {ENGINE_CPU['requests']} on CPU, --requests on CUDA)")
+    d.add_argument("--engine-slots", type=integer(), help="the engine's slots (default: "
+                   f"{ENGINE_CPU['slots']} on CPU, where a decode step stays flat in the batch "
+                   "only that far; --slots on CUDA)")
+    d.add_argument("--engine-shrink", type=integer(), help="divide each output length by this "
+                   f"(default: {ENGINE_CPU['shrink']} on CPU, 1 on CUDA); D's prompts are "
+                   f"--prompt-len tokens, by default {ENGINE_CPU['prompt_len']} on CPU")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default="figures", help="directory for results.json and figures")
+    o.add_argument("--no-figures", action="store_true")
+    o.add_argument("--replot", metavar="RESULTS_JSON", help="redraw the figures of a saved "
+                   "results.json into --out; runs nothing, touches no device")
+    o.add_argument("--dpi", type=integer(20, 1000), default=100,
+                   help="figure resolution: 100 = 800 px wide, one blog column; 200 for 2x")
+    o.add_argument("--format", choices=["png", "svg"], default="png")
+    o.add_argument("--lang", choices=list(TEXT), default="en",
+                   help="the language of what is printed: en, or ko (the post's Korean; the "
+                        "figures stay in English)")
+    o.add_argument("--quick", action="store_true", help="shrink every experiment (smoke run)")
+    return p
+
+
+def parse_args(argv):
+    """argv -> RunConfig: the device resolved (when A, B or D runs), CPU preset and --quick
+    applied."""
+    args = build_parser().parse_args(argv)
+    if args.arch == "post" and set(args.experiments or "") - set("AB"):
+        raise UsageError("--arch post: the post's proxy has no attention and no KV cache, so "
+                         "only A and B run on it; run C and D without --arch post")
+    if args.arch == "post" and args.model != "post":
+        raise UsageError(f"--arch post times the post's proxy; --model {args.model} names a "
+                         "transformer: give one or the other")
+    args.experiments = args.experiments or ("AB" if args.arch == "post" else EXPERIMENTS)
+    device = resolve_device(args.device) if set("ABD") & set(args.experiments) else None
+    fields = {f: getattr(args, f) for f in ("layers", "hidden", "heads", "kv_heads", "mlp",
+                                            "ffn_hidden", "vocab", "max_positions", "dtype")}
+    on_cpu = device is not None and device.type == "cpu"
+    if args.quick and on_cpu:  # (a smoke run: a model that reads a fraction of the preset's)
+        fields["layers"] = fields["layers"] or 2
+        if args.model == "post":
+            fields["hidden"] = fields["hidden"] or 512
+    given = {f: v for f, v in fields.items() if v is not None}
+    cpu_preset = on_cpu and args.model == "post"
+    model = dataclasses.replace(CPU_PRESET if cpu_preset else MODELS[args.model], arch=args.arch,
+                                **given)
+    if args.model != "post" and given:  # (the banner says what ran)
+        model = dataclasses.replace(model, name=args.model + " (" + ", ".join(
+            f"{f.replace('_', '-')}={v}" for f, v in given.items()) + ")")
+    preset = tuple(f"{f}={getattr(CPU_PRESET, f)}" for f in ("layers", "hidden", "heads",
+                                                             "vocab", "max_positions")
+                   if fields[f] is None and cpu_preset)
+    if model.hidden % model.heads:
+        raise UsageError(f"--hidden {model.hidden} is not divisible by --heads {model.heads}")
+    if model.n_kv_heads > model.heads or model.heads % model.n_kv_heads:
+        raise UsageError(f"--kv-heads {model.n_kv_heads} must divide --heads {model.heads}")
+    if model.positions == "rope" and model.head_dim % 2:
+        raise UsageError(f"rotary positions need an even head width, not {model.head_dim}")
+    cuda = device is not None and device.type == "cuda"
+    if args.graphs in ("on", "both") and device is not None and not cuda:
+        raise UsageError(f"--graphs {args.graphs}: CUDA graphs need a CUDA device")
+    graphs = {"on": "graph", "off": "eager", "both": "both", None: "both" if cuda else "eager"}
+    contexts = args.contexts or ((args.context, 1024, 4096) if cuda else (args.context, 1024))
+    if args.arch == "post":  # no KV cache: the context changes nothing
+        contexts = (args.context,)
+    run = dict(experiments=args.experiments, device=device and device.type,
+               batch_sizes=args.batch_sizes, context=args.context,
+               contexts=tuple(sorted(set(contexts) | {args.context})),
+               graphs=graphs[args.graphs], peak_bandwidth_gbs=args.peak_bandwidth_gbs,
+               peak_tflops=args.peak_tflops,
+               prefill_lengths=args.prefill_lengths, decode_batches=args.decode_batches,
+               requests=args.requests, slots=args.slots, seed=args.seed,
+               lengths_file=args.lengths_file, prompt_len=args.prompt_len or 128, trace=args.trace,
+               trace_limit=args.trace_limit, rate=args.rate, burstiness=args.burstiness,
+               rates=args.rates, chunk_tokens=args.chunk_tokens, cost=args.cost,
+               slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
+               slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
+               order=args.order, predict_sigma=args.predict_sigma, max_wait_s=args.max_wait_s,
+               gpu=args.gpu, replicas=args.replicas, router=args.router,
+               slo_attainment=args.slo_attainment, target_rate=args.target_rate,
+               save_requests=args.save_requests,
+               engine_attention=args.engine_attention,
+               kv_policies=("reserve", "paged") if args.kv_policy == "both" else
+               (args.kv_policy,), kv_memory_gb=args.kv_memory_gb,
+               block_tokens=args.block_tokens, max_output=args.max_output,
+               watermark=args.watermark, jobs=args.jobs,
+               warmup=args.warmup, reps=args.reps,
+               out=args.out, figures=not args.no_figures, dpi=args.dpi, format=args.format,
+               lang=args.lang, quick=args.quick,
+               preset=preset, dtype_given=args.dtype is not None)
+    if args.target_rate and not (args.slo_ttft_ms or args.slo_tpot_ms):
+        raise UsageError("--target-rate: give the SLO it must be served at (--slo-ttft-ms, "
+                         "--slo-tpot-ms)")
+    if args.rate == "trace" and not args.trace:
+        raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
+    longest = max(max(run["contexts"]) + 1, max(run["prefill_lengths"]))
+    if device is not None and model.arch == "transformer" and longest > model.max_positions:
+        raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
+                         f"{model.max_positions}")
+    if args.quick:  # every experiment small enough for a smoke run
+        run.update(batch_sizes=tuple(b for b in args.batch_sizes if b <= 32) or (1,),
+                   context=min(args.context, 64), contexts=(min(args.context, 64),),
+                   prefill_lengths=tuple(max(1, t // 8) for t in args.prefill_lengths),
+                   warmup=min(args.warmup, 1), reps=min(args.reps, 5),
+                   prompt_len=min(run["prompt_len"], 32))
+        run["time_budget_s"] = 0.2
+    engine = ENGINE_QUICK if args.quick else ENGINE_CPU if on_cpu else {
+        "requests": args.requests, "slots": args.slots, "prompt_len": run["prompt_len"],
+        "shrink": 1}
+    run.update(engine_requests=args.engine_requests or engine["requests"],
+               engine_slots=args.engine_slots or engine["slots"],
+               engine_prompt_len=args.prompt_len or engine["prompt_len"],
+               engine_shrink=args.engine_shrink or engine["shrink"])
+    return RunConfig(model=model, **run)
+
+
+# -----------------------------------------------------------------------------
+# the run: main, the banner, the experiments in order, results.json and the figures
+
+
+def prepare_out_dir(path):
+    """Create OUT and prove it is writable before any experiment runs."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise UsageError(f"cannot write to output directory {path}: {e.strerror}")
+
+
+def main(argv=None):
+    """Run the chosen experiments; print tables; write results.json and figures. -> results."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    tolerant_output()
+    try:
+        return _main(argv)
+    except UsageError as e:
+        print(f"NN_40_serving.py: error: {error_text(e)}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def error_text(error):
+    """A UsageError as its line (a KV budget's in words: the pure code raises a description)."""
+    if isinstance(error, KVUnfit):
+        return f"the {error.policy} KV budget of a replica cannot hold every request: " + \
+            describe(TEXT["en"], error.why)
+    return str(error)
+
+
+def tolerant_output():
+    """Where the console's encoding is not UTF-8 (a Windows code page, output redirected to a
+    file), a character it cannot encode (Korean, µ) prints as '?', never a traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="replace")
+            except (ValueError, OSError):
+                pass
+
+
+def environment(run, device, argv):
+    env = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+           "command": " ".join(["NN_40_serving.py"] + list(argv)),
+           "python": platform.python_version(), "torch": torch.__version__,
+           "numpy": np.__version__}
+    if device is not None:
+        env.update({"device": device_name(device), "device_type": device.type,
+                    "cuda": torch.version.cuda if device.type == "cuda" else None,
+                    "threads": torch.get_num_threads()})
+    return env
+
+
+def banner(results, T):
+    env, cfg = results["environment"], results["config"]["model"]
+    lines = [f"NN_40_serving  {env['date']}", T["command"].format(**env),
+             f"python {env['python']}, torch {env['torch']}, numpy {env['numpy']}"]
+    if "device" in env:
+        lines.append(T["device"].format(**env) + (T["cuda"] if env["cuda"] else
+                                                  T["threads"]).format(**env))
+    lines.append(T["model_post" if cfg.get("arch") == "post" else "model"].format(
+        **{**cfg, "params": cfg["params"] / 1e6, "gib": cfg["weight_bytes"] / 2**30,
+           "label": T["label_post"] if cfg["name"] == "post" else cfg["name"],
+           "kv": T["kv_heads"].format(n=cfg["n_kv_heads"]) if cfg["n_kv_heads"] < cfg["heads"]
+           else "", "mlp_text": T["mlp_" + cfg["mlp"]]}))
+    if results["config"].get("preset"):
+        lines.append(T["preset"].format(fields=", ".join(results["config"]["preset"])))
+    if "dtype_probe" in env:
+        probe = env["dtype_probe"]
+        lines.append(T["dtype_probe"].format(chosen=probe["chosen"], preference=probe[
+            "preference"], rows="/".join(str(r) for r, _, _ in PROBE_SHAPES),
+            times=", ".join(f"{d} " + " / ".join(f"{ms:.1f}" for ms in t["ms"])
+                            + ("" if t["total_ms"] is not None else T["probe_dropped"])
+                            for d, t in probe["times"].items())))
+    if results["config"].get("gpu"):
+        card = GPUS[results["config"]["gpu"]]
+        lines.append(T["card"].format(name=card.name, bandwidth=card.bandwidth_gbs,
+                                      tflops=card.tflops, memory=card.memory_gb,
+                                      bandwidth_share=CARD_EFFICIENCY["bandwidth"],
+                                      matmul_share=CARD_EFFICIENCY["matmul"]))
+    if env.get("device_type") == "cpu" and cfg["name"] != "post" and \
+            cfg["weight_bytes"] > 2**30:
+        lines.append(T["slow_cpu"].format(name=cfg["name"], gib=cfg["weight_bytes"] / 2**30))
+    return "\n".join(lines)
+
+
+def replot(argv):
+    """--replot: redraw from a saved results.json; no experiment runs, no device is touched."""
+    args = build_parser().parse_args(argv)
+    try:
+        with open(args.replot, encoding="utf-8") as f:
+            results = json.load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read {args.replot}: {e.strerror}")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UsageError(f"{args.replot}: not a JSON file")
+    if not (isinstance(results, dict) and isinstance(results.get("environment"), dict)
+            and isinstance(results.get("config"), dict)):
+        raise UsageError(f"{args.replot}: not a results.json written by NN_40_serving.py")
+    prepare_out_dir(args.out)
+    try:
+        written, missing = draw_figures(results, args.out, args.dpi, args.format, args.jobs)
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        raise UsageError(f"{args.replot}: lacks a field the figures need ({e!r}); it may come "
+                         "from another version of the script")
+    print(f"redrew {', '.join(written) or 'nothing'} into {args.out}")
+    for name, why in missing.items():
+        print(f"could not draw {name}: {why}")
+    return {"written": written, "missing": missing}
+
+
+def _main(argv):
+    args = build_parser().parse_args(argv)
+    if args.replot:
+        return replot(argv)
+    if args.catalog:
+        results = {"catalog": catalog()}
+        print(catalog_table(TEXT[args.lang], results["catalog"]))
+        return results
+    run = parse_args(argv)
+    device = run.device and torch.device(run.device)
+    if device and device.type == "cuda":
+        check_cuda_arch(device)
+    run, dtype_probe = with_probed_dtype(run)
+    requests = kv = None
+    if "C" in run.experiments:  # read C's input once, failing before any long measurement
+        requests = make_requests(run)
+        kv = kv_setup(run, requests, device)
+        if run.cost == "measured" and "A" not in run.experiments:
+            raise UsageError("--cost measured needs experiment A in the same run")
+    lengths, arrival = engine_requests(run) if "D" in run.experiments else (None, None)
+    if lengths is not None:  # D's cache must hold the longest request
+        check_engine(run, lengths)
+    if device:  # the model (and D's cache) must fit, before anything is allocated
+        check_memory(run, device, lengths)
+    prepare_out_dir(run.out)
+    cfg = run.model
+    results = {"environment": environment(run, device, argv),
+               "config": {"model": {**dataclasses.asdict(cfg), "params": param_count(cfg),
+                                    "weight_bytes": param_count(cfg) * cfg.dtype_bytes,
+                                    "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn},
+                          **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
+    if dtype_probe:
+        results["environment"]["dtype_probe"] = dtype_probe
+    T = TEXT[run.lang]
+    print(banner(results, T), flush=True)
+    interrupted, stage, bench = False, None, []
+    try:
+        with torch.inference_mode(), sdpa_policy():
+            for stage in run.experiments:
+                run_experiment(stage, run, device, results, bench, requests, kv, lengths,
+                               arrival)
+    except KeyboardInterrupt:
+        interrupted = True
+        results["interrupted"] = True
+    except UsageError:
+        raise
+    except Exception as e:  # a late failure keeps what finished, and says so in one line
+        results["failed"] = {"experiment": stage, "error": one_line(e)}
+    print("\n" + format_tables(results, run.lang) + "\n", flush=True)
+    json_path = os.path.join(run.out, "results.json")
+    write_atomic(json_path, to_json(results))
+    if run.figures and not interrupted:
+        written, _ = draw_figures(results, run.out, run.dpi, run.format, run.jobs)
+        print(T["wrote"].format(json=json_path, figures=", ".join(written)))
+    else:
+        print(T["wrote_json"].format(json=json_path))
+    if interrupted:
+        print(T["interrupted"], file=sys.stderr)
+        raise SystemExit(130)
+    if "failed" in results:
+        failed = results["failed"]
+        print(f"NN_40_serving.py: error: experiment {failed['experiment']} failed "
+              f"({failed['error']}); results.json keeps what finished before it",
+              file=sys.stderr)
+        raise SystemExit(1)
+    return results
+
+
+def run_experiment(name, run, device, results, benches, requests, kv, lengths, arrival):
+    """One experiment into results. benches: [the model on its device, a Bench], built by the
+    first experiment that needs it and kept for the next."""
+    if not benches and (name in "ABD" or (device and kv)):
+        benches.append(Bench(run, device, log))
+    bench = benches[0] if benches else None
+    if name in "AB" and "ceilings" not in results["environment"]:
+        ceilings = measure_ceilings(run, device, log)
+        results["environment"]["ceilings"] = ceilings
+        print(ceilings_line(TEXT[run.lang], ceilings, run.device), flush=True)
+    ceilings = results["environment"].get("ceilings")
+    if name == "A":
+        results["A"] = run_decode_sweep(bench, ceilings, log)
+    elif name == "B":
+        results["B"] = run_prefill_decode(bench, ceilings, log)
+    elif name == "C":
+        results["C"] = run_batching_sim(run, requests, log, results, kv)
+        if device and "peak" in results["C"].get("kv", {}):  # the budget is real
+            results["C"]["kv"]["device_check"] = kv_device_check(bench, results["C"]["kv"])
+    elif name == "D":
+        results["D"] = run_serving_engine(bench, lengths, arrival, log)
+
+
+# -----------------------------------------------------------------------------
+# text: every string printed, in English and in Korean (the post's language)
+
 
 SHARED_TEXT = {  # the same in every language: units, acronyms, names
     "cuda": ", CUDA {cuda}", "gbs": "GB/s", "mbu": "MBU", "mfu": "MFU",
@@ -3471,6 +5008,7 @@ SHARED_TEXT = {  # the same in every language: units, acronyms, names
     "tpot_p99": "TPOT p99 ms", "e2e_p50": "E2E p50 ms", "e2e_p99": "E2E p99 ms",
     "source_file": "{path}", "memory_flag": "--kv-memory-gb",
 }
+
 TEXT = {
     "en": {**SHARED_TEXT,
         # banner
@@ -3913,1473 +5451,6 @@ TEXT = {
         "interrupted": "중단됨: 위의 표는 끝난 실험들이다",
     },
 }
-
-
-def describe(T, what):
-    """A description from results.json (a dict naming its template in "kind") in T's
-    language; a plain string as it is."""
-    if not isinstance(what, dict):
-        return str(what)
-    return T[what["kind"]].format(**{k: T[v] if k == "mode" else v for k, v in what.items()})
-
-
-def cell(T, row, key, fmt):
-    if key == "step_ms" and "skipped" in row:
-        return describe(T, row["skipped"])
-    if key == "mode" and "graph_failed" in row:
-        return T["graph_failed"]
-    if key in ("mode", "bound") and key in row:
-        return T[row[key]]
-    if key in row.get("above_ceiling", ()):
-        return T["above_ceiling"]
-    text = format(row[key], fmt) if key in row else ""
-    return text + "*" if key == "step_ms" and row.get("few_reps") else text
-
-
-def roofline_notes(T, results, rows):
-    """The lines under A's or B's table that say what its marks and labels mean."""
-    lines = []
-    if any(r.get("few_reps") for r in rows):
-        lines.append(T["few_reps"].format(budget=results["config"]["time_budget_s"]))
-    if any("above_ceiling" in r for r in rows):
-        lines.append(T["above_ceiling_note"])
-    for bound in ("launch", "overhead"):
-        if any(r.get("bound") == bound for r in rows):
-            lines.append(T[bound + "_note"].format(share=LAUNCH_BOUND_SHARE))
-    return lines
-
-
-ROOFLINE_COLUMNS = [("gbs", ",.1f"), ("mbu", ".0%"), ("mfu", ".1%"), ("bound", "s")]
-
-
-def table(T, rows, headers, **fields):
-    """Rows under the headers named (TEXT keys, formatted with `fields`), right-aligned."""
-    from tabulate import tabulate
-    return tabulate(rows, [T[h].format(**fields) for h in headers], stralign="right",
-                    disable_numparse=True)
-
-
-def format_tables(results, lang="en"):
-    """The tables of every finished experiment, as one string."""
-    T = TEXT[lang]
-    out = []
-    if "A" in results:
-        A = results["A"]
-        cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
-                ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
-        rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]
-                if r["context"] == A["context"]]
-        post = results["config"]["model"].get("arch") == "post"
-        out += [T["A_post" if post else "A"].format(**A), "\n".join(
-            [table(T, rows, [k for k, _ in cols])] + roofline_notes(T, results, A["rows"])
-            + kernels_text(T, A))]
-        if len(A["contexts"]) > 1:
-            out += [T["A_contexts"].format(mode=T[A["modes"][-1]]), context_table(T, A)]
-    if "B" in results:
-        cols = [("mode", "s"), ("step_ms", ".3f"), ("us_per_token", ".1f"), ("tflops", ".2f"),
-                ("intensity", ".1f")] + ROOFLINE_COLUMNS
-        rows = [[T[r["phase"]].format(**r)] + [cell(T, r, k, f) for k, f in cols]
-                for r in results["B"]["rows"]]
-        out += [T["B"], "\n".join([table(T, rows, ["row"] + [k for k, _ in cols])]
-                                   + roofline_notes(T, results, results["B"]["rows"])
-                                   + kernels_text(T, results["B"])), chain_text(T, results["B"])]
-    if "C" in results and "static" in results["C"]:
-        out += [post_table_text(T, results["C"])]
-        if "orders_steps" in results["C"]:
-            out += [orders_steps_table(T, results["C"])]
-    if "C" in results:
-        out += [serving_table(T, results["C"])]
-        if "kv" in results["C"]:
-            out += [kv_table(T, results["C"]["kv"])]
-        if "orders" in results["C"]:
-            out += who_waits_tables(T, results["C"])
-        if "replicas" in results["C"]:
-            out += [fleet_table(T, results["C"]["replicas"])]
-        if "capacity" in results["C"]:
-            out += [capacity_text(T, results["C"]["capacity"])]
-    if "D" in results:
-        out += [engine_table(T, results["D"])]
-    return "\n\n".join(out)
-
-
-def kernels_text(T, experiment):
-    """The attention backends allowed and the kernels that ran (none for the post's proxy)."""
-    if not experiment.get("kernels"):
-        return []
-    return [T["kernels"].format(backends=", ".join(experiment["sdpa_backends"]),
-                                kernels=", ".join(experiment["kernels"]))]
-
-
-def catalog_table(T, cat):
-    """--catalog: every named model on every named card."""
-    def decode_ms(value):
-        return T["no_fit"] if value is None else f"{value:,.2f}"
-    b = cat["batch"]
-    rows = [[r["model"], GPUS[r["gpu"]].name, f"{r['weights_gb']:,.2f}",
-             f"{r['kv_bytes_per_token']:,}", f"{r['kv_tokens']:,}", f"{r['crossover_batch']:,}",
-             decode_ms(r["decode_b1_ms"]), decode_ms(r[f"decode_b{b}_ms"])]
-            for r in cat["rows"]]
-    return "\n".join([T["catalog"].format(**cat), table(T, rows, [
-        "model_col", "card_col", "weights_gb", "kv_per_token", "kv_fit", "crossover_col",
-        "decode_b1", "decode_bn"], batch=b)])
-
-
-def context_table(T, A):
-    """Decode step ms by batch (rows) and context (columns), in the fastest mode measured."""
-    from tabulate import tabulate
-    mode = A["modes"][-1]
-    by_key = {(r["batch"], r["context"]): r for r in A["rows"] if r["mode"] == mode}
-    batches = sorted({r["batch"] for r in A["rows"]})
-    rows = [[b] + [cell(T, by_key[b, c], "step_ms", ".3f") for c in A["contexts"]]
-            for b in batches]
-    crossover = ", ".join(T["crossover_at"].format(batch=b, context=c)
-                          for c, b in A["kv_crossover_batch"].items())
-    return (tabulate(rows, [T["batch"]] + [T["ctx_ms"].format(context=c) for c in A["contexts"]],
-                     stralign="right")
-            + "\n" + T["crossover"].format(batches=crossover))
-
-
-def chain_text(T, B):
-    """How close decode at batch 1 comes to a bare chain of its own matmuls."""
-    lines = []
-    for chain in B["linear_chain"]:
-        decode = next((r for r in measured(B["rows"]) if r["phase"] == "decode"
-                       and r["batch"] == 1 and r["mode"] == chain["mode"]), None)
-        text = T["chain"].format(mb=chain["bytes"] / 1e6, mode=T[chain["mode"]],
-                                 ms=chain["step_ms"], gbs=chain["gbs"])
-        if decode:
-            text += T["chain_decode"].format(gbs=decode["gbs"], share=decode["gbs"] / chain["gbs"])
-        lines.append(text)
-    return "\n".join(lines)
-
-
-def ceilings_line(T, ceilings, device_type):
-    return T["ceilings"].format(
-        bandwidth=ceilings["bandwidth_gbs"], tflops=ceilings["matmul_tflops"],
-        bandwidth_source=describe(T, ceilings["bandwidth_source"]),
-        matmul_source=describe(T, ceilings["matmul_source"]),
-        ridge=ceilings["ridge_flop_per_byte"]) + ("" if device_type == "cuda" else T["cpu_graphs"])
-
-
-def post_table_text(T, C):
-    """The post's table: static vs continuous in steps, and how much one draw says."""
-    rows = [[T[p], f"{C[p]['steps']:,}", f"{100 * C[p]['occupancy']:.1f}%"]
-            for p in ("static", "continuous")]
-    lines = [T["C"].format(**C), "", table(T, rows, ["policy", "steps", "occupancy"]), "",
-             T["lengths"].format(speedup=T["speedup"], value=C["speedup"], **C["lengths"])]
-    if "seed_spread" in C:
-        s = C["seed_spread"]
-        lines += ["", T["spread"].format(
-            seeds=s["seeds"], static=spread_text(T, s["static_occupancy"], pct=True),
-            continuous=spread_text(T, s["continuous_occupancy"], pct=True),
-            speedup=spread_text(T, s["speedup"]))]
-    return "\n".join(lines)
-
-
-def spread_text(T, s, pct=False):
-    if pct:
-        return f"{100 * s['p50']:.1f}% ({100 * s['p10']:.1f}-{100 * s['p90']:.1f}%)"
-    return f"{s['p50']:.2f}{T['times']} ({s['p10']:.2f}-{s['p90']:.2f}{T['times']})"
-
-
-def ms(d, key):
-    """A latency of a percentiles dict, in ms ("-" when there was none)."""
-    return f"{1e3 * d[key]:,.1f}" if d[key] is not None else "-"
-
-
-def fleet_table(T, fleet):
-    """C with --replicas: each router's latencies, SLO and balance over the whole load."""
-    rows = []
-    for router, m in fleet["routers"].items():
-        b = m["balance"]
-        rows.append([router, f"{m['throughput_rps']:,.2f}"]
-                    + [ms(m[k], p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p99")]
-                    + ([f"{m['slo_attained']:.1%}", f"{m['goodput_rps']:,.2f}"]
-                       if "slo_attained" in m else [])
-                    + [f"{b['requests_min']:,}-{b['requests_max']:,}",
-                       f"{b['busiest_occupancy']:.1%}"])
-    slo = ["slo_met", "goodput"] if "slo_attained" in m else []
-    kv = T[fleet["kv_policy"]] if fleet["kv_policy"] else T["who_waits_kv_none"]
-    return "\n".join([T["fleet"].format(replicas=fleet["replicas"], slots=fleet["slots"],
-                                        requests=fleet["requests"], kv=kv,
-                                        arrivals=describe(T, fleet["arrivals"])),
-                      table(T, rows, ["router", "req_s", "ttft_p50", "ttft_p99", "tpot_p50",
-                                      "tpot_p99", "e2e_p50", "e2e_p99"] + slo
-                            + ["per_replica", "busiest"])])
-
-
-def capacity_text(T, cap):
-    """The capacity of one replica at the SLO and, for a target rate, the replicas needed."""
-    def rate(value):
-        if value == 0:
-            return T["capacity_none"]
-        return f"{value:,.3g}" if math.isfinite(value) else T["capacity_all"].format(
-            rate=max(rate for rate, _ in cap["one_replica"]["tried"]))
-    slo = ", ".join(T[key].format(ms=1e3 * cap[f"{key}_s"]) for key in ("slo_ttft", "slo_tpot")
-                    if cap[f"{key}_s"])
-    one = cap["one_replica"]
-    lines = [T["capacity"].format(slo=slo, attainment=cap["attainment"], rate=rate(one["rate_rps"]),
-                                  tokens=one["output_tokens_per_s"] if math.isfinite(
-                                      one["rate_rps"]) else 0.0, seeds=cap["seeds"],
-                                  requests=cap["requests"], low=rate(one["rates_rps"][0]),
-                                  high=rate(one["rates_rps"][-1]))]
-    if "routers" not in cap:
-        return "\n".join(lines)
-    rows = [[router, f"{r['replicas']:,}" if r["replicas"] else
-             T["too_many"].format(n=REPLICAS_MAX),
-             f"{r['attainment']:.1%}" if r["attainment"] is not None else "-",
-             f"{r['below']:.1%}" if r["below"] is not None else "-"]
-            for router, r in cap["routers"].items()]
-    lines += ["", T["replicas_needed"].format(rate=cap["target_rate"],
-                                              requests=cap["fleet_requests"]),
-              table(T, rows, ["router", "replicas_col", "attained_col", "below_col"])]
-    found = {router: r for router, r in cap["routers"].items() if r["replicas"]}
-    if not found:
-        lines.append(T["answer_none"].format(n=REPLICAS_MAX))
-    else:
-        router = min(found, key=lambda k: (found[k]["replicas"], -found[k]["attainment"]))
-        fewest = found[router]["replicas"]
-        tie = T["answer_tie"] if sum(r["replicas"] == fewest for r in found.values()) > 1 else ""
-        lines.append(T["answer"].format(replicas=fewest, router=router, tie=tie))
-    return "\n".join(lines)
-
-
-def orders_steps_table(T, C):
-    """The post's table in each order of the queue."""
-    rows = []
-    for name, s in C["orders_steps"].items():
-        rows.append([T["order_" + name]] + [
-            v for p in ("static", "continuous") for v in (
-                f"{s[p]['steps']:,}", f"{100 * s[p]['occupancy']:.1f}%",
-                f"{s[p]['mean_finish_step']:,.0f}")]
-            + [f"{s['continuous']['p99_finish_step']:,.0f}"])
-    return "\n".join([T["orders_steps"].format(requests=C["requests"]), table(T, rows, [
-        "order", "static_steps", "static_occ", "static_finish", "continuous_steps",
-        "continuous_occ", "continuous_finish", "continuous_p99"])])
-
-
-def order_text(T, info):
-    """--order as a phrase: its name, how good its predictions are, its guard."""
-    text = T["order_" + info["name"]]
-    if "kendall_tau" in info:
-        text += T["queue_predicted"].format(**info)
-    if info.get("max_wait_s") is not None:
-        text += T["queue_guard"].format(**info)
-    return text
-
-
-def seconds(value):
-    return f"{value:,.2f}" if value >= 1 else f"{value:.3f}"
-
-
-def who_waits_tables(T, C):
-    """Who waits: each order's makespan and latencies, then by output length."""
-    w, orders = C["who_waits"], C["orders"]
-    kv = T[w["kv_policy"]] if w["kv_policy"] else T["who_waits_kv_none"]
-    header = [T["who_waits"].format(requests=w["requests"], slots=w["slots"], kv=kv,
-                                    arrivals=describe(T, w["arrivals"])),
-              T["who_waits_setup"].format(sigma=w["sigma"], tau=w["kendall_tau"],
-                                          guard=w["guard_s"], source=T[w["guard_source"]])]
-    rows = [[T["order_" + name], seconds(m["makespan_s"]), f"{m['throughput_rps']:,.2f}",
-             seconds(m["ttft_s"]["mean"]), seconds(m["ttft_s"]["p99"]), seconds(m["e2e_s"]["mean"]),
-             seconds(m["e2e_s"]["p99"]), f"{1e3 * m['normalized_s_per_token']:,.1f}",
-             seconds(m["max_wait_s"])] for name, m in orders.items()]
-    by_length = [[T["order_" + name], T["bucket"].format(name=T["bucket_" + b["bucket"]], **b),
-                  f"{b['count']:,}", seconds(b["ttft_s"]["p50"]), seconds(b["ttft_s"]["p99"]),
-                  seconds(b["e2e_s"]["p50"]), seconds(b["e2e_s"]["p99"]),
-                  f"{1e3 * b['normalized_s_per_token']:,.1f}", seconds(b["max_wait_s"])]
-                 for name, m in orders.items() for b in m["by_length"]]
-    return ["\n".join(header + [table(T, rows, [
-                "order", "seconds", "req_s", "ttft_mean_s", "ttft_p99_s", "e2e_mean_s",
-                "e2e_p99_s", "per_token_ms", "longest_wait"])]),
-            "\n".join([T["who_waits_by_length"], table(T, by_length, [
-                "order", "output_tokens", "count", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s",
-                "e2e_p99_s", "per_token_ms", "longest_wait"])])]
-
-
-def serving_table(T, C):
-    """C in seconds: each scheduler's throughput and latency percentiles."""
-    rows = []
-    for name, m in C["schedulers"].items():
-        rows.append([T[name], f"{m['steps']:,}", f"{m['makespan_s']:,.2f}",
-                     f"{m['throughput_rps']:,.2f}", f"{m['output_tokens_per_s']:,.0f}",
-                     f"{100 * m['occupancy']:.1f}%"]
-                    + [ms(m[k], p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p99")]
-                    + ([f"{m['goodput_rps']:,.2f}"] if "goodput_rps" in m else []))
-    headers = ["policy", "steps", "seconds", "req_s", "tokens_per_s", "occupancy", "ttft_p50",
-               "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99"] + (
-                   ["goodput"] if "goodput_rps" in m else [])
-    lines = [T["C_seconds"].format(requests=C["requests"], source=describe(T, C["source"]),
-                                   slots=C["slots"], arrivals=describe(T, C["arrivals"])),
-             T["step_costs"].format(pricing=describe(T, C["cost_model"]["source"])),
-             T["queue"].format(order=order_text(T, C["order"]))]
-    if C.get("share_of", 1) > 1:
-        lines.append(T["one_share"].format(replicas=C["share_of"]))
-    lines.append(table(T, rows, headers))
-    work = C.get("simulation")
-    if work:
-        lines.append(T["simulations"].format(
-            runs=work["runs"], iterations=work["iterations"], seconds=work["simulation_s"],
-            rate=work["iterations"] / max(work["simulation_s"], 1e-9), wall=work["wall_s"],
-            jobs=work["jobs"]))
-    return "\n".join(lines)
-
-
-def kv_table(T, kv):
-    """C's KV-cache study: memory use, concurrency and latency of each policy and scheduler."""
-    rows = []
-    for policy in ("reserve", "paged"):
-        for name, m in kv.get(policy, {}).items():
-            rows.append([T[policy], T[name], f"{m['throughput_rps']:,.2f}",
-                         f"{m['peak_concurrency']} / {m['mean_concurrency']:.1f}",
-                         f"{m['utilization']:.1%}", f"{m['fragmentation']:.1%}",
-                         f"{m['max_allocated_tokens']:,}", f"{m['preemptions']:,}",
-                         f"{m['recomputed_tokens']:,}", f"{1e3 * m['ttft_s']['p99']:,.0f}",
-                         f"{1e3 * m['e2e_s']['p99']:,.0f}"])
-    admission = (T["admit_watermark"].format(share=kv["watermark"]) if kv.get("watermark")
-                 else T["admit_naive"])
-    lines = [T["kv"].format(gb=max(kv["memory_bytes"], 0) / 1e9,
-                            memory_source=describe(T, kv["memory_source"]),
-                            tokens=kv["budget_tokens"], bytes=kv["bytes_per_token"],
-                            max_output=kv["max_output"], block=kv["block_tokens"],
-                            admission=admission)] + ([
-             table(T, rows, ["allocation", "policy", "req_s", "concurrency", "kv_used",
-                             "never_used", "max_allocated", "preempted", "recomputed",
-                             "ttft_p99", "e2e_p99"])] if rows else [])
-    lines += [T["kv_unfit_row"].format(policy=T[policy], why=describe(T, why))
-              for policy, why in kv.get("unfit", {}).items()]
-    if kv.get("device_check"):
-        lines.append(device_check_text(T, kv["device_check"]))
-    return "\n".join(lines)
-
-
-def device_check_text(T, check):
-    shape = T["check_shape"].format(rows=check["rows"], tokens=check["row_tokens"],
-                                    gb=check["bytes"] / 1e9)
-    if "skipped" in check:
-        return T["check_skipped"].format(device=check["device"], shape=shape,
-                                         reason=describe(T, check["skipped"]))
-    clamped = T["check_clamped"].format(n=check["clamped_rows"]) if check["clamped_rows"] else ""
-    return T["check"].format(device=check["device"], shape=shape, batch=check["batch"],
-                             max_context=check["max_context"], clamped=clamped,
-                             ms=check["step_ms"])
-
-
-def engine_table(T, D):
-    """D: the engine's measured wall time and its parts beside what C's simulation priced."""
-    rows = []
-    for policy in ("static", "continuous"):
-        d, p = D[policy], D[policy]["predicted"]
-        rows.append([T[policy], f"{d['wall_s']:,.2f}", f"{p['wall_s']:,.2f}",
-                     f"{d['output_tokens_per_s']:,.0f}", f"{d['steps']:,}",
-                     f"{100 * d['occupancy']:.1f}%",
-                     f"{d['prefill_s']:,.2f} / {p['prefill_s']:,.2f}",
-                     f"{d['decode_s']:,.2f} / {p['decode_s']:,.2f}", f"{d['other_s']:,.2f}"])
-    shrink = D.get("shrink", 1)
-    source = T["D_source_shrunk"].format(shrink=shrink) if shrink > 1 else T["D_source"]
-    return "\n".join([
-        T["D"].format(requests=D["requests"], prompt=D["prompt_tokens"], slots=D["slots"],
-                      source=source, order=order_text(T, D["order"]),
-                      arrivals=describe(T, D["arrivals"]), **D["lengths"])]
-        + ([T["D_cpu"]] if shrink > 1 else []) + [
-        T["D_predicted"].format(pricing=describe(T, D["cost_model"]["source"])),
-        table(T, rows, ["policy", "wall_s", "predicted_s", "tokens_per_s", "steps", "occupancy",
-                        "prefill_s", "decode_s", "between_s"]),
-        T["attention_calls"].format(static=D["static"]["attention_calls_per_decode"],
-                                    continuous=D["continuous"]["attention_calls_per_decode"])
-        + (T["attention_padded"].format(padded=D["continuous"]["padded_decode_steps"],
-                                        steps=D["continuous"]["decode_steps"])
-           if D["continuous"]["padded_decode_steps"] else T["attention_spans"]),
-        *kernels_text(T, D),
-        "", request_table(T, D), verdict_text(T, D["verdict"])])
-
-
-def request_table(T, D):
-    """D request by request: steps, then latencies measured against the two predictions."""
-    rows, lines = [], [T["D_requests"]]
-    for policy in ("static", "continuous"):
-        lat = D[policy]["latency"]
-        for metric in LATENCIES:
-            m = lat["measured"][metric]
-            rows.append([T[policy], T["lat_" + metric], seconds(m)] + [
-                v for pricing in ("passes", "priced")
-                for v in (seconds(lat[pricing][metric]),
-                          f"{m / max(lat[pricing][metric], 1e-12) - 1:+.0%}")])
-    lines.append(table(T, rows, ["policy", "latency", "measured_col", "passes_col", "off_col",
-                                 "priced_col", "off_col"]))
-    checks = {p: D[p]["steps_check"] for p in ("static", "continuous")}
-    if None in checks.values():
-        lines.append(T["D_steps_arrivals"])
-    else:
-        text = T["D_steps"].format(**{p: T["D_steps_count"].format(**c)
-                                      for p, c in checks.items()})
-        wrong = [(p, c["first_mismatch"]) for p, c in checks.items() if "first_mismatch" in c]
-        if wrong:
-            policy, first = wrong[0]
-            text += T["D_steps_mismatch"].format(policy=T[policy], **first)
-        lines.append(text)
-    for policy in ("static", "continuous"):
-        p = D[policy]["passes_priced"]
-        lines.append(T["D_passes"].format(
-            policy=T[policy], n_decode=p["decode"]["passes"], n_prefill=p["prefill"]["passes"],
-            **{kind: p[kind]["priced_s"] / max(p[kind]["measured_s"], 1e-12) - 1
-               for kind in ("decode", "prefill")}))
-    return "\n".join(lines)
-
-
-def verdict_text(T, v):
-    """The verdict: steps exact, seconds within the tolerance, the speedup."""
-    answer = {True: "yes", False: "no", None: "not_checked"}[v["steps_exact"]]
-    worst = v["priced"]["worst"]
-    text = T["verdict_steps"].format(answer=T[answer]) + T["verdict_seconds"].format(
-        tolerance=v["tolerance"], checked=v["passes"]["checked"], passes=v["passes"]["within"],
-        priced=v["priced"]["within"], mode=T[worst["mode"]], metric=T["lat_" + worst["metric"]],
-        off=worst["off"])
-    speedup = T["verdict"].format(speedup=T["speedup"], **v)
-    if v["within"]:
-        return text + "\n" + speedup + T["verdict_within"].format(**v)
-    return text + "\n" + speedup + T["verdict_outside"].format(
-        tolerance=v["tolerance"], mode=T[v["mode"]], part=T["part_" + v["part"]],
-        measured_s=v["measured_s"], priced_s=v["priced_s"])
-
-
-def environment(run, device, argv):
-    env = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-           "command": " ".join(["NN_40_serving.py"] + list(argv)),
-           "python": platform.python_version(), "torch": torch.__version__,
-           "numpy": np.__version__}
-    if device is not None:
-        env.update({"device": device_name(device), "device_type": device.type,
-                    "cuda": torch.version.cuda if device.type == "cuda" else None,
-                    "threads": torch.get_num_threads()})
-    return env
-
-
-def banner(results, T):
-    env, cfg = results["environment"], results["config"]["model"]
-    lines = [f"NN_40_serving  {env['date']}", T["command"].format(**env),
-             f"python {env['python']}, torch {env['torch']}, numpy {env['numpy']}"]
-    if "device" in env:
-        lines.append(T["device"].format(**env) + (T["cuda"] if env["cuda"] else
-                                                  T["threads"]).format(**env))
-    lines.append(T["model_post" if cfg.get("arch") == "post" else "model"].format(
-        **{**cfg, "params": cfg["params"] / 1e6, "gib": cfg["weight_bytes"] / 2**30,
-           "label": T["label_post"] if cfg["name"] == "post" else cfg["name"],
-           "kv": T["kv_heads"].format(n=cfg["n_kv_heads"]) if cfg["n_kv_heads"] < cfg["heads"]
-           else "", "mlp_text": T["mlp_" + cfg["mlp"]]}))
-    if results["config"].get("preset"):
-        lines.append(T["preset"].format(fields=", ".join(results["config"]["preset"])))
-    if "dtype_probe" in env:
-        probe = env["dtype_probe"]
-        lines.append(T["dtype_probe"].format(chosen=probe["chosen"], preference=probe[
-            "preference"], rows="/".join(str(r) for r, _, _ in PROBE_SHAPES),
-            times=", ".join(f"{d} " + " / ".join(f"{ms:.1f}" for ms in t["ms"])
-                            + ("" if t["total_ms"] is not None else T["probe_dropped"])
-                            for d, t in probe["times"].items())))
-    if results["config"].get("gpu"):
-        card = GPUS[results["config"]["gpu"]]
-        lines.append(T["card"].format(name=card.name, bandwidth=card.bandwidth_gbs,
-                                      tflops=card.tflops, memory=card.memory_gb,
-                                      bandwidth_share=CARD_EFFICIENCY["bandwidth"],
-                                      matmul_share=CARD_EFFICIENCY["matmul"]))
-    if env.get("device_type") == "cpu" and cfg["name"] != "post" and \
-            cfg["weight_bytes"] > 2**30:
-        lines.append(T["slow_cpu"].format(name=cfg["name"], gib=cfg["weight_bytes"] / 2**30))
-    return "\n".join(lines)
-
-
-def write_atomic(path, data, mode="w"):
-    """Write a file whole or not at all: a temporary file beside it, then a rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
-            f.write(data)
-        umask = os.umask(0)  # mkstemp makes the file private; give it a plain file's mode
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def to_json(results):
-    def default(o):
-        if isinstance(o, (np.integer,)):
-            return int(o)
-        if isinstance(o, (np.floating,)):
-            return float(o)
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-        raise TypeError(type(o).__name__)
-    return json.dumps(results, indent=1, ensure_ascii=False, default=default)
-
-
-# -----------------------------------------------------------------------------
-# figures (drawn from the results dictionary alone)
-
-# one palette for every figure: static red and continuous blue (as in the post), chunked green;
-# prefill (compute) orange and decode (memory) purple; throughput dark grey
-RED, BLUE, GREY = "#d62728", "#1f77b4", "#7f7f7f"
-PREFILL, DECODE, DARK = "#ff7f0e", "#9467bd", "#333333"
-
-
-def figure_note(results):
-    env, cfg = results["environment"], results["config"]["model"]
-    if "device" not in env:
-        return f"simulation, {env['date'][:10]}"
-    return (f"{env['device']}, {cfg['dtype']}, {cfg['layers']} layers x {cfg['hidden']} "
-            f"({cfg['params'] / 1e6:,.0f} M params), {env['date'][:10]}")
-
-
-FIGURE_STYLE = {"dpi": 100, "format": "png"}  # set from --dpi / --format by draw_figures
-
-
-def save_figure(fig, results, path):
-    """Note the device, dtype and model on the figure, then write it atomically."""
-    import io
-    import matplotlib.pyplot as plt
-    fig.text(0.99, 0.005, figure_note(results), ha="right", va="bottom", fontsize=7, color=GREY)
-    buf = io.BytesIO()
-    fig.savefig(buf, format=FIGURE_STYLE["format"], dpi=FIGURE_STYLE["dpi"])
-    plt.close(fig)
-    write_atomic(path, buf.getvalue(), mode="wb")
-
-
-def plot_slot_panels(results, path, slots, panels, xlabel, title):
-    """Occupied slots over time, static (red) over continuous (blue), the post's figure.
-
-    panels: [(x, occupied, step, panel title)] for static, then continuous; step is
-    matplotlib's: "post" when each value holds from its x on, "pre" when it holds up to it.
-    """
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True, sharey=True)
-    for ax, (x, occupied, step, panel_title), color in zip(axes, panels, (RED, BLUE)):
-        ax.fill_between(x, occupied, step=step, color=color, alpha=0.8, linewidth=0)
-        ax.set_ylim(0, slots * 1.05)
-        ax.set_ylabel("occupied slots")
-        ax.set_title(panel_title, fontsize=9, loc="left")
-    axes[1].set_xlabel(xlabel)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-def plot_occupancy(results, path):
-    C = results["C"]
-    if "static" not in C:  # a trace run has no step-count table
-        return False
-    panels = [(np.arange(len(C[p]["occupied"])) * C[p].get("occupied_bin_steps", 1),
-               C[p]["occupied"], "post", f"{p} batching: {C[p]['steps']:,} steps, "
-               f"{100 * C[p]['occupancy']:.1f}% occupancy") for p in ("static", "continuous")]
-    plot_slot_panels(results, path, C["slots"], panels, "decode step",
-                     f"{C['requests']} requests, {C['slots']} slots: continuous batching is "
-                     f"{C['speedup']:.2f}x faster")
-
-
-def measured(rows):
-    return [r for r in rows if "skipped" not in r]
-
-
-def plot_decode_batch(results, path):
-    import matplotlib.pyplot as plt
-    A = results["A"]
-    if not any(r["context"] == A["context"] for r in measured(A["rows"])):
-        return False
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    ax2 = ax.twinx()
-    for mode, style in zip(A["modes"], ("--", "-") if len(A["modes"]) == 2 else ("-",)):
-        rows = [r for r in measured(A["rows"]) if r["context"] == A["context"]
-                and r["mode"] == mode]
-        batch = [r["batch"] for r in rows]
-        ax.plot(batch, [r["step_ms"] for r in rows], "o" + style, color=DECODE,
-                label=f"step time = each user's wait ({mode})")
-        ax.fill_between(batch, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows],
-                        color=DECODE, alpha=0.15, linewidth=0)
-        ax2.plot(batch, [r["tokens_per_s"] for r in rows], "s" + style, color=DARK,
-                 label=f"tokens/s ({mode})")
-    ax.set_xscale("log", base=2)
-    batches = sorted({r["batch"] for r in measured(A["rows"])})
-    ax.set_xticks(batches, [str(b) for b in batches])
-    ax.set_xlabel("decode batch size")
-    ax.set_ylabel("step time (ms; band: p10-p90)", color=DECODE)
-    ax2.set_ylabel("throughput (tokens/s)", color=DARK)
-    ax.set_ylim(bottom=0)
-    ax2.set_ylim(bottom=0)
-    ax.set_title(f"A: one decode step for the whole batch (context {A['context']} tokens per "
-                 "row)", fontsize=10)
-    fig.legend(loc="upper left", bbox_to_anchor=(0.1, 0.88), fontsize=8)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-def plot_prefill_decode(results, path):
-    import matplotlib.pyplot as plt
-    rows = measured(results["B"]["rows"])
-    if not rows:
-        return False
-    labels = [f"prefill\n{r['tokens']} tokens" if r["phase"] == "prefill"
-              else f"decode\nbatch {r['batch']}\n{r['mode']}" for r in rows]
-    colors = [PREFILL if r["phase"] == "prefill" else DECODE for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    bars = ax.bar(labels, [r["tflops"] for r in rows], color=colors)
-    ax.set_yscale("log")
-    ax.set_ylabel("achieved TFLOP/s (log)")
-    for bar, r in zip(bars, rows):
-        ax.annotate(f"{r['tflops']:.3g} TFLOP/s\n{r['intensity']:.0f} FLOP/byte",
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                    va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
-    ax.set_ylim(top=ax.get_ylim()[1] * 3)
-    ax.set_title("B: achieved TFLOP/s of prefill and decode on the same device", fontsize=10)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-def plot_roofline(results, path):
-    """Achieved TFLOP/s against arithmetic intensity, under the two measured ceilings."""
-    import matplotlib.pyplot as plt
-    ceil = results["environment"]["ceilings"]
-    points = []
-    if "A" in results:
-        points += [(r, f"b{r['batch']}", DECODE) for r in measured(results["A"]["rows"])
-                   if r["context"] == results["A"]["context"]]
-    if "B" in results:
-        points += [(r, f"prefill {r['tokens']}" if r["phase"] == "prefill" else
-                    f"B b{r['batch']}", PREFILL if r["phase"] == "prefill" else DARK)
-                   for r in measured(results["B"]["rows"])]
-    if not points:
-        return False
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    xs = [r["intensity"] for r, _, _ in points] + [ceil["ridge_flop_per_byte"]]
-    x = np.geomspace(min(xs) / 2, max(xs) * 2, 200)
-    ax.plot(x, np.minimum(ceil["matmul_tflops"], ceil["bandwidth_gbs"] * x / 1e3), color=GREY,
-            label=f"roofline: {ceil['bandwidth_gbs']:,.0f} GB/s, "
-                  f"{ceil['matmul_tflops']:.3g} TFLOP/s")
-    for i, (r, label, color) in enumerate(points):
-        marker = "o" if r["mode"] == "eager" else "^"
-        ax.scatter(r["intensity"], r["tflops"], color=color, marker=marker, zorder=3,
-                   facecolors="none" if color == DECODE else color)
-        # alternate labels above and below so neighbouring batches do not overprint
-        ax.annotate(label, (r["intensity"], r["tflops"]), fontsize=7, xytext=(
-            4, 5 if i % 2 else -9), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte, log)")
-    ax.set_ylabel("achieved TFLOP/s (log)")
-    ax.set_title("roofline: A (open, decode sweep) and B (filled) against the measured "
-                 "ceilings; o eager, ^ CUDA graph", fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-def plot_decode_context(results, path):
-    """Decode step time and tokens/s against batch at each context: where the KV cache rules."""
-    import matplotlib.pyplot as plt
-    A = results["A"]
-    mode = A["modes"][-1]
-    if not measured(A["rows"]) or results["config"]["model"].get("arch") == "post":
-        return False  # (the post's proxy has no KV cache: its context changes nothing)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
-    colors = plt.get_cmap("viridis")(np.linspace(0, 0.85, len(A["contexts"])))
-    for context, color in zip(A["contexts"], colors):
-        rows = [r for r in measured(A["rows"]) if r["context"] == context and r["mode"] == mode]
-        batch = [r["batch"] for r in rows]
-        ax1.plot(batch, [r["step_ms"] for r in rows], "o-", color=color, label=f"context "
-                                                                             f"{context}")
-        ax2.plot(batch, [r["tokens_per_s"] for r in rows], "o-", color=color)
-        cross = A["kv_crossover_batch"][str(context)]
-        if cross and batch and cross <= max(batch):
-            ax1.axvline(cross, color=color, linestyle=":", linewidth=1)
-    batches = sorted({r["batch"] for r in measured(A["rows"])})
-    for ax in (ax1, ax2):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.set_xlabel("decode batch size")
-    ax1.set_ylabel("step time (ms)")
-    ax2.set_ylabel("tokens/s")
-    ax1.legend(fontsize=8)
-    ax1.set_title("step time (dotted: KV reads = weight reads)", fontsize=9)
-    ax2.set_title("throughput", fontsize=9)
-    fig.suptitle(f"A: decode at several contexts ({mode})", fontsize=10)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-SCHEDULER_COLORS = {"static": RED, "continuous": BLUE, "chunked": "#2ca02c"}
-
-
-def plot_latency_cdf(results, path):
-    import matplotlib.pyplot as plt
-    C = results["C"]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
-    for ax, key, label in zip(axes, ("ttft_s", "e2e_s"), ("time to first token", "end-to-end "
-                                                                                  "latency")):
-        for name, dist in C["distributions"].items():
-            values = np.asarray(dist[key])
-            ax.plot(values, np.linspace(0, 1, len(values)), color=SCHEDULER_COLORS[name],
-                    label=name, linestyle="--" if name == "chunked" else "-")
-        ax.set_xlabel(f"{label} (s)")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("fraction of requests")
-    axes[0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"C: latency CDFs, {C['requests']:,} requests, {C['slots']} slots, arrivals "
-                 f"{describe(TEXT['en'], C['arrivals'])}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-def plot_rate_sweep(results, path):
-    import matplotlib.pyplot as plt
-    sweep = results["C"].get("rate_sweep") or []
-    if not sweep:
-        return False
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    for name in SCHEDULERS:
-        ax.plot([p[name]["throughput_rps"] for p in sweep], [p[name]["e2e_p99_s"] for p in sweep],
-                "o--" if name == "chunked" else "o-", color=SCHEDULER_COLORS[name], label=name,
-                linewidth=3 if name == "continuous" else 1.5)  # visible under chunked
-    ax.set_yscale("log")
-    ax.set_xlabel("achieved throughput (requests/s)")
-    ax.set_ylabel("p99 end-to-end latency (s, log)")
-    ax.set_title("C: the serving curve: offered rate rising from "
-                 f"{sweep[0]['rate_rps']:.3g} to {sweep[-1]['rate_rps']:.3g} requests/s",
-                 fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-def plot_phases(results, path, decode_steps=24):
-    """One request to scale: a prefill block, then a train of decode steps; beneath, the same
-    steps shared by a batch. Widths, rates and bounds are this run's measured B rows."""
-    import matplotlib.pyplot as plt
-    rows = measured(results["B"]["rows"])
-    prefills = [r for r in rows if r["phase"] == "prefill"]
-    decodes = [r for r in rows if r["phase"] == "decode"]
-    mode = decodes[-1]["mode"] if decodes else None
-    alone = next((r for r in decodes if r["batch"] == 1 and r["mode"] == mode), None)
-    shared = max((r for r in decodes if r["mode"] == mode), key=lambda r: r["batch"],
-                 default=None)
-    if not prefills or not alone:
-        return False
-    pre = prefills[-1]
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    lanes = [(1.0, alone, "one user")]
-    if shared and shared["batch"] > 1:
-        lanes.append((0.0, shared, f"batch of {shared['batch']}"))
-    for y, dec, label in lanes:
-        ax.broken_barh([(0, pre["step_ms"])], (y + 0.1, 0.8), color=PREFILL)
-        ax.broken_barh([(pre["step_ms"] + i * dec["step_ms"], dec["step_ms"] * 0.85)
-                        for i in range(decode_steps)], (y + 0.1, 0.8), color=DECODE)
-        ax.text(pre["step_ms"] + decode_steps * dec["step_ms"], y + 0.5,
-                f"  {label}: {dec['us_per_token']:,.0f} µs/token, {dec['tflops']:.3g} TFLOP/s, "
-                f"{dec['bound']}-bound", va="center", fontsize=8)
-    ax.text(pre["step_ms"] / 2, 1.5, f"prefill {pre['tokens']} tokens\n{pre['tflops']:.3g} "
-            f"TFLOP/s\n{pre['bound']}-bound", ha="center", va="center", fontsize=8,
-            color="white")
-    ax.set_yticks([y + 0.5 for y, _, _ in lanes], [label for _, _, label in lanes])
-    longest = pre["step_ms"] + decode_steps * max(d["step_ms"] for _, d, _ in lanes)
-    ax.set_xlim(0, longest * 1.9)
-    ax.set_xlabel(f"time (ms): prefill, then {decode_steps} decode steps of one token each")
-    ax.set_title("two phases of one request, to scale (this run's B rows)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    save_figure(fig, results, path)
-
-
-ORDER_STYLES = {"fcfs": (BLUE, "-"), "sjf": ("#2ca02c", "-"), "predicted": (PREFILL, "-"),
-                "longest": (DECODE, "-"), "sjf_guarded": ("#2ca02c", "--"),
-                "predicted_guarded": (PREFILL, "--")}
-
-
-def plot_who_waits(results, path):
-    """Latency against output length under each order of the queue: who waits for whom."""
-    import matplotlib.pyplot as plt
-    C = results["C"]
-    if "orders" not in C:
-        return False
-    w = C["who_waits"]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
-    for ax, key, label in zip(axes, ("ttft_mean_s", "per_token_mean_s"), (
-            "time to first token (s, mean)", "end-to-end latency per output token (s, mean)")):
-        for name, m in C["orders"].items():
-            color, style = ORDER_STYLES[name]
-            ax.plot(m["curve"]["length"], m["curve"][key], style, color=color, marker=".",
-                    label=name.replace("_guarded", " + guard"))
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("output tokens (log)")
-        ax.set_ylabel(label, fontsize=9)
-        ax.grid(alpha=0.3, which="both")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"C: who waits: {w['requests']:,} requests, continuous batching, {w['slots']} "
-                 f"slots, arrivals {describe(TEXT['en'], w['arrivals'])}; guard "
-                 f"{w['guard_s']:.3g} s", fontsize=9)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-ROUTER_STYLES = {"round-robin": (GREY, "o"), "least-requests": (BLUE, "s"),
-                 "power-of-two": ("#2ca02c", "^"), "least-kv": (PREFILL, "D")}
-
-
-def plot_capacity(results, path):
-    """The SLO met against the offered rate on one replica, and against the replicas behind
-    each router at the target rate."""
-    import matplotlib.pyplot as plt
-    cap = results["C"].get("capacity")
-    if not cap:
-        return "needs an SLO (--slo-ttft-ms or --slo-tpot-ms)"
-    fleet = "routers" in cap
-    fig, axes = plt.subplots(1, 2 if fleet else 1, figsize=(9 if fleet else 6, 3.8),
-                             squeeze=False)
-    ax = axes[0][0]
-    rate, met = zip(*sorted(cap["one_replica"]["tried"]))
-    ax.plot(rate, met, "o-", color=BLUE, label="one replica (one arrival draw)")
-    one = cap["one_replica"]["rate_rps"]
-    if 0 < one < math.inf:
-        ax.axvline(one, color=DARK, linestyle=":", linewidth=1)
-        ax.annotate(f" capacity {one:.3g}/s", (one, 0.05), fontsize=8)
-    ax.set_xlabel("offered rate (requests/s)")
-    ax.set_ylabel("share of requests within the SLO")
-    ax.set_title("one replica", fontsize=9)
-    if fleet:
-        ax2 = axes[0][1]
-        for router, r in cap["routers"].items():
-            color, marker = ROUTER_STYLES[router]
-            n, met2 = zip(*r["tried"])
-            ax2.plot(n, met2, marker + "-", color=color, label=router, alpha=0.8)
-        ax2.set_xlabel("replicas")
-        ax2.xaxis.get_major_locator().set_params(integer=True)
-        ax2.set_title(f"at {cap['target_rate']:g} requests/s", fontsize=9)
-        ax2.legend(fontsize=7)
-    for a in axes[0]:
-        a.axhline(cap["attainment"], color=RED, linewidth=1, linestyle="--")
-        a.set_ylim(-0.02, 1.02)
-        a.grid(alpha=0.3)
-    slo = ", ".join(f"{name} <= {1e3 * cap[key]:g} ms" for name, key in (
-        ("TTFT", "slo_ttft_s"), ("TPOT", "slo_tpot_s")) if cap[key])
-    fig.suptitle(f"C: capacity at the SLO ({slo}; dashed: {cap['attainment']:.0%} of "
-                 "requests)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-KV_COLORS = {"reserve": "#8c564b", "paged": "#17becf"}
-
-
-def plot_kv_memory(results, path):
-    """KV tokens held against tokens reserved or allocated, and requests running, over time
-    (the continuous scheduler under each allocation policy)."""
-    import matplotlib.pyplot as plt
-    kv = results["C"].get("kv")
-    if not kv or not kv["series"]:
-        return False
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5.4), sharex=True)
-    for policy, series in kv["series"].items():
-        color, m = KV_COLORS[policy], kv[policy]["continuous"]
-        ax1.plot(series["t_s"], series["allocated_tokens"], color=color, linestyle="--",
-                 label=f"{policy}: allocated")
-        ax1.plot(series["t_s"], series["held_tokens"], color=color,
-                 linewidth=3 if policy == "reserve" else 1.5,  # visible under paged
-                 label=f"{policy}: held ({m['utilization']:.0%} of allocated)")
-        ax2.plot(series["t_s"], series["running"], color=color, drawstyle="steps-post",
-                 label=f"{policy}: peak {m['peak_concurrency']}, mean "
-                       f"{m['mean_concurrency']:.1f}, {m['preemptions']:,} preemptions")
-    ax1.axhline(kv["budget_tokens"], color=GREY, linewidth=1)
-    ax1.annotate(f"budget {kv['budget_tokens']:,} tokens", (0, kv["budget_tokens"]),
-                 xytext=(2, -10), textcoords="offset points", fontsize=8, color=GREY)
-    ax1.set_ylabel("KV tokens")
-    ax1.set_ylim(0, kv["budget_tokens"] * 1.08)
-    ax1.legend(fontsize=7, loc="center right")
-    ax2.set_ylabel("requests running")
-    ax2.set_xlabel("time (s)")
-    ax2.set_ylim(bottom=0)
-    ax2.legend(fontsize=7, loc="lower center")
-    fig.suptitle(f"C: KV memory under continuous batching: {results['C']['slots']} slots, "
-                 f"{kv['memory_bytes'] / 1e9:.2f} GB of KV cache", fontsize=10)
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-def plot_engine(results, path):
-    """D's measured occupancy over wall time, in the form of occupancy.png."""
-    D = results["D"]
-    panels = []
-    for policy in ("static", "continuous"):
-        d = D[policy]
-        t, running = d["timeline"]["t_s"], d["timeline"]["running"]
-        # each step's slots fill the interval that ends with it, the first from t = 0
-        panels.append(([0.0, *t], [running[0], *running], "pre",
-                       f"{policy}: {d['wall_s']:,.1f} s measured ({d['predicted']['wall_s']:,.1f} "
-                       f"s predicted), {d['steps']:,} steps, {100 * d['occupancy']:.1f}% "
-                       "occupancy"))
-    plot_slot_panels(results, path, D["slots"], panels, "wall time (s)",
-                     f"D: a real engine, {D['requests']} requests, {D['slots']} slots: continuous "
-                     f"is {D['speedup_measured']:.2f}x faster (C predicts "
-                     f"{D['speedup_predicted']:.2f}x)")
-
-
-FIGURES = {"phases.png": ("B", plot_phases),
-           "occupancy.png": ("C", plot_occupancy),
-           "latency_cdf.png": ("C", plot_latency_cdf),
-           "rate_sweep.png": ("C", plot_rate_sweep),
-           "kv_memory.png": ("C", plot_kv_memory),
-           "who_waits.png": ("C", plot_who_waits),
-           "capacity.png": ("C", plot_capacity),
-           "engine.png": ("D", plot_engine),
-           "decode_batch.png": ("A", plot_decode_batch),
-           "prefill_decode.png": ("B", plot_prefill_decode),
-           "roofline.png": ("AB", plot_roofline),
-           "decode_context.png": ("A", plot_decode_context)}
-
-
-def draw_figures(results, out_dir, dpi=100, fmt="png", jobs=1):
-    """Every figure the results support -> (written, missing: {name: why not}), drawn in up to
-    `jobs` worker processes. A plot that cannot draw returns False (no measured rows) or the
-    reason."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401  (once, before the workers are forked)
-    written, missing, calls = [], {}, []
-    for name, (experiment, plot) in FIGURES.items():
-        name = name.replace(".png", "." + fmt)
-        if not any(e in results for e in experiment):
-            missing[name] = f"needs experiment {' or '.join(experiment)}"
-        else:
-            calls.append((draw_one, (plot, results, os.path.join(out_dir, name), dpi, fmt)))
-    calls.sort(key=lambda c: os.path.basename(c[1][2]).split(".")[0] not in SLOWEST_FIGURES)
-    for (_, (_, _, path, _, _)), why in zip(calls, run_parallel(calls, jobs)):
-        name = os.path.basename(path)
-        if why is None:
-            written.append(name)
-        else:
-            missing[name] = "no measured rows to draw" if why is False else why
-    names = [n.replace(".png", "." + fmt) for n in FIGURES]  # (written in FIGURES' order)
-    return sorted(written, key=names.index), missing
-
-
-# the figures slowest to draw (0.5-1 s each on a 2-core CPU), sent to the workers first
-SLOWEST_FIGURES = ("who_waits", "rate_sweep", "roofline", "kv_memory")
-
-
-def draw_one(plot, results, path, dpi, fmt):
-    FIGURE_STYLE.update(dpi=dpi, format=fmt)
-    return plot(results, path)
-
-
-# -----------------------------------------------------------------------------
-# command line
-
-
-COUNT_MAX = 10**9  # the largest count a flag takes: past any run here, far inside 64 bits
-
-
-def integer(low=1, high=COUNT_MAX):
-    """An argparse type: an integer in [low, high]."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            kind = "a positive integer" if low == 1 else f"an integer from {low:,}"
-            raise argparse.ArgumentTypeError(f"expected {kind} up to {high:,}, got {text!r}")
-        return value
-    parse.bounds = (low, high)
-    return parse
-
-
-def integers(text):
-    """An argparse type: comma-separated positive integers (each at most COUNT_MAX)."""
-    try:
-        return tuple(integer()(v) for v in text.split(","))
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers up to "
-                                         f"{COUNT_MAX:,}, got {text!r}")
-
-
-integers.bounds = (1, COUNT_MAX)
-
-
-def number(low, high):
-    """An argparse type: a number in [low, high] (both positive: no zero, no inf, no nan)."""
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected a number from {low:g} to {high:g}, got "
-                                             f"{text!r}")
-        return value
-    parse.bounds = (low, high)
-    return parse
-
-
-def numbers(low, high):
-    """An argparse type: comma-separated numbers in [low, high]."""
-    def parse(text):
-        try:
-            return tuple(number(low, high)(v) for v in text.split(","))
-        except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers from {low:g} to "
-                                             f"{high:g}, got {text!r}")
-    parse.bounds = (low, high)
-    return parse
-
-
-def fraction(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
-
-
-fraction.bounds = (0.0, 0.99)  # (the ends the flag test tries: the range is [0, 1))
-
-
-RATES = (1e-6, 1e12)  # requests/s a flag takes (a run's arrivals must also span < MAX_SPAN_S)
-
-
-def rate_value(text):
-    return "trace" if text == "trace" else number(*RATES)(text)
-
-
-def experiment_letters(text):
-    letters = "".join(text.replace(",", "").upper().split())
-    unknown = sorted(set(letters) - set(EXPERIMENTS))
-    if not letters or unknown:
-        raise argparse.ArgumentTypeError(f"unknown experiment {''.join(unknown) or text!r}; "
-                                         f"choose from {EXPERIMENTS}")
-    return "".join(e for e in EXPERIMENTS if e in letters)
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2, no usage dump
-        raise UsageError(message)
-
-
-def build_parser():
-    p = ArgumentParser(prog="NN_40_serving.py",
-                       description="\n\n".join(__doc__.split("\n\n")[1:4]),  # with A-D
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--experiments", type=experiment_letters,
-                   help="which experiments to run, e.g. AB or C (default: ABCD; AB with "
-                        "--arch post)")
-    p.add_argument("--arch", choices=["transformer", "post"], default="transformer",
-                   help="the model A and B time: a real decoder-only transformer (default), "
-                        "or the post's proxy, `layers` square h x h matmuls per token and "
-                        "nothing else, which is what the post's A and B figures measure")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    p.add_argument("--catalog", action="store_true",
-                   help="print every named model on every named card (weights, KV bytes per "
-                        "token, KV tokens that fit, where KV reads pass weight reads, priced "
-                        "decode steps) and exit; touches no device")
-    m = p.add_argument_group("model (the flags below override the --model preset's fields; on "
-                             "CPU, the post's model takes unset fields from the CPU preset: 4 "
-                             "layers, hidden 1024, 8 heads, vocab 8192, bfloat16)")
-    m.add_argument("--model", choices=list(MODELS), default="post",
-                   help="a named shape (random weights, nothing downloaded): the post's "
-                        "(default) or an open model's, which runs at its own size")
-    m.add_argument("--layers", type=integer(), help="default 12")
-    m.add_argument("--hidden", type=integer(), help="default 2048")
-    m.add_argument("--heads", type=integer(), help="default 16")
-    m.add_argument("--kv-heads", type=integer(),
-                   help="K/V heads (grouped-query attention; 1: multi-query; default: --heads)")
-    m.add_argument("--mlp", choices=["gelu", "gated"],
-                   help="the MLP: gelu (fc, GELU, out; the post's) or gated (SiLU(gate) x up, "
-                        "then down; Llama's)")
-    m.add_argument("--ffn-hidden", type=integer(),
-                   help="the MLP's width (default: 4 x hidden for gelu, 8/3 x hidden for gated)")
-    m.add_argument("--vocab", type=integer(), help="default 32000")
-    m.add_argument("--max-positions", type=integer(), help="longest sequence (default 8192)")
-    m.add_argument("--dtype", choices=list(DTYPES), help="default float16")
-    a = p.add_argument_group("A and B")
-    a.add_argument("--batch-sizes", type=integers, default=(1, 8, 32, 128, 256),
-                   help="A: decode batch sizes (default 1,8,32,128,256)")
-    a.add_argument("--context", type=integer(), default=128,
-                   help="tokens already in each row's KV cache at a decode step (default 128)")
-    a.add_argument("--contexts", type=integers,
-                   help="A: contexts to sweep (default: --context and 1024, 4096 on CUDA; "
-                        "--context and 1024 on CPU)")
-    a.add_argument("--graphs", choices=["on", "off", "both"],
-                   help="decode steps replayed from CUDA graphs (on), eager (off) or both "
-                        "side by side (default: both on CUDA, off on CPU)")
-    a.add_argument("--peak-bandwidth-gbs", type=number(1e-3, 1e7),
-                   help="use this memory bandwidth instead of measuring a copy")
-    a.add_argument("--peak-tflops", type=number(1e-6, 1e7),
-                   help="use this matmul throughput instead of measuring one")
-    a.add_argument("--prefill-lengths", type=integers, default=(512, 2048),
-                   help="B: prompt lengths (default 512,2048)")
-    a.add_argument("--decode-batches", type=integers, default=(1, 32),
-                   help="B: decode batch sizes (default 1,32)")
-    a.add_argument("--warmup", type=integer(0), default=3, help="untimed calls per shape")
-    a.add_argument("--reps", type=integer(), default=50, help="timed calls per shape (at most)")
-    c = p.add_argument_group("C")
-    c.add_argument("--requests", type=integer(), default=600)
-    c.add_argument("--slots", type=integer(), default=32)
-    c.add_argument("--seed", type=integer(0, 2**32 - 1), default=LENGTH_SEED,
-                   help=f"draw of the length law, the model's weights and D's prompts (default "
-                        f"{LENGTH_SEED}: the post's lengths)")
-    c.add_argument("--lengths-file", metavar="PATH",
-                   help="generated lengths, one positive integer per line ('#' comments)")
-    c.add_argument("--prompt-len", type=integer(),
-                   help="prompt tokens of each generated request (default 128; D on CPU: "
-                        f"{ENGINE_CPU['prompt_len']})")
-    c.add_argument("--trace", metavar="CSV", help="a request trace: columns num_prefill_tokens,"
-                   "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
-    c.add_argument("--trace-limit", type=integer(), metavar="N", help="first N trace rows")
-    c.add_argument("--rate", type=rate_value, help="arrivals per second (Poisson, or gamma with "
-                   "--burstiness), or 'trace' for the trace's timestamps (default: all at t=0)")
-    c.add_argument("--burstiness", type=number(1e-3, 1e3), default=1.0,
-                   help="gamma shape of the gaps: 1 = Poisson, below 1 burstier")
-    c.add_argument("--rates", type=numbers(*RATES),
-                   help="rate sweep, requests/s (default: 0.2-1.2x "
-                   "the continuous scheduler's capacity)")
-    c.add_argument("--chunk-tokens", type=integer(), default=512,
-                   help="chunked prefill: tokens per step, decodes included (default 512)")
-    c.add_argument("--cost", choices=["measured", "analytic"],
-                   help="price steps from this run's A/B rows or from a roofline (default: "
-                        "measured when A runs and no --gpu is named)")
-    c.add_argument("--gpu", choices=list(GPUS),
-                   help="the card C plans for: its analytic prices (spec peaks x "
-                        f"{CARD_EFFICIENCY['bandwidth']:g} bandwidth, x "
-                        f"{CARD_EFFICIENCY['matmul']:g} FLOP/s) and its memory for the KV "
-                        "budget (default: this run's measurements, else the post's RTX 5080)")
-    c.add_argument("--order", choices=ORDERS, default="fcfs",
-                   help="who takes a free seat first, in every scheduler of C (and D): fcfs "
-                        "(first come, first served; default), sjf (shortest output first, "
-                        "by the true lengths), predicted (shortest predicted output first), "
-                        "longest (longest output first); preempted requests always go first")
-    c.add_argument("--predict-sigma", type=number(0.0, 10.0), default=0.8,
-                   help="predicted: each length times e^N(0, s^2) (default 0.8: Kendall's tau "
-                        "about 0.55 against the truth on the post's law)")
-    c.add_argument("--max-wait-s", type=number(1e-6, 1e12),
-                   help="starvation guard: a request that has waited this long goes first "
-                        "(default: off; the who-waits study uses FCFS's 99th-percentile wait)")
-    c.add_argument("--replicas", type=integer(1, REPLICAS_MAX), default=1,
-                   help="identical replicas behind a router; C's single-replica tables then "
-                        "show one replica's share (every N-th request), and a table compares "
-                        "the routers over the whole load (default 1)")
-    c.add_argument("--router", choices=("all",) + ROUTERS, default="all",
-                   help="which routers the replica and capacity studies run: round-robin, "
-                        "least-requests (fewest queued + running), power-of-two (the less "
-                        "loaded of two drawn at random), least-kv (fewest KV tokens committed); "
-                        "default all")
-    c.add_argument("--slo-attainment", type=number(0.01, 1.0), default=0.9,
-                   help="the share of requests that must meet the SLOs (default 0.9); with an "
-                        "SLO, C finds the highest rate one replica serves at it")
-    c.add_argument("--target-rate", type=number(*RATES),
-                   help="requests/s to serve: C finds the fewest replicas under each router "
-                        "that meet the SLOs at it (needs --slo-ttft-ms or --slo-tpot-ms)")
-    c.add_argument("--slo-ttft-ms", type=number(1e-6, 1e12), help="goodput: TTFT bound")
-    c.add_argument("--slo-tpot-ms", type=number(1e-6, 1e12), help="goodput: TPOT bound")
-    c.add_argument("--save-requests", metavar="CSV", help="write every request's times")
-    c.add_argument("--kv-policy", choices=["reserve", "paged", "both"], default="both",
-                   help="KV-cache allocation: a contiguous reservation of prompt + max output, "
-                        "or blocks allocated as a sequence grows (default: both)")
-    c.add_argument("--kv-memory-gb", type=number(1e-6, 1e6), help="memory for the KV cache, GB "
-                   f"(default: {KV_MEMORY_FRACTION:g} x CUDA memory - weights; "
-                   f"{CPU_KV_MEMORY_GB:g} on CPU; {KV_MEMORY_FRACTION:g} x "
-                   f"{REFERENCE_MEMORY_GB:g} - weights, the post's RTX 5080, with no device)")
-    c.add_argument("--block-tokens", type=integer(), default=16,
-                   help="paged: tokens per KV block (default 16)")
-    c.add_argument("--watermark", type=fraction, default=0.01,
-                   help="paged: admit as vLLM does, when the whole prompt's blocks fit and "
-                        "this share of the blocks stays free (default 0.01); 0 admits on the "
-                        "first step's blocks alone")
-    c.add_argument("--jobs", type=integer(1, 1024), default=os.cpu_count() or 1,
-                   help="worker processes for C's simulations (default: the machine's cores, "
-                        f"{os.cpu_count()} here)")
-    c.add_argument("--max-output", type=integer(), help="reserve: output tokens reserved per "
-                   f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for "
-                   "the log-normal law)")
-    d = p.add_argument_group("D (takes --seed, --order and --rate from C; on CUDA also its "
-                             "--requests, --slots and --prompt-len)")
-    d.add_argument("--engine-attention", choices=["auto", "spans", "padded"], default="auto",
-                   help="how D's engine attends when its rows sit at several positions: a call "
-                        "per span of rows at one position, or one call padded to the longest "
-                        "row (default: padded on CUDA, spans elsewhere); each is priced as it "
-                        "runs")
-    d.add_argument("--engine-requests", type=integer(), help="requests the engine serves "
-                   f"(default: {ENGINE_CPU['requests']} on CPU, --requests on CUDA)")
-    d.add_argument("--engine-slots", type=integer(), help="the engine's slots (default: "
-                   f"{ENGINE_CPU['slots']} on CPU, where a decode step stays flat in the batch "
-                   "only that far; --slots on CUDA)")
-    d.add_argument("--engine-shrink", type=integer(), help="divide each output length by this "
-                   f"(default: {ENGINE_CPU['shrink']} on CPU, 1 on CUDA); D's prompts are "
-                   f"--prompt-len tokens, by default {ENGINE_CPU['prompt_len']} on CPU")
-    o = p.add_argument_group("output")
-    o.add_argument("--out", default="figures", help="directory for results.json and figures")
-    o.add_argument("--no-figures", action="store_true")
-    o.add_argument("--replot", metavar="RESULTS_JSON", help="redraw the figures of a saved "
-                   "results.json into --out; runs nothing, touches no device")
-    o.add_argument("--dpi", type=integer(20, 1000), default=100,
-                   help="figure resolution: 100 = 800 px wide, one blog column; 200 for 2x")
-    o.add_argument("--format", choices=["png", "svg"], default="png")
-    o.add_argument("--lang", choices=list(TEXT), default="en",
-                   help="the language of what is printed: en, or ko (the post's Korean; the "
-                        "figures stay in English)")
-    o.add_argument("--quick", action="store_true", help="shrink every experiment (smoke run)")
-    return p
-
-
-def parse_args(argv):
-    """argv -> RunConfig: the device resolved (when A, B or D runs), CPU preset and --quick
-    applied."""
-    args = build_parser().parse_args(argv)
-    if args.arch == "post" and set(args.experiments or "") - set("AB"):
-        raise UsageError("--arch post: the post's proxy has no attention and no KV cache, so "
-                         "only A and B run on it; run C and D without --arch post")
-    if args.arch == "post" and args.model != "post":
-        raise UsageError(f"--arch post times the post's proxy; --model {args.model} names a "
-                         "transformer: give one or the other")
-    args.experiments = args.experiments or ("AB" if args.arch == "post" else EXPERIMENTS)
-    device = resolve_device(args.device) if set("ABD") & set(args.experiments) else None
-    fields = {f: getattr(args, f) for f in ("layers", "hidden", "heads", "kv_heads", "mlp",
-                                            "ffn_hidden", "vocab", "max_positions", "dtype")}
-    on_cpu = device is not None and device.type == "cpu"
-    if args.quick and on_cpu:  # (a smoke run: a model that reads a fraction of the preset's)
-        fields["layers"] = fields["layers"] or 2
-        if args.model == "post":
-            fields["hidden"] = fields["hidden"] or 512
-    given = {f: v for f, v in fields.items() if v is not None}
-    cpu_preset = on_cpu and args.model == "post"
-    model = dataclasses.replace(CPU_PRESET if cpu_preset else MODELS[args.model], arch=args.arch,
-                                **given)
-    if args.model != "post" and given:  # (the banner says what ran)
-        model = dataclasses.replace(model, name=args.model + " (" + ", ".join(
-            f"{f.replace('_', '-')}={v}" for f, v in given.items()) + ")")
-    preset = tuple(f"{f}={getattr(CPU_PRESET, f)}" for f in ("layers", "hidden", "heads",
-                                                             "vocab", "max_positions")
-                   if fields[f] is None and cpu_preset)
-    if model.hidden % model.heads:
-        raise UsageError(f"--hidden {model.hidden} is not divisible by --heads {model.heads}")
-    if model.n_kv_heads > model.heads or model.heads % model.n_kv_heads:
-        raise UsageError(f"--kv-heads {model.n_kv_heads} must divide --heads {model.heads}")
-    if model.positions == "rope" and model.head_dim % 2:
-        raise UsageError(f"rotary positions need an even head width, not {model.head_dim}")
-    cuda = device is not None and device.type == "cuda"
-    if args.graphs in ("on", "both") and device is not None and not cuda:
-        raise UsageError(f"--graphs {args.graphs}: CUDA graphs need a CUDA device")
-    graphs = {"on": "graph", "off": "eager", "both": "both", None: "both" if cuda else "eager"}
-    contexts = args.contexts or ((args.context, 1024, 4096) if cuda else (args.context, 1024))
-    if args.arch == "post":  # no KV cache: the context changes nothing
-        contexts = (args.context,)
-    run = dict(experiments=args.experiments, device=device and device.type,
-               batch_sizes=args.batch_sizes, context=args.context,
-               contexts=tuple(sorted(set(contexts) | {args.context})),
-               graphs=graphs[args.graphs], peak_bandwidth_gbs=args.peak_bandwidth_gbs,
-               peak_tflops=args.peak_tflops,
-               prefill_lengths=args.prefill_lengths, decode_batches=args.decode_batches,
-               requests=args.requests, slots=args.slots, seed=args.seed,
-               lengths_file=args.lengths_file, prompt_len=args.prompt_len or 128, trace=args.trace,
-               trace_limit=args.trace_limit, rate=args.rate, burstiness=args.burstiness,
-               rates=args.rates, chunk_tokens=args.chunk_tokens, cost=args.cost,
-               slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
-               slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
-               order=args.order, predict_sigma=args.predict_sigma, max_wait_s=args.max_wait_s,
-               gpu=args.gpu, replicas=args.replicas, router=args.router,
-               slo_attainment=args.slo_attainment, target_rate=args.target_rate,
-               save_requests=args.save_requests,
-               engine_attention=args.engine_attention,
-               kv_policies=("reserve", "paged") if args.kv_policy == "both" else
-               (args.kv_policy,), kv_memory_gb=args.kv_memory_gb,
-               block_tokens=args.block_tokens, max_output=args.max_output,
-               watermark=args.watermark, jobs=args.jobs,
-               warmup=args.warmup, reps=args.reps,
-               out=args.out, figures=not args.no_figures, dpi=args.dpi, format=args.format,
-               lang=args.lang, quick=args.quick,
-               preset=preset, dtype_given=args.dtype is not None)
-    if args.target_rate and not (args.slo_ttft_ms or args.slo_tpot_ms):
-        raise UsageError("--target-rate: give the SLO it must be served at (--slo-ttft-ms, "
-                         "--slo-tpot-ms)")
-    if args.rate == "trace" and not args.trace:
-        raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
-    longest = max(max(run["contexts"]) + 1, max(run["prefill_lengths"]))
-    if device is not None and model.arch == "transformer" and longest > model.max_positions:
-        raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
-                         f"{model.max_positions}")
-    if args.quick:  # every experiment small enough for a smoke run
-        run.update(batch_sizes=tuple(b for b in args.batch_sizes if b <= 32) or (1,),
-                   context=min(args.context, 64), contexts=(min(args.context, 64),),
-                   prefill_lengths=tuple(max(1, t // 8) for t in args.prefill_lengths),
-                   warmup=min(args.warmup, 1), reps=min(args.reps, 5),
-                   prompt_len=min(run["prompt_len"], 32))
-        run["time_budget_s"] = 0.2
-    engine = ENGINE_QUICK if args.quick else ENGINE_CPU if on_cpu else {
-        "requests": args.requests, "slots": args.slots, "prompt_len": run["prompt_len"],
-        "shrink": 1}
-    run.update(engine_requests=args.engine_requests or engine["requests"],
-               engine_slots=args.engine_slots or engine["slots"],
-               engine_prompt_len=args.prompt_len or engine["prompt_len"],
-               engine_shrink=args.engine_shrink or engine["shrink"])
-    return RunConfig(model=model, **run)
-
-
-def prepare_out_dir(path):
-    """Create OUT and prove it is writable before any experiment runs."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        raise UsageError(f"cannot write to output directory {path}: {e.strerror}")
-
-
-def main(argv=None):
-    """Run the chosen experiments; print tables; write results.json and figures. -> results."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    tolerant_output()
-    try:
-        return _main(argv)
-    except UsageError as e:
-        print(f"NN_40_serving.py: error: {e}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def tolerant_output():
-    """Where the console's encoding is not UTF-8 (a Windows code page, output redirected to a
-    file), a character it cannot encode (Korean, µ) prints as '?', never a traceback."""
-    for stream in (sys.stdout, sys.stderr):
-        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
-        if encoding != "utf8" and hasattr(stream, "reconfigure"):
-            try:
-                stream.reconfigure(errors="replace")
-            except (ValueError, OSError):
-                pass
-
-
-def log(message):
-    print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def log_labelled(label, message):
-    log(f"{label}: {message}")
-
-
-def replot(argv):
-    """--replot: redraw from a saved results.json; no experiment runs, no device is touched."""
-    args = build_parser().parse_args(argv)
-    try:
-        with open(args.replot, encoding="utf-8") as f:
-            results = json.load(f)
-    except OSError as e:
-        raise UsageError(f"cannot read {args.replot}: {e.strerror}")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UsageError(f"{args.replot}: not a JSON file")
-    if not (isinstance(results, dict) and isinstance(results.get("environment"), dict)
-            and isinstance(results.get("config"), dict)):
-        raise UsageError(f"{args.replot}: not a results.json written by NN_40_serving.py")
-    prepare_out_dir(args.out)
-    try:
-        written, missing = draw_figures(results, args.out, args.dpi, args.format, args.jobs)
-    except (KeyError, TypeError, IndexError, ValueError) as e:
-        raise UsageError(f"{args.replot}: lacks a field the figures need ({e!r}); it may come "
-                         "from another version of the script")
-    print(f"redrew {', '.join(written) or 'nothing'} into {args.out}")
-    for name, why in missing.items():
-        print(f"could not draw {name}: {why}")
-    return {"written": written, "missing": missing}
-
-
-def _main(argv):
-    args = build_parser().parse_args(argv)
-    if args.replot:
-        return replot(argv)
-    if args.catalog:
-        results = {"catalog": catalog()}
-        print(catalog_table(TEXT[args.lang], results["catalog"]))
-        return results
-    run = parse_args(argv)
-    device = run.device and torch.device(run.device)
-    if device and device.type == "cuda":
-        check_cuda_arch(device)
-    run, dtype_probe = with_probed_dtype(run)
-    requests = kv = None
-    if "C" in run.experiments:  # read C's input once, failing before any long measurement
-        requests = make_requests(run)
-        kv = kv_setup(run, requests, device)
-        if run.cost == "measured" and "A" not in run.experiments:
-            raise UsageError("--cost measured needs experiment A in the same run")
-    lengths, arrival = engine_requests(run) if "D" in run.experiments else (None, None)
-    if lengths is not None:  # D's cache must hold the longest request
-        check_engine(run, lengths)
-    if device:  # the model (and D's cache) must fit, before anything is allocated
-        check_memory(run, device, lengths)
-    prepare_out_dir(run.out)
-    cfg = run.model
-    results = {"environment": environment(run, device, argv),
-               "config": {"model": {**dataclasses.asdict(cfg), "params": param_count(cfg),
-                                    "weight_bytes": param_count(cfg) * cfg.dtype_bytes,
-                                    "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn},
-                          **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
-    if dtype_probe:
-        results["environment"]["dtype_probe"] = dtype_probe
-    T = TEXT[run.lang]
-    print(banner(results, T), flush=True)
-    interrupted, stage, bench = False, None, []
-    try:
-        with torch.inference_mode(), sdpa_policy():
-            for stage in run.experiments:
-                run_experiment(stage, run, device, results, bench, requests, kv, lengths,
-                               arrival)
-    except KeyboardInterrupt:
-        interrupted = True
-        results["interrupted"] = True
-    except UsageError:
-        raise
-    except Exception as e:  # a late failure keeps what finished, and says so in one line
-        results["failed"] = {"experiment": stage, "error": one_line(e)}
-    print("\n" + format_tables(results, run.lang) + "\n", flush=True)
-    json_path = os.path.join(run.out, "results.json")
-    write_atomic(json_path, to_json(results))
-    if run.figures and not interrupted:
-        written, _ = draw_figures(results, run.out, run.dpi, run.format, run.jobs)
-        print(T["wrote"].format(json=json_path, figures=", ".join(written)))
-    else:
-        print(T["wrote_json"].format(json=json_path))
-    if interrupted:
-        print(T["interrupted"], file=sys.stderr)
-        raise SystemExit(130)
-    if "failed" in results:
-        failed = results["failed"]
-        print(f"NN_40_serving.py: error: experiment {failed['experiment']} failed "
-              f"({failed['error']}); results.json keeps what finished before it",
-              file=sys.stderr)
-        raise SystemExit(1)
-    return results
-
-
-def run_experiment(name, run, device, results, benches, requests, kv, lengths, arrival):
-    """One experiment into results. benches: [the model on its device, a Bench], built by the
-    first experiment that needs it and kept for the next."""
-    if not benches and (name in "ABD" or (device and kv)):
-        benches.append(Bench(run, device, log))
-    bench = benches[0] if benches else None
-    if name in "AB" and "ceilings" not in results["environment"]:
-        ceilings = measure_ceilings(run, device, log)
-        results["environment"]["ceilings"] = ceilings
-        print(ceilings_line(TEXT[run.lang], ceilings, run.device), flush=True)
-    ceilings = results["environment"].get("ceilings")
-    if name == "A":
-        results["A"] = run_decode_sweep(bench, ceilings, log)
-    elif name == "B":
-        results["B"] = run_prefill_decode(bench, ceilings, log)
-    elif name == "C":
-        results["C"] = run_batching_sim(run, requests, log, results, kv)
-        if device and "peak" in results["C"].get("kv", {}):  # the budget is real
-            results["C"]["kv"]["device_check"] = kv_device_check(bench, results["C"]["kv"])
-    elif name == "D":
-        results["D"] = run_serving_engine(bench, lengths, arrival, log)
-
 
 if __name__ == "__main__":
     main()

@@ -141,8 +141,10 @@ def test_least_kv_by_hand():
 
 def test_a_replica_that_could_never_hold_a_request_gets_none():
     req = S.Requests(np.zeros(3), np.array([10, 5000, 10]), np.array([5, 5, 5]), "hand")
-    with pytest.raises(S.UsageError, match="cannot hold every request: request 1 alone needs"):
+    with pytest.raises(S.UsageError) as error:
         S.simulate_fleet(req, 4, 8, UNIT, "continuous", kv=S.KVBudget("paged", 2_000, 16))
+    assert error.value.why["kind"] == "kv_too_long" and error.value.why["request"] == 1
+    assert "cannot hold every request: request 1 alone needs" in S.error_text(error.value)
 
 
 def test_the_bisection_finds_a_known_threshold(monkeypatch):
