@@ -98,11 +98,34 @@ class ModelConfig:
         return 4 * self.hidden if self.mlp == "gelu" else -(-8 * self.hidden // 3 // 64) * 64
 
     @property
+    def mlp_matrices(self):  # h x f matrices per MLP: fc and out, or gate, up and down
+        return 2 if self.mlp == "gelu" else 3
+
+    @property
+    def norm_params(self):  # parameters of one norm: LayerNorm's weight and bias, RMSNorm's weight
+        return 2 * self.hidden if self.norm == "layer" else self.hidden
+
+    @property
+    def position_rows(self):  # rows of the learned position table (rotary positions: none)
+        return self.max_positions if self.positions == "learned" else 0
+
+    # Bytes per element of each kind of tensor, all --dtype's for now: the matmul weights, the
+    # KV cache, and everything else (activations, norms, embedding tables)
+    @property
     def dtype_bytes(self):
-        return DTYPES[self.dtype].itemsize
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def weight_element_bytes(self):
+        return self.dtype_bytes
+
+    @property
+    def kv_element_bytes(self):
+        return self.dtype_bytes
 
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 # The post's model takes minutes per experiment on a CPU, so there every model field the user
 # leaves unset comes from this smaller preset; its dtype is a probe's choice (see probe_dtypes)
@@ -168,6 +191,11 @@ REFERENCE_BANDWIDTH_GBS, REFERENCE_TFLOPS = 960.0, 105.5
 # default output, and what D's position table must hold).
 LENGTH_MU, LENGTH_SIGMA, LENGTH_MAX, LENGTH_SEED = 4.2, 0.9, 2048, 3
 
+# Every random draw of a run, as an offset from --seed (the post's lengths and the model's
+# weights are --seed itself; a capacity search's k-th draw is "capacity" + k): distinct offsets
+# keep the draws independent of one another, and every run repeatable.
+SEED_OFFSET = {"arrivals": 1, "sweep": 2, "prompts": 3, "predicted": 4, "engine_arrivals": 5,
+               "fleet": 6, "capacity": 10, "replicas": 20}
 # The KV cache's memory in C, unless --kv-memory-gb: on CUDA, this share of the device's memory
 # less the weights (vLLM's default gpu_memory_utilization); on CPU, a deliberately small cache,
 # so that memory and not the slots limits the batch; with no device (C alone, analytic prices),
@@ -243,7 +271,7 @@ class RunConfig:
     router: str = "all"           # the routers C's fleet and capacity studies compare
     slo_attainment: float = 0.9   # the share of requests that must meet the SLO
     target_rate: float = None     # requests/s C finds the fewest replicas for
-    kv_policies: tuple = ("reserve", "paged")  # C's KV-cache study
+    kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged" or "both"
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     block_tokens: int = 16        # paged: tokens per block
     max_output: int = None        # reserve: output tokens reserved per request
@@ -260,6 +288,10 @@ class RunConfig:
     quick: bool = False
     preset: tuple = ()            # the model fields the CPU preset set ("layers=4", ...)
     dtype_given: bool = False     # --dtype was given (else on CPU a probe chooses)
+
+    @property
+    def kv_policies(self):
+        return ("reserve", "paged") if self.kv_policy == "both" else (self.kv_policy,)
 
 
 # -----------------------------------------------------------------------------
@@ -382,22 +414,32 @@ def layer_weights(cfg):
     """Matmul weights of one block: q and the output projection h x h each, K and V
     h x kv_dim each (grouped heads share them), the MLP 2 h f (gelu) or 3 h f (gated)."""
     h = cfg.hidden
-    return 2 * h * h + 2 * h * cfg.kv_dim + (2 if cfg.mlp == "gelu" else 3) * h * cfg.ffn
+    return 2 * h * h + 2 * h * cfg.kv_dim + cfg.mlp_matrices * h * cfg.ffn
+
+
+def weight_parts(cfg):
+    """The model's weights by component: {name: (parameters, bytes per parameter)}."""
+    h, L, e = cfg.hidden, cfg.layers, cfg.dtype_bytes
+    if cfg.arch == "post":
+        return {"matmuls": (L * h * h, cfg.weight_element_bytes)}
+    return {"matmuls": (L * layer_weights(cfg), cfg.weight_element_bytes),
+            "lm_head": (0 if cfg.tied else cfg.vocab * h, cfg.weight_element_bytes),
+            "norms": ((2 * L + 1) * cfg.norm_params, e),
+            "embeddings": ((cfg.vocab + cfg.position_rows) * h, e)}
 
 
 def param_count(cfg):
-    h = cfg.hidden
-    if cfg.arch == "post":
-        return cfg.layers * h * h
-    norm = 2 * h if cfg.norm == "layer" else h
-    tables = cfg.vocab * h * (1 if cfg.tied else 2) + \
-        (cfg.max_positions * h if cfg.positions == "learned" else 0)
-    return cfg.layers * (layer_weights(cfg) + 2 * norm) + norm + tables
+    return sum(n for n, _ in weight_parts(cfg).values())
+
+
+def weight_bytes(cfg):
+    """Bytes of every weight the model holds, each component at its own element size."""
+    return sum(n * e for n, e in weight_parts(cfg).values())
 
 
 def kv_bytes_per_token(cfg):
     """K and V of one token in every layer (the post's proxy keeps none)."""
-    return 0 if cfg.arch == "post" else cfg.layers * 2 * cfg.kv_dim * cfg.dtype_bytes
+    return 0 if cfg.arch == "post" else cfg.layers * 2 * cfg.kv_dim * cfg.kv_element_bytes
 
 
 def step_cost(cfg, batch, new_tokens, context):
@@ -408,38 +450,43 @@ def step_cost(cfg, batch, new_tokens, context):
     bytes: weights read once (matmuls, norms, looked-up embedding rows) + the KV cache read
            (the cached context of every row) + the KV written (the new tokens) + activations
            (each matmul's input and output once, and the logits): a lower bound on traffic.
-    The post's proxy (--arch post) is its L square matmuls alone: 2 L h^2 FLOPs per token,
-    its weights read once, each matmul's input and output; no attention and no KV cache.
+    Each component's bytes are counted at its own element size (see ModelConfig).
     """
-    h, L, e = cfg.hidden, cfg.layers, cfg.dtype_bytes
-    tokens = batch * new_tokens
     if cfg.arch == "post":
-        flops, weight_bytes, activation_bytes = 2 * tokens * L * h * h, L * h * h * e, \
-            2 * L * h * tokens * e
-        return {"flops": flops, "matmul_flops": flops, "attention_flops": 0,
-                "weight_bytes": weight_bytes, "kv_read_bytes": 0, "kv_write_bytes": 0,
-                "activation_bytes": activation_bytes, "bytes": weight_bytes + activation_bytes}
+        return post_step_cost(cfg, batch * new_tokens)
+    h, L, f, e = cfg.hidden, cfg.layers, cfg.ffn, cfg.dtype_bytes
+    tokens = batch * new_tokens
     keys_seen = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # per row, per layer
     matmul_flops = 2 * tokens * L * layer_weights(cfg) + 2 * batch * h * cfg.vocab
     attention_flops = 4 * h * L * batch * keys_seen  # (every query head: 4 h per key)
-    norm = 2 * h if cfg.norm == "layer" else h
     looked_up = (2 if cfg.positions == "learned" else 1) * tokens * h  # embedding rows
-    weight_bytes = (L * (layer_weights(cfg) + 2 * norm) + norm + h * cfg.vocab + looked_up) * e
+    weights_read = (L * layer_weights(cfg) + h * cfg.vocab) * cfg.weight_element_bytes + \
+        ((2 * L + 1) * cfg.norm_params + looked_up) * e
     kv_read_bytes = batch * context * kv_bytes_per_token(cfg)
     kv_write_bytes = tokens * kv_bytes_per_token(cfg)
     # each matmul's input and output: qkv h + (h + 2 kv_dim), attention's q in and out 2h,
     # proj 2h; the MLP (h + f) + (f + h), or gated (h + 2f) + (f + h); then the logits
-    f = cfg.ffn
-    mlp_io = 2 * h + (2 if cfg.mlp == "gelu" else 3) * f
+    mlp_io = 2 * h + cfg.mlp_matrices * f
     activation_bytes = (L * (6 * h + 2 * cfg.kv_dim + mlp_io) * tokens + batch * cfg.vocab) * e
     return {"flops": matmul_flops + attention_flops,
             "matmul_flops": matmul_flops,
             "attention_flops": attention_flops,
-            "weight_bytes": weight_bytes,
+            "weight_bytes": weights_read,
             "kv_read_bytes": kv_read_bytes,
             "kv_write_bytes": kv_write_bytes,
             "activation_bytes": activation_bytes,
-            "bytes": weight_bytes + kv_read_bytes + kv_write_bytes + activation_bytes}
+            "bytes": weights_read + kv_read_bytes + kv_write_bytes + activation_bytes}
+
+
+def post_step_cost(cfg, tokens):
+    """The post's proxy (--arch post): its L square matmuls alone, 2 L h^2 FLOPs per token,
+    its weights read once, each matmul's input and output; no attention and no KV cache."""
+    h, L = cfg.hidden, cfg.layers
+    flops, weights = 2 * tokens * L * h * h, L * h * h * cfg.weight_element_bytes
+    activations = 2 * L * h * tokens * cfg.dtype_bytes
+    return {"flops": flops, "matmul_flops": flops, "attention_flops": 0, "weight_bytes": weights,
+            "kv_read_bytes": 0, "kv_write_bytes": 0, "activation_bytes": activations,
+            "bytes": weights + activations}
 
 
 def memory_needed_bytes(cfg, batch, cache_len, new_tokens):
@@ -453,7 +500,7 @@ def memory_needed_bytes(cfg, batch, cache_len, new_tokens):
     if cfg.arch == "post":  # a cycle of 8 fresh inputs, and a matmul's input and output
         return 10 * tokens * cfg.hidden * e
     kv = batch * cache_len * kv_bytes_per_token(cfg)
-    widest = (2 if cfg.mlp == "gelu" else 3) * cfg.ffn + 2 * cfg.hidden
+    widest = cfg.mlp_matrices * cfg.ffn + 2 * cfg.hidden
     if cfg.n_kv_heads < cfg.heads:  # (a prefill repeats K and V for every query head)
         widest += 2 * cfg.hidden
     activations = (tokens * widest * e + batch * cfg.vocab * 4
@@ -604,7 +651,7 @@ def make_requests(run):
         if need > 0.5 * free:
             raise UsageError(f"--requests {run.requests:,}: C would need about {gib(need)} of "
                              f"memory, and {gib(free)} is free")
-    rng = np.random.default_rng(run.seed + 1)
+    rng = np.random.default_rng(run.seed + SEED_OFFSET["arrivals"])
     trace_times = None
     if run.trace:
         prompt, output, trace_times = read_trace(run.trace, run.trace_limit)
@@ -2159,7 +2206,7 @@ def check_memory(run, device, engine_lengths=None):
     D, its engine's KV cache, before anything is allocated: one line if it cannot fit. (A and B
     rows too large for what is left are marked as not fitting, not refused.)"""
     cfg = run.model
-    weights = param_count(cfg) * cfg.dtype_bytes
+    weights = weight_bytes(cfg)
     need = weights + memory_needed_bytes(cfg, 1, run.context + 1, 1)
     what = "its weights"
     if engine_lengths is not None:
@@ -2179,7 +2226,7 @@ def check_memory(run, device, engine_lengths=None):
 def kv_budget_bytes(run, device):
     """(bytes for C's KV cache, where the figure comes from); see KV_MEMORY_FRACTION."""
     cfg = run.model
-    weights = param_count(cfg) * cfg.dtype_bytes
+    weights = weight_bytes(cfg)
     if run.kv_memory_gb:
         return run.kv_memory_gb * 1e9, {"kind": "memory_flag"}
     if run.gpu:  # (the card C plans for, whatever this machine has)
@@ -2715,7 +2762,7 @@ def catalog(context=1024, batch=64):
     price of a decode step at batch 1 and `batch`, every row holding `context` tokens."""
     rows = []
     for name, cfg in MODELS.items():
-        weights, per_token = param_count(cfg) * cfg.dtype_bytes, kv_bytes_per_token(cfg)
+        weights, per_token = weight_bytes(cfg), kv_bytes_per_token(cfg)
         for key, card in GPUS.items():
             costs = card_costs(cfg, card)
             fit = max(int((KV_MEMORY_FRACTION * card.memory_gb * 1e9 - weights) // per_token), 0)
@@ -2815,7 +2862,7 @@ def workload(run):
 def run_order(run, output, name=None):
     """The queue's Order for C's requests: --order with --max-wait-s, or the order `name` with
     no guard; the predicted lengths are the same draw (--predict-sigma) in every study."""
-    return queue_order(name or run.order, output, run.predict_sigma, run.seed + 4,
+    return queue_order(name or run.order, output, run.predict_sigma, run.seed + SEED_OFFSET["predicted"],
                        None if name else run.max_wait_s)
 
 
@@ -3050,7 +3097,7 @@ def rate_sweep(run, req, costs, continuous, order=None):
     capacity = continuous["throughput_rps"]
     rates = run.rates or tuple(round(f * capacity, 6) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0,
                                                                 1.2))
-    rng = np.random.default_rng(run.seed + 2)
+    rng = np.random.default_rng(run.seed + SEED_OFFSET["sweep"])
     swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.burstiness, rng))
              for rate in rates]
     sims = run_parallel([(simulation_task, (f"C sweep {rate:g}/s {name}", r, run.slots, costs,
@@ -3119,7 +3166,7 @@ def replicas_study(run, req, costs, budget, order):
     routers = ROUTERS if run.router == "all" else (run.router,)
     fleets = run_parallel([(fleet_task, (
         f"C fleet {router}", req, run.replicas, run.slots, costs, "continuous", run.chunk_tokens,
-        budget, router, order, run.seed + 6)) for router in routers], run.jobs)
+        budget, router, order, run.seed + SEED_OFFSET["fleet"])) for router in routers], run.jobs)
     return {"replicas": run.replicas, "slots": run.slots, "requests": len(req.output),
             "scheduler": "continuous", "kv_policy": budget.policy if budget else None,
             "arrivals": arrivals(run),
@@ -3211,7 +3258,7 @@ def capacity_study(run, req, costs, budget, order):
     slo, target = (run.slo_ttft_s, run.slo_tpot_s), run.slo_attainment
     m = max(CAPACITY_REQUESTS, len(req.output))
     common = (cycled(req, m), run.slots, costs, budget, order, slo, target, run.burstiness)
-    searches = run_parallel([(capacity_one, common + (run.seed + 10 + s,))
+    searches = run_parallel([(capacity_one, common + (run.seed + SEED_OFFSET["capacity"] + s,))
                              for s in range(CAPACITY_SEEDS)], run.jobs)
     rates = sorted(rate for rate, _ in searches)
     one = rates[len(rates) // 2]
@@ -3236,7 +3283,7 @@ def capacity_study(run, req, costs, budget, order):
     base = cycled(req, n)
     routers = ROUTERS if run.router == "all" else (run.router,)
     found = run_parallel([(fewest_replicas, (base, run.slots, costs, budget, order, slo, target,
-                                             run.burstiness, run.seed + 20, router,
+                                             run.burstiness, run.seed + SEED_OFFSET["replicas"], router,
                                              run.target_rate, start)) for router in routers],
                          run.jobs)
     result.update(target_rate=run.target_rate, fleet_requests=n, routers={
@@ -3356,7 +3403,7 @@ def engine_requests(run):
         raise UsageError(f"D: {n:,} requests of {P:,} prompt tokens would need about "
                          f"{gib(need)} of memory, and {gib(free)} is free")
     lengths = np.maximum(lognormal_lengths(n, run.seed) // run.engine_shrink, 1)
-    arrival = arrival_times(n, run.rate, run.burstiness, np.random.default_rng(run.seed + 5)) \
+    arrival = arrival_times(n, run.rate, run.burstiness, np.random.default_rng(run.seed + SEED_OFFSET["engine_arrivals"])) \
         if isinstance(run.rate, float) else None
     return lengths, arrival
 
@@ -3455,14 +3502,14 @@ def serve_and_predict(bench, lengths, arrival, log, pad):
         per_token = ", ".join(f"{b}: {1e6 * v:.2f}" for b, v in costs.kv_by_batch)
         log(f"D step costs ({name}), ms by tokens per pass: {knots}; µs per cached token by "
             f"batch: {per_token}")
-    g = torch.Generator(device="cpu").manual_seed(run.seed + 3)
+    g = torch.Generator(device="cpu").manual_seed(run.seed + SEED_OFFSET["prompts"])
     prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
     cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2), device)
     warm = min(2, n, slots)  # warm the engine: a prefill and a decode step
     run_engine(bench.model, cache, prompts[:warm], [2] * warm, "continuous", pad)
     at_zero = arrival is None
     req = Requests(np.zeros(n) if at_zero else arrival, np.full(n, P), lengths, "D")
-    order = queue_order(run.order, lengths, run.predict_sigma, run.seed + 4, run.max_wait_s)
+    order = queue_order(run.order, lengths, run.predict_sigma, run.seed + SEED_OFFSET["predicted"], run.max_wait_s)
     result = {"requests": n, "slots": slots, "prompt_tokens": P, "shrink": run.engine_shrink,
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
                           "max": int(lengths.max()), "total": int(lengths.sum())},
@@ -4503,6 +4550,16 @@ def numbers(low, high):
     return parse
 
 
+def milliseconds(low, high):
+    """An argparse type: a number of milliseconds in [low, high], as seconds."""
+    in_ms = number(low, high)
+
+    def parse(text):
+        return in_ms(text) / 1e3
+    parse.bounds = in_ms.bounds
+    return parse
+
+
 def fraction(text):
     try:
         value = float(text)
@@ -4534,6 +4591,24 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def default(name):
+    """A RunConfig field's default as a flag's help writes it (a tuple comma-separated)."""
+    value = RUN_FIELDS[name].default
+    return ",".join(map(str, value)) if isinstance(value, tuple) else f"{value}"
+
+
+def add_flag(group, flag, **kw):
+    """A flag whose destination is the RunConfig field of its name (or `dest`), its default
+    that field's unless given: each flag and its default declared once."""
+    dest = kw.setdefault("dest", flag[2:].replace("-", "_"))
+    if dest in RUN_FIELDS and "default" not in kw:
+        kw["default"] = RUN_FIELDS[dest].default
+    return group.add_argument(flag, **kw)
+
+
 def build_parser():
     p = ArgumentParser(prog="NN_40_serving.py",
                        description="\n\n".join(__doc__.split("\n\n")[1:4]),  # with A-D
@@ -4550,6 +4625,13 @@ def build_parser():
                    help="print every named model on every named card (weights, KV bytes per "
                         "token, KV tokens that fit, where KV reads pass weight reads, priced "
                         "decode steps) and exit; touches no device")
+    for flags in (model_flags, ab_flags, c_flags, fleet_flags, kv_flags, d_flags, output_flags):
+        flags(p)
+    return p
+
+
+def model_flags(p):
+    """The model's shape: each flag a ModelConfig field, unset unless given (the preset's)."""
     m = p.add_argument_group("model (the flags below override the --model preset's fields; on "
                              "CPU, the post's model takes unset fields from the CPU preset: 4 "
                              "layers, hidden 1024, 8 heads, vocab 8192, bfloat16)")
@@ -4569,151 +4651,217 @@ def build_parser():
     m.add_argument("--vocab", type=integer(), help="default 32000")
     m.add_argument("--max-positions", type=integer(), help="longest sequence (default 8192)")
     m.add_argument("--dtype", choices=list(DTYPES), help="default float16")
+
+
+def ab_flags(p):
     a = p.add_argument_group("A and B")
-    a.add_argument("--batch-sizes", type=integers, default=(1, 8, 32, 128, 256),
-                   help="A: decode batch sizes (default 1,8,32,128,256)")
-    a.add_argument("--context", type=integer(), default=128,
-                   help="tokens already in each row's KV cache at a decode step (default 128)")
-    a.add_argument("--contexts", type=integers,
-                   help="A: contexts to sweep (default: --context and 1024, 4096 on CUDA; "
-                        "--context and 1024 on CPU)")
-    a.add_argument("--graphs", choices=["on", "off", "both"],
-                   help="decode steps replayed from CUDA graphs (on), eager (off) or both "
-                        "side by side (default: both on CUDA, off on CPU)")
-    a.add_argument("--peak-bandwidth-gbs", type=number(1e-3, 1e7),
-                   help="use this memory bandwidth instead of measuring a copy")
-    a.add_argument("--peak-tflops", type=number(1e-6, 1e7),
-                   help="use this matmul throughput instead of measuring one")
-    a.add_argument("--prefill-lengths", type=integers, default=(512, 2048),
-                   help="B: prompt lengths (default 512,2048)")
-    a.add_argument("--decode-batches", type=integers, default=(1, 32),
-                   help="B: decode batch sizes (default 1,32)")
-    a.add_argument("--warmup", type=integer(0), default=3, help="untimed calls per shape")
-    a.add_argument("--reps", type=integer(), default=50, help="timed calls per shape (at most)")
+    add_flag(a, "--batch-sizes", type=integers,
+             help=f"A: decode batch sizes (default {default('batch_sizes')})")
+    add_flag(a, "--context", type=integer(), help="tokens already in each row's KV cache at a "
+             f"decode step (default {default('context')})")
+    add_flag(a, "--contexts", type=integers, default=None,
+             help="A: contexts to sweep (default: --context and 1024, 4096 on CUDA; "
+                  "--context and 1024 on CPU)")
+    add_flag(a, "--graphs", choices=["on", "off", "both"], default=None,
+             help="decode steps replayed from CUDA graphs (on), eager (off) or both side by "
+                  "side (default: both on CUDA, off on CPU)")
+    add_flag(a, "--peak-bandwidth-gbs", type=number(1e-3, 1e7),
+             help="use this memory bandwidth instead of measuring a copy")
+    add_flag(a, "--peak-tflops", type=number(1e-6, 1e7),
+             help="use this matmul throughput instead of measuring one")
+    add_flag(a, "--prefill-lengths", type=integers,
+             help=f"B: prompt lengths (default {default('prefill_lengths')})")
+    add_flag(a, "--decode-batches", type=integers,
+             help=f"B: decode batch sizes (default {default('decode_batches')})")
+    add_flag(a, "--warmup", type=integer(0), help="untimed calls per shape")
+    add_flag(a, "--reps", type=integer(), help="timed calls per shape (at most)")
+
+
+def c_flags(p):
     c = p.add_argument_group("C")
-    c.add_argument("--requests", type=integer(), default=600)
-    c.add_argument("--slots", type=integer(), default=32)
-    c.add_argument("--seed", type=integer(0, 2**32 - 1), default=LENGTH_SEED,
-                   help=f"draw of the length law, the model's weights and D's prompts (default "
-                        f"{LENGTH_SEED}: the post's lengths)")
-    c.add_argument("--lengths-file", metavar="PATH",
-                   help="generated lengths, one positive integer per line ('#' comments)")
-    c.add_argument("--prompt-len", type=integer(),
-                   help="prompt tokens of each generated request (default 128; D on CPU: "
-                        f"{ENGINE_CPU['prompt_len']})")
-    c.add_argument("--trace", metavar="CSV", help="a request trace: columns num_prefill_tokens,"
-                   "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
-    c.add_argument("--trace-limit", type=integer(), metavar="N", help="first N trace rows")
-    c.add_argument("--rate", type=rate_value, help="arrivals per second (Poisson, or gamma with "
-                   "--burstiness), or 'trace' for the trace's timestamps (default: all at t=0)")
-    c.add_argument("--burstiness", type=number(1e-3, 1e3), default=1.0,
-                   help="gamma shape of the gaps: 1 = Poisson, below 1 burstier")
-    c.add_argument("--rates", type=numbers(*RATES),
-                   help="rate sweep, requests/s (default: 0.2-1.2x "
-                   "the continuous scheduler's capacity)")
-    c.add_argument("--chunk-tokens", type=integer(), default=512,
-                   help="chunked prefill: tokens per step, decodes included (default 512)")
-    c.add_argument("--cost", choices=["measured", "analytic"],
-                   help="price steps from this run's A/B rows or from a roofline (default: "
-                        "measured when A runs and no --gpu is named)")
-    c.add_argument("--gpu", choices=list(GPUS),
-                   help="the card C plans for: its analytic prices (spec peaks x "
-                        f"{CARD_EFFICIENCY['bandwidth']:g} bandwidth, x "
-                        f"{CARD_EFFICIENCY['matmul']:g} FLOP/s) and its memory for the KV "
-                        "budget (default: this run's measurements, else the post's RTX 5080)")
-    c.add_argument("--order", choices=ORDERS, default="fcfs",
-                   help="who takes a free seat first, in every scheduler of C (and D): fcfs "
-                        "(first come, first served; default), sjf (shortest output first, "
-                        "by the true lengths), predicted (shortest predicted output first), "
-                        "longest (longest output first); preempted requests always go first")
-    c.add_argument("--predict-sigma", type=number(0.0, 10.0), default=0.8,
-                   help="predicted: each length times e^N(0, s^2) (default 0.8: Kendall's tau "
-                        "about 0.55 against the truth on the post's law)")
-    c.add_argument("--max-wait-s", type=number(1e-6, 1e12),
-                   help="starvation guard: a request that has waited this long goes first "
-                        "(default: off; the who-waits study uses FCFS's 99th-percentile wait)")
-    c.add_argument("--replicas", type=integer(1, REPLICAS_MAX), default=1,
-                   help="identical replicas behind a router; C's single-replica tables then "
-                        "show one replica's share (every N-th request), and a table compares "
-                        "the routers over the whole load (default 1)")
-    c.add_argument("--router", choices=("all",) + ROUTERS, default="all",
-                   help="which routers the replica and capacity studies run: round-robin, "
-                        "least-requests (fewest queued + running), power-of-two (the less "
-                        "loaded of two drawn at random), least-kv (fewest KV tokens committed); "
-                        "default all")
-    c.add_argument("--slo-attainment", type=number(0.01, 1.0), default=0.9,
-                   help="the share of requests that must meet the SLOs (default 0.9); with an "
-                        "SLO, C finds the highest rate one replica serves at it")
-    c.add_argument("--target-rate", type=number(*RATES),
-                   help="requests/s to serve: C finds the fewest replicas under each router "
-                        "that meet the SLOs at it (needs --slo-ttft-ms or --slo-tpot-ms)")
-    c.add_argument("--slo-ttft-ms", type=number(1e-6, 1e12), help="goodput: TTFT bound")
-    c.add_argument("--slo-tpot-ms", type=number(1e-6, 1e12), help="goodput: TPOT bound")
-    c.add_argument("--save-requests", metavar="CSV", help="write every request's times")
-    c.add_argument("--kv-policy", choices=["reserve", "paged", "both"], default="both",
-                   help="KV-cache allocation: a contiguous reservation of prompt + max output, "
-                        "or blocks allocated as a sequence grows (default: both)")
-    c.add_argument("--kv-memory-gb", type=number(1e-6, 1e6), help="memory for the KV cache, GB "
-                   f"(default: {KV_MEMORY_FRACTION:g} x CUDA memory - weights; "
-                   f"{CPU_KV_MEMORY_GB:g} on CPU; {KV_MEMORY_FRACTION:g} x "
-                   f"{REFERENCE_MEMORY_GB:g} - weights, the post's RTX 5080, with no device)")
-    c.add_argument("--block-tokens", type=integer(), default=16,
-                   help="paged: tokens per KV block (default 16)")
-    c.add_argument("--watermark", type=fraction, default=0.01,
-                   help="paged: admit as vLLM does, when the whole prompt's blocks fit and "
-                        "this share of the blocks stays free (default 0.01); 0 admits on the "
-                        "first step's blocks alone")
-    c.add_argument("--jobs", type=integer(1, 1024), default=os.cpu_count() or 1,
-                   help="worker processes for C's simulations (default: the machine's cores, "
-                        f"{os.cpu_count()} here)")
-    c.add_argument("--max-output", type=integer(), help="reserve: output tokens reserved per "
-                   f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for "
-                   "the log-normal law)")
+    add_flag(c, "--requests", type=integer())
+    add_flag(c, "--slots", type=integer())
+    add_flag(c, "--seed", type=integer(0, 2**32 - 1),
+             help="draw of the length law, the model's weights and D's prompts (default "
+                  f"{default('seed')}: the post's lengths)")
+    add_flag(c, "--lengths-file", metavar="PATH",
+             help="generated lengths, one positive integer per line ('#' comments)")
+    add_flag(c, "--prompt-len", type=integer(), default=None,
+             help=f"prompt tokens of each generated request (default {default('prompt_len')}; "
+                  f"D on CPU: {ENGINE_CPU['prompt_len']})")
+    add_flag(c, "--trace", metavar="CSV", help="a request trace: columns num_prefill_tokens,"
+             "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
+    add_flag(c, "--trace-limit", type=integer(), metavar="N", help="first N trace rows")
+    add_flag(c, "--rate", type=rate_value, help="arrivals per second (Poisson, or gamma with "
+             "--burstiness), or 'trace' for the trace's timestamps (default: all at t=0)")
+    add_flag(c, "--burstiness", type=number(1e-3, 1e3),
+             help="gamma shape of the gaps: 1 = Poisson, below 1 burstier")
+    add_flag(c, "--rates", type=numbers(*RATES), help="rate sweep, requests/s (default: "
+             "0.2-1.2x the continuous scheduler's capacity)")
+    add_flag(c, "--chunk-tokens", type=integer(), help="chunked prefill: tokens per step, "
+             f"decodes included (default {default('chunk_tokens')})")
+    add_flag(c, "--cost", choices=["measured", "analytic"],
+             help="price steps from this run's A/B rows or from a roofline (default: measured "
+                  "when A runs and no --gpu is named)")
+    add_flag(c, "--gpu", choices=list(GPUS),
+             help=f"the card C plans for: its analytic prices (spec peaks x "
+                  f"{CARD_EFFICIENCY['bandwidth']:g} bandwidth, x "
+                  f"{CARD_EFFICIENCY['matmul']:g} FLOP/s) and its memory for the KV budget "
+                  "(default: this run's measurements, else the post's RTX 5080)")
+    add_flag(c, "--order", choices=ORDERS,
+             help="who takes a free seat first, in every scheduler of C (and D): fcfs (first "
+                  "come, first served; default), sjf (shortest output first, by the true "
+                  "lengths), predicted (shortest predicted output first), longest (longest "
+                  "output first); preempted requests always go first")
+    add_flag(c, "--predict-sigma", type=number(0.0, 10.0),
+             help=f"predicted: each length times e^N(0, s^2) (default {default('predict_sigma')}:"
+                  " Kendall's tau about 0.55 against the truth on the post's law)")
+    add_flag(c, "--max-wait-s", type=number(1e-6, 1e12),
+             help="starvation guard: a request that has waited this long goes first (default: "
+                  "off; the who-waits study uses FCFS's 99th-percentile wait)")
+    add_flag(c, "--slo-ttft-ms", dest="slo_ttft_s", metavar="MS", type=milliseconds(1e-6, 1e12),
+             help="goodput: TTFT bound")
+    add_flag(c, "--slo-tpot-ms", dest="slo_tpot_s", metavar="MS", type=milliseconds(1e-6, 1e12),
+             help="goodput: TPOT bound")
+    add_flag(c, "--save-requests", metavar="CSV", help="write every request's times")
+    add_flag(c, "--jobs", type=integer(1, 1024), default=os.cpu_count() or 1,
+             help="worker processes for C's simulations (default: the machine's cores, "
+                  f"{os.cpu_count()} here)")
+
+
+def fleet_flags(p):
+    f = p.add_argument_group("C's fleets and capacity")
+    add_flag(f, "--replicas", type=integer(1, REPLICAS_MAX),
+             help="identical replicas behind a router; C's single-replica tables then show one "
+                  "replica's share (every N-th request), and a table compares the routers over "
+                  f"the whole load (default {default('replicas')})")
+    add_flag(f, "--router", choices=("all",) + ROUTERS,
+             help="which routers the replica and capacity studies run: round-robin, "
+                  "least-requests (fewest queued + running), power-of-two (the less loaded of "
+                  "two drawn at random), least-kv (fewest KV tokens committed); default all")
+    add_flag(f, "--slo-attainment", type=number(0.01, 1.0),
+             help="the share of requests that must meet the SLOs (default "
+                  f"{default('slo_attainment')}); with an SLO, C finds the highest rate one "
+                  "replica serves at it")
+    add_flag(f, "--target-rate", type=number(*RATES),
+             help="requests/s to serve: C finds the fewest replicas under each router that "
+                  "meet the SLOs at it (needs --slo-ttft-ms or --slo-tpot-ms)")
+
+
+def kv_flags(p):
+    k = p.add_argument_group("C's KV cache")
+    add_flag(k, "--kv-policy", choices=["reserve", "paged", "both"],
+             help="KV-cache allocation: a contiguous reservation of prompt + max output, or "
+                  "blocks allocated as a sequence grows (default: both)")
+    add_flag(k, "--kv-memory-gb", type=number(1e-6, 1e6), help="memory for the KV cache, GB "
+             f"(default: {KV_MEMORY_FRACTION:g} x CUDA memory - weights; {CPU_KV_MEMORY_GB:g} "
+             f"on CPU; {KV_MEMORY_FRACTION:g} x {REFERENCE_MEMORY_GB:g} - weights, the post's "
+             "RTX 5080, with no device)")
+    add_flag(k, "--block-tokens", type=integer(),
+             help=f"paged: tokens per KV block (default {default('block_tokens')})")
+    add_flag(k, "--watermark", type=fraction,
+             help="paged: admit as vLLM does, when the whole prompt's blocks fit and this share "
+                  f"of the blocks stays free (default {default('watermark')}); 0 admits on the "
+                  "first step's blocks alone")
+    add_flag(k, "--max-output", type=integer(), help="reserve: output tokens reserved per "
+             f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for the "
+             "log-normal law)")
+
+
+def d_flags(p):
     d = p.add_argument_group("D (takes --seed, --order and --rate from C; on CUDA also its "
                              "--requests, --slots and --prompt-len)")
-    d.add_argument("--engine-attention", choices=["auto", "spans", "padded"], default="auto",
-                   help="how D's engine attends when its rows sit at several positions: a call "
-                        "per span of rows at one position, or one call padded to the longest "
-                        "row (default: padded on CUDA, spans elsewhere); each is priced as it "
-                        "runs")
-    d.add_argument("--engine-requests", type=integer(), help="requests the engine serves "
-                   f"(default: {ENGINE_CPU['requests']} on CPU, --requests on CUDA)")
-    d.add_argument("--engine-slots", type=integer(), help="the engine's slots (default: "
-                   f"{ENGINE_CPU['slots']} on CPU, where a decode step stays flat in the batch "
-                   "only that far; --slots on CUDA)")
-    d.add_argument("--engine-shrink", type=integer(), help="divide each output length by this "
-                   f"(default: {ENGINE_CPU['shrink']} on CPU, 1 on CUDA); D's prompts are "
-                   f"--prompt-len tokens, by default {ENGINE_CPU['prompt_len']} on CPU")
+    add_flag(d, "--engine-attention", choices=["auto", "spans", "padded"],
+             help="how D's engine attends when its rows sit at several positions: a call per "
+                  "span of rows at one position, or one call padded to the longest row "
+                  "(default: padded on CUDA, spans elsewhere); each is priced as it runs")
+    add_flag(d, "--engine-requests", type=integer(), default=None, help="requests the engine "
+             f"serves (default: {ENGINE_CPU['requests']} on CPU, --requests on CUDA)")
+    add_flag(d, "--engine-slots", type=integer(), default=None, help="the engine's slots "
+             f"(default: {ENGINE_CPU['slots']} on CPU, where a decode step stays flat in the "
+             "batch only that far; --slots on CUDA)")
+    add_flag(d, "--engine-shrink", type=integer(), default=None, help="divide each output "
+             f"length by this (default: {ENGINE_CPU['shrink']} on CPU, 1 on CUDA); D's prompts "
+             f"are --prompt-len tokens, by default {ENGINE_CPU['prompt_len']} on CPU")
+
+
+def output_flags(p):
     o = p.add_argument_group("output")
-    o.add_argument("--out", default="figures", help="directory for results.json and figures")
-    o.add_argument("--no-figures", action="store_true")
+    add_flag(o, "--out", help="directory for results.json and figures")
+    add_flag(o, "--no-figures", dest="figures", action="store_false")
     o.add_argument("--replot", metavar="RESULTS_JSON", help="redraw the figures of a saved "
                    "results.json into --out; runs nothing, touches no device")
-    o.add_argument("--dpi", type=integer(20, 1000), default=100,
-                   help="figure resolution: 100 = 800 px wide, one blog column; 200 for 2x")
-    o.add_argument("--format", choices=["png", "svg"], default="png")
-    o.add_argument("--lang", choices=list(TEXT), default="en",
-                   help="the language of what is printed: en, or ko (the post's Korean; the "
-                        "figures stay in English)")
-    o.add_argument("--quick", action="store_true", help="shrink every experiment (smoke run)")
-    return p
+    add_flag(o, "--dpi", type=integer(20, 1000),
+             help="figure resolution: 100 = 800 px wide, one blog column; 200 for 2x")
+    add_flag(o, "--format", choices=["png", "svg"])
+    add_flag(o, "--lang", choices=list(TEXT),
+             help="the language of what is printed: en, or ko (the post's Korean; the figures "
+                  "stay in English)")
+    add_flag(o, "--quick", action="store_true", help="shrink every experiment (smoke run)")
 
 
 def parse_args(argv):
-    """argv -> RunConfig: the device resolved (when A, B or D runs), CPU preset and --quick
-    applied."""
-    args = build_parser().parse_args(argv)
+    """argv -> RunConfig (see run_config)."""
+    return run_config(build_parser().parse_args(argv))
+
+
+def run_config(args):
+    """Parsed flags -> RunConfig: every field its flag's, then what depends on the device
+    (resolved when A, B or D runs), the CPU preset, --quick and D's engine."""
+    check_flags(args)
+    experiments = args.experiments or ("AB" if args.arch == "post" else EXPERIMENTS)
+    device = resolve_device(args.device) if set("ABD") & set(experiments) else None
+    cuda, on_cpu = (device is not None and device.type == t for t in ("cuda", "cpu"))
+    if args.graphs in ("on", "both") and device is not None and not cuda:
+        raise UsageError(f"--graphs {args.graphs}: CUDA graphs need a CUDA device")
+    model, preset = model_config(args, on_cpu)
+    contexts = args.contexts or ((args.context, 1024, 4096) if cuda else (args.context, 1024))
+    if args.arch == "post":  # no KV cache: the context changes nothing
+        contexts = (args.context,)
+    graphs = {"on": "graph", "off": "eager", "both": "both", None: "both" if cuda else "eager"}
+    run = RunConfig(**{**{k: v for k, v in vars(args).items() if k in RUN_FIELDS},
+                       "model": model, "experiments": experiments,
+                       "device": device and device.type, "graphs": graphs[args.graphs],
+                       "contexts": tuple(sorted(set(contexts) | {args.context})),
+                       "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default,
+                       "preset": preset, "dtype_given": args.dtype is not None})
+    longest = max(max(run.contexts) + 1, max(run.prefill_lengths))
+    if device is not None and model.arch == "transformer" and longest > model.max_positions:
+        raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
+                         f"{model.max_positions}")
+    if run.quick:
+        run = quick_run(run)
+    engine = ENGINE_QUICK if run.quick else ENGINE_CPU if on_cpu else {
+        "requests": run.requests, "slots": run.slots, "prompt_len": run.prompt_len, "shrink": 1}
+    return dataclasses.replace(run, engine_requests=args.engine_requests or engine["requests"],
+                               engine_slots=args.engine_slots or engine["slots"],
+                               engine_prompt_len=args.prompt_len or engine["prompt_len"],
+                               engine_shrink=args.engine_shrink or engine["shrink"])
+
+
+def check_flags(args):
+    """Flags that contradict each other: one line each."""
     if args.arch == "post" and set(args.experiments or "") - set("AB"):
         raise UsageError("--arch post: the post's proxy has no attention and no KV cache, so "
                          "only A and B run on it; run C and D without --arch post")
     if args.arch == "post" and args.model != "post":
         raise UsageError(f"--arch post times the post's proxy; --model {args.model} names a "
                          "transformer: give one or the other")
-    args.experiments = args.experiments or ("AB" if args.arch == "post" else EXPERIMENTS)
-    device = resolve_device(args.device) if set("ABD") & set(args.experiments) else None
-    fields = {f: getattr(args, f) for f in ("layers", "hidden", "heads", "kv_heads", "mlp",
-                                            "ffn_hidden", "vocab", "max_positions", "dtype")}
-    on_cpu = device is not None and device.type == "cpu"
+    if args.target_rate and not (args.slo_ttft_s or args.slo_tpot_s):
+        raise UsageError("--target-rate: give the SLO it must be served at (--slo-ttft-ms, "
+                         "--slo-tpot-ms)")
+    if args.rate == "trace" and not args.trace:
+        raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
+
+
+MODEL_FLAGS = ("layers", "hidden", "heads", "kv_heads", "mlp", "ffn_hidden", "vocab",
+               "max_positions", "dtype")
+
+
+def model_config(args, on_cpu):
+    """The model: the --model preset (the post's on CPU: CPU_PRESET) with the fields given.
+    -> (ModelConfig, the fields the CPU preset set)"""
+    fields = {f: getattr(args, f) for f in MODEL_FLAGS}
     if args.quick and on_cpu:  # (a smoke run: a model that reads a fraction of the preset's)
         fields["layers"] = fields["layers"] or 2
         if args.model == "post":
@@ -4734,62 +4882,17 @@ def parse_args(argv):
         raise UsageError(f"--kv-heads {model.n_kv_heads} must divide --heads {model.heads}")
     if model.positions == "rope" and model.head_dim % 2:
         raise UsageError(f"rotary positions need an even head width, not {model.head_dim}")
-    cuda = device is not None and device.type == "cuda"
-    if args.graphs in ("on", "both") and device is not None and not cuda:
-        raise UsageError(f"--graphs {args.graphs}: CUDA graphs need a CUDA device")
-    graphs = {"on": "graph", "off": "eager", "both": "both", None: "both" if cuda else "eager"}
-    contexts = args.contexts or ((args.context, 1024, 4096) if cuda else (args.context, 1024))
-    if args.arch == "post":  # no KV cache: the context changes nothing
-        contexts = (args.context,)
-    run = dict(experiments=args.experiments, device=device and device.type,
-               batch_sizes=args.batch_sizes, context=args.context,
-               contexts=tuple(sorted(set(contexts) | {args.context})),
-               graphs=graphs[args.graphs], peak_bandwidth_gbs=args.peak_bandwidth_gbs,
-               peak_tflops=args.peak_tflops,
-               prefill_lengths=args.prefill_lengths, decode_batches=args.decode_batches,
-               requests=args.requests, slots=args.slots, seed=args.seed,
-               lengths_file=args.lengths_file, prompt_len=args.prompt_len or 128, trace=args.trace,
-               trace_limit=args.trace_limit, rate=args.rate, burstiness=args.burstiness,
-               rates=args.rates, chunk_tokens=args.chunk_tokens, cost=args.cost,
-               slo_ttft_s=args.slo_ttft_ms and args.slo_ttft_ms / 1e3,
-               slo_tpot_s=args.slo_tpot_ms and args.slo_tpot_ms / 1e3,
-               order=args.order, predict_sigma=args.predict_sigma, max_wait_s=args.max_wait_s,
-               gpu=args.gpu, replicas=args.replicas, router=args.router,
-               slo_attainment=args.slo_attainment, target_rate=args.target_rate,
-               save_requests=args.save_requests,
-               engine_attention=args.engine_attention,
-               kv_policies=("reserve", "paged") if args.kv_policy == "both" else
-               (args.kv_policy,), kv_memory_gb=args.kv_memory_gb,
-               block_tokens=args.block_tokens, max_output=args.max_output,
-               watermark=args.watermark, jobs=args.jobs,
-               warmup=args.warmup, reps=args.reps,
-               out=args.out, figures=not args.no_figures, dpi=args.dpi, format=args.format,
-               lang=args.lang, quick=args.quick,
-               preset=preset, dtype_given=args.dtype is not None)
-    if args.target_rate and not (args.slo_ttft_ms or args.slo_tpot_ms):
-        raise UsageError("--target-rate: give the SLO it must be served at (--slo-ttft-ms, "
-                         "--slo-tpot-ms)")
-    if args.rate == "trace" and not args.trace:
-        raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
-    longest = max(max(run["contexts"]) + 1, max(run["prefill_lengths"]))
-    if device is not None and model.arch == "transformer" and longest > model.max_positions:
-        raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
-                         f"{model.max_positions}")
-    if args.quick:  # every experiment small enough for a smoke run
-        run.update(batch_sizes=tuple(b for b in args.batch_sizes if b <= 32) or (1,),
-                   context=min(args.context, 64), contexts=(min(args.context, 64),),
-                   prefill_lengths=tuple(max(1, t // 8) for t in args.prefill_lengths),
-                   warmup=min(args.warmup, 1), reps=min(args.reps, 5),
-                   prompt_len=min(run["prompt_len"], 32))
-        run["time_budget_s"] = 0.2
-    engine = ENGINE_QUICK if args.quick else ENGINE_CPU if on_cpu else {
-        "requests": args.requests, "slots": args.slots, "prompt_len": run["prompt_len"],
-        "shrink": 1}
-    run.update(engine_requests=args.engine_requests or engine["requests"],
-               engine_slots=args.engine_slots or engine["slots"],
-               engine_prompt_len=args.prompt_len or engine["prompt_len"],
-               engine_shrink=args.engine_shrink or engine["shrink"])
-    return RunConfig(model=model, **run)
+    return model, preset
+
+
+def quick_run(run):
+    """--quick: every experiment small enough for a smoke run."""
+    context = min(run.context, 64)
+    return dataclasses.replace(
+        run, batch_sizes=tuple(b for b in run.batch_sizes if b <= 32) or (1,), context=context,
+        contexts=(context,), prefill_lengths=tuple(max(1, t // 8) for t in run.prefill_lengths),
+        warmup=min(run.warmup, 1), reps=min(run.reps, 5), prompt_len=min(run.prompt_len, 32),
+        time_budget_s=0.2)
 
 
 # -----------------------------------------------------------------------------
@@ -4882,9 +4985,8 @@ def banner(results, T):
     return "\n".join(lines)
 
 
-def replot(argv):
+def replot(args):
     """--replot: redraw from a saved results.json; no experiment runs, no device is touched."""
-    args = build_parser().parse_args(argv)
     try:
         with open(args.replot, encoding="utf-8") as f:
             results = json.load(f)
@@ -4910,12 +5012,12 @@ def replot(argv):
 def _main(argv):
     args = build_parser().parse_args(argv)
     if args.replot:
-        return replot(argv)
+        return replot(args)
     if args.catalog:
         results = {"catalog": catalog()}
         print(catalog_table(TEXT[args.lang], results["catalog"]))
         return results
-    run = parse_args(argv)
+    run = run_config(args)
     device = run.device and torch.device(run.device)
     if device and device.type == "cuda":
         check_cuda_arch(device)
@@ -4935,7 +5037,7 @@ def _main(argv):
     cfg = run.model
     results = {"environment": environment(run, device, argv),
                "config": {"model": {**dataclasses.asdict(cfg), "params": param_count(cfg),
-                                    "weight_bytes": param_count(cfg) * cfg.dtype_bytes,
+                                    "weight_bytes": weight_bytes(cfg),
                                     "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn},
                           **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
     if dtype_probe:
