@@ -27,9 +27,6 @@ It prints a banner and one table per experiment, and writes OUT/results.json and
 (OUT defaults to ./figures).
 """
 
-# -----------------------------------------------------------------------------
-# imports
-
 import argparse
 import contextlib
 import dataclasses
@@ -45,6 +42,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 import numpy as np
 import torch
 import torch.nn as nn
@@ -565,13 +563,12 @@ class Requests:
     arrival_s: np.ndarray  # (n,) sorted
     prompt: np.ndarray     # (n,) prompt tokens
     output: np.ndarray     # (n,) generated tokens (>= 1)
-    source: str
 
     def take(self, index=slice(None), arrival_s=None):
         """The requests at `index` (a slice or an index array), arriving at `arrival_s`
         instead of their own times when it is given."""
         return Requests(self.arrival_s[index] if arrival_s is None else arrival_s,
-                        self.prompt[index], self.output[index], self.source)
+                        self.prompt[index], self.output[index])
 
 
 TRACE_COLUMNS = [  # (prompt column, output column, timestamp column or None)
@@ -655,11 +652,9 @@ def make_requests(run):
     trace_times = None
     if run.trace:
         prompt, output, trace_times = read_trace(run.trace, run.trace_limit)
-        source = os.path.basename(run.trace)
     else:
         output = request_lengths(run)
         prompt = np.full(len(output), run.prompt_len, dtype=np.int64)
-        source = run.lengths_file or f"the post's law, seed {run.seed}"
     rates = [("--rate", run.rate, len(output))] if isinstance(run.rate, float) else []
     rates += [("--rates", rate, min(len(output), SWEEP_REQUESTS)) for rate in run.rates or ()]
     for flag, rate, n in rates:
@@ -673,7 +668,7 @@ def make_requests(run):
         arrival = trace_times
     else:
         arrival = arrival_times(len(output), run.rate, run.burstiness, rng)
-    return Requests(arrival, prompt, output, source)
+    return Requests(arrival, prompt, output)
 
 
 # -----------------------------------------------------------------------------
@@ -954,17 +949,20 @@ def check_kv_budget(req, kv):
 class Seq:
     """A request while it holds a slot (nano-vllm's Sequence).
 
-    While it prefills, `pre` prompt tokens are still to run and `ctx` tokens are cached. Once
-    it decodes it gains one cached token and emits one token every step, so only its start
-    is kept: it holds base + steps tokens at global step `steps` and ends at step `end`.
+    While it prefills, `prompt_left` prompt tokens are still to run and `num_cached` tokens are
+    cached. Once it decodes it gains one cached token and emits one token every step, so only
+    its start is kept: it holds decode_base + steps tokens at the simulation's step `steps`,
+    and its last token comes at step `end_step`.
     """
-    __slots__ = ("id", "order", "pre", "ctx", "left", "left0", "base", "end", "alloc")
+    __slots__ = ("id", "admitted", "prompt_left", "num_cached", "to_emit", "to_emit_admitted",
+                 "decode_base", "end_step", "allocated")
 
-    def __init__(self, rid, order, pre, left):
-        self.id, self.order, self.pre, self.ctx = rid, order, pre, 0
-        self.left = self.left0 = left  # tokens still to emit (left0: at admission)
-        self.base = self.end = None    # set when it starts to decode
-        self.alloc = 0                 # KV tokens allocated to it (reservation; paged prefill)
+    def __init__(self, rid, admitted, prompt_left, to_emit):
+        self.id, self.admitted = rid, admitted  # (admitted: its place in admission order)
+        self.prompt_left, self.num_cached = prompt_left, 0
+        self.to_emit = self.to_emit_admitted = to_emit  # tokens still to emit (at admission)
+        self.decode_base = self.end_step = None  # set when it starts to decode
+        self.allocated = 0  # KV tokens allocated to it (a reservation; paged: its prefill's)
 
 
 class Reservation:
@@ -978,10 +976,10 @@ class Reservation:
         return prompt + self.max_output
 
     def admit(self, seq, need):
-        seq.alloc = need
+        seq.allocated = need
         self.total += need
 
-    def planned(self, sim, plan):
+    def planned(self, steps, plan):
         """Tokens allocated once the planned step has run."""
         return self.total
 
@@ -989,9 +987,9 @@ class Reservation:
         pass
 
     def release(self, seq, ctx):
-        self.total -= seq.alloc
+        self.total -= seq.allocated
 
-    def advance(self, sim, plan, k, a, e):
+    def advance(self, steps, plan, k, a, e):
         """Allocate for k steps (step j takes a + e (j - 1) s); -> integral of tokens x s."""
         return self.total * (a * k + e * k * (k - 1) / 2)
 
@@ -1011,6 +1009,7 @@ class PagedBlocks:
             kv.watermark_tokens
         self.total = 0    # tokens in allocated blocks
         self.phase = {}   # step (mod b) at which decoders take a block -> how many do
+        self.decoders = 0  # how many requests decode (the sum of phase's counts)
 
     def blocks(self, tokens):
         return -(-tokens // self.b) * self.b
@@ -1026,19 +1025,22 @@ class PagedBlocks:
     def admit(self, seq, need):
         pass  # blocks are taken by the steps
 
-    def planned(self, sim, plan):
-        grow = sum(self.blocks(s.ctx + c + (c == s.pre)) - s.alloc for s, c in plan)
-        return self.total + self.b * self.phase.get((sim.steps + 1) % self.b, 0) + grow
+    def planned(self, steps, plan):
+        grow = sum(self.blocks(s.num_cached + c + (c == s.prompt_left)) - s.allocated
+                   for s, c in plan)
+        return self.total + self.b * self.phase.get((steps + 1) % self.b, 0) + grow
 
     def join(self, seq):  # a request starts to decode
-        key = (1 - seq.base) % self.b
+        key = (1 - seq.decode_base) % self.b
         self.phase[key] = self.phase.get(key, 0) + 1
+        self.decoders += 1
 
     def release(self, seq, ctx):
         self.total -= self.blocks(ctx)
-        if seq.base is not None:
-            key = (1 - seq.base) % self.b
+        if seq.decode_base is not None:
+            key = (1 - seq.decode_base) % self.b
             self.phase[key] -= 1
+            self.decoders -= 1
             if not self.phase[key]:
                 del self.phase[key]
 
@@ -1055,36 +1057,36 @@ class PagedBlocks:
                 out.append((j, (k - j) // b + 1, rows))
         return out
 
-    def max_steps(self, sim, plan, k):
+    def max_steps(self, steps, plan, k):
         """The most steps, up to k, whose blocks fit (the first always does)."""
         free = self.capacity - self.total
         if not plan:  # decoders only: the block that does not fit, found by its period
-            if self.b * sum(m * rows for _, m, rows in self.crossings(sim.steps, k)) <= free:
+            if self.b * sum(m * rows for _, m, rows in self.crossings(steps, k)) <= free:
                 return k
             fit = int(free // self.b)  # blocks that still fit
-            periods, rest = divmod(fit, sim.n_dec)
-            for j, rows in sorted(((key - sim.steps - 1) % self.b + 1, rows)
+            periods, rest = divmod(fit, self.decoders)
+            for j, rows in sorted(((key - steps - 1) % self.b + 1, rows)
                                   for key, rows in self.phase.items()):
                 if rest < rows:
                     return min(k, periods * self.b + j - 1)
                 rest -= rows
         (seq, c), = plan  # one prompt's chunks beside the decoders: bisect
 
-        def fits(steps):
-            grown = sum(m * rows for _, m, rows in self.crossings(sim.steps, steps))
-            return self.b * grown + self.blocks(seq.ctx + c * steps) - seq.alloc <= free
+        def fits(n):
+            grown = sum(m * rows for _, m, rows in self.crossings(steps, n))
+            return self.b * grown + self.blocks(seq.num_cached + c * n) - seq.allocated <= free
         lo, hi = 1, k
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
         return lo
 
-    def advance(self, sim, plan, k, a, e):
+    def advance(self, steps, plan, k, a, e):
         """Allocate for k steps (step j takes a + e (j - 1) s); -> integral of tokens x s."""
         b = self.b
         elapsed = a * k + e * k * (k - 1) / 2
         integral, grown = self.total * elapsed, 0
-        for j0, m, rows in self.crossings(sim.steps, k):
+        for j0, m, rows in self.crossings(steps, k):
             # a block taken at step j is held from step j to k: D(k) - D(j - 1) seconds,
             # where D(x) = a x + e x (x - 1) / 2; summed over j = j0, j0 + b, ... (m of them)
             x0 = j0 - 1
@@ -1093,14 +1095,15 @@ class PagedBlocks:
             integral += b * rows * (m * elapsed - (a * sx + e * (sxx - sx) / 2))
             grown += b * rows * m
         for seq, c in plan:  # the prompts' chunks: blocks held from the step that takes them
-            new = self.blocks(seq.ctx + c * k + (c == seq.pre))
+            new = self.blocks(seq.num_cached + c * k + (c == seq.prompt_left))
             if k == 1:
-                integral += a * (new - seq.alloc)
+                integral += a * (new - seq.allocated)
             else:
-                integral += sum((a + e * (j - 1)) * (self.blocks(seq.ctx + c * j) - seq.alloc)
+                integral += sum((a + e * (j - 1))
+                                * (self.blocks(seq.num_cached + c * j) - seq.allocated)
                                 for j in range(1, k + 1))
-            grown += new - seq.alloc
-            seq.alloc = new
+            grown += new - seq.allocated
+            seq.allocated = new
         self.total += grown
         return integral
 
@@ -1273,6 +1276,79 @@ def waiting_queue(ledger, ids, order=None):
 
 
 # -----------------------------------------------------------------------------
+# replicas and schedulers: what one replica is, and what a step prefills (pure Python)
+# A Replica is the spec every simulation and study is given (its seats, prices, scheduler,
+# KV budget and queue order); a study reads as what it varies: replace(replica, scheduler=s).
+
+
+SCHEDULERS = ("static", "continuous", "chunked")
+
+
+def schedule_prefill(prefilling, num_decoding, chunk_tokens):
+    """This step's prefill: [(request, tokens)], oldest first. Whole prompts, or (chunked)
+    what the step's token budget leaves after one token for each decoding request."""
+    if chunk_tokens is None:
+        return [(s, s.prompt_left) for s in prefilling]
+    room, plan = chunk_tokens - num_decoding, []
+    for s in prefilling:
+        if room <= 0:
+            break
+        plan.append((s, min(s.prompt_left, room)))
+        room -= plan[-1][1]
+    return plan
+
+
+class SimulationStalled(RuntimeError):
+    """The simulation can no longer make progress (nothing runs and nothing can be admitted)."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica of the served model, as the simulation sees it.
+
+    slots        its seats: the most requests running at once (vLLM's max_num_seqs)
+    costs        its StepCosts: the seconds of each forward pass
+    scheduler    static      a batch forms from the waiting requests (up to `slots`), is
+                             prefilled, and decodes until its longest request ends; then the
+                             next batch forms
+                 continuous  each step first prefills the newcomers admitted into free slots
+                             (their first token comes out of the prefill), then decodes
+                             everyone else one token
+                 chunked     continuous, but a step runs at most `chunk_tokens` tokens: every
+                             decode first, then prefill chunks of the admitted requests in
+                             order of admission
+    kv           a KVBudget: admission also waits for KV memory, and a paged cache preempts
+                 (None: memory is unlimited and not tracked)
+    order        an Order: who takes a free seat (None: first come, first served)
+    A study reads as what it varies: dataclasses.replace(replica, scheduler="static").
+    """
+    slots: int
+    costs: StepCosts
+    scheduler: str = "continuous"
+    chunk_tokens: int = None
+    kv: KVBudget = None
+    order: Order = None
+
+
+class Planned(NamedTuple):
+    """The run of identical steps plan() chose: this step's prefill chunks [(Seq, tokens)],
+    how many steps, and whether the head of the line waits for memory."""
+    chunks: list
+    steps: int
+    blocked: bool
+
+
+class Price(NamedTuple):
+    """A planned run's k steps: step j takes first_s + growth_s (j - 1) seconds (the caches
+    grow), a prefill pass and a decode pass, summed over the run in prefill_s and decode_s."""
+    prefill_s: float
+    decode_s: float
+    first_s: float
+    growth_s: float
+    prefill_tokens: int  # prompt tokens per step
+
+
+# -----------------------------------------------------------------------------
 # the event loop: requests in seconds through one replica's seats (pure Python)
 # The loop moves from event to event: an arrival, an admission, a prefill (or a chunk of one),
 # a finish, a preemption, or, when memory binds, the block boundary the cache cannot pass.
@@ -1280,27 +1356,6 @@ def waiting_queue(ledger, ids, order=None):
 # so a run of k steps is priced in closed form: step j takes a + e (j - 1) seconds. Nothing is
 # done per step or per slot: the decoding requests are kept as aggregates (how many, their
 # cached tokens, a heap of the steps at which they end), so an event costs O(log slots).
-
-
-SCHEDULERS = ("static", "continuous", "chunked")
-
-
-def schedule_prefill(prefilling, n_dec, chunk_tokens):
-    """This step's prefill: [(request, tokens)], oldest first. Whole prompts, or (chunked)
-    what the step's token budget leaves after one token for each decoding request."""
-    if chunk_tokens is None:
-        return [(s, s.pre) for s in prefilling]
-    room, plan = chunk_tokens - n_dec, []
-    for s in prefilling:
-        if room <= 0:
-            break
-        plan.append((s, min(s.pre, room)))
-        room -= plan[-1][1]
-    return plan
-
-
-class SimulationStalled(RuntimeError):
-    """The simulation can no longer make progress (nothing runs and nothing can be admitted)."""
 
 
 class ServingSim:
@@ -1311,29 +1366,30 @@ class ServingSim:
     one its requests as they arrive; alone, a replica is given them all at once (`ids`).
     """
 
-    def __init__(self, req, slots, costs, scheduler, chunk_tokens=None, kv=None,
-                 progress=None, order=None, ledger=None, ids=None):
+    def __init__(self, req, replica, progress=None, ledger=None, ids=None):
         ledger = ledger or Ledger(req)
+        kv, scheduler = replica.kv, replica.scheduler
         self.ledger = ledger
         for name in ("arrival", "prompt", "output", "start", "first", "finish", "first_step",
                      "finish_step", "to_prefill", "remaining", "generated"):
             setattr(self, name, getattr(ledger, name))
         ids = range(len(self.output)) if ids is None else ids
-        self.waiting = waiting_queue(ledger, ids, order)  # requests not yet admitted
-        self.n, self.slots, self.costs, self.scheduler = len(ids), slots, costs, scheduler
-        self.chunk_tokens = chunk_tokens if scheduler == "chunked" else None
-        self.kv = None if kv is None else (PagedBlocks if kv.policy == "paged"
-                                           else Reservation)(kv)
+        self.waiting = waiting_queue(ledger, ids, replica.order)  # requests not yet admitted
+        self.n, self.slots, self.costs, self.scheduler = len(ids), replica.slots, \
+            replica.costs, scheduler
+        self.chunk_tokens = replica.chunk_tokens if scheduler == "chunked" else None
+        self.allocator = None if kv is None else (PagedBlocks if kv.policy == "paged"
+                                                  else Reservation)(kv)
         self.capacity = kv.capacity_tokens if kv else math.inf
         self.progress = progress
         self.retry = []                  # preempted ids (a heap: the oldest first)
-        self.pending = None              # the planned run: (plan, steps, blocked)
+        self.pending = None              # the planned run (Planned)
         self.end_s = None                # when it ends, once asked (see pending_end)
         self.running = {}                # admission order -> Seq, oldest first
         self.prefilling = []             # running requests with prompt left, oldest first
-        self.pre_total = self.pre_ctx = 0  # their prompt tokens left, and cached
-        self.n_dec = self.base_sum = 0   # decoding requests, and the sum of their bases
-        self.ends = []                   # heap of (end step, order) of the decoding requests
+        self.prompt_left_total = self.prefill_cached = 0  # their prompt left, and cached
+        self.num_decoding = self.decode_base_sum = 0  # decoding requests, their bases' sum
+        self.ends = []                   # heap of (end step, admitted) of the decoders
         self.t, self.steps, self.busy, self.done = 0.0, 0, 0, 0
         self.iterations = self.admissions = 0
         self.prefill_s = self.decode_s = self.longest_step_s = 0.0
@@ -1342,7 +1398,9 @@ class ServingSim:
                     "peak_held": 0, "peak_contexts": []}
         self.series_stride = 1
 
-    def run(self):
+    # the loop: plan (admit at the clock, choose a run of identical steps), then commit
+
+    def serve(self):
         """Serve every request given; -> result()."""
         clock = time.perf_counter()
         while self.plan():
@@ -1358,17 +1416,19 @@ class ServingSim:
         """Admit at the clock and plan the run of steps up to the next event. -> False when
         there is nothing left to run (nothing running, waiting or preempted)."""
         self.iterations += 1
-        taken = 0 if self.kv is None else \
-            self.make_room() if self.kv.preempts else self.kv.planned(self, ())
+        allocator = self.allocator
+        taken = 0 if allocator is None else \
+            self.make_room() if allocator.preempts else allocator.planned(self.steps, ())
         blocked = self.admit(taken)
-        plan = schedule_prefill(self.prefilling, self.n_dec, self.chunk_tokens)
-        if not plan and not self.n_dec:
+        plan = schedule_prefill(self.prefilling, self.num_decoding, self.chunk_tokens)
+        if not plan and not self.num_decoding:
             if not (self.waiting or self.retry):
                 return False
             raise SimulationStalled(
                 f"the {self.scheduler} simulation stalled at t = {self.t:.3f} s with "
                 f"{len(self.waiting) + len(self.retry):,} requests waiting and none running")
-        self.pending, self.end_s = (plan, self.steps_until_event(plan, blocked), blocked), None
+        self.pending = Planned(plan, self.steps_until_event(plan, blocked), blocked)
+        self.end_s = None
         return True
 
     def commit(self):
@@ -1378,15 +1438,261 @@ class ServingSim:
         self.advance(plan, k)
         self.finish_due()
 
-    # In a fleet: the replica runs up to each arrival, and a request routed to it can cut the
-    # planned run short, as the next arrival bounds a run when the replica runs alone.
+    # admission: who takes a free seat, and who is preempted to make room
+
+    def make_room(self):
+        """Preempt the newest request while the planned step needs more blocks than exist.
+        -> the KV tokens the planned step then takes."""
+        while True:
+            taken = self.allocator.planned(self.steps, schedule_prefill(
+                self.prefilling, self.num_decoding, self.chunk_tokens))
+            if not self.running or taken <= self.capacity:
+                return taken
+            seq = self.running[next(reversed(self.running))]
+            to_emit, cached = self.leave(seq)
+            r = seq.id
+            self.to_prefill[r] = self.prompt[r] + self.output[r] - to_emit  # prompt + generated
+            self.remaining[r] = to_emit
+            self.mem["preemptions"] += 1
+            self.mem["recomputed_tokens"] += cached
+            heapq.heappush(self.retry, r)
+
+    def admit(self, taken):
+        """Admit waiting requests (preempted first, then in the queue's order) into free
+        slots, into the KV memory the planned step leaves (`taken`: what it takes); nobody
+        overtakes the head of the line. -> True when the head of the line waits for memory."""
+        if self.running:
+            if self.scheduler == "static":
+                return False
+        elif not self.retry and self.waiting.head(self.t) is None and self.waiting:
+            self.t = self.waiting.next_arrival()  # idle until the next request arrives
+        free, spare, kv = self.slots - len(self.running), self.spare(), self.allocator  # (kv:
+        # the allocator)
+        room = self.capacity - taken
+        watermark = 0 if kv is None else kv.watermark
+        retry, to_prefill, start, t = self.retry, self.to_prefill, self.start, self.t
+        head, pop = self.waiting.head, self.waiting.pop
+        while free and spare > 0:
+            r = retry[0] if retry else head(t)
+            if r is None:
+                return False
+            prompt_left = to_prefill[r]
+            need = 0 if kv is None else kv.need(self.prompt[r], min(prompt_left, spare),
+                                                prompt_left)
+            if need + watermark > room:
+                return True
+            if retry:
+                heapq.heappop(retry)
+            else:
+                pop()
+            seq = Seq(r, self.admissions, prompt_left, self.remaining[r])
+            self.admissions += 1
+            if start[r] != start[r]:  # (nan: its first admission)
+                start[r] = t
+            if kv is not None:
+                kv.admit(seq, need)
+            self.running[seq.admitted] = seq
+            self.prefilling.append(seq)
+            self.prompt_left_total += prompt_left
+            spare, room, free = spare - prompt_left, room - need, free - 1
+        return False
+
+    def spare(self):
+        """Prompt tokens this step could still take in (chunked: its token budget)."""
+        if self.chunk_tokens is None:
+            return math.inf
+        return self.chunk_tokens - self.num_decoding - self.prompt_left_total
+
+    def could_join(self, blocked):
+        """Whether a request arriving now could be admitted at the next step."""
+        return not blocked and self.scheduler != "static" and len(self.running) < self.slots \
+            and self.spare() > 0
+
+    # stepping: how many identical steps run, what they cost, and who they move on
+
+    def steps_until_event(self, plan, blocked):
+        """How many identical steps run before the next event can change the batch."""
+        k = self.ends[0][0] - self.steps if self.num_decoding else math.inf  # the next finish
+        if plan:
+            seq, chunk = plan[0]
+            if len(plan) > 1 or chunk == seq.prompt_left:
+                return 1  # a prefill ends (or several run): one step
+            k = min(k, (seq.prompt_left - 1) // chunk)  # one prompt's chunks, short of its last
+        elif self.could_join(blocked) and self.waiting:
+            k = self.steps_to_reach(self.waiting.next_arrival(), k)  # a newcomer could join
+        if self.allocator is not None and self.allocator.preempts and k > 1:
+            k = self.allocator.max_steps(self.steps, plan, k)
+        return k
+
+    def steps_to_reach(self, when, k):
+        """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
+        n, cached = self.num_decoding, self.decode_base_sum + self.num_decoding * self.steps
+        run_s = self.costs.run_s
+        a, e = self.costs.pass_s(n, cached), self.costs.kv_s(n) * n
+        gap = when - self.t  # solve a x + e x (x - 1) / 2 = gap, then settle on integers
+        if e > 0:
+            x = ((e / 2 - a) + math.sqrt((a - e / 2) ** 2 + 2 * e * max(gap, 0))) / e
+        else:
+            x = gap / a if a > 0 else k
+        x = min(max(1, math.ceil(x)), k)
+        while x > 1 and self.t + run_s(n, cached, x - 1) >= when:
+            x -= 1
+        while x < k and self.t + run_s(n, cached, x) < when:
+            x += 1
+        return x
+
+    def price(self, plan, k):
+        """The k steps of a run, a prefill pass (of the chunks in `plan`) and a decode pass
+        each, whose caches grow. -> Price"""
+        n, tokens, cached_pre = self.num_decoding, 0, 0
+        for s, c in plan:
+            tokens += c
+            cached_pre += s.num_cached
+        (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.costs.rates(tokens), self.costs.rates(n)
+        first_pre = f_pre + kv_s_pre * cached_pre if tokens else 0.0
+        first_dec = f_dec + kv_s_dec * (self.decode_base_sum + n * self.steps) if n else 0.0
+        growth_pre, growth_dec = kv_s_pre * tokens, kv_s_dec * n
+        return Price(first_pre * k + growth_pre * k * (k - 1) / 2,
+                     first_dec * k + growth_dec * k * (k - 1) / 2,
+                     first_pre + first_dec, growth_pre + growth_dec, tokens)
+
+    def advance(self, plan, k):
+        """Run k steps: price them, account memory, move every running request on."""
+        emitted = [s for s, c in plan if c == s.prompt_left]  # a finished prefill emits a token
+        price = self.price(plan, k)
+        step_s = price.prefill_s + price.decode_s
+        running = len(self.running)
+        if self.allocator is not None:  # (before the clock moves: it reads the run's start)
+            held = self.account(plan, k, price, len(emitted))
+        self.t += step_s
+        self.prefill_s += price.prefill_s
+        self.decode_s += price.decode_s
+        self.longest_step_s = max(self.longest_step_s, price.first_s + price.growth_s * (k - 1))
+        self.steps += k
+        self.busy += k * running
+        tokens = price.prefill_tokens
+        for s, c in plan:
+            s.prompt_left -= c * k
+            s.num_cached += c * k
+        self.prompt_left_total -= tokens * k
+        self.prefill_cached += tokens * k
+        if emitted:
+            self.emit_first_tokens(emitted, held if self.allocator is not None else 0, running)
+        elif self.allocator is not None:
+            self.record(held, running)
+
+    def emit_first_tokens(self, emitted, held, running):
+        """The requests whose prefill has just ended emit a token; each then decodes (or,
+        with nothing left to emit, finishes)."""
+        del self.prefilling[:len(emitted)]  # (the oldest: chunks go oldest first)
+        first, steps = self.first, self.steps
+        for s in emitted:
+            self.prefill_cached -= s.num_cached
+            if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
+                first[s.id] = self.t
+                self.first_step[s.id] = steps
+            s.to_emit -= 1
+            s.num_cached += 1
+        if self.allocator is not None:
+            self.record(held, running)
+        for s in emitted:
+            if s.to_emit == 0:
+                self.retire(s)
+            else:
+                s.decode_base, s.end_step = s.num_cached - steps, steps + s.to_emit
+                self.num_decoding += 1
+                self.decode_base_sum += s.decode_base
+                heapq.heappush(self.ends, (s.end_step, s.admitted))
+                if self.allocator is not None:
+                    self.allocator.join(s)
+
+    def finish_due(self):
+        """Retire the decoding requests whose last step has run."""
+        ends, running = self.ends, self.running
+        while ends and (ends[0][0] <= self.steps or ends[0][1] not in running):
+            admitted = heapq.heappop(ends)[1]
+            if admitted in running:  # (else preempted since it was pushed)
+                self.retire(running[admitted])
+
+    def retire(self, seq):
+        """A request's last token has come: it leaves its slot, finished."""
+        self.leave(seq)
+        self.finish[seq.id] = self.t
+        self.finish_step[seq.id] = self.steps
+        self.done += 1
+
+    def leave(self, seq):
+        """Take a request out of its slot (finished or preempted). -> (tokens still to emit,
+        tokens it had cached)."""
+        del self.running[seq.admitted]
+        if seq.decode_base is None:  # prefilling (or a prefill that emitted its last token)
+            if seq.prompt_left:
+                self.prefilling.remove(seq)
+                self.prompt_left_total -= seq.prompt_left
+                self.prefill_cached -= seq.num_cached
+            to_emit, cached = seq.to_emit, seq.num_cached
+        else:
+            self.num_decoding -= 1
+            self.decode_base_sum -= seq.decode_base
+            to_emit, cached = seq.end_step - self.steps, seq.decode_base + self.steps
+        if self.allocator is not None:
+            self.allocator.release(seq, cached)
+        self.generated[seq.id] += seq.to_emit_admitted - to_emit
+        return to_emit, cached
+
+    # accounting: memory over time, and the result
+
+    def account(self, plan, k, price, emitted):
+        """Memory integrals over the k steps just priced (step j: a + e (j - 1) s), the
+        tokens held and allocated after each step weighted by its seconds; `emitted` prefills
+        end with the run. -> tokens held after the last step."""
+        mem, a, e = self.mem, price.first_s, price.growth_s
+        growth = price.prefill_tokens + self.num_decoding  # tokens cached per step
+        held0 = self.decode_base_sum + self.num_decoding * self.steps + self.prefill_cached
+        mem["held_s"] += a * (k * held0 + growth * k * (k + 1) // 2) + e * (
+            held0 * k * (k - 1) // 2 + growth * (k - 1) * k * (k + 1) // 3) \
+            + emitted * (a + e * (k - 1))
+        mem["alloc_s"] += self.allocator.advance(self.steps, plan, k, a, e)
+        mem["running_s"] += (price.prefill_s + price.decode_s) * len(self.running)
+        return held0 + growth * k + emitted
+
+    def record(self, held, running):
+        """Peaks, and a point of the memory series (every stride-th iteration, at most 4,096)."""
+        mem = self.mem
+        mem["peak_running"] = max(mem["peak_running"], running)
+        mem["max_alloc"] = max(mem["max_alloc"], self.allocator.total)
+        if held > mem["peak_held"]:
+            mem["peak_held"] = held
+            mem["peak_contexts"] = [s.num_cached if s.decode_base is None
+                                    else s.decode_base + self.steps
+                                    for s in self.running.values()]
+        if self.iterations % self.series_stride == 0:
+            mem["series"].append((self.t, held, self.allocator.total, running))
+            if len(mem["series"]) >= 4096:  # every other point, and half as often from now on
+                del mem["series"][1::2]
+                self.series_stride *= 2
+
+    def result(self):
+        sim = {"start": np.array(self.start), "first_token": np.array(self.first),
+               "finish": np.array(self.finish), "first_step": np.array(self.first_step),
+               "finish_step": np.array(self.finish_step), "steps": self.steps,
+               "occupancy": self.busy / (self.steps * self.slots) if self.steps else 0.0,
+               "longest_step_s": self.longest_step_s, "prefill_s": self.prefill_s,
+               "decode_s": self.decode_s, "iterations": self.iterations}
+        if self.allocator is not None:
+            sim["kv"], sim["generated"] = self.mem, np.array(self.generated)
+        return sim
+
+    # fleet hooks: a fleet runs each replica up to every arrival and routes by its load; a
+    # request routed to it can cut the planned run short, as the next arrival bounds a run
+    # when the replica runs alone
 
     def pending_end(self):
         """When the planned run ends (the clock it will set, to the bit), priced once per
         plan: a fleet asks at every arrival."""
         if self.end_s is None:
-            prefill_s, decode_s = self.price(*self.pending[:2])[:2]
-            self.end_s = self.t + (prefill_s + decode_s)
+            price = self.price(self.pending.chunks, self.pending.steps)
+            self.end_s = self.t + (price.prefill_s + price.decode_s)
         return self.end_s
 
     def run_until(self, t):
@@ -1409,7 +1715,8 @@ class ServingSim:
         if self.pending is not None:
             plan, k, blocked = self.pending
             if not plan and k > 1 and self.could_join(blocked):
-                self.pending, self.end_s = (plan, self.steps_to_reach(t, k), blocked), None
+                self.pending = Planned(plan, self.steps_to_reach(t, k), blocked)
+                self.end_s = None
 
     def load(self):
         """Requests queued, preempted and running: what least-requests routing compares."""
@@ -1418,268 +1725,23 @@ class ServingSim:
     def committed_kv(self):
         """KV tokens allocated (else held), the prompt tokens admitted but not yet prefilled
         (a reservation holds them already) and the prompts waiting: what least-kv compares."""
-        if isinstance(self.kv, Reservation):
-            return self.kv.total + self.waiting.tokens
-        held = self.kv.total if self.kv is not None else \
-            self.base_sum + self.n_dec * self.steps + self.pre_ctx
-        return held + self.pre_total + self.waiting.tokens
-
-    def make_room(self):
-        """Preempt the newest request while the planned step needs more blocks than exist.
-        -> the KV tokens the planned step then takes."""
-        while True:
-            taken = self.kv.planned(self, schedule_prefill(self.prefilling, self.n_dec,
-                                                           self.chunk_tokens))
-            if not self.running or taken <= self.capacity:
-                return taken
-            seq = self.running[next(reversed(self.running))]
-            left, ctx = self.leave(seq)
-            r = seq.id
-            self.to_prefill[r] = self.prompt[r] + self.output[r] - left  # prompt + generated
-            self.remaining[r] = left
-            self.mem["preemptions"] += 1
-            self.mem["recomputed_tokens"] += ctx
-            heapq.heappush(self.retry, r)
-
-    def admit(self, taken):
-        """Admit waiting requests (preempted first, then in the queue's order) into free
-        slots, into the KV memory the planned step leaves (`taken`: what it takes); nobody
-        overtakes the head of the line. -> True when the head of the line waits for memory."""
-        if self.running:
-            if self.scheduler == "static":
-                return False
-        elif not self.retry and self.waiting.head(self.t) is None and self.waiting:
-            self.t = self.waiting.next_arrival()  # idle until the next request arrives
-        free, spare, kv = self.slots - len(self.running), self.spare(), self.kv
-        room = self.capacity - taken
-        watermark = 0 if kv is None else kv.watermark
-        retry, to_prefill, start, t = self.retry, self.to_prefill, self.start, self.t
-        head, pop = self.waiting.head, self.waiting.pop
-        while free and spare > 0:
-            r = retry[0] if retry else head(t)
-            if r is None:
-                return False
-            pre = to_prefill[r]
-            need = 0 if kv is None else kv.need(self.prompt[r], min(pre, spare), pre)
-            if need + watermark > room:
-                return True
-            if retry:
-                heapq.heappop(retry)
-            else:
-                pop()
-            seq = Seq(r, self.admissions, pre, self.remaining[r])
-            self.admissions += 1
-            if start[r] != start[r]:  # (nan: its first admission)
-                start[r] = t
-            if kv is not None:
-                kv.admit(seq, need)
-            self.running[seq.order] = seq
-            self.prefilling.append(seq)
-            self.pre_total += pre
-            spare, room, free = spare - pre, room - need, free - 1
-        return False
-
-    def spare(self):
-        """Prompt tokens this step could still take in (chunked: its token budget)."""
-        if self.chunk_tokens is None:
-            return math.inf
-        return self.chunk_tokens - self.n_dec - self.pre_total
-
-    def steps_until_event(self, plan, blocked):
-        """How many identical steps run before the next event can change the batch."""
-        k = self.ends[0][0] - self.steps if self.n_dec else math.inf  # the next finish
-        if plan:
-            seq, chunk = plan[0]
-            if len(plan) > 1 or chunk == seq.pre:
-                return 1  # a prefill ends (or several run): one step
-            k = min(k, (seq.pre - 1) // chunk)  # chunks of one prompt, short of its last
-        elif self.could_join(blocked) and self.waiting:
-            k = self.steps_to_reach(self.waiting.next_arrival(), k)  # a newcomer could join
-        if self.kv is not None and self.kv.preempts and k > 1:
-            k = self.kv.max_steps(self, plan, k)
-        return k
-
-    def could_join(self, blocked):
-        """Whether a request arriving now could be admitted at the next step."""
-        return not blocked and self.scheduler != "static" and len(self.running) < self.slots \
-            and self.spare() > 0
-
-    def steps_to_reach(self, when, k):
-        """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
-        n, kv = self.n_dec, self.base_sum + self.n_dec * self.steps
-        run_s = self.costs.run_s
-        a, e = self.costs.pass_s(n, kv), self.costs.kv_s(n) * n
-        gap = when - self.t  # solve a x + e x (x - 1) / 2 = gap, then settle on integers
-        if e > 0:
-            x = ((e / 2 - a) + math.sqrt((a - e / 2) ** 2 + 2 * e * max(gap, 0))) / e
-        else:
-            x = gap / a if a > 0 else k
-        x = min(max(1, math.ceil(x)), k)
-        while x > 1 and self.t + run_s(n, kv, x - 1) >= when:
-            x -= 1
-        while x < k and self.t + run_s(n, kv, x) < when:
-            x += 1
-        return x
-
-    def price(self, plan, k):
-        """The k steps of a run: step j takes (a_pre + a_dec) + (e_pre + e_dec) (j - 1) s, a
-        prefill pass and a decode pass whose caches grow. -> (prefill s, decode s, a_pre, a_dec,
-        e_pre, e_dec, prefill tokens per step)"""
-        n_dec, tokens, kv_pre = self.n_dec, 0, 0
-        for s, c in plan:
-            tokens += c
-            kv_pre += s.ctx
-        (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.costs.rates(tokens), self.costs.rates(n_dec)
-        a_pre = f_pre + kv_s_pre * kv_pre if tokens else 0.0
-        a_dec = f_dec + kv_s_dec * (self.base_sum + n_dec * self.steps) if n_dec else 0.0
-        e_pre, e_dec = kv_s_pre * tokens, kv_s_dec * n_dec
-        return (a_pre * k + e_pre * k * (k - 1) / 2, a_dec * k + e_dec * k * (k - 1) / 2,
-                a_pre, a_dec, e_pre, e_dec, tokens)
-
-    def advance(self, plan, k):
-        """Run k steps: price them, account memory, move every running request on."""
-        n_dec = self.n_dec
-        emitted = [s for s, c in plan if c == s.pre]  # a finished prefill emits a token
-        prefill_s, decode_s, a_pre, a_dec, e_pre, e_dec, tokens = self.price(plan, k)
-        step_s = prefill_s + decode_s
-        running = len(self.running)
-        if self.kv is not None:  # (before the clock moves: the allocator reads the run's start)
-            held = self.account(plan, k, a_pre + a_dec, e_pre + e_dec, tokens + n_dec,
-                                len(emitted), step_s, running)
-        self.t += step_s
-        self.prefill_s += prefill_s
-        self.decode_s += decode_s
-        self.longest_step_s = max(self.longest_step_s, a_pre + a_dec + (e_pre + e_dec) * (k - 1))
-        self.steps += k
-        self.busy += k * running
-        for s, c in plan:
-            s.pre -= c * k
-            s.ctx += c * k
-        self.pre_total -= tokens * k
-        self.pre_ctx += tokens * k
-        if emitted:
-            self.emit_first_tokens(emitted, held if self.kv is not None else 0, running)
-        elif self.kv is not None:
-            self.record(held, running)
-
-    def emit_first_tokens(self, emitted, held, running):
-        """The requests whose prefill has just ended emit a token; each then decodes (or,
-        with nothing left to emit, finishes)."""
-        del self.prefilling[:len(emitted)]  # (the oldest: chunks go oldest first)
-        first, steps = self.first, self.steps
-        for s in emitted:
-            self.pre_ctx -= s.ctx
-            if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
-                first[s.id] = self.t
-                self.first_step[s.id] = steps
-            s.left -= 1
-            s.ctx += 1
-        if self.kv is not None:
-            self.record(held, running)
-        for s in emitted:
-            if s.left == 0:
-                self.end(s)
-            else:
-                s.base, s.end = s.ctx - steps, steps + s.left
-                self.n_dec += 1
-                self.base_sum += s.base
-                heapq.heappush(self.ends, (s.end, s.order))
-                if self.kv is not None:
-                    self.kv.join(s)
-
-    def account(self, plan, k, a, e, growth, emitted, step_s, running):
-        """Memory integrals over the k steps just priced (step j: a + e (j - 1) s), the
-        tokens held and allocated after each step weighted by its seconds. -> tokens held
-        after the last step."""
-        mem = self.mem
-        held0 = self.base_sum + self.n_dec * self.steps + self.pre_ctx
-        mem["held_s"] += a * (k * held0 + growth * k * (k + 1) // 2) + e * (
-            held0 * k * (k - 1) // 2 + growth * (k - 1) * k * (k + 1) // 3) \
-            + emitted * (a + e * (k - 1))
-        mem["alloc_s"] += self.kv.advance(self, plan, k, a, e)
-        mem["running_s"] += step_s * running
-        return held0 + growth * k + emitted
-
-    def record(self, held, running):
-        """Peaks, and a point of the memory series (every stride-th iteration, at most 4,096)."""
-        mem = self.mem
-        mem["peak_running"] = max(mem["peak_running"], running)
-        mem["max_alloc"] = max(mem["max_alloc"], self.kv.total)
-        if held > mem["peak_held"]:
-            mem["peak_held"] = held
-            mem["peak_contexts"] = [s.ctx if s.base is None else s.base + self.steps
-                                    for s in self.running.values()]
-        if self.iterations % self.series_stride == 0:
-            mem["series"].append((self.t, held, self.kv.total, running))
-            if len(mem["series"]) >= 4096:  # every other point, and half as often from now on
-                del mem["series"][1::2]
-                self.series_stride *= 2
-
-    def finish_due(self):
-        """Retire the decoding requests whose last step has run."""
-        ends, running = self.ends, self.running
-        while ends and (ends[0][0] <= self.steps or ends[0][1] not in running):
-            order = heapq.heappop(ends)[1]
-            if order in running:  # (else preempted since it was pushed)
-                self.end(running[order])
-
-    def end(self, seq):
-        self.leave(seq)
-        self.finish[seq.id] = self.t
-        self.finish_step[seq.id] = self.steps
-        self.done += 1
-
-    def leave(self, seq):
-        """Take a request out of its slot (finished or preempted). -> (tokens still to emit,
-        tokens it had cached)."""
-        del self.running[seq.order]
-        if seq.base is None:  # prefilling (or a prefill that emitted its last token)
-            if seq.pre:
-                self.prefilling.remove(seq)
-                self.pre_total -= seq.pre
-                self.pre_ctx -= seq.ctx
-            left, ctx = seq.left, seq.ctx
-        else:
-            self.n_dec -= 1
-            self.base_sum -= seq.base
-            left, ctx = seq.end - self.steps, seq.base + self.steps
-        if self.kv is not None:
-            self.kv.release(seq, ctx)
-        self.generated[seq.id] += seq.left0 - left
-        return left, ctx
-
-    def result(self):
-        sim = {"start": np.array(self.start), "first_token": np.array(self.first),
-               "finish": np.array(self.finish), "first_step": np.array(self.first_step),
-               "finish_step": np.array(self.finish_step), "steps": self.steps,
-               "occupancy": self.busy / (self.steps * self.slots) if self.steps else 0.0,
-               "longest_step_s": self.longest_step_s, "prefill_s": self.prefill_s,
-               "decode_s": self.decode_s, "iterations": self.iterations}
-        if self.kv is not None:
-            sim["kv"], sim["generated"] = self.mem, np.array(self.generated)
-        return sim
+        if isinstance(self.allocator, Reservation):
+            return self.allocator.total + self.waiting.tokens
+        held = self.allocator.total if self.allocator is not None else \
+            self.decode_base_sum + self.num_decoding * self.steps + self.prefill_cached
+        return held + self.prompt_left_total + self.waiting.tokens
 
 
-def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None, progress=None,
-                     order=None):
-    """Run the requests through `slots` seats under one scheduler; per-request times and steps.
+def simulate_serving(req, replica, progress=None):
+    """Run the requests through one Replica; per-request times and steps. progress: called
+    with a line of progress now and then on a long run.
 
-    static      a batch forms from the waiting requests (up to `slots`), is prefilled, and
-                decodes until its longest request ends; then the next batch forms
-    continuous  each step first prefills the newcomers admitted into free slots (their first
-                token comes out of the prefill), then decodes everyone else one token
-    chunked     continuous, but a step runs at most `chunk_tokens` tokens: every decode first,
-                then prefill chunks of the admitted requests in order of admission
-    kv          a KVBudget: admission also waits for KV memory, and a paged cache preempts
-                (None: memory is unlimited and not tracked)
-    progress    called with a line of progress now and then on a long run
-    order       an Order: who takes a free seat (None: first come, first served)
     A prefill pass and a decode pass in one step are priced as two passes. -> start,
     first_token and finish of every request (s), the steps of its first token and its finish,
     steps, occupancy, the loop's iterations, and with kv the memory it held and allocated
     (integrals over time, peaks, a thinned series).
     """
-    return ServingSim(req, slots, costs, scheduler, chunk_tokens, kv, progress, order).run()
+    return ServingSim(req, replica, progress).serve()
 
 
 # -----------------------------------------------------------------------------
@@ -1689,7 +1751,7 @@ def simulate_serving(req, slots, costs, scheduler, chunk_tokens=None, kv=None, p
 ROUTERS = ("round-robin", "least-requests", "power-of-two", "least-kv")
 
 
-def route(router, sims, r, pair):
+def route(router, servers, r, pair):
     """The replica that request r goes to, from what each replica is doing now.
 
     round-robin     the r-th request to replica r mod N
@@ -1699,45 +1761,51 @@ def route(router, sims, r, pair):
     least-kv        the fewest KV tokens allocated (or held) plus prompt tokens waiting
     """
     if router == "round-robin":
-        return r % len(sims)
+        return r % len(servers)
     if router == "least-requests":
-        loads = [sim.load() for sim in sims]
+        loads = [server.load() for server in servers]
         return loads.index(min(loads))
     if router == "power-of-two":
         a, b = pair
-        return b if sims[b].load() < sims[a].load() else a
-    kv = [sim.committed_kv() for sim in sims]
+        return b if servers[b].load() < servers[a].load() else a
+    kv = [server.committed_kv() for server in servers]
     return kv.index(min(kv))
 
 
-def simulate_fleet(req, replicas, slots, costs, scheduler, chunk_tokens=None, kv=None,
-                   router="round-robin", order=None, seed=0, progress=None):
-    """The requests through `replicas` identical replicas (each simulate_serving's, with its own
+class Fleet(NamedTuple):
+    """Identical replicas behind a router (see route); seed: power-of-two's draws."""
+    replicas: int
+    router: str = "round-robin"
+    seed: int = 0
+
+
+def simulate_fleet(req, replica, fleet, progress=None):
+    """The requests through a Fleet of identical replicas (each simulate_serving's, with its own
     slots, KV budget and queue) behind a router that places each request at its arrival,
     reading every replica as it is then: the replicas run in time together, each up to every
     arrival. -> as simulate_serving (steps, iterations and memory summed over replicas) with
     "replica": where each request went, and "per_replica": what each served."""
+    kv, replicas = replica.kv, fleet.replicas
     unfit = kv is not None and check_kv_budget(req, kv)  # (identical replicas: all or none)
     if unfit:
         raise KVUnfit(kv.policy, unfit)
     ledger, n = Ledger(req), len(req.output)
-    sims = [ServingSim(req, slots, costs, scheduler, chunk_tokens, kv, None, order, ledger,
-                       ids=[]) for _ in range(replicas)]
-    first = np.random.default_rng(seed).integers(replicas, size=n)  # (power-of-two's draws)
-    second = (first + 1 + np.random.default_rng(seed + 1).integers(max(replicas - 1, 1),
-                                                                   size=n)) % replicas
+    servers = [ServingSim(req, replica, None, ledger, ids=[]) for _ in range(replicas)]
+    rng, rng_second = (np.random.default_rng(fleet.seed + i) for i in (0, 1))
+    first = rng.integers(replicas, size=n)  # (power-of-two's draws)
+    second = (first + 1 + rng_second.integers(max(replicas - 1, 1), size=n)) % replicas
     pairs = zip(first.tolist(), second.tolist())
     where = [0] * n
     clock = time.perf_counter()
     for r, (t, pair) in enumerate(zip(ledger.arrival, pairs)):
-        for sim in sims:
-            sim.run_until(t)
-        where[r] = i = route(router, sims, r, pair)
-        sims[i].arrive(r, t)
+        for server in servers:
+            server.run_until(t)
+        where[r] = i = route(fleet.router, servers, r, pair)
+        servers[i].arrive(r, t)
         if progress and not r % 8192 and time.perf_counter() - clock > 10:
             clock = time.perf_counter()
             progress(f"{r:,} / {n:,} requests routed, {t:,.1f} s simulated")
-    results = [sim.run() for sim in sims]
+    results = [server.serve() for server in servers]
     where = np.array(where)
     per_replica = [{"requests": int((where == i).sum()),
                     "output_tokens": int(req.output[where == i].sum()),
@@ -2413,8 +2481,8 @@ def attention_kernel(device, dtype, batch, heads, queries, keys, head_dim, causa
 class Bench:
     """The model on its device, the measured ceilings, and the timing settings of A and B."""
 
-    def __init__(self, run, device, log):
-        self.run, self.cfg, self.device, self.log = run, run.model, device, log
+    def __init__(self, run, device):
+        self.run, self.cfg, self.device = run, run.model, device
         self.model = build_model(self.cfg, device, seed=run.seed)
         self.modes = ("eager", "graph") if run.graphs == "both" else (run.graphs,)
 
@@ -2862,7 +2930,8 @@ def workload(run):
 def run_order(run, output, name=None):
     """The queue's Order for C's requests: --order with --max-wait-s, or the order `name` with
     no guard; the predicted lengths are the same draw (--predict-sigma) in every study."""
-    return queue_order(name or run.order, output, run.predict_sigma, run.seed + SEED_OFFSET["predicted"],
+    return queue_order(name or run.order, output, run.predict_sigma,
+                       run.seed + SEED_OFFSET["predicted"],
                        None if name else run.max_wait_s)
 
 
@@ -2874,30 +2943,64 @@ def order_info(order, output, seed=0):
     return info
 
 
-def simulation_task(label, req, slots, costs, scheduler, chunk_tokens, kv=None, order=None):
-    """One timed simulation, with progress lines on a long one (run in a worker process)."""
+def timed_task(label, simulate, *args):
+    """One timed simulation (simulate_serving's or simulate_fleet's), with progress lines on a
+    long one: what C's worker processes run."""
     t0 = time.perf_counter()
-    sim = simulate_serving(req, slots, costs, scheduler, chunk_tokens, kv,
-                           functools.partial(log_labelled, label), order)
-    sim["wall_s"] = time.perf_counter() - t0
-    return sim
+    result = simulate(*args, progress=functools.partial(log_labelled, label))
+    result["wall_s"] = time.perf_counter() - t0
+    return result
 
 
-def run_batching_sim(run, req, log, results, kv=None):
+class Work(NamedTuple):
+    """What a study's simulations cost: how many ran, their loops' iterations, their seconds."""
+    runs: int = 0
+    iterations: int = 0
+    seconds: float = 0.0
+
+
+def work_of(sims):
+    return Work(len(sims), sum(s["iterations"] for s in sims), sum(s["wall_s"] for s in sims))
+
+
+def run_batching_sim(run, req, log, results, kv_budgets=None):
     """C: static vs continuous batching in steps (the post's table, then in every order of the
-    queue), then in seconds under the step-cost model for all three schedulers, (kv: kv_setup's
-    budgets) the KV-cache study, who waits under each order, a sweep of arrival rates, and
+    queue), then in seconds under the step-cost model for all three schedulers, (kv_budgets:
+    kv_setup's) the KV-cache study, who waits under each order, a sweep of arrival rates, and
     with --replicas or an SLO the routers and the capacity search; the independent
     simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
-    costs, order, fleet_req = step_costs(run, results), run_order(run, req.output), req
-    fleet_order, studied = order, study_budget(kv[1] if kv else ())  # (fleet and capacity's)
+    budgets = kv_budgets[1] if kv_budgets else ()
+    replica = Replica(run.slots, step_costs(run, results), chunk_tokens=run.chunk_tokens,
+                      order=run_order(run, req.output))
+    fleet_replica = dataclasses.replace(replica, kv=study_budget(budgets))  # (and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
     if run.slo_ttft_s or run.slo_tpot_s:
-        capacity = capacity_study(run, req, costs, studied, order)
+        capacity = capacity_study(run, req, fleet_replica)
+    share = req
     if run.replicas > 1:  # the single-replica studies: one replica's share under round-robin
-        req = every_nth(req, run.replicas)
-        order = run_order(run, req.output)
+        share = every_nth(req, run.replicas)
+        replica = dataclasses.replace(replica, order=run_order(run, share.output))
+    result, work = schedulers_study(run, share, replica, kv_budgets, log)
+    result["who_waits"], result["orders"], waited = who_waits(run, share, replica, budgets)
+    result["rate_sweep"], swept = rate_sweep(run, share, replica,
+                                             result["schedulers"]["continuous"])
+    works = [work, waited, swept]
+    if run.replicas > 1:
+        result["replicas"], fleets = replicas_study(run, req, fleet_replica)
+        works.append(fleets)
+    if capacity:
+        result["capacity"] = capacity
+    total = Work(*map(sum, zip(*works)))
+    result["simulation"] = {"runs": total.runs, "jobs": run.jobs, "iterations": total.iterations,
+                            "simulation_s": total.seconds, "wall_s": time.perf_counter() - t0}
+    return result
+
+
+def schedulers_study(run, req, replica, kv_budgets, log):
+    """C's main tables: the post's in steps (in every order of the queue too), then the three
+    schedulers in seconds, and with kv_budgets (kv_setup's) the same under each budget, and
+    the KV study. -> (result, Work)"""
     result = {} if run.trace else post_table(run, req.output)
     if "static" in result:
         log(f"C: static {result['static']['steps']:,} steps, continuous "
@@ -2905,24 +3008,23 @@ def run_batching_sim(run, req, log, results, kv=None):
         result["orders_steps"] = orders_steps(req.output, run.slots, [
             run_order(run, req.output, name) for name in ORDERS])
     result.update(source=workload(run), requests=len(req.output), slots=run.slots,
-                  share_of=run.replicas,
-                  cost_model=costs.as_dict(), order=order_info(order, req.output, run.seed),
-                  arrivals=arrivals(run), prompt_tokens=percentiles(req.prompt),
-                  output_tokens=percentiles(req.output), schedulers={}, distributions={})
-    runs = [(f"C {name}", name, None) for name in SCHEDULERS]
-    if kv:  # (first: the slowest go first, so that no worker is left with one at the end)
-        runs = [(f"C kv {budget.policy} {name}", name, budget) for budget in kv[1][::-1]
-                for name in SCHEDULERS] + runs
-    calls = [(simulation_task, (label, req, run.slots, costs, name, run.chunk_tokens, budget,
-                                order)) for label, name, budget in runs]
+                  share_of=run.replicas, cost_model=replica.costs.as_dict(),
+                  order=order_info(replica.order, req.output, run.seed), arrivals=arrivals(run),
+                  prompt_tokens=percentiles(req.prompt), output_tokens=percentiles(req.output),
+                  schedulers={}, distributions={})
+    runs = [(f"C {name}", dataclasses.replace(replica, scheduler=name)) for name in SCHEDULERS]
+    if kv_budgets:  # (first: the slowest go first, so no worker is left with one at the end)
+        runs = [(f"C kv {budget.policy} {name}", dataclasses.replace(
+            replica, scheduler=name, kv=budget)) for budget in kv_budgets[1][::-1]
+            for name in SCHEDULERS] + runs
+    calls = [(timed_task, (label, simulate_serving, req, r)) for label, r in runs]
     if "static" in result and not run.lengths_file:
         calls.append((seed_spread, (len(req.output), run.slots)))
     done = run_parallel(calls, run.jobs)
     if len(done) > len(runs):
         result["seed_spread"] = done.pop()
-    sims = dict(zip((label for label, _, _ in runs), done))
-    for label, name, _ in runs:
-        sim = sims[label]
+    sims = dict(zip((label for label, _ in runs), done))
+    for label, sim in sims.items():
         log(f"{label}: {sim['steps']:,} steps, {sim['finish'].max():,.2f} s simulated, "
             f"{sim['iterations']:,} iterations in {sim['wall_s']:.2f} s")
     for name in SCHEDULERS:
@@ -2934,23 +3036,9 @@ def run_batching_sim(run, req, log, results, kv=None):
     if run.save_requests:
         save_requests_csv(run.save_requests, req, {name: sims[f"C {name}"]
                                                    for name in SCHEDULERS})
-    if kv:
-        result["kv"] = kv_study(req, sims, *kv)
-    result["who_waits"], result["orders"], waited = who_waits(run, req, costs,
-                                                               kv[1] if kv else ())
-    result["rate_sweep"], swept = rate_sweep(run, req, costs, result["schedulers"]["continuous"],
-                                             order)
-    fleets = []
-    if run.replicas > 1:
-        result["replicas"], fleets = replicas_study(run, fleet_req, costs, studied, fleet_order)
-    if capacity:
-        result["capacity"] = capacity
-    every = list(sims.values()) + waited + swept + fleets
-    result["simulation"] = {"runs": len(every), "jobs": run.jobs,
-                            "iterations": sum(s["iterations"] for s in every),
-                            "simulation_s": sum(s["wall_s"] for s in every),
-                            "wall_s": time.perf_counter() - t0}
-    return result
+    if kv_budgets:
+        result["kv"] = kv_study(req, sims, *kv_budgets)
+    return result, work_of(list(sims.values()))
 
 
 def kv_setup(run, req, device):
@@ -3019,20 +3107,21 @@ def study_budget(budgets):
     return next((b for b in budgets if b.policy == "paged"), budgets[0] if budgets else None)
 
 
-def who_waits(run, req, costs, budgets):
+def who_waits(run, req, replica, budgets):
     """C: who waits under each order of the queue. Continuous batching serves the run's
     requests (the first WHO_WAITS_REQUESTS) as they arrive, within the KV budget (paged where
     every request fits it, else the other policy, else none); the two shortest-first orders
     run again with the starvation guard (--max-wait-s, or else FCFS's 99th-percentile wait).
-    -> (what ran, {order: latencies overall and by output length}, the simulations)"""
+    -> (what ran, {order: latencies overall and by output length}, Work)"""
     n = min(len(req.output), WHO_WAITS_REQUESTS)
     req = req.take(slice(n))
-    budget = study_budget(budgets)
+    base = dataclasses.replace(replica, scheduler="continuous", kv=study_budget(budgets))
+    budget = base.kv
 
     def simulate(orders):
-        return dict(zip(orders, run_parallel([(simulation_task, (
-            f"C who waits {name}", req, run.slots, costs, "continuous", run.chunk_tokens, budget,
-            order)) for name, order in orders.items()], run.jobs)))
+        return dict(zip(orders, run_parallel([(timed_task, (
+            f"C who waits {name}", simulate_serving, req, dataclasses.replace(base, order=order)))
+            for name, order in orders.items()], run.jobs)))
     orders = {name: run_order(run, req.output, name) for name in ORDERS}
     sims = simulate(orders)
     guard, source = run.max_wait_s, "guard_flag"
@@ -3048,7 +3137,7 @@ def who_waits(run, req, costs, budgets):
             "guard_s": guard, "guard_source": source, "length_edges": edges,
             "sigma": predicted["sigma"], "kendall_tau": predicted["kendall_tau"]}
     return info, {name: order_latencies(req, sim, edges) for name, sim in sims.items()}, \
-        list(sims.values())
+        work_of(list(sims.values()))
 
 
 def order_latencies(req, sim, edges):
@@ -3085,13 +3174,13 @@ def order_latencies(req, sim, edges):
             "by_length": buckets, "curve": curve}
 
 
-def rate_sweep(run, req, costs, continuous, order=None):
+def rate_sweep(run, req, replica, continuous):
     """Throughput and p99 latency of each scheduler as the arrival rate grows.
 
     Rates: --rates, or fractions of the continuous scheduler's capacity (its throughput with
     every request waiting at t=0, or as measured above). Each point replays the first
-    SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals. -> (points, the
-    simulations behind them)
+    SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals, memory unlimited.
+    -> (points, Work)
     """
     req = req.take(slice(SWEEP_REQUESTS))
     capacity = continuous["throughput_rps"]
@@ -3100,8 +3189,8 @@ def rate_sweep(run, req, costs, continuous, order=None):
     rng = np.random.default_rng(run.seed + SEED_OFFSET["sweep"])
     swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.burstiness, rng))
              for rate in rates]
-    sims = run_parallel([(simulation_task, (f"C sweep {rate:g}/s {name}", r, run.slots, costs,
-                                            name, run.chunk_tokens, None, order))
+    sims = run_parallel([(timed_task, (f"C sweep {rate:g}/s {name}", simulate_serving, r,
+                                       dataclasses.replace(replica, scheduler=name, kv=None)))
                          for rate, r in zip(rates, swept) for name in SCHEDULERS], run.jobs)
     points = []
     for i, (rate, r) in enumerate(zip(rates, swept)):
@@ -3111,7 +3200,7 @@ def rate_sweep(run, req, costs, continuous, order=None):
             row[name] = {"throughput_rps": m["throughput_rps"], "e2e_p99_s": m["e2e_s"]["p99"],
                          "ttft_p99_s": m["ttft_s"]["p99"]}
         points.append(row)
-    return points, sims
+    return points, work_of(sims)
 
 
 def save_requests_csv(path, req, sims):
@@ -3136,16 +3225,6 @@ def every_nth(req, n, offset=0):
     return req.take(slice(offset, None, n))
 
 
-def fleet_task(label, req, replicas, slots, costs, scheduler, chunk_tokens, kv, router, order,
-               seed):
-    """One timed fleet simulation (run in a worker process)."""
-    t0 = time.perf_counter()
-    fleet = simulate_fleet(req, replicas, slots, costs, scheduler, chunk_tokens, kv, router,
-                           order, seed, functools.partial(log_labelled, label))
-    fleet["wall_s"] = time.perf_counter() - t0
-    return fleet
-
-
 def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
     """A router's latencies and SLO over all requests, and how evenly it spread them."""
     m = serving_metrics(req, fleet, slo_ttft_s, slo_tpot_s)
@@ -3161,44 +3240,56 @@ def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
                         "busiest_occupancy": max(p["occupancy"] for p in per)}}
 
 
-def replicas_study(run, req, costs, budget, order):
-    """C with --replicas: the run's requests over that many replicas behind each router."""
-    routers = ROUTERS if run.router == "all" else (run.router,)
-    fleets = run_parallel([(fleet_task, (
-        f"C fleet {router}", req, run.replicas, run.slots, costs, "continuous", run.chunk_tokens,
-        budget, router, order, run.seed + SEED_OFFSET["fleet"])) for router in routers], run.jobs)
+def run_routers(run):
+    return ROUTERS if run.router == "all" else (run.router,)
+
+
+def replicas_study(run, req, replica):
+    """C with --replicas: the run's requests over that many replicas behind each router,
+    continuous batching. -> (result, Work)"""
+    replica = dataclasses.replace(replica, scheduler="continuous")
+    routers = run_routers(run)
+    fleets = run_parallel([(timed_task, (
+        f"C fleet {router}", simulate_fleet, req, replica,
+        Fleet(run.replicas, router, run.seed + SEED_OFFSET["fleet"]))) for router in routers],
+        run.jobs)
     return {"replicas": run.replicas, "slots": run.slots, "requests": len(req.output),
-            "scheduler": "continuous", "kv_policy": budget.policy if budget else None,
+            "scheduler": "continuous", "kv_policy": replica.kv.policy if replica.kv else None,
             "arrivals": arrivals(run),
             "routers": {router: fleet_summary(req, fleet, run.slo_ttft_s, run.slo_tpot_s)
-                        for router, fleet in zip(routers, fleets)}}, fleets
+                        for router, fleet in zip(routers, fleets)}}, work_of(fleets)
 
 
-def attained(req, unit_arrival, rate, replicas, slots, costs, kv, order, router, slo, seed):
-    """The share of requests meeting the SLO when they arrive at `rate` (unit-rate arrivals
-    scaled: every rate sees the same draw)."""
-    at_rate = req.take(arrival_s=unit_arrival / rate)
-    sim = simulate_fleet(at_rate, replicas, slots, costs, "continuous", None, kv, router, order,
-                         seed) if replicas > 1 else \
-        simulate_serving(at_rate, slots, costs, "continuous", None, kv, order=order)
-    return serving_metrics(at_rate, sim, *slo)["slo_attained"]
+class SLO(NamedTuple):
+    """What a request must meet (None: no bound), and the share of requests that must."""
+    ttft_s: float = None
+    tpot_s: float = None
+    attainment: float = 0.9
 
 
-def capacity_one(req, slots, costs, kv, order, slo, target, burstiness, seed, rel=0.01):
-    """The highest Poisson rate one replica serves with `target` of its requests within the
-    SLO, to `rel`: bracketed from the rate it sustains with every request waiting at t=0, then
-    bisected. -> (rate, [(rate, attainment) tried]); rate 0 when no rate meets the SLO, inf
-    when every rate up to a thousand times that does."""
-    unit = arrival_times(len(req.output), 1.0, burstiness, np.random.default_rng(seed))
+def attained(req, rate, replica, fleet, slo):
+    """The share of requests meeting the SLO when they arrive at `rate`: req's arrivals are
+    drawn at one request per second and scaled, so that every rate sees the same draw. fleet:
+    None for one replica."""
+    at_rate = req.take(arrival_s=req.arrival_s / rate)
+    sim = simulate_fleet(at_rate, replica, fleet) if fleet and fleet.replicas > 1 else \
+        simulate_serving(at_rate, replica)
+    return serving_metrics(at_rate, sim, slo.ttft_s, slo.tpot_s)["slo_attained"]
+
+
+def capacity_one(req, replica, slo, rel=0.01):
+    """The highest rate (of req's unit-rate arrivals, scaled) at which one replica serves
+    slo.attainment of its requests within the SLO, to `rel`: bracketed from the rate it
+    sustains with every request waiting at t=0, then bisected. -> (rate, [(rate, attainment)
+    tried]); rate 0 when no rate meets the SLO, inf when every rate up to a thousand times
+    that does."""
     tried = []
 
     def ok(rate):
-        tried.append((rate, attained(req, unit, rate, 1, slots, costs, kv, order, None, slo,
-                                     seed)))
-        return tried[-1][1] >= target
+        tried.append((rate, attained(req, rate, replica, None, slo)))
+        return tried[-1][1] >= slo.attainment
     saturated = req.take(arrival_s=np.zeros(len(req.output)))
-    sim = simulate_serving(saturated, slots, costs, "continuous", None, kv, order=order)
-    top = hi = serving_metrics(saturated, sim)["throughput_rps"]
+    top = hi = serving_metrics(saturated, simulate_serving(saturated, replica))["throughput_rps"]
     if not ok(top / 1000):  # (nearly idle, and still late)
         return 0.0, tried
     lo = hi / 2
@@ -3216,18 +3307,17 @@ def capacity_one(req, slots, costs, kv, order, slo, target, burstiness, seed, re
     return lo, tried
 
 
-def fewest_replicas(req, slots, costs, kv, order, slo, target, burstiness, seed, router, rate,
-                    start):
-    """The fewest replicas behind `router` that serve `rate` with `target` of the requests
-    within the SLO, searched from `start` (up by doubling, then bisected; down one by one).
-    -> (replicas, {replicas: attainment}); replicas None past REPLICAS_MAX."""
-    unit = arrival_times(len(req.output), 1.0, burstiness, np.random.default_rng(seed))
+def fewest_replicas(req, replica, slo, fleet, rate, start):
+    """The fewest replicas behind fleet.router that serve `rate` (of req's unit-rate arrivals,
+    scaled) with slo.attainment of the requests within the SLO, searched from `start` (up by
+    doubling, then bisected; down one by one). -> (replicas, {replicas: attainment});
+    replicas None past REPLICAS_MAX."""
     tried = {}
 
     def ok(n):
         if n not in tried:
-            tried[n] = attained(req, unit, rate, n, slots, costs, kv, order, router, slo, seed)
-        return tried[n] >= target
+            tried[n] = attained(req, rate, replica, fleet._replace(replicas=n), slo)
+        return tried[n] >= slo.attainment
     n = max(1, min(start, REPLICAS_MAX))
     if ok(n):
         while n > 1 and ok(n - 1):
@@ -3247,29 +3337,41 @@ def fewest_replicas(req, slots, costs, kv, order, slo, target, burstiness, seed,
     return n, tried
 
 
-def cycled(req, n):
-    """n requests: the run's, cycled (their arrivals are drawn per search)."""
-    return req.take(np.arange(n) % len(req.output), np.zeros(n))
+def unit_rate(run, req, n, seed):
+    """n requests, the run's cycled, arriving at one per second (Poisson, or gamma with
+    --burstiness; a search scales the draw to each rate), and the replica's order for them."""
+    cycled = req.take(np.arange(n) % len(req.output))
+    unit = arrival_times(n, 1.0, run.burstiness, np.random.default_rng(seed))
+    return cycled.take(arrival_s=unit), run_order(run, cycled.output)
 
 
-def capacity_study(run, req, costs, budget, order):
+def capacity_study(run, req, replica):
     """C with an SLO: the capacity of one replica (CAPACITY_SEEDS draws of Poisson arrivals,
-    bisected to 1%), and with --target-rate, the fewest replicas under each router."""
-    slo, target = (run.slo_ttft_s, run.slo_tpot_s), run.slo_attainment
+    bisected to 1%), and with --target-rate, the fewest replicas under each router; continuous
+    batching under the replica's KV budget."""
+    replica = dataclasses.replace(replica, scheduler="continuous")
+    slo = SLO(run.slo_ttft_s, run.slo_tpot_s, run.slo_attainment)
     m = max(CAPACITY_REQUESTS, len(req.output))
-    common = (cycled(req, m), run.slots, costs, budget, order, slo, target, run.burstiness)
-    searches = run_parallel([(capacity_one, common + (run.seed + SEED_OFFSET["capacity"] + s,))
-                             for s in range(CAPACITY_SEEDS)], run.jobs)
+    draws = [unit_rate(run, req, m, run.seed + SEED_OFFSET["capacity"] + s)
+             for s in range(CAPACITY_SEEDS)]
+    searches = run_parallel([(capacity_one, (r, dataclasses.replace(replica, order=o), slo))
+                             for r, o in draws], run.jobs)
     rates = sorted(rate for rate, _ in searches)
     one = rates[len(rates) // 2]
-    result = {"slo_ttft_s": run.slo_ttft_s, "slo_tpot_s": run.slo_tpot_s, "attainment": target,
-              "requests": m, "seeds": CAPACITY_SEEDS, "scheduler": "continuous",
-              "kv_policy": budget.policy if budget else None,
+    result = {"slo_ttft_s": run.slo_ttft_s, "slo_tpot_s": run.slo_tpot_s,
+              "attainment": slo.attainment, "requests": m, "seeds": CAPACITY_SEEDS,
+              "scheduler": "continuous", "kv_policy": replica.kv.policy if replica.kv else None,
               "one_replica": {"rate_rps": one, "rates_rps": rates,
                               "output_tokens_per_s": one * float(req.output.mean()),
                               "tried": searches[0][1]}}
-    if run.target_rate is None:
-        return result
+    if run.target_rate is not None:
+        result.update(fleet_capacity(run, req, replica, slo, one))
+    return result
+
+
+def fleet_capacity(run, req, replica, slo, one):
+    """--target-rate: the fewest replicas under each router, searched from what one replica's
+    capacity (`one` requests/s) says."""
     if one == 0.0:
         raise UsageError("no arrival rate meets the SLO on one replica (even a nearly idle one "
                          "misses it): loosen --slo-ttft-ms / --slo-tpot-ms")
@@ -3279,19 +3381,18 @@ def capacity_study(run, req, costs, budget, order):
                          f"requests/s at the SLO, so even {REPLICAS_MAX:,} replicas cannot")
     # as many requests per replica (at the count the search starts from) as one replica's
     # search had: a finite run past capacity fails a loose SLO late, so the horizon matters
-    n = min(m * start, 200_000)
-    base = cycled(req, n)
-    routers = ROUTERS if run.router == "all" else (run.router,)
-    found = run_parallel([(fewest_replicas, (base, run.slots, costs, budget, order, slo, target,
-                                             run.burstiness, run.seed + SEED_OFFSET["replicas"], router,
+    n = min(max(CAPACITY_REQUESTS, len(req.output)) * start, 200_000)
+    seed = run.seed + SEED_OFFSET["replicas"]
+    base, order = unit_rate(run, req, n, seed)
+    replica, routers = dataclasses.replace(replica, order=order), run_routers(run)
+    found = run_parallel([(fewest_replicas, (base, replica, slo, Fleet(start, router, seed),
                                              run.target_rate, start)) for router in routers],
                          run.jobs)
-    result.update(target_rate=run.target_rate, fleet_requests=n, routers={
+    return {"target_rate": run.target_rate, "fleet_requests": n, "routers": {
         router: {"replicas": replicas, "attainment": tried.get(replicas),
                  "below": tried.get(replicas - 1) if replicas else None,
                  "tried": sorted(tried.items())}
-        for router, (replicas, tried) in zip(routers, found)})
-    return result
+        for router, (replicas, tried) in zip(routers, found)}}
 
 
 # -----------------------------------------------------------------------------
@@ -3317,81 +3418,120 @@ def run_engine(model, cache, prompts, output_lens, policy, pad=False, order=None
     and a log: every pass timed, every step's time and occupancy, and per request the steps
     and seconds of its admission, first token and last.
     """
-    device, P = prompts.device, prompts.shape[1]
-    slots, n = cache.shape[2], len(output_lens)
-    arrival = np.zeros(n) if arrival_s is None else np.asarray(arrival_s, dtype=np.float64)
-    ledger = Ledger(Requests(arrival, np.full(n, P), np.asarray(output_lens), "engine"))
-    waiting = waiting_queue(ledger, range(n), order)
-    generated = [[] for _ in output_lens]
-    running, position = [], []                      # request and next position of each row
-    next_token = torch.zeros(slots, dtype=torch.long, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    log = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0, "attention_calls": 0,
-           "decode_steps": 0, "padded_decode_steps": 0, "passes": [],  # (tokens, kv, s)
-           "first_step": [0] * n, "finish_step": [0] * n, "start_s": ledger.start,
-           "first_s": ledger.first, "finish_s": ledger.finish, "idle_s": 0.0}
-    sync()
-    t0 = time.perf_counter()
-    while waiting or running:
-        old, new = len(running), []
-        if policy == "continuous" or not running:
-            now = time.perf_counter() - t0
-            while old + len(new) < slots:
-                r = waiting.head(now)
+    return Engine(model, cache, prompts, output_lens, policy, pad, order, arrival_s).serve()
+
+
+class Engine:
+    """D's engine (see run_engine). Each step is admit, forward, retire, as the simulation's is
+    plan and commit: admission from the simulation's own queue, then the passes on the device,
+    then the tokens recorded and the finished requests' rows refilled."""
+
+    def __init__(self, model, cache, prompts, output_lens, policy, pad, order, arrival_s):
+        self.model, self.cache, self.prompts, self.policy, self.pad = model, cache, prompts, \
+            policy, pad
+        self.device, self.prompt_len = prompts.device, prompts.shape[1]
+        self.slots, n = cache.shape[2], len(output_lens)
+        self.output_lens = list(output_lens)
+        arrival = np.zeros(n) if arrival_s is None else np.asarray(arrival_s, dtype=np.float64)
+        self.ledger = Ledger(Requests(arrival, np.full(n, self.prompt_len),
+                                      np.asarray(output_lens)))
+        self.waiting = waiting_queue(self.ledger, range(n), order)
+        self.generated = [[] for _ in output_lens]
+        self.running, self.position = [], []  # the request and next position of each row
+        self.next_token = torch.zeros(self.slots, dtype=torch.long, device=self.device)
+        self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        ledger = self.ledger
+        self.elog = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0,
+                    "attention_calls": 0, "decode_steps": 0, "padded_decode_steps": 0,
+                    "passes": [],  # (tokens, cached tokens, seconds)
+                    "first_step": [0] * n, "finish_step": [0] * n, "start_s": ledger.start,
+                    "first_s": ledger.first, "finish_s": ledger.finish, "idle_s": 0.0}
+
+    def serve(self):
+        self.sync()
+        self.t0 = time.perf_counter()
+        while self.waiting or self.running:
+            new = self.admit()
+            if new is None:  # (nothing ran: it waited for the next arrival)
+                continue
+            self.forward(new)
+            self.retire(new)
+        self.sync()
+        self.elog["wall_s"] = time.perf_counter() - self.t0
+        return self.generated, self.elog
+
+    def admit(self):
+        """Waiting requests into free rows (continuous: at every step; static: once the batch
+        has emptied). -> the newcomers, or None after idling to the next arrival."""
+        new = []
+        if self.policy == "continuous" or not self.running:
+            now = time.perf_counter() - self.t0
+            while len(self.running) + len(new) < self.slots:
+                r = self.waiting.head(now)
                 if r is None:
                     break
-                waiting.pop()
+                self.waiting.pop()
                 new.append(r)
-                ledger.start[r] = now
-            if not old and not new:  # nothing runs: wait for the next arrival
-                pause = waiting.next_arrival() - now
-                time.sleep(max(pause, 0.0))
-                log["idle_s"] += max(pause, 0.0)
-                continue
-        if new:  # prefill the newcomers into rows old..old+k-1: their first tokens
+                self.ledger.start[r] = now
+            if not self.running and not new:  # nothing runs: wait for the next arrival
+                pause = max(self.waiting.next_arrival() - now, 0.0)
+                time.sleep(pause)
+                self.elog["idle_s"] += pause
+                return None
+        return new
+
+    def forward(self, new):
+        """Prefill the newcomers into rows old..old+k-1 (the prefill emits their first tokens),
+        then one decode step for everyone else, each row at its own position; each pass timed."""
+        old, elog, P = len(self.running), self.elog, self.prompt_len
+        if new:
             t_pass = time.perf_counter()
-            rows = torch.arange(old, old + len(new), device=device)
-            next_token[old:old + len(new)] = prefill(model, cache, prompts[new], rows).argmax(-1)
-            running += new
-            position += [P] * len(new)
-            sync()
-            log["passes"].append((len(new) * P, 0, time.perf_counter() - t_pass))
-            log["prefill_s"] += log["passes"][-1][2]
-        if old:  # one decode step for everyone else, each row at its own position
+            rows = torch.arange(old, old + len(new), device=self.device)
+            logits = prefill(self.model, self.cache, self.prompts[new], rows)
+            self.next_token[old:old + len(new)] = logits.argmax(-1)
+            self.running += new
+            self.position += [P] * len(new)
+            self.sync()
+            elog["passes"].append((len(new) * P, 0, time.perf_counter() - t_pass))
+            elog["prefill_s"] += elog["passes"][-1][2]
+        if old:
             t_pass = time.perf_counter()
-            logits = decode_step(model, cache, next_token[:old], position[:old], pad=pad)
-            spans = len(attention_spans(range(old), position[:old]))
-            padded = pad and spans > 1
-            log["attention_calls"] += 1 if padded else spans
-            log["padded_decode_steps"] += padded
-            log["decode_steps"] += 1
-            next_token[:old] = logits.argmax(-1)
-            cached = sum(position[:old])
-            position[:old] = [p + 1 for p in position[:old]]
-            sync()
-            log["passes"].append((old, cached, time.perf_counter() - t_pass))
-            log["decode_s"] += log["passes"][-1][2]
-        for r, token in zip(running, next_token[:len(running)].tolist()):
-            generated[r].append(token)
-        now, step = time.perf_counter() - t0, len(log["t_s"]) + 1
-        log["t_s"].append(now)
-        log["running"].append(len(running))
+            positions = self.position[:old]
+            logits = decode_step(self.model, self.cache, self.next_token[:old], positions,
+                                 pad=self.pad)
+            spans = len(attention_spans(range(old), positions))
+            padded = self.pad and spans > 1
+            elog["attention_calls"] += 1 if padded else spans
+            elog["padded_decode_steps"] += padded
+            elog["decode_steps"] += 1
+            self.next_token[:old] = logits.argmax(-1)
+            self.position[:old] = [p + 1 for p in positions]
+            self.sync()
+            elog["passes"].append((old, sum(positions), time.perf_counter() - t_pass))
+            elog["decode_s"] += elog["passes"][-1][2]
+
+    def retire(self, new):
+        """Record the step's tokens and times, and move the last row into each finished one."""
+        running, position, elog, ledger = self.running, self.position, self.elog, self.ledger
+        for r, token in zip(running, self.next_token[:len(running)].tolist()):
+            self.generated[r].append(token)
+        now, step = time.perf_counter() - self.t0, len(elog["t_s"]) + 1
+        elog["t_s"].append(now)
+        elog["running"].append(len(running))
         for r in new:
-            log["first_step"][r], ledger.first[r] = step, now
-        finished = [i for i, r in enumerate(running) if len(generated[r]) == output_lens[r]]
-        for row in reversed(finished):  # move the last row into each finished one
-            log["finish_step"][running[row]], ledger.finish[running[row]] = step, now
+            elog["first_step"][r], ledger.first[r] = step, now
+        finished = [i for i, r in enumerate(running)
+                    if len(self.generated[r]) == self.output_lens[r]]
+        for row in reversed(finished):
+            elog["finish_step"][running[row]], ledger.finish[running[row]] = step, now
             last = len(running) - 1
             if row != last:
                 m = position[last]
-                cache[:, :, row, :, :m].copy_(cache[:, :, last, :, :m])
-                next_token[row] = next_token[last]
+                self.cache[:, :, row, :, :m].copy_(self.cache[:, :, last, :, :m])
+                self.next_token[row] = self.next_token[last]
                 running[row], position[row] = running[last], position[last]
             running.pop()
             position.pop()
-    sync()
-    log["wall_s"] = time.perf_counter() - t0
-    return generated, log
 
 
 def engine_requests(run):
@@ -3403,8 +3543,9 @@ def engine_requests(run):
         raise UsageError(f"D: {n:,} requests of {P:,} prompt tokens would need about "
                          f"{gib(need)} of memory, and {gib(free)} is free")
     lengths = np.maximum(lognormal_lengths(n, run.seed) // run.engine_shrink, 1)
-    arrival = arrival_times(n, run.rate, run.burstiness, np.random.default_rng(run.seed + SEED_OFFSET["engine_arrivals"])) \
-        if isinstance(run.rate, float) else None
+    rng = np.random.default_rng(run.seed + SEED_OFFSET["engine_arrivals"])
+    arrival = arrival_times(n, run.rate, run.burstiness, rng) if isinstance(run.rate, float) \
+        else None
     return lengths, arrival
 
 
@@ -3454,14 +3595,6 @@ def engine_costs(bench, prompt_len, pad):
     return one_span, spread, decode + prefills
 
 
-def run_serving_engine(bench, lengths, arrival, log):
-    """D: static and continuous batching for real, set beside C's simulation of the same
-    requests: request by request in steps, and in seconds priced two ways (see
-    serve_and_predict)."""
-    return serve_and_predict(bench, lengths, arrival, log,
-                             engine_attention(bench.run, bench.device))
-
-
 LATENCIES = ("makespan_s", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s")
 
 
@@ -3487,15 +3620,16 @@ def steps_check(elog, sim):
     return check
 
 
-def serve_and_predict(bench, lengths, arrival, log, pad):
-    """Serve D's requests under each policy and set C's simulation of them beside the run: the
-    step at which each request emits its first token and its last (equal when all wait at
-    t=0: both are deterministic), and its latencies in seconds, predicted twice: priced with
-    step costs timed just before (the cost model's test: does timing passes predict a run?)
-    and priced with the run's own passes (the scheduling model's test, free of the machine's
-    drift between timing and running)."""
+def run_serving_engine(bench, lengths, arrival, log):
+    """D: serve the requests under each policy for real and set C's simulation of the same
+    requests beside the run: the step at which each request emits its first token and its last
+    (equal when all wait at t=0: both are deterministic), and its latencies in seconds,
+    predicted twice: priced with step costs timed just before (the cost model's test: does
+    timing passes predict a run?) and priced with the run's own passes (the scheduling
+    model's test, free of the machine's drift between timing and running)."""
     run, cfg, device = bench.run, bench.cfg, bench.device
     n, P, slots = len(lengths), run.engine_prompt_len, run.engine_slots
+    pad = engine_attention(run, device)
     one_span, spread, cost_rows = engine_costs(bench, P, pad)
     for name, costs in (("one span", one_span), ("spread", spread)):
         knots = ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in zip(costs.tokens, costs.seconds))
@@ -3508,68 +3642,74 @@ def serve_and_predict(bench, lengths, arrival, log, pad):
     warm = min(2, n, slots)  # warm the engine: a prefill and a decode step
     run_engine(bench.model, cache, prompts[:warm], [2] * warm, "continuous", pad)
     at_zero = arrival is None
-    req = Requests(np.zeros(n) if at_zero else arrival, np.full(n, P), lengths, "D")
-    order = queue_order(run.order, lengths, run.predict_sigma, run.seed + SEED_OFFSET["predicted"], run.max_wait_s)
+    req = Requests(np.zeros(n) if at_zero else arrival, np.full(n, P), lengths)
+    replica = Replica(slots, one_span, order=run_order(run, lengths))
     result = {"requests": n, "slots": slots, "prompt_tokens": P, "shrink": run.engine_shrink,
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
                           "max": int(lengths.max()), "total": int(lengths.sum())},
-              "order": order_info(order, lengths, run.seed),
+              "order": order_info(replica.order, lengths, run.seed),
               "arrivals": arrivals(run) if not at_zero else {"kind": "arrivals_zero"},
               "attention": "padded" if pad else "spans",
               **attention_policy(decode_kernel(bench, slots, P + int(lengths.max()), pad)),
               "cost_model": {**one_span.as_dict(), "rows": cost_rows},
               "cost_model_spread": spread.as_dict()}
     for policy in ("static", "continuous"):
-        _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy, pad, order,
-                             arrival)
-        # (as it ran: rows at one position, or at several)
-        several = elog["attention_calls"] > elog["decode_steps"] or elog["padded_decode_steps"]
-        model = "spread" if several else "one_span"
-        priced = spread if several else one_span
-        sim = simulate_serving(req, slots, priced, policy, order=order)
-        replayed = fit_passes(elog["passes"], {"kind": "pricing_passes"})
-        replay = simulate_serving(req, slots, replayed, policy, order=order)
-        passes = np.array(elog["passes"], dtype=np.float64)
-        decode, prefill = passes[passes[:, 1] > 0], passes[passes[:, 1] == 0]
-        steps, wall = len(elog["t_s"]), elog["wall_s"]
-        t, running = zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))
-        result[policy] = {
-            "wall_s": wall, "output_tokens_per_s": float(lengths.sum()) / wall, "steps": steps,
-            "occupancy": sum(elog["running"]) / (steps * slots),
-            "prefill_s": elog["prefill_s"], "decode_s": elog["decode_s"],
-            "other_s": wall - elog["prefill_s"] - elog["decode_s"] - elog["idle_s"],
-            "idle_s": elog["idle_s"], "decode_steps": elog["decode_steps"],
-            "padded_decode_steps": elog["padded_decode_steps"],
-            "attention_calls_per_decode": elog["attention_calls"] / max(elog["decode_steps"], 1),
-            "predicted": {"wall_s": float(sim["finish"].max()), "steps": sim["steps"],
-                          "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"],
-                          "cost_model": model},
-            "steps_check": steps_check(elog, sim) if at_zero else None,
-            "latency": {"measured": latencies(req.arrival_s, elog["first_s"], elog["finish_s"]),
-                        "passes": latencies(req.arrival_s, replay["first_token"],
-                                            replay["finish"]),
-                        "priced": latencies(req.arrival_s, sim["first_token"], sim["finish"])},
-            # the step costs timed beforehand against the run's own passes (sums by kind)
-            "passes_priced": {kind: {"passes": len(p), "measured_s": float(p[:, 2].sum()),
-                                     "priced_s": float(sum(priced.pass_s(int(k), v)
-                                                           for k, v, _ in p))}
-                              for kind, p in (("decode", decode), ("prefill", prefill))},
-            "per_request": {"engine_first_step": elog["first_step"],
-                            "engine_finish_step": elog["finish_step"],
-                            "simulated_first_step": sim["first_step"],
-                            "simulated_finish_step": sim["finish_step"],
-                            "measured_first_s": elog["first_s"],
-                            "measured_finish_s": elog["finish_s"],
-                            "passes_first_s": replay["first_token"],
-                            "passes_finish_s": replay["finish"]},
-            "timeline": {"t_s": t, "running": running}}
-        log(f"D {policy}: {wall:.2f} s measured, {sim['finish'].max():.2f} s predicted "
-            f"({replay['finish'].max():.2f} s with its own passes), {steps} steps")
+        _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy, pad,
+                             replica.order, arrival)
+        result[policy] = d = engine_against_simulation(
+            req, elog, dataclasses.replace(replica, scheduler=policy), spread, at_zero)
+        log(f"D {policy}: {d['wall_s']:.2f} s measured, {d['predicted']['wall_s']:.2f} s "
+            f"predicted ({np.max(d['per_request']['passes_finish_s']):.2f} s with its own "
+            f"passes), {d['steps']} steps")
     result["speedup_measured"] = result["static"]["wall_s"] / result["continuous"]["wall_s"]
     result["speedup_predicted"] = (result["static"]["predicted"]["wall_s"]
                                    / result["continuous"]["predicted"]["wall_s"])
     result["verdict"] = engine_verdict(result)
     return result
+
+
+def engine_against_simulation(req, elog, replica, spread, at_zero):
+    """One policy's engine run (elog) beside the simulation of the same requests on a replica
+    priced with the one-span costs, or with the spread ones where the run's rows sat at
+    several positions, and on one priced with the run's own passes."""
+    several = elog["attention_calls"] > elog["decode_steps"] or elog["padded_decode_steps"]
+    if several:
+        replica = dataclasses.replace(replica, costs=spread)
+    sim = simulate_serving(req, replica)
+    replay = simulate_serving(req, dataclasses.replace(
+        replica, costs=fit_passes(elog["passes"], {"kind": "pricing_passes"})))
+    passes = np.array(elog["passes"], dtype=np.float64)
+    decode, prefill = passes[passes[:, 1] > 0], passes[passes[:, 1] == 0]
+    steps, wall, slots = len(elog["t_s"]), elog["wall_s"], replica.slots
+    t, running = zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))
+    return {
+        "wall_s": wall, "output_tokens_per_s": float(req.output.sum()) / wall, "steps": steps,
+        "occupancy": sum(elog["running"]) / (steps * slots),
+        "prefill_s": elog["prefill_s"], "decode_s": elog["decode_s"],
+        "other_s": wall - elog["prefill_s"] - elog["decode_s"] - elog["idle_s"],
+        "idle_s": elog["idle_s"], "decode_steps": elog["decode_steps"],
+        "padded_decode_steps": elog["padded_decode_steps"],
+        "attention_calls_per_decode": elog["attention_calls"] / max(elog["decode_steps"], 1),
+        "predicted": {"wall_s": float(sim["finish"].max()), "steps": sim["steps"],
+                      "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"],
+                      "cost_model": "spread" if several else "one_span"},
+        "steps_check": steps_check(elog, sim) if at_zero else None,
+        "latency": {"measured": latencies(req.arrival_s, elog["first_s"], elog["finish_s"]),
+                    "passes": latencies(req.arrival_s, replay["first_token"], replay["finish"]),
+                    "priced": latencies(req.arrival_s, sim["first_token"], sim["finish"])},
+        # the step costs timed beforehand against the run's own passes (sums by kind)
+        "passes_priced": {kind: {"passes": len(p), "measured_s": float(p[:, 2].sum()),
+                                 "priced_s": float(sum(replica.costs.pass_s(int(k), v)
+                                                       for k, v, _ in p))}
+                          for kind, p in (("decode", decode), ("prefill", prefill))},
+        "per_request": {"engine_first_step": elog["first_step"],
+                        "engine_finish_step": elog["finish_step"],
+                        "simulated_first_step": sim["first_step"],
+                        "simulated_finish_step": sim["finish_step"],
+                        "measured_first_s": elog["first_s"], "measured_finish_s": elog["finish_s"],
+                        "passes_first_s": replay["first_token"],
+                        "passes_finish_s": replay["finish"]},
+        "timeline": {"t_s": t, "running": running}}
 
 
 def engine_verdict(D, tolerance=0.15):
@@ -3607,7 +3747,7 @@ def engine_verdict(D, tolerance=0.15):
 
 
 # -----------------------------------------------------------------------------
-# tables: every experiment's results as text (from the results dictionary alone)
+# tables: the renderer, and A's and B's (from the results dictionary alone)
 # Every line printed comes from TEXT (the appendix), one table of strings per language; a
 # description stored in results.json as a dict with a "kind" names its template there.
 
@@ -3650,53 +3790,53 @@ ROOFLINE_COLUMNS = [("gbs", ",.1f"), ("mbu", ".0%"), ("mfu", ".1%"), ("bound", "
 
 
 def table(T, rows, headers, **fields):
-    """Rows under the headers named (TEXT keys, formatted with `fields`), right-aligned."""
+    """Rows under the headers named (TEXT keys, formatted with `fields`, or a metric's
+    (metric, statistic, unit)), right-aligned."""
     from tabulate import tabulate
-    return tabulate(rows, [T[h].format(**fields) for h in headers], stralign="right",
-                    disable_numparse=True)
+    return tabulate(rows, [header_text(T, h).format(**fields) for h in headers],
+                    stralign="right", disable_numparse=True)
 
 
-def format_tables(results, lang="en"):
-    """The tables of every finished experiment, as one string."""
-    T = TEXT[lang]
-    out = []
-    if "A" in results:
-        A = results["A"]
-        cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
-                ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
-        rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]
-                if r["context"] == A["context"]]
-        post = results["config"]["model"].get("arch") == "post"
-        out += [T["A_post" if post else "A"].format(**A), "\n".join(
-            [table(T, rows, [k for k, _ in cols])] + roofline_notes(T, results, A["rows"])
-            + kernels_text(T, A))]
-        if len(A["contexts"]) > 1:
-            out += [T["A_contexts"].format(mode=T[A["modes"][-1]]), context_table(T, A)]
-    if "B" in results:
-        cols = [("mode", "s"), ("step_ms", ".3f"), ("us_per_token", ".1f"), ("tflops", ".2f"),
-                ("intensity", ".1f")] + ROOFLINE_COLUMNS
-        rows = [[T[r["phase"]].format(**r)] + [cell(T, r, k, f) for k, f in cols]
-                for r in results["B"]["rows"]]
-        out += [T["B"], "\n".join([table(T, rows, ["row"] + [k for k, _ in cols])]
-                                   + roofline_notes(T, results, results["B"]["rows"])
-                                   + kernels_text(T, results["B"])), chain_text(T, results["B"])]
-    if "C" in results and "static" in results["C"]:
-        out += [post_table_text(T, results["C"])]
-        if "orders_steps" in results["C"]:
-            out += [orders_steps_table(T, results["C"])]
-    if "C" in results:
-        out += [serving_table(T, results["C"])]
-        if "kv" in results["C"]:
-            out += [kv_table(T, results["C"]["kv"])]
-        if "orders" in results["C"]:
-            out += who_waits_tables(T, results["C"])
-        if "replicas" in results["C"]:
-            out += [fleet_table(T, results["C"]["replicas"])]
-        if "capacity" in results["C"]:
-            out += [capacity_text(T, results["C"]["capacity"])]
-    if "D" in results:
-        out += [engine_table(T, results["D"])]
-    return "\n\n".join(out)
+def header_text(T, header):
+    if isinstance(header, tuple):  # a metric at a statistic, in a unit: "TTFT p99 ms"
+        return " ".join(T[f"{kind}_{name}"] for kind, name in zip(("metric", "stat", "unit"),
+                                                                  header))
+    return T[header]
+
+
+# A table column: (its header's TEXT key, a dotted path into the row, a format). A format is
+# a format() spec or a unit below, the one place where units are converted for the tables.
+UNITS = {
+    "ms": lambda v: f"{1e3 * v:,.1f}",           # seconds shown in milliseconds
+    "ms0": lambda v: f"{1e3 * v:,.0f}",          # (to the millisecond)
+    "pct": lambda v: f"{100 * v:.1f}%",          # a share in per cent
+    "s": lambda v: f"{v:,.2f}" if v >= 1 else f"{v:.3f}",  # seconds, to 3 figures below 1
+    "text": str,                                 # a cell already written
+}
+
+
+def fetch(row, path):
+    for key in path.split("."):
+        row = row[key]
+    return row
+
+
+def render(value, fmt):
+    """One cell: "-" where there is no value."""
+    if value is None:
+        return "-"
+    return UNITS[fmt](value) if fmt in UNITS else format(value, fmt)
+
+
+def spec_table(T, rows, columns, **fields):
+    """Rows (dicts) under column specs [(header key, path, format)]."""
+    return table(T, [[render(fetch(r, path), fmt) for _, path, fmt in columns] for r in rows],
+                 [header for header, _, _ in columns], **fields)
+
+
+def latency_columns(*stats, keys=("ttft", "tpot", "e2e"), unit="ms"):
+    """TTFT, TPOT and E2E at each statistic, in ms (or seconds: unit "s")."""
+    return [((k, p, unit), f"{k}_s.{p}", unit) for k in keys for p in stats]
 
 
 def kernels_text(T, experiment):
@@ -3744,6 +3884,11 @@ def ceilings_line(T, ceilings, device_type):
         ridge=ceilings["ridge_flop_per_byte"]) + ("" if device_type == "cuda" else T["cpu_graphs"])
 
 
+# -----------------------------------------------------------------------------
+# tables of C and D: the post's table, the schedulers, the KV cache, who waits, fleets,
+# capacity, the engine against the simulation, and --catalog
+
+
 def post_table_text(T, C):
     """The post's table: static vs continuous in steps, and how much one draw says."""
     rows = [[T[p], f"{C[p]['steps']:,}", f"{100 * C[p]['occupancy']:.1f}%"]
@@ -3765,27 +3910,16 @@ def spread_text(T, s, pct=False):
     return f"{s['p50']:.2f}{T['times']} ({s['p10']:.2f}-{s['p90']:.2f}{T['times']})"
 
 
-def ms(d, key):
-    """A latency of a percentiles dict, in ms ("-" when there was none)."""
-    return f"{1e3 * d[key]:,.1f}" if d[key] is not None else "-"
-
-
-def seconds(value):
-    return f"{value:,.2f}" if value >= 1 else f"{value:.3f}"
-
-
 def orders_steps_table(T, C):
     """The post's table in each order of the queue."""
-    rows = []
-    for name, s in C["orders_steps"].items():
-        rows.append([T["order_" + name]] + [
-            v for p in ("static", "continuous") for v in (
-                f"{s[p]['steps']:,}", f"{100 * s[p]['occupancy']:.1f}%",
-                f"{s[p]['mean_finish_step']:,.0f}")]
-            + [f"{s['continuous']['p99_finish_step']:,.0f}"])
-    return "\n".join([T["orders_steps"].format(requests=C["requests"]), table(T, rows, [
-        "order", "static_steps", "static_occ", "static_finish", "continuous_steps",
-        "continuous_occ", "continuous_finish", "continuous_p99"])])
+    columns = [("order", "label", "text")] + [
+        (f"{p}_{h}", f"{p}.{key}", fmt) for p in ("static", "continuous")
+        for h, key, fmt in (("steps", "steps", ","), ("occ", "occupancy", "pct"),
+                            ("finish", "mean_finish_step", ",.0f"))] + [
+        ("continuous_p99", "continuous.p99_finish_step", ",.0f")]
+    rows = [{"label": T["order_" + name], **s} for name, s in C["orders_steps"].items()]
+    return "\n".join([T["orders_steps"].format(requests=C["requests"]),
+                      spec_table(T, rows, columns)])
 
 
 def order_text(T, info):
@@ -3798,25 +3932,23 @@ def order_text(T, info):
     return text
 
 
+SERVING_COLUMNS = [("policy", "label", "text"), ("steps", "steps", ","),
+                   ("seconds", "makespan_s", ",.2f"), ("req_s", "throughput_rps", ",.2f"),
+                   ("tokens_per_s", "output_tokens_per_s", ",.0f"),
+                   ("occupancy", "occupancy", "pct")] + latency_columns("p50", "p99")
+
+
 def serving_table(T, C):
     """C in seconds: each scheduler's throughput and latency percentiles."""
-    rows = []
-    for name, m in C["schedulers"].items():
-        rows.append([T[name], f"{m['steps']:,}", f"{m['makespan_s']:,.2f}",
-                     f"{m['throughput_rps']:,.2f}", f"{m['output_tokens_per_s']:,.0f}",
-                     f"{100 * m['occupancy']:.1f}%"]
-                    + [ms(m[k], p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p99")]
-                    + ([f"{m['goodput_rps']:,.2f}"] if "goodput_rps" in m else []))
-    headers = ["policy", "steps", "seconds", "req_s", "tokens_per_s", "occupancy", "ttft_p50",
-               "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99"] + (
-                   ["goodput"] if "goodput_rps" in m else [])
+    rows = [{"label": T[name], **m} for name, m in C["schedulers"].items()]
+    goodput = [("goodput", "goodput_rps", ",.2f")] if "goodput_rps" in rows[-1] else []
     lines = [T["C_seconds"].format(requests=C["requests"], source=describe(T, C["source"]),
                                    slots=C["slots"], arrivals=describe(T, C["arrivals"])),
              T["step_costs"].format(pricing=describe(T, C["cost_model"]["source"])),
              T["queue"].format(order=order_text(T, C["order"]))]
     if C.get("share_of", 1) > 1:
         lines.append(T["one_share"].format(replicas=C["share_of"]))
-    lines.append(table(T, rows, headers))
+    lines.append(spec_table(T, rows, SERVING_COLUMNS + goodput))
     work = C.get("simulation")
     if work:
         lines.append(T["simulations"].format(
@@ -3826,27 +3958,27 @@ def serving_table(T, C):
     return "\n".join(lines)
 
 
+KV_COLUMNS = [("allocation", "allocation", "text"), ("policy", "label", "text"),
+              ("req_s", "throughput_rps", ",.2f"), ("concurrency", "concurrency", "text"),
+              ("kv_used", "utilization", ".1%"), ("never_used", "fragmentation", ".1%"),
+              ("max_allocated", "max_allocated_tokens", ","), ("preempted", "preemptions", ","),
+              ("recomputed", "recomputed_tokens", ","), (("ttft", "p99", "ms"), "ttft_s.p99", "ms0"),
+              (("e2e", "p99", "ms"), "e2e_s.p99", "ms0")]
+
+
 def kv_table(T, kv):
     """C's KV-cache study: memory use, concurrency and latency of each policy and scheduler."""
-    rows = []
-    for policy in ("reserve", "paged"):
-        for name, m in kv.get(policy, {}).items():
-            rows.append([T[policy], T[name], f"{m['throughput_rps']:,.2f}",
-                         f"{m['peak_concurrency']} / {m['mean_concurrency']:.1f}",
-                         f"{m['utilization']:.1%}", f"{m['fragmentation']:.1%}",
-                         f"{m['max_allocated_tokens']:,}", f"{m['preemptions']:,}",
-                         f"{m['recomputed_tokens']:,}", f"{1e3 * m['ttft_s']['p99']:,.0f}",
-                         f"{1e3 * m['e2e_s']['p99']:,.0f}"])
+    rows = [{"allocation": T[policy], "label": T[name], **m, "concurrency":
+             f"{m['peak_concurrency']} / {m['mean_concurrency']:.1f}"}
+            for policy in ("reserve", "paged") for name, m in kv.get(policy, {}).items()]
     admission = (T["admit_watermark"].format(share=kv["watermark"]) if kv.get("watermark")
                  else T["admit_naive"])
     lines = [T["kv"].format(gb=max(kv["memory_bytes"], 0) / 1e9,
                             memory_source=describe(T, kv["memory_source"]),
                             tokens=kv["budget_tokens"], bytes=kv["bytes_per_token"],
                             max_output=kv["max_output"], block=kv["block_tokens"],
-                            admission=admission)] + ([
-             table(T, rows, ["allocation", "policy", "req_s", "concurrency", "kv_used",
-                             "never_used", "max_allocated", "preempted", "recomputed",
-                             "ttft_p99", "e2e_p99"])] if rows else [])
+                            admission=admission)] + ([spec_table(T, rows, KV_COLUMNS)]
+                                                     if rows else [])
     lines += [T["kv_unfit_row"].format(policy=T[policy], why=describe(T, why))
               for policy, why in kv.get("unfit", {}).items()]
     if kv.get("device_check"):
@@ -3866,6 +3998,18 @@ def device_check_text(T, check):
                              ms=check["step_ms"])
 
 
+WHO_WAITS_COLUMNS = [("order", "label", "text"), ("seconds", "makespan_s", "s"),
+                     ("req_s", "throughput_rps", ",.2f")] + \
+    latency_columns("mean", "p99", keys=("ttft", "e2e"), unit="s") + [
+                     ("per_token_ms", "normalized_s_per_token", "ms"),
+                     ("longest_wait", "max_wait_s", "s")]
+BY_LENGTH_COLUMNS = [("order", "label", "text"), ("output_tokens", "bucket", "text"),
+                     ("count", "count", ",")] + \
+    latency_columns("p50", "p99", keys=("ttft", "e2e"), unit="s") + [
+                     ("per_token_ms", "normalized_s_per_token", "ms"),
+                     ("longest_wait", "max_wait_s", "s")]
+
+
 def who_waits_tables(T, C):
     """Who waits: each order's makespan and latencies, then by output length."""
     w, orders = C["who_waits"], C["orders"]
@@ -3874,42 +4018,28 @@ def who_waits_tables(T, C):
                                     arrivals=describe(T, w["arrivals"])),
               T["who_waits_setup"].format(sigma=w["sigma"], tau=w["kendall_tau"],
                                           guard=w["guard_s"], source=T[w["guard_source"]])]
-    rows = [[T["order_" + name], seconds(m["makespan_s"]), f"{m['throughput_rps']:,.2f}",
-             seconds(m["ttft_s"]["mean"]), seconds(m["ttft_s"]["p99"]), seconds(m["e2e_s"]["mean"]),
-             seconds(m["e2e_s"]["p99"]), f"{1e3 * m['normalized_s_per_token']:,.1f}",
-             seconds(m["max_wait_s"])] for name, m in orders.items()]
-    by_length = [[T["order_" + name], T["bucket"].format(name=T["bucket_" + b["bucket"]], **b),
-                  f"{b['count']:,}", seconds(b["ttft_s"]["p50"]), seconds(b["ttft_s"]["p99"]),
-                  seconds(b["e2e_s"]["p50"]), seconds(b["e2e_s"]["p99"]),
-                  f"{1e3 * b['normalized_s_per_token']:,.1f}", seconds(b["max_wait_s"])]
+    rows = [{"label": T["order_" + name], **m} for name, m in orders.items()]
+    by_length = [{"label": T["order_" + name], **b, "bucket": T["bucket"].format(
+                  name=T["bucket_" + b["bucket"]], **b)}
                  for name, m in orders.items() for b in m["by_length"]]
-    return ["\n".join(header + [table(T, rows, [
-                "order", "seconds", "req_s", "ttft_mean_s", "ttft_p99_s", "e2e_mean_s",
-                "e2e_p99_s", "per_token_ms", "longest_wait"])]),
-            "\n".join([T["who_waits_by_length"], table(T, by_length, [
-                "order", "output_tokens", "count", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s",
-                "e2e_p99_s", "per_token_ms", "longest_wait"])])]
+    return ["\n".join(header + [spec_table(T, rows, WHO_WAITS_COLUMNS)]),
+            "\n".join([T["who_waits_by_length"], spec_table(T, by_length, BY_LENGTH_COLUMNS)])]
 
 
 def fleet_table(T, fleet):
     """C with --replicas: each router's latencies, SLO and balance over the whole load."""
-    rows = []
-    for router, m in fleet["routers"].items():
-        b = m["balance"]
-        rows.append([router, f"{m['throughput_rps']:,.2f}"]
-                    + [ms(m[k], p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p99")]
-                    + ([f"{m['slo_attained']:.1%}", f"{m['goodput_rps']:,.2f}"]
-                       if "slo_attained" in m else [])
-                    + [f"{b['requests_min']:,}-{b['requests_max']:,}",
-                       f"{b['busiest_occupancy']:.1%}"])
-    slo = ["slo_met", "goodput"] if "slo_attained" in m else []
+    rows = [{"label": router, **m, "spread": f"{m['balance']['requests_min']:,}-"
+             f"{m['balance']['requests_max']:,}"} for router, m in fleet["routers"].items()]
+    slo = [("slo_met", "slo_attained", ".1%"), ("goodput", "goodput_rps", ",.2f")] \
+        if "slo_attained" in rows[-1] else []
+    columns = [("router", "label", "text"), ("req_s", "throughput_rps", ",.2f")] + \
+        latency_columns("p50", "p99") + slo + [("per_replica", "spread", "text"),
+                                               ("busiest", "balance.busiest_occupancy", ".1%")]
     kv = T[fleet["kv_policy"]] if fleet["kv_policy"] else T["who_waits_kv_none"]
     return "\n".join([T["fleet"].format(replicas=fleet["replicas"], slots=fleet["slots"],
                                         requests=fleet["requests"], kv=kv,
                                         arrivals=describe(T, fleet["arrivals"])),
-                      table(T, rows, ["router", "req_s", "ttft_p50", "ttft_p99", "tpot_p50",
-                                      "tpot_p99", "e2e_p50", "e2e_p99"] + slo
-                            + ["per_replica", "busiest"])])
+                      spec_table(T, rows, columns)])
 
 
 def capacity_text(T, cap):
@@ -3929,14 +4059,13 @@ def capacity_text(T, cap):
                                   high=rate(one["rates_rps"][-1]))]
     if "routers" not in cap:
         return "\n".join(lines)
-    rows = [[router, f"{r['replicas']:,}" if r["replicas"] else
-             T["too_many"].format(n=REPLICAS_MAX),
-             f"{r['attainment']:.1%}" if r["attainment"] is not None else "-",
-             f"{r['below']:.1%}" if r["below"] is not None else "-"]
-            for router, r in cap["routers"].items()]
+    rows = [{"label": router, **r, "needed": f"{r['replicas']:,}" if r["replicas"] else
+             T["too_many"].format(n=REPLICAS_MAX)} for router, r in cap["routers"].items()]
     lines += ["", T["replicas_needed"].format(rate=cap["target_rate"],
                                               requests=cap["fleet_requests"]),
-              table(T, rows, ["router", "replicas_col", "attained_col", "below_col"])]
+              spec_table(T, rows, [("router", "label", "text"), ("replicas_col", "needed", "text"),
+                                   ("attained_col", "attainment", ".1%"),
+                                   ("below_col", "below", ".1%")])]
     found = {router: r for router, r in cap["routers"].items() if r["replicas"]}
     if not found:
         lines.append(T["answer_none"].format(n=REPLICAS_MAX))
@@ -3948,16 +4077,19 @@ def capacity_text(T, cap):
     return "\n".join(lines)
 
 
+ENGINE_COLUMNS = [("policy", "label", "text"), ("wall_s", "wall_s", ",.2f"),
+                  ("predicted_s", "predicted.wall_s", ",.2f"),
+                  ("tokens_per_s", "output_tokens_per_s", ",.0f"), ("steps", "steps", ","),
+                  ("occupancy", "occupancy", "pct"), ("prefill_s", "prefill", "text"),
+                  ("decode_s", "decode", "text"), ("between_s", "other_s", ",.2f")]
+
+
 def engine_table(T, D):
     """D: the engine's measured wall time and its parts beside what C's simulation priced."""
-    rows = []
-    for policy in ("static", "continuous"):
-        d, p = D[policy], D[policy]["predicted"]
-        rows.append([T[policy], f"{d['wall_s']:,.2f}", f"{p['wall_s']:,.2f}",
-                     f"{d['output_tokens_per_s']:,.0f}", f"{d['steps']:,}",
-                     f"{100 * d['occupancy']:.1f}%",
-                     f"{d['prefill_s']:,.2f} / {p['prefill_s']:,.2f}",
-                     f"{d['decode_s']:,.2f} / {p['decode_s']:,.2f}", f"{d['other_s']:,.2f}"])
+    rows = [{"label": T[policy], **d, **{part: f"{d[part + '_s']:,.2f} / "
+                                             f"{d['predicted'][part + '_s']:,.2f}"
+                                         for part in ("prefill", "decode")}}
+            for policy, d in ((p, D[p]) for p in ("static", "continuous"))]
     shrink = D.get("shrink", 1)
     source = T["D_source_shrunk"].format(shrink=shrink) if shrink > 1 else T["D_source"]
     return "\n".join([
@@ -3966,8 +4098,7 @@ def engine_table(T, D):
                       arrivals=describe(T, D["arrivals"]), **D["lengths"])]
         + ([T["D_cpu"]] if shrink > 1 else []) + [
         T["D_predicted"].format(pricing=describe(T, D["cost_model"]["source"])),
-        table(T, rows, ["policy", "wall_s", "predicted_s", "tokens_per_s", "steps", "occupancy",
-                        "prefill_s", "decode_s", "between_s"]),
+        spec_table(T, rows, ENGINE_COLUMNS),
         T["attention_calls"].format(static=D["static"]["attention_calls_per_decode"],
                                     continuous=D["continuous"]["attention_calls_per_decode"])
         + (T["attention_padded"].format(padded=D["continuous"]["padded_decode_steps"],
@@ -3977,6 +4108,12 @@ def engine_table(T, D):
         "", request_table(T, D), verdict_text(T, D["verdict"])])
 
 
+REQUEST_COLUMNS = [("policy", "label", "text"), ("latency", "latency", "text"),
+                   ("measured_col", "measured", "s"), ("passes_col", "passes.s", "s"),
+                   ("off_col", "passes.off", "+.0%"), ("priced_col", "priced.s", "s"),
+                   ("off_col", "priced.off", "+.0%")]
+
+
 def request_table(T, D):
     """D request by request: steps, then latencies measured against the two predictions."""
     rows, lines = [], [T["D_requests"]]
@@ -3984,12 +4121,11 @@ def request_table(T, D):
         lat = D[policy]["latency"]
         for metric in LATENCIES:
             m = lat["measured"][metric]
-            rows.append([T[policy], T["lat_" + metric], seconds(m)] + [
-                v for pricing in ("passes", "priced")
-                for v in (seconds(lat[pricing][metric]),
-                          f"{m / max(lat[pricing][metric], 1e-12) - 1:+.0%}")])
-    lines.append(table(T, rows, ["policy", "latency", "measured_col", "passes_col", "off_col",
-                                 "priced_col", "off_col"]))
+            rows.append({"label": T[policy], "latency": T["lat_" + metric], "measured": m, **{
+                pricing: {"s": lat[pricing][metric],
+                          "off": m / max(lat[pricing][metric], 1e-12) - 1}
+                for pricing in ("passes", "priced")}})
+    lines.append(spec_table(T, rows, REQUEST_COLUMNS))
     checks = {p: D[p]["steps_check"] for p in ("static", "continuous")}
     if None in checks.values():
         lines.append(T["D_steps_arrivals"])
@@ -4028,16 +4164,60 @@ def verdict_text(T, v):
 
 def catalog_table(T, cat):
     """--catalog: every named model on every named card."""
-    def decode_ms(value):
-        return T["no_fit"] if value is None else f"{value:,.2f}"
     b = cat["batch"]
-    rows = [[r["model"], GPUS[r["gpu"]].name, f"{r['weights_gb']:,.2f}",
-             f"{r['kv_bytes_per_token']:,}", f"{r['kv_tokens']:,}", f"{r['crossover_batch']:,}",
-             decode_ms(r["decode_b1_ms"]), decode_ms(r[f"decode_b{b}_ms"])]
+    rows = [{**r, "card": GPUS[r["gpu"]].name, **{key: T["no_fit"] if r[key] is None else
+                                                  f"{r[key]:,.2f}"
+                                                  for key in ("decode_b1_ms", f"decode_b{b}_ms")}}
             for r in cat["rows"]]
-    return "\n".join([T["catalog"].format(**cat), table(T, rows, [
-        "model_col", "card_col", "weights_gb", "kv_per_token", "kv_fit", "crossover_col",
-        "decode_b1", "decode_bn"], batch=b)])
+    return "\n".join([T["catalog"].format(**cat), spec_table(T, rows, [
+        ("model_col", "model", "text"), ("card_col", "card", "text"),
+        ("weights_gb", "weights_gb", ",.2f"), ("kv_per_token", "kv_bytes_per_token", ","),
+        ("kv_fit", "kv_tokens", ","), ("crossover_col", "crossover_batch", ","),
+        ("decode_b1", "decode_b1_ms", "text"), ("decode_bn", f"decode_b{b}_ms", "text")],
+        batch=b)])
+
+
+def format_tables(results, lang="en"):
+    """The tables of every finished experiment, as one string."""
+    T = TEXT[lang]
+    out = []
+    if "A" in results:
+        A = results["A"]
+        cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
+                ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
+        rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]
+                if r["context"] == A["context"]]
+        post = results["config"]["model"].get("arch") == "post"
+        out += [T["A_post" if post else "A"].format(**A), "\n".join(
+            [table(T, rows, [k for k, _ in cols])] + roofline_notes(T, results, A["rows"])
+            + kernels_text(T, A))]
+        if len(A["contexts"]) > 1:
+            out += [T["A_contexts"].format(mode=T[A["modes"][-1]]), context_table(T, A)]
+    if "B" in results:
+        cols = [("mode", "s"), ("step_ms", ".3f"), ("us_per_token", ".1f"), ("tflops", ".2f"),
+                ("intensity", ".1f")] + ROOFLINE_COLUMNS
+        rows = [[T[r["phase"]].format(**r)] + [cell(T, r, k, f) for k, f in cols]
+                for r in results["B"]["rows"]]
+        out += [T["B"], "\n".join([table(T, rows, ["row"] + [k for k, _ in cols])]
+                                   + roofline_notes(T, results, results["B"]["rows"])
+                                   + kernels_text(T, results["B"])), chain_text(T, results["B"])]
+    if "C" in results and "static" in results["C"]:
+        out += [post_table_text(T, results["C"])]
+        if "orders_steps" in results["C"]:
+            out += [orders_steps_table(T, results["C"])]
+    if "C" in results:
+        out += [serving_table(T, results["C"])]
+        if "kv" in results["C"]:
+            out += [kv_table(T, results["C"]["kv"])]
+        if "orders" in results["C"]:
+            out += who_waits_tables(T, results["C"])
+        if "replicas" in results["C"]:
+            out += [fleet_table(T, results["C"]["replicas"])]
+        if "capacity" in results["C"]:
+            out += [capacity_text(T, results["C"]["capacity"])]
+    if "D" in results:
+        out += [engine_table(T, results["D"])]
+    return "\n\n".join(out)
 
 
 # -----------------------------------------------------------------------------
@@ -4059,7 +4239,7 @@ def figure_note(results):
             f"({cfg['params'] / 1e6:,.0f} M params), {env['date'][:10]}")
 
 
-FIGURE_STYLE = {"dpi": 100, "format": "png"}  # set from --dpi / --format by draw_figures
+NO_ROWS = "no measured rows to draw"  # what a plot returns that has nothing to draw
 
 
 def save_figure(fig, results, path):
@@ -4068,7 +4248,7 @@ def save_figure(fig, results, path):
     import matplotlib.pyplot as plt
     fig.text(0.99, 0.005, figure_note(results), ha="right", va="bottom", fontsize=7, color=GREY)
     buf = io.BytesIO()
-    fig.savefig(buf, format=FIGURE_STYLE["format"], dpi=FIGURE_STYLE["dpi"])
+    fig.savefig(buf)  # (in the dpi and format draw_one sets for this figure)
     plt.close(fig)
     write_atomic(path, buf.getvalue(), mode="wb")
 
@@ -4095,7 +4275,7 @@ def plot_slot_panels(results, path, slots, panels, xlabel, title):
 def plot_occupancy(results, path):
     C = results["C"]
     if "static" not in C:  # a trace run has no step-count table
-        return False
+        return NO_ROWS
     panels = [(np.arange(len(C[p]["occupied"])) * C[p].get("occupied_bin_steps", 1),
                C[p]["occupied"], "post", f"{p} batching: {C[p]['steps']:,} steps, "
                f"{100 * C[p]['occupancy']:.1f}% occupancy") for p in ("static", "continuous")]
@@ -4108,7 +4288,7 @@ def plot_decode_batch(results, path):
     import matplotlib.pyplot as plt
     A = results["A"]
     if not any(r["context"] == A["context"] for r in measured(A["rows"])):
-        return False
+        return NO_ROWS
     fig, ax = plt.subplots(figsize=(8, 4.2))
     ax2 = ax.twinx()
     for mode, style in zip(A["modes"], ("--", "-") if len(A["modes"]) == 2 else ("-",)):
@@ -4140,7 +4320,7 @@ def plot_prefill_decode(results, path):
     import matplotlib.pyplot as plt
     rows = measured(results["B"]["rows"])
     if not rows:
-        return False
+        return NO_ROWS
     labels = [f"prefill\n{r['tokens']} tokens" if r["phase"] == "prefill"
               else f"decode\nbatch {r['batch']}\n{r['mode']}" for r in rows]
     colors = [PREFILL if r["phase"] == "prefill" else DECODE for r in rows]
@@ -4171,7 +4351,7 @@ def plot_roofline(results, path):
                     f"B b{r['batch']}", PREFILL if r["phase"] == "prefill" else DARK)
                    for r in measured(results["B"]["rows"])]
     if not points:
-        return False
+        return NO_ROWS
     fig, ax = plt.subplots(figsize=(8, 4.8))
     xs = [r["intensity"] for r, _, _ in points] + [ceil["ridge_flop_per_byte"]]
     x = np.geomspace(min(xs) / 2, max(xs) * 2, 200)
@@ -4202,7 +4382,7 @@ def plot_decode_context(results, path):
     A = results["A"]
     mode = A["modes"][-1]
     if not measured(A["rows"]) or results["config"]["model"].get("arch") == "post":
-        return False  # (the post's proxy has no KV cache: its context changes nothing)
+        return NO_ROWS  # (the post's proxy has no KV cache: its context changes nothing)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
     colors = plt.get_cmap("viridis")(np.linspace(0, 0.85, len(A["contexts"])))
     for context, color in zip(A["contexts"], colors):
@@ -4256,7 +4436,7 @@ def plot_rate_sweep(results, path):
     import matplotlib.pyplot as plt
     sweep = results["C"].get("rate_sweep") or []
     if not sweep:
-        return False
+        return NO_ROWS
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for name in SCHEDULERS:
         ax.plot([p[name]["throughput_rps"] for p in sweep], [p[name]["e2e_p99_s"] for p in sweep],
@@ -4286,7 +4466,7 @@ def plot_phases(results, path, decode_steps=24):
     shared = max((r for r in decodes if r["mode"] == mode), key=lambda r: r["batch"],
                  default=None)
     if not prefills or not alone:
-        return False
+        return NO_ROWS
     pre = prefills[-1]
     fig, ax = plt.subplots(figsize=(8, 3.4))
     lanes = [(1.0, alone, "one user")]
@@ -4321,7 +4501,7 @@ def plot_who_waits(results, path):
     import matplotlib.pyplot as plt
     C = results["C"]
     if "orders" not in C:
-        return False
+        return NO_ROWS
     w = C["who_waits"]
     fig, axes = plt.subplots(1, 2, figsize=(9, 4))
     for ax, key, label in zip(axes, ("ttft_mean_s", "per_token_mean_s"), (
@@ -4398,7 +4578,7 @@ def plot_kv_memory(results, path):
     import matplotlib.pyplot as plt
     kv = results["C"].get("kv")
     if not kv or not kv["series"]:
-        return False
+        return NO_ROWS
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5.4), sharex=True)
     for policy, series in kv["series"].items():
         color, m = KV_COLORS[policy], kv[policy]["continuous"]
@@ -4460,8 +4640,7 @@ FIGURES = {"phases.png": ("B", plot_phases),
 
 def draw_figures(results, out_dir, dpi=100, fmt="png", jobs=1):
     """Every figure the results support -> (written, missing: {name: why not}), drawn in up to
-    `jobs` worker processes. A plot that cannot draw returns False (no measured rows) or the
-    reason."""
+    `jobs` worker processes. A plot returns None, or why it could not draw."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401  (once, before the workers are forked)
@@ -4478,7 +4657,7 @@ def draw_figures(results, out_dir, dpi=100, fmt="png", jobs=1):
         if why is None:
             written.append(name)
         else:
-            missing[name] = "no measured rows to draw" if why is False else why
+            missing[name] = why
     names = [n.replace(".png", "." + fmt) for n in FIGURES]  # (written in FIGURES' order)
     return sorted(written, key=names.index), missing
 
@@ -4488,8 +4667,10 @@ SLOWEST_FIGURES = ("who_waits", "rate_sweep", "roofline", "kv_memory")
 
 
 def draw_one(plot, results, path, dpi, fmt):
-    FIGURE_STYLE.update(dpi=dpi, format=fmt)
-    return plot(results, path)
+    """One figure in its dpi and format: matplotlib's savefig settings, for this call alone."""
+    import matplotlib
+    with matplotlib.rc_context({"savefig.dpi": dpi, "savefig.format": fmt}):
+        return plot(results, path)
 
 
 # -----------------------------------------------------------------------------
@@ -4594,7 +4775,7 @@ class ArgumentParser(argparse.ArgumentParser):
 RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
-def default(name):
+def field_default(name):
     """A RunConfig field's default as a flag's help writes it (a tuple comma-separated)."""
     value = RUN_FIELDS[name].default
     return ",".join(map(str, value)) if isinstance(value, tuple) else f"{value}"
@@ -4656,9 +4837,9 @@ def model_flags(p):
 def ab_flags(p):
     a = p.add_argument_group("A and B")
     add_flag(a, "--batch-sizes", type=integers,
-             help=f"A: decode batch sizes (default {default('batch_sizes')})")
+             help=f"A: decode batch sizes (default {field_default('batch_sizes')})")
     add_flag(a, "--context", type=integer(), help="tokens already in each row's KV cache at a "
-             f"decode step (default {default('context')})")
+             f"decode step (default {field_default('context')})")
     add_flag(a, "--contexts", type=integers, default=None,
              help="A: contexts to sweep (default: --context and 1024, 4096 on CUDA; "
                   "--context and 1024 on CPU)")
@@ -4670,9 +4851,9 @@ def ab_flags(p):
     add_flag(a, "--peak-tflops", type=number(1e-6, 1e7),
              help="use this matmul throughput instead of measuring one")
     add_flag(a, "--prefill-lengths", type=integers,
-             help=f"B: prompt lengths (default {default('prefill_lengths')})")
+             help=f"B: prompt lengths (default {field_default('prefill_lengths')})")
     add_flag(a, "--decode-batches", type=integers,
-             help=f"B: decode batch sizes (default {default('decode_batches')})")
+             help=f"B: decode batch sizes (default {field_default('decode_batches')})")
     add_flag(a, "--warmup", type=integer(0), help="untimed calls per shape")
     add_flag(a, "--reps", type=integer(), help="timed calls per shape (at most)")
 
@@ -4683,11 +4864,11 @@ def c_flags(p):
     add_flag(c, "--slots", type=integer())
     add_flag(c, "--seed", type=integer(0, 2**32 - 1),
              help="draw of the length law, the model's weights and D's prompts (default "
-                  f"{default('seed')}: the post's lengths)")
+                  f"{field_default('seed')}: the post's lengths)")
     add_flag(c, "--lengths-file", metavar="PATH",
              help="generated lengths, one positive integer per line ('#' comments)")
     add_flag(c, "--prompt-len", type=integer(), default=None,
-             help=f"prompt tokens of each generated request (default {default('prompt_len')}; "
+             help=f"prompt tokens of each generated request (default {field_default('prompt_len')}; "
                   f"D on CPU: {ENGINE_CPU['prompt_len']})")
     add_flag(c, "--trace", metavar="CSV", help="a request trace: columns num_prefill_tokens,"
              "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
@@ -4699,7 +4880,7 @@ def c_flags(p):
     add_flag(c, "--rates", type=numbers(*RATES), help="rate sweep, requests/s (default: "
              "0.2-1.2x the continuous scheduler's capacity)")
     add_flag(c, "--chunk-tokens", type=integer(), help="chunked prefill: tokens per step, "
-             f"decodes included (default {default('chunk_tokens')})")
+             f"decodes included (default {field_default('chunk_tokens')})")
     add_flag(c, "--cost", choices=["measured", "analytic"],
              help="price steps from this run's A/B rows or from a roofline (default: measured "
                   "when A runs and no --gpu is named)")
@@ -4714,7 +4895,7 @@ def c_flags(p):
                   "lengths), predicted (shortest predicted output first), longest (longest "
                   "output first); preempted requests always go first")
     add_flag(c, "--predict-sigma", type=number(0.0, 10.0),
-             help=f"predicted: each length times e^N(0, s^2) (default {default('predict_sigma')}:"
+             help=f"predicted: each length times e^N(0, s^2) (default {field_default('predict_sigma')}:"
                   " Kendall's tau about 0.55 against the truth on the post's law)")
     add_flag(c, "--max-wait-s", type=number(1e-6, 1e12),
              help="starvation guard: a request that has waited this long goes first (default: "
@@ -4734,14 +4915,14 @@ def fleet_flags(p):
     add_flag(f, "--replicas", type=integer(1, REPLICAS_MAX),
              help="identical replicas behind a router; C's single-replica tables then show one "
                   "replica's share (every N-th request), and a table compares the routers over "
-                  f"the whole load (default {default('replicas')})")
+                  f"the whole load (default {field_default('replicas')})")
     add_flag(f, "--router", choices=("all",) + ROUTERS,
              help="which routers the replica and capacity studies run: round-robin, "
                   "least-requests (fewest queued + running), power-of-two (the less loaded of "
                   "two drawn at random), least-kv (fewest KV tokens committed); default all")
     add_flag(f, "--slo-attainment", type=number(0.01, 1.0),
              help="the share of requests that must meet the SLOs (default "
-                  f"{default('slo_attainment')}); with an SLO, C finds the highest rate one "
+                  f"{field_default('slo_attainment')}); with an SLO, C finds the highest rate one "
                   "replica serves at it")
     add_flag(f, "--target-rate", type=number(*RATES),
              help="requests/s to serve: C finds the fewest replicas under each router that "
@@ -4758,10 +4939,10 @@ def kv_flags(p):
              f"on CPU; {KV_MEMORY_FRACTION:g} x {REFERENCE_MEMORY_GB:g} - weights, the post's "
              "RTX 5080, with no device)")
     add_flag(k, "--block-tokens", type=integer(),
-             help=f"paged: tokens per KV block (default {default('block_tokens')})")
+             help=f"paged: tokens per KV block (default {field_default('block_tokens')})")
     add_flag(k, "--watermark", type=fraction,
              help="paged: admit as vLLM does, when the whole prompt's blocks fit and this share "
-                  f"of the blocks stays free (default {default('watermark')}); 0 admits on the "
+                  f"of the blocks stays free (default {field_default('watermark')}); 0 admits on the "
                   "first step's blocks alone")
     add_flag(k, "--max-output", type=integer(), help="reserve: output tokens reserved per "
              f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for the "
@@ -5017,13 +5198,40 @@ def _main(argv):
         results = {"catalog": catalog()}
         print(catalog_table(TEXT[args.lang], results["catalog"]))
         return results
+    run, device, inputs, dtype_probe = prepare_run(args)
+    cfg = run.model
+    results = {"environment": environment(run, device, argv),
+               "config": {"model": {**dataclasses.asdict(cfg), "params": param_count(cfg),
+                                    "weight_bytes": weight_bytes(cfg),
+                                    "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn},
+                          **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
+    if dtype_probe:
+        results["environment"]["dtype_probe"] = dtype_probe
+    print(banner(results, TEXT[run.lang]), flush=True)
+    interrupted = run_experiments(run, device, results, inputs)
+    finish_run(run, results, interrupted)
+    return results
+
+
+class Inputs(NamedTuple):
+    """What the experiments read, made and checked before any of them runs."""
+    requests: Requests = None  # C's requests
+    kv_budgets: tuple = None   # C's KV budgets (see kv_setup)
+    lengths: np.ndarray = None  # D's output lengths
+    arrival: np.ndarray = None  # D's arrivals (None: all at once)
+
+
+def prepare_run(args):
+    """The run's config, device and inputs, each checked before anything long runs: C's
+    input read once, D's requests against the positions, the model and D's cache against
+    the device's memory. -> (run, device, Inputs, the dtype probe or None)"""
     run = run_config(args)
     device = run.device and torch.device(run.device)
     if device and device.type == "cuda":
         check_cuda_arch(device)
     run, dtype_probe = with_probed_dtype(run)
     requests = kv = None
-    if "C" in run.experiments:  # read C's input once, failing before any long measurement
+    if "C" in run.experiments:
         requests = make_requests(run)
         kv = kv_setup(run, requests, device)
         if run.cost == "measured" and "A" not in run.experiments:
@@ -5034,29 +5242,31 @@ def _main(argv):
     if device:  # the model (and D's cache) must fit, before anything is allocated
         check_memory(run, device, lengths)
     prepare_out_dir(run.out)
-    cfg = run.model
-    results = {"environment": environment(run, device, argv),
-               "config": {"model": {**dataclasses.asdict(cfg), "params": param_count(cfg),
-                                    "weight_bytes": weight_bytes(cfg),
-                                    "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn},
-                          **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
-    if dtype_probe:
-        results["environment"]["dtype_probe"] = dtype_probe
-    T = TEXT[run.lang]
-    print(banner(results, T), flush=True)
-    interrupted, stage, bench = False, None, []
+    return run, device, Inputs(requests, kv, lengths, arrival), dtype_probe
+
+
+def run_experiments(run, device, results, inputs):
+    """Every experiment in turn into results. A late failure keeps what finished and names
+    itself in results["failed"]. -> whether Ctrl-C stopped them."""
+    stage, benches = None, []
     try:
         with torch.inference_mode(), sdpa_policy():
             for stage in run.experiments:
-                run_experiment(stage, run, device, results, bench, requests, kv, lengths,
-                               arrival)
+                run_experiment(stage, run, device, results, benches, inputs)
     except KeyboardInterrupt:
-        interrupted = True
         results["interrupted"] = True
+        return True
     except UsageError:
         raise
     except Exception as e:  # a late failure keeps what finished, and says so in one line
         results["failed"] = {"experiment": stage, "error": one_line(e)}
+    return False
+
+
+def finish_run(run, results, interrupted):
+    """The tables, results.json and (unless interrupted) the figures; then the exit status:
+    130 after Ctrl-C, 1 after a late failure."""
+    T = TEXT[run.lang]
     print("\n" + format_tables(results, run.lang) + "\n", flush=True)
     json_path = os.path.join(run.out, "results.json")
     write_atomic(json_path, to_json(results))
@@ -5074,14 +5284,13 @@ def _main(argv):
               f"({failed['error']}); results.json keeps what finished before it",
               file=sys.stderr)
         raise SystemExit(1)
-    return results
 
 
-def run_experiment(name, run, device, results, benches, requests, kv, lengths, arrival):
+def run_experiment(name, run, device, results, benches, inputs):
     """One experiment into results. benches: [the model on its device, a Bench], built by the
     first experiment that needs it and kept for the next."""
-    if not benches and (name in "ABD" or (device and kv)):
-        benches.append(Bench(run, device, log))
+    if not benches and (name in "ABD" or (device and inputs.kv_budgets)):
+        benches.append(Bench(run, device))
     bench = benches[0] if benches else None
     if name in "AB" and "ceilings" not in results["environment"]:
         ceilings = measure_ceilings(run, device, log)
@@ -5093,11 +5302,11 @@ def run_experiment(name, run, device, results, benches, requests, kv, lengths, a
     elif name == "B":
         results["B"] = run_prefill_decode(bench, ceilings, log)
     elif name == "C":
-        results["C"] = run_batching_sim(run, requests, log, results, kv)
+        results["C"] = run_batching_sim(run, inputs.requests, log, results, inputs.kv_budgets)
         if device and "peak" in results["C"].get("kv", {}):  # the budget is real
             results["C"]["kv"]["device_check"] = kv_device_check(bench, results["C"]["kv"])
     elif name == "D":
-        results["D"] = run_serving_engine(bench, lengths, arrival, log)
+        results["D"] = run_serving_engine(bench, inputs.lengths, inputs.arrival, log)
 
 
 # -----------------------------------------------------------------------------
@@ -5106,8 +5315,8 @@ def run_experiment(name, run, device, results, benches, requests, kv, lengths, a
 
 SHARED_TEXT = {  # the same in every language: units, acronyms, names
     "cuda": ", CUDA {cuda}", "gbs": "GB/s", "mbu": "MBU", "mfu": "MFU",
-    "ttft_p50": "TTFT p50 ms", "ttft_p99": "TTFT p99 ms", "tpot_p50": "TPOT p50 ms",
-    "tpot_p99": "TPOT p99 ms", "e2e_p50": "E2E p50 ms", "e2e_p99": "E2E p99 ms",
+    "metric_ttft": "TTFT", "metric_tpot": "TPOT", "metric_e2e": "E2E", "stat_p50": "p50",
+    "stat_p90": "p90", "stat_p99": "p99", "unit_ms": "ms",
     "source_file": "{path}", "memory_flag": "--kv-memory-gb",
 }
 
@@ -5228,8 +5437,7 @@ TEXT = {
                            "{tau:.2f}; guard: a request that has waited {guard:,.3g} s goes "
                            "first ({source})",
         "guard_flag": "--max-wait-s", "guard_fcfs": "FCFS's 99th-percentile wait",
-        "ttft_mean_s": "TTFT mean s", "ttft_p50_s": "TTFT p50 s", "ttft_p99_s": "TTFT p99 s",
-        "e2e_mean_s": "E2E mean s", "e2e_p50_s": "E2E p50 s", "e2e_p99_s": "E2E p99 s",
+        "stat_mean": "mean", "unit_s": "s",
         "per_token_ms": "ms per output token", "longest_wait": "longest wait s",
         "who_waits_by_length": "C  who waits, by output length (this workload's terciles)",
         "output_tokens": "output tokens", "count": "count",
@@ -5450,8 +5658,7 @@ TEXT = {
         "who_waits_setup": "   예측 길이: 실제 x e^N(0, {sigma:g}^2), 켄달 타우 {tau:.2f}; 보호: "
                            "{guard:,.3g}초를 기다린 요청은 먼저 ({source})",
         "guard_flag": "--max-wait-s", "guard_fcfs": "먼저 온 순서에서 대기의 99번째 백분위",
-        "ttft_mean_s": "TTFT 평균 초", "ttft_p50_s": "TTFT p50 초", "ttft_p99_s": "TTFT p99 초",
-        "e2e_mean_s": "E2E 평균 초", "e2e_p50_s": "E2E p50 초", "e2e_p99_s": "E2E p99 초",
+        "stat_mean": "평균", "unit_s": "초",
         "per_token_ms": "출력 토큰당 ms", "longest_wait": "가장 긴 대기 초",
         "who_waits_by_length": "C  누가 기다리나, 출력 길이별 (이 작업량의 삼분위)",
         "output_tokens": "출력 토큰", "count": "요청 수",

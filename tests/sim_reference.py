@@ -39,19 +39,19 @@ def requests(name):
     unlimited = {"plain": None}
     if name == "default":  # the post's setting, all waiting at t=0, the RTX 5080 budget
         out = lognormal(600, 0, 70, 1.0, 2048)
-        req = S.Requests(np.zeros(600), np.full(600, 128), out, name)
+        req = S.Requests(np.zeros(600), np.full(600, 128), out)
         return req, 32, POST_COSTS, 512, {**unlimited,
                                           "reserve": S.KVBudget("reserve", 131_000, 16, 2048),
                                           "paged": S.KVBudget("paged", 131_000, 16, 2048)}
     if name == "poisson":  # near capacity on CPU-like prices
         out = lognormal(3000, 1, 70, 1.0, 2048)
-        req = S.Requests(S.arrival_times(3000, 2.4, 1.0, rng), np.full(3000, 256), out, name)
+        req = S.Requests(S.arrival_times(3000, 2.4, 1.0, rng), np.full(3000, 256), out)
         return req, 64, CPU_COSTS, 512, {**unlimited,
                                          "paged": S.KVBudget("paged", 40_000, 16)}
     if name == "tight":  # long prompts in a small paged cache: many preemptions
         n = 800
         prompt, out = lognormal(n, 2, 900, 0.8, 6000), lognormal(n, 3, 250, 0.9, 2000)
-        req = S.Requests(S.arrival_times(n, 40.0, 1.0, rng), prompt, out, name)
+        req = S.Requests(S.arrival_times(n, 40.0, 1.0, rng), prompt, out)
         return req, 32, POST_COSTS, 512, {
             "paged": S.KVBudget("paged", 24_000, 16),
             "paged_b1": S.KVBudget("paged", 24_000, 1),
@@ -59,19 +59,19 @@ def requests(name):
     if name == "bursty":  # gamma gaps (burstiness 0.2), long prompts, small chunks
         n = 1500
         prompt, out = lognormal(n, 4, 1500, 1.0, 8000), lognormal(n, 5, 120, 1.0, 2048)
-        req = S.Requests(S.arrival_times(n, 6.0, 0.2, rng), prompt, out, name)
+        req = S.Requests(S.arrival_times(n, 6.0, 0.2, rng), prompt, out)
         return req, 48, POST_COSTS, 256, {**unlimited,
                                           "paged": S.KVBudget("paged", 60_000, 32)}
     if name == "smallchunk":  # more decoding rows than the chunk budget: prefills wait
         n = 400
         prompt, out = lognormal(n, 6, 200, 0.5, 1000), lognormal(n, 8, 60, 1.0, 1000)
-        req = S.Requests(S.arrival_times(n, 30.0, 1.0, rng), prompt, out, name)
+        req = S.Requests(S.arrival_times(n, 30.0, 1.0, rng), prompt, out)
         return req, 64, CPU_COSTS, 40, {**unlimited, "paged": S.KVBudget("paged", 12_000, 16)}
     if name == "azure":  # a real trace at its own timestamps
         if not os.path.exists(AZURE):
             return None
         prompt, out, times = S.read_trace(AZURE, 3000)
-        req = S.Requests(times, prompt, out, name)
+        req = S.Requests(times, prompt, out)
         return req, 32, POST_COSTS, 512, {**unlimited,
                                           "paged": S.KVBudget("paged", 60_000, 16),
                                           "reserve": S.KVBudget("reserve", 60_000, 16, 2048)}
@@ -79,7 +79,7 @@ def requests(name):
         if not os.path.exists(SHAREGPT):
             return None
         prompt, out, _ = S.read_trace(SHAREGPT, 2000)
-        req = S.Requests(np.zeros(len(out)), prompt, out, name)
+        req = S.Requests(np.zeros(len(out)), prompt, out)
         budget = int(3e9 // S.kv_bytes_per_token(S.ModelConfig()))
         return req, 32, POST_COSTS, 512, {"paged": S.KVBudget("paged", budget, 16),
                                           "reserve": S.KVBudget("reserve", budget, 16, 4096)}
@@ -115,7 +115,7 @@ def run(name):
         return None
     req, slots, costs, chunk, budgets = spec
     return {f"{label}/{scheduler}": summarize(req, S.simulate_serving(
-                req, slots, costs, scheduler, chunk, kv))
+                req, S.Replica(slots, costs, scheduler, chunk, kv=kv)))
             for label, kv in budgets.items() for scheduler in S.SCHEDULERS}
 
 

@@ -53,16 +53,17 @@ def test_every_request_takes_the_steps_the_simulation_gives_it(policy, order):
     cache = S.new_kv_cache(TINY, 8, 4 + int(lengths.max()), "cpu")
     o = S.queue_order(order, lengths, 0.8, 1)
     _, log = S.run_engine(model, cache, prompts, lengths.tolist(), policy, order=o)
-    req = S.Requests(np.zeros(40), np.full(40, 4), lengths, "test")
-    sim = S.simulate_serving(req, 8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"), policy,
-                             order=o)
+    req = S.Requests(np.zeros(40), np.full(40, 4), lengths)
+    sim = S.simulate_serving(req, S.Replica(8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
+                                            policy, order=o))
     assert len(log["t_s"]) == sim["steps"]
     assert sum(log["running"]) == round(sim["occupancy"] * sim["steps"] * 8)
     assert log["first_step"] == sim["first_step"].tolist()
     assert log["finish_step"] == sim["finish_step"].tolist()
     assert S.steps_check(log, sim) == {"requests": 40, "agree": 40}
     if order != "fcfs":  # (the order changes who runs when: the check is not vacuous)
-        fcfs = S.simulate_serving(req, 8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"), policy)
+        fcfs = S.simulate_serving(req, S.Replica(8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
+                                                 policy))
         assert S.steps_check(log, fcfs)["agree"] < 40
 
 

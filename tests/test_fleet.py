@@ -1,4 +1,6 @@
 """Replicas behind a router, and how many a load needs at an SLO."""
+import math
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
 
 def poisson(n, rate, seed=1, prompt=128):
     return S.Requests(S.arrival_times(n, rate, 1.0, np.random.default_rng(seed)),
-                      np.full(n, prompt), S.lognormal_lengths(n, seed), "poisson")
+                      np.full(n, prompt), S.lognormal_lengths(n, seed))
 
 
 def same(a, b, keys=("start", "first_token", "finish", "first_step", "finish_step")):
@@ -25,8 +27,8 @@ def test_one_replica_is_the_plain_simulation(router, scheduler, policy):
     req = poisson(1500, 95.0)
     kv = None if policy is None else S.KVBudget(policy, 60_000, 16, 2048,
                                                 0.01 if policy == "paged" else 0.0)
-    plain = S.simulate_serving(req, 32, COSTS, scheduler, 512, kv)
-    fleet = S.simulate_fleet(req, 1, 32, COSTS, scheduler, 512, kv, router)
+    plain = S.simulate_serving(req, S.Replica(32, COSTS, scheduler, 512, kv=kv))
+    fleet = S.simulate_fleet(req, S.Replica(32, COSTS, scheduler, 512, kv=kv), S.Fleet(1, router))
     assert same(plain, fleet)
 
 
@@ -34,8 +36,9 @@ def test_one_replica_with_an_order_and_preemption_is_the_plain_simulation():
     req = poisson(800, 120.0, prompt=600)
     kv = S.KVBudget("paged", 12_000, 16)
     order = S.queue_order("predicted", req.output, 0.8, 3, max_wait_s=0.5)
-    plain = S.simulate_serving(req, 32, COSTS, "chunked", 256, kv, order=order)
-    fleet = S.simulate_fleet(req, 1, 32, COSTS, "chunked", 256, kv, "least-kv", order)
+    plain = S.simulate_serving(req, S.Replica(32, COSTS, "chunked", 256, kv=kv, order=order))
+    fleet = S.simulate_fleet(req, S.Replica(32, COSTS, "chunked", 256, kv=kv, order=order),
+                             S.Fleet(1, "least-kv"))
     assert plain["kv"]["preemptions"] > 0 and same(plain, fleet)
 
 
@@ -43,9 +46,11 @@ def test_one_replica_with_an_order_and_preemption_is_the_plain_simulation():
 def test_round_robin_is_independent_replicas_of_every_nth_request(n):
     req = poisson(2000, 60.0 * n)
     kv = S.KVBudget("paged", 40_000, 16, watermark=0.01)
-    fleet = S.simulate_fleet(req, n, 16, COSTS, "continuous", 512, kv, "round-robin")
+    fleet = S.simulate_fleet(req, S.Replica(16, COSTS, "continuous", 512, kv=kv),
+                             S.Fleet(n, "round-robin"))
     for i in range(n):
-        alone = S.simulate_serving(S.every_nth(req, n, i), 16, COSTS, "continuous", 512, kv)
+        alone = S.simulate_serving(S.every_nth(req, n, i),
+                                   S.Replica(16, COSTS, "continuous", 512, kv=kv))
         for key in ("start", "first_token", "finish"):
             np.testing.assert_array_equal(alone[key], fleet[key][i::n])
     assert [p["requests"] for p in fleet["per_replica"]] == [len(range(i, 2000, n))
@@ -54,8 +59,8 @@ def test_round_robin_is_independent_replicas_of_every_nth_request(n):
 
 def routed(router, arrival, output, replicas=2, prompt=None, kv=None):
     prompt = np.full(len(output), 4) if prompt is None else np.array(prompt)
-    req = S.Requests(np.array(arrival, float), prompt, np.array(output), "hand")
-    return S.simulate_fleet(req, replicas, 1, UNIT, "continuous", kv=kv, router=router)
+    req = S.Requests(np.array(arrival, float), prompt, np.array(output))
+    return S.simulate_fleet(req, S.Replica(1, UNIT, "continuous", kv=kv), S.Fleet(replicas, router))
 
 
 def test_least_requests_by_hand():
@@ -122,10 +127,10 @@ def test_power_of_two_keeps_the_replicas_even():
     # distinct replicas keeps the queues within a few of each other; a draw that could pick
     # the same replica twice (or one that ignored the loads) lets them drift apart by tens
     n, replicas = 24_000, 4
-    req = S.Requests(np.zeros(n), np.full(n, 4), np.full(n, 1), "hand")
+    req = S.Requests(np.zeros(n), np.full(n, 4), np.full(n, 1))
     for seed in range(3):
-        fleet = S.simulate_fleet(req, replicas, 1, UNIT, "continuous", router="power-of-two",
-                                 seed=seed)
+        fleet = S.simulate_fleet(req, S.Replica(1, UNIT, "continuous"),
+                                 S.Fleet(replicas, "power-of-two", seed))
         counts = np.bincount(fleet["replica"], minlength=replicas)
         assert counts.sum() == n and counts.max() - counts.min() <= 4, counts
 
@@ -140,29 +145,29 @@ def test_least_kv_by_hand():
 
 
 def test_a_replica_that_could_never_hold_a_request_gets_none():
-    req = S.Requests(np.zeros(3), np.array([10, 5000, 10]), np.array([5, 5, 5]), "hand")
+    req = S.Requests(np.zeros(3), np.array([10, 5000, 10]), np.array([5, 5, 5]))
     with pytest.raises(S.UsageError) as error:
-        S.simulate_fleet(req, 4, 8, UNIT, "continuous", kv=S.KVBudget("paged", 2_000, 16))
+        S.simulate_fleet(req, S.Replica(8, UNIT, "continuous", kv=S.KVBudget("paged", 2_000, 16)),
+                         S.Fleet(4))
     assert error.value.why["kind"] == "kv_too_long" and error.value.why["request"] == 1
     assert "cannot hold every request: request 1 alone needs" in S.error_text(error.value)
 
 
 def test_the_bisection_finds_a_known_threshold(monkeypatch):
     # a synthetic attainment: every request within the SLO up to 37.3 requests/s, a third past
-    monkeypatch.setattr(S, "attained", lambda req, unit, rate, *a: 1.0 if rate <= 37.3 else 0.3)
-    req = poisson(50, 1.0)
-    rate, tried = S.capacity_one(req, 8, COSTS, None, None, (1.0, None), 0.9, 1.0, 0)
+    monkeypatch.setattr(S, "attained", lambda req, rate, *a: 1.0 if rate <= 37.3 else 0.3)
+    req, replica, slo = poisson(50, 1.0), S.Replica(8, COSTS), S.SLO(1.0, None, 0.9)
+    rate, tried = S.capacity_one(req, replica, slo)
     assert 37.3 / 1.01 <= rate <= 37.3
     assert all((met == 1.0) == (r <= 37.3) for r, met in tried)
     # and the fewest replicas: 13 meet the SLO, 12 do not, from above and from below
-    monkeypatch.setattr(S, "attained", lambda req, unit, rate, n, *a: 0.95 if n >= 13 else 0.5)
+    monkeypatch.setattr(S, "attained", lambda req, rate, replica, fleet, slo:
+                        0.95 if fleet.replicas >= 13 else 0.5)
     for start in (1, 5, 13, 40):
-        n, tried = S.fewest_replicas(req, 8, COSTS, None, None, (1.0, None), 0.9, 1.0, 0,
-                                     "round-robin", 100.0, start)
+        n, tried = S.fewest_replicas(req, replica, slo, S.Fleet(start), 100.0, start)
         assert n == 13 and tried[12] == 0.5 and tried[13] == 0.95
     monkeypatch.setattr(S, "attained", lambda *a: 0.5)
-    assert S.fewest_replicas(req, 8, COSTS, None, None, (1.0, None), 0.9, 1.0, 0,
-                             "round-robin", 100.0, 3)[0] is None
+    assert S.fewest_replicas(req, replica, slo, S.Fleet(3), 100.0, 3)[0] is None
 
 
 def test_replicas_and_capacity_end_to_end(tmp_path, capsys):
@@ -202,3 +207,15 @@ def test_replicas_and_capacity_end_to_end(tmp_path, capsys):
 def test_bad_replica_and_capacity_flags(args, fragment, capsys):
     expect_usage_error(["--experiments", "C", "--requests", "200", "--no-figures"] + args,
                        capsys, fragment)
+
+
+def test_capacity_under_an_order_of_the_queue(tmp_path, capsys):
+    # the capacity searches serve the run's requests cycled: their order is drawn for those
+    # (one drawn for the run's own requests would index past their end)
+    results, _ = run_main(["--experiments", "C", "--requests", "300", "--order", "sjf",
+                           "--slo-ttft-ms", "500", "--target-rate", "200", "--router",
+                           "round-robin", "--rates", "50", "--no-figures", "--out",
+                           str(tmp_path)], capsys)
+    cap = results["C"]["capacity"]
+    assert 0 < cap["one_replica"]["rate_rps"] < math.inf
+    assert cap["routers"]["round-robin"]["attainment"] >= 0.9

@@ -15,7 +15,7 @@ def requests(n=300, seed=0, prompt=64, rate=None):
     rng = np.random.default_rng(seed)
     output = S.lognormal_lengths(n, seed)
     arrival = S.arrival_times(n, rate, 1.0, rng)
-    return S.Requests(arrival, np.full(n, prompt), output, "test")
+    return S.Requests(arrival, np.full(n, prompt), output)
 
 
 def test_whole_blocks_by_hand():
@@ -26,15 +26,12 @@ def test_whole_blocks_by_hand():
     assert S.KVBudget("paged", 16_000, 16, watermark=0.01).watermark_tokens == 10 * 16
 
 
-class Decoders:
-    """A stand-in for the simulation: decoding requests at global step `steps`."""
-    def __init__(self, steps, contexts):
-        self.steps, self.n_dec = steps, len(contexts)
-        self.seqs = []
-        for ctx in contexts:
-            seq = S.Seq(0, 0, 0, 1)
-            seq.base = ctx - steps
-            self.seqs.append(seq)
+def decoders(steps, contexts):
+    """Decoding requests holding these contexts at the simulation's step `steps`."""
+    seqs = [S.Seq(0, 0, 0, 1) for _ in contexts]
+    for seq, ctx in zip(seqs, contexts):
+        seq.decode_base = ctx - steps
+    return seqs
 
 
 @pytest.mark.parametrize("b", [1, 3, 16])
@@ -43,13 +40,12 @@ def test_paged_runs_against_step_by_step(b, k):
     # decoders holding these contexts run k steps, step j taking a + e (j - 1) s: the blocks
     # they take and the integral of allocated tokens against summing every step
     contexts, s0, a, e = [1, 2, 3, 15, 16, 17, 100, 100], 7, 0.5, 0.01
-    sim = Decoders(s0, contexts)
-    paged = S.PagedBlocks(S.KVBudget("paged", 10**6, b))
-    for seq, ctx in zip(sim.seqs, contexts):
+    paged = S.PagedBlocks(S.KVBudget("paged", 10**6, b))  # (alone: no simulation around it)
+    for seq, ctx in zip(decoders(s0, contexts), contexts):
         paged.total += paged.blocks(ctx)
         paged.join(seq)
     before = paged.total
-    integral = paged.advance(sim, [], k, a, e)
+    integral = paged.advance(s0, [], k, a, e)
     by_step = [sum(paged.blocks(c + j) for c in contexts) for j in range(1, k + 1)]
     assert paged.total == by_step[-1]
     assert integral == pytest.approx(sum((a + e * (j - 1)) * x
@@ -59,7 +55,7 @@ def test_paged_runs_against_step_by_step(b, k):
     for capacity in range(by_step[0], by_step[-1] + 1):
         paged.capacity = capacity
         want = max(j for j, x in enumerate(by_step, 1) if x <= capacity)
-        assert paged.max_steps(sim, [], k) == want, capacity
+        assert paged.max_steps(s0, [], k) == want, capacity
 
 
 @pytest.mark.parametrize("scheduler", S.SCHEDULERS)
@@ -67,8 +63,8 @@ def test_paged_runs_against_step_by_step(b, k):
 def test_unlimited_memory_equals_the_plain_scheduler(policy, scheduler):
     req = requests(rate=40.0)
     kv = S.KVBudget(policy, math.inf, 16, int(req.output.max()))
-    plain = S.simulate_serving(req, 16, COSTS, scheduler, 256)
-    limited = S.simulate_serving(req, 16, COSTS, scheduler, 256, kv)
+    plain = S.simulate_serving(req, S.Replica(16, COSTS, scheduler, 256))
+    limited = S.simulate_serving(req, S.Replica(16, COSTS, scheduler, 256, kv=kv))
     assert limited["steps"] == plain["steps"] and limited["kv"]["preemptions"] == 0
     for key in ("start", "first_token", "finish"):
         np.testing.assert_array_equal(limited[key], plain[key])
@@ -77,8 +73,9 @@ def test_unlimited_memory_equals_the_plain_scheduler(policy, scheduler):
 def test_two_reservations_fit_by_hand():
     # 4 requests (prompt 4, output 4) reserving 4 + 4 tokens in a budget of 16: two at a time;
     # each pair takes a prefill step and 3 decode steps
-    req = S.Requests(np.zeros(4), np.full(4, 4), np.full(4, 4), "hand")
-    sim = S.simulate_serving(req, 4, COSTS, "continuous", kv=S.KVBudget("reserve", 16, 1, 4))
+    req = S.Requests(np.zeros(4), np.full(4, 4), np.full(4, 4))
+    sim = S.simulate_serving(req, S.Replica(4, COSTS, "continuous",
+                                            kv=S.KVBudget("reserve", 16, 1, 4)))
     assert sim["steps"] == 8 and sim["kv"]["peak_running"] == 2
     assert sim["start"].tolist() == [0, 0, sim["finish"][0], sim["finish"][0]]
 
@@ -87,7 +84,7 @@ def test_two_reservations_fit_by_hand():
 def test_reserve_never_holds_more_than_the_budget(scheduler):
     req = requests()
     kv = S.KVBudget("reserve", 8_000, 16, 2048)
-    sim = S.simulate_serving(req, 32, COSTS, scheduler, 256, kv)
+    sim = S.simulate_serving(req, S.Replica(32, COSTS, scheduler, 256, kv=kv))
     t, held, alloc, running = np.array(sim["kv"]["series"]).T
     assert alloc.max() <= kv.capacity_tokens and sim["kv"]["max_alloc"] <= kv.capacity_tokens
     assert (held <= alloc).all()
@@ -99,7 +96,7 @@ def test_reserve_never_holds_more_than_the_budget(scheduler):
 def test_paged_stays_within_the_budget_and_a_block_per_request(scheduler):
     req = requests()
     kv = S.KVBudget("paged", 3_000, 16)
-    sim = S.simulate_serving(req, 32, COSTS, scheduler, 256, kv)
+    sim = S.simulate_serving(req, S.Replica(32, COSTS, scheduler, 256, kv=kv))
     t, held, alloc, running = np.array(sim["kv"]["series"]).T
     assert alloc.max() <= kv.capacity_tokens
     assert (held <= alloc).all() and (alloc - held < kv.block_tokens * np.maximum(running, 1)).all()
@@ -112,7 +109,7 @@ def test_paged_stays_within_the_budget_and_a_block_per_request(scheduler):
 def test_paged_packs_more_requests_than_reserve():
     req = requests(prompt=128)
     kv = {p: S.KVBudget(p, 20_000, 16, 2048) for p in ("reserve", "paged")}
-    sims = {p: S.simulate_serving(req, 64, COSTS, "continuous", kv=kv[p]) for p in kv}
+    sims = {p: S.simulate_serving(req, S.Replica(64, COSTS, "continuous", kv=kv[p])) for p in kv}
     assert sims["reserve"]["kv"]["peak_running"] == 20_000 // (128 + 2048)
     assert sims["paged"]["kv"]["peak_running"] > 3 * sims["reserve"]["kv"]["peak_running"]
     assert sims["paged"]["finish"].max() < sims["reserve"]["finish"].max()
@@ -121,7 +118,7 @@ def test_paged_packs_more_requests_than_reserve():
 
 
 def test_a_request_that_cannot_fit_is_named():
-    req = S.Requests(np.zeros(2), np.array([10, 500]), np.array([5, 5]), "test")
+    req = S.Requests(np.zeros(2), np.array([10, 500]), np.array([5, 5]))
     assert S.check_kv_budget(req, S.KVBudget("paged", 300, 16)) == {
         "kind": "kv_too_long", "request": 1, "needs": 512, "prompt": 500, "output": 5,
         "holds": 300}
@@ -193,14 +190,15 @@ def test_a_budget_the_device_cannot_hold_is_marked(tiny_args, capsys, monkeypatc
 def test_memory_averages_by_hand():
     # one request, prompt 4, output 6, every pass 1 s: a prefill step (4 tokens + the emitted
     # one held), then a closed-form run of 5 decode steps; held 5, 6, ..., 10 tokens
-    req = S.Requests(np.zeros(1), np.array([4]), np.array([6]), "hand")
+    req = S.Requests(np.zeros(1), np.array([4]), np.array([6]))
     unit = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit")
-    paged = S.simulate_serving(req, 1, unit, "continuous", kv=S.KVBudget("paged", 100, 4))
+    paged = S.simulate_serving(req, S.Replica(1, unit, "continuous",
+                                              kv=S.KVBudget("paged", 100, 4)))
     assert paged["steps"] == 6 and paged["finish"][0] == 6.0
     assert paged["kv"]["held_s"] == 5 + 6 + 7 + 8 + 9 + 10
     assert paged["kv"]["alloc_s"] == 8 + 8 + 8 + 8 + 12 + 12  # blocks of 4 as it grows
     reserve = S.KVBudget("reserve", 100, max_output=10)
-    sim = S.simulate_serving(req, 1, unit, "continuous", kv=reserve)
+    sim = S.simulate_serving(req, S.Replica(1, unit, "continuous", kv=reserve))
     assert sim["kv"]["alloc_s"] == 6 * (4 + 10)
     m = S.kv_metrics(req, sim, reserve)
     assert m["utilization"] == pytest.approx(45 / 84)
@@ -212,9 +210,9 @@ def test_memory_integrals_are_exact_per_step():
     # one request, prompt 4, output 6, a pass costs 1 s + 0.5 s per cached token: a prefill
     # step (1 s, then 5 tokens held), then one run of 5 decode steps over 5..9 cached tokens
     # (3.5, 4, 4.5, 5, 5.5 s; then 6..10 held); each step weighs what it holds by its own time
-    req = S.Requests(np.zeros(1), np.array([4]), np.array([6]), "hand")
+    req = S.Requests(np.zeros(1), np.array([4]), np.array([6]))
     costs = S.StepCosts((1, 2), (1.0, 1.0), 0.5, "linear")
-    sim = S.simulate_serving(req, 1, costs, "continuous", kv=S.KVBudget("paged", 100, 4))
+    sim = S.simulate_serving(req, S.Replica(1, costs, "continuous", kv=S.KVBudget("paged", 100, 4)))
     assert sim["finish"][0] == 1 + 3.5 + 4 + 4.5 + 5 + 5.5
     assert sim["kv"]["held_s"] == pytest.approx(1 * 5 + 3.5 * 6 + 4 * 7 + 4.5 * 8 + 5 * 9
                                                 + 5.5 * 10)
@@ -226,9 +224,9 @@ def test_the_newest_request_is_preempted():
     # A then B (prompt 2, output 5 each) in 8 tokens of blocks of 1: after the prefill (3 + 3
     # held) and one decode step (4 + 4), the next step needs 10: B, the newer, is preempted
     # (its 2 prompt + 2 generated tokens to recompute) and waits until A has finished
-    req = S.Requests(np.zeros(2), np.array([2, 2]), np.array([5, 5]), "hand")
-    sim = S.simulate_serving(req, 2, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"), "continuous",
-                             kv=S.KVBudget("paged", 8, 1))
+    req = S.Requests(np.zeros(2), np.array([2, 2]), np.array([5, 5]))
+    sim = S.simulate_serving(req, S.Replica(2, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
+                                            "continuous", kv=S.KVBudget("paged", 8, 1)))
     assert sim["kv"]["preemptions"] == 1 and sim["kv"]["recomputed_tokens"] == 4
     # A decodes alone to its end at 5 s; B is prefilled again (4 tokens) and ends at 8 s
     assert sim["finish"].tolist() == [5.0, 8.0] and sim["steps"] == 8
@@ -239,10 +237,10 @@ def test_the_newest_request_is_preempted():
 def test_the_watermark_keeps_blocks_free_at_admission():
     # two prompts of 45 tokens (+ a first token) in 100 tokens of blocks of 1: without a
     # watermark both fit (46 + 46); keeping 10% free, the second waits for the first
-    req = S.Requests(np.zeros(2), np.array([45, 45]), np.array([1, 1]), "hand")
+    req = S.Requests(np.zeros(2), np.array([45, 45]), np.array([1, 1]))
     for watermark, together in ((0.0, 2), (0.1, 1)):
         kv = S.KVBudget("paged", 100, 1, watermark=watermark)
-        sim = S.simulate_serving(req, 2, COSTS, "continuous", kv=kv)
+        sim = S.simulate_serving(req, S.Replica(2, COSTS, "continuous", kv=kv))
         assert sim["kv"]["peak_running"] == together
 
 
@@ -250,8 +248,8 @@ def test_the_watermark_stops_chunked_prefill_thrashing():
     # long prompts in a small cache: admitted on their first chunk, prompts are preempted by
     # their own next chunks; admitted on their whole prompt (vLLM's rule), they are not
     req = requests(n=200, prompt=1500, rate=20.0)
-    runs = {w: S.simulate_serving(req, 32, COSTS, "chunked", 256,
-                                  S.KVBudget("paged", 12_000, 16, watermark=w))
+    runs = {w: S.simulate_serving(req, S.Replica(32, COSTS, "chunked", 256, kv=S.KVBudget(
+                "paged", 12_000, 16, watermark=w)))
             for w in (0.0, 0.01)}
     naive, vllm = runs[0.0]["kv"]["preemptions"], runs[0.01]["kv"]["preemptions"]
     assert naive > 5 * max(vllm, 1)

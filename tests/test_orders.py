@@ -9,9 +9,9 @@ UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
 
 
 def serve(arrival, output, order, slots=1, max_wait_s=None, sigma=0.0, scheduler="continuous"):
-    req = S.Requests(np.array(arrival, float), np.full(len(output), 4), np.array(output), "hand")
-    return S.simulate_serving(req, slots, UNIT, scheduler, order=S.queue_order(
-        order, req.output, sigma, 0, max_wait_s))
+    req = S.Requests(np.array(arrival, float), np.full(len(output), 4), np.array(output))
+    return S.simulate_serving(req, S.Replica(slots, UNIT, scheduler, order=S.queue_order(
+        order, req.output, sigma, 0, max_wait_s)))
 
 
 def admission_sequence(sim):
@@ -92,9 +92,9 @@ def test_every_admission_takes_the_best_request_that_has_arrived(order):
     rng = np.random.default_rng(1)
     n = 300
     output = S.lognormal_lengths(n, 4)
-    req = S.Requests(S.arrival_times(n, 0.02, 1.0, rng), np.full(n, 8), output, "poisson")
+    req = S.Requests(S.arrival_times(n, 0.02, 1.0, rng), np.full(n, 8), output)
     o = S.queue_order(order, output, 0.8, 5)
-    sim = S.simulate_serving(req, 1, UNIT, "continuous", order=o)
+    sim = S.simulate_serving(req, S.Replica(1, UNIT, "continuous", order=o))
     started = np.zeros(n, bool)
     for r in np.argsort(sim["start"], kind="stable"):
         waiting = np.flatnonzero((req.arrival_s <= sim["start"][r]) & ~started)
@@ -104,11 +104,11 @@ def test_every_admission_takes_the_best_request_that_has_arrived(order):
 
 def test_fcfs_is_the_plain_simulation():
     req = S.Requests(S.arrival_times(400, 30.0, 1.0, np.random.default_rng(2)), np.full(400, 64),
-                     S.lognormal_lengths(400, 2), "poisson")
+                     S.lognormal_lengths(400, 2))
     kv = S.KVBudget("paged", 2_500, 16)
-    plain = S.simulate_serving(req, 16, UNIT, "chunked", 128, kv)
-    fcfs = S.simulate_serving(req, 16, UNIT, "chunked", 128, kv, order=S.queue_order(
-        "fcfs", req.output, max_wait_s=0.5))  # (a guard changes nothing in arrival order)
+    plain = S.simulate_serving(req, S.Replica(16, UNIT, "chunked", 128, kv=kv))
+    fcfs = S.simulate_serving(req, S.Replica(16, UNIT, "chunked", 128, kv=kv, order=S.queue_order(
+        "fcfs", req.output, max_wait_s=0.5)))  # (a guard changes nothing in arrival order)
     for key in ("start", "first_token", "finish"):
         np.testing.assert_array_equal(plain[key], fcfs[key])
     assert plain["kv"]["preemptions"] == fcfs["kv"]["preemptions"] > 0
@@ -127,9 +127,9 @@ def test_the_reordered_post_table_against_a_sorted_queue(name):
         assert table[policy]["steps"] == plain["steps"]
         assert table[policy]["occupancy"] == pytest.approx(plain["occupancy"])
     # and the serving simulation's own steps, request by request, with every pass free
-    req = S.Requests(np.zeros(600), np.full(600, 1), lengths, "post")
-    sim = S.simulate_serving(req, 32, S.StepCosts((1, 2), (0.0, 0.0), 0.0, "free"), "continuous",
-                             order=order)
+    req = S.Requests(np.zeros(600), np.full(600, 1), lengths)
+    sim = S.simulate_serving(req, S.Replica(32, S.StepCosts((1, 2), (0.0, 0.0), 0.0, "free"),
+                                            "continuous", order=order))
     assert sim["steps"] == table["continuous"]["steps"]
     assert sim["finish_step"].mean() == pytest.approx(table["continuous"]["mean_finish_step"])
 

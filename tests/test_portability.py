@@ -393,7 +393,7 @@ def test_a_graph_captured_decode_step_never_syncs_with_the_host(fake_cuda):
 def test_graph_mode_times_prefill_too_and_feeds_fresh_prompts(fake_cuda, monkeypatch):
     run = S.RunConfig(model=TINY, device="cpu", graphs="both", warmup=1, reps=5,
                       time_budget_s=10.0)
-    bench = S.Bench(run, CPU, log=lambda m: None)
+    bench = S.Bench(run, CPU)
     seen = []
     real_prefill = S.prefill
 
@@ -412,7 +412,7 @@ def test_a_failed_capture_is_timed_eagerly_and_says_so(fake_cuda, monkeypatch):
         raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(S, "cuda_graph", broken)
     run = S.RunConfig(model=TINY, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
-    bench = S.Bench(run, CPU, log=lambda m: None)
+    bench = S.Bench(run, CPU)
     with torch.inference_mode():
         timing = bench.time_decode(2, 8, mode="graph")
     assert timing["n"] == 5 and timing["graph_failed"].startswith("RuntimeError: operation")

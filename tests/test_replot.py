@@ -52,17 +52,26 @@ def test_no_figure_prints_a_raw_description(tiny_args, tmp_path, capsys, monkeyp
     """Every string drawn goes through the description renderer: no dict in any figure (the
     latency CDFs' title once printed "arrivals {'kind': 'arrivals_zero'}")."""
     S.main(tiny_args + ["--experiments", "ABCD", "--engine-requests", "8", "--no-figures"])
+    slo = tmp_path / "slo"  # (and C with an SLO and a Poisson rate: the capacity figure too)
+    S.main(["--experiments", "C", "--requests", "100", "--rate", "20", "--rates", "5",
+            "--slo-ttft-ms", "500", "--no-figures", "--out", str(slo)])
     texts = {}
 
     def collect(fig, results, path):
         import matplotlib.pyplot as plt
         import matplotlib.text
-        texts[os.path.basename(path)] = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+        texts[path] = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
         plt.close(fig)
     monkeypatch.setattr(S, "save_figure", collect)
-    S.draw_figures(json.loads((tmp_path / "results.json").read_text()), str(tmp_path), jobs=1)
-    assert set(texts) == set(S.FIGURES) - {"capacity.png"}  # (it needs an SLO)
+    for out in (tmp_path, slo):
+        S.draw_figures(json.loads((out / "results.json").read_text()), str(out), jobs=1)
+    assert {os.path.basename(p) for p in texts} == set(S.FIGURES)
     for name, strings in texts.items():
-        for text in strings:
-            assert "{'" not in text and "'kind'" not in text, (name, text)
-    assert any("arrivals all at t=0" in t for t in texts["latency_cdf.png"])
+        for text in strings:  # (no dict, no template left unfilled, no missing value)
+            if text.startswith("$"):  # (a log axis's tick labels, in mathtext)
+                continue
+            assert not {"{", "}", "'kind'", "None", "nan"} & set(text.replace("{", " { ")
+                                                                .replace("}", " } ").split()), \
+                (name, text)
+    assert any("arrivals all at t=0" in t for t in texts[str(tmp_path / "latency_cdf.png")])
+    assert any("Poisson at 20 requests/s" in t for t in texts[str(slo / "latency_cdf.png")])

@@ -87,7 +87,7 @@ def test_a_graph_replays_on_fresh_inputs(arch, monkeypatch):
     monkeypatch.setattr(S, "cuda_graph", capture)
     cfg = S.dataclasses.replace(TINY, arch=arch)
     run = S.RunConfig(model=cfg, warmup=1, reps=5, time_budget_s=0.1)
-    bench = S.Bench(run, torch.device("cpu"), log=lambda m: None)
+    bench = S.Bench(run, torch.device("cpu"))
     bench.time_decode(4, 8, mode="graph")
     step, = captured
     buffers = {}

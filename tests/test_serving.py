@@ -14,12 +14,12 @@ COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_toke
 def poisson_requests(n, rate, seed=0, prompt=32):
     rng = np.random.default_rng(seed)
     output = S.lognormal_lengths(n, seed)
-    return S.Requests(S.arrival_times(n, rate, 1.0, rng), np.full(n, prompt), output, "test")
+    return S.Requests(S.arrival_times(n, rate, 1.0, rng), np.full(n, prompt), output)
 
 
 def test_one_slot_is_a_fifo_queue_lindley():
     req = poisson_requests(300, rate=20.0)
-    sim = S.simulate_serving(req, 1, COSTS, "continuous")
+    sim = S.simulate_serving(req, S.Replica(1, COSTS, "continuous"))
     previous_finish = 0.0
     for i in range(len(req.output)):
         assert sim["start"][i] == max(req.arrival_s[i], previous_finish)
@@ -28,18 +28,18 @@ def test_one_slot_is_a_fifo_queue_lindley():
 
 def test_all_at_zero_reproduces_the_step_counts():
     lengths = S.lognormal_lengths(600, 3)
-    req = S.Requests(np.zeros(600), np.full(600, 50), lengths, "test")
+    req = S.Requests(np.zeros(600), np.full(600, 50), lengths)
     zero_prefill = S.StepCosts((1, 2), (0.0, 0.0), 0.0, "free prefill")
     for costs in (zero_prefill, COSTS):  # step counts do not depend on the prices
         for policy in ("static", "continuous"):
-            sim = S.simulate_serving(req, 32, costs, policy)
+            sim = S.simulate_serving(req, S.Replica(32, costs, policy))
             assert sim["steps"] == S.simulate_slots(lengths, 32, policy)["steps"]
 
 
 def test_chunked_with_an_unlimited_budget_equals_continuous():
     req = poisson_requests(400, rate=50.0)
-    a = S.simulate_serving(req, 16, COSTS, "continuous")
-    b = S.simulate_serving(req, 16, COSTS, "chunked", chunk_tokens=10**9)
+    a = S.simulate_serving(req, S.Replica(16, COSTS, "continuous"))
+    b = S.simulate_serving(req, S.Replica(16, COSTS, "chunked", 10**9))
     for key in ("start", "first_token", "finish"):
         np.testing.assert_array_equal(a[key], b[key])
     assert a["steps"] == b["steps"]
@@ -48,7 +48,7 @@ def test_chunked_with_an_unlimited_budget_equals_continuous():
 @pytest.mark.parametrize("scheduler", S.SCHEDULERS)
 def test_tokens_are_conserved_and_times_ordered(scheduler):
     req = poisson_requests(300, rate=30.0, prompt=700)
-    sim = S.simulate_serving(req, 8, COSTS, scheduler, chunk_tokens=256)
+    sim = S.simulate_serving(req, S.Replica(8, COSTS, scheduler, 256))
     # every slot-step holds a request that is prefilling or emitting a token
     assert np.all(req.arrival_s <= sim["start"])
     assert np.all(sim["start"] < sim["first_token"])
@@ -60,9 +60,9 @@ def test_tokens_are_conserved_and_times_ordered(scheduler):
 def test_chunked_prefill_bounds_each_step():
     # a long prompt arrives while others decode: chunked spreads it over several steps
     req = S.Requests(np.array([0.0, 0.0, 0.05]), np.array([10, 10, 4000]),
-                     np.array([400, 400, 5]), "test")
-    whole = S.simulate_serving(req, 4, COSTS, "continuous")
-    chunked = S.simulate_serving(req, 4, COSTS, "chunked", chunk_tokens=512)
+                     np.array([400, 400, 5]))
+    whole = S.simulate_serving(req, S.Replica(4, COSTS, "continuous"))
+    chunked = S.simulate_serving(req, S.Replica(4, COSTS, "chunked", 512))
     # the decoders' worst stall: the whole 4000-token prefill vs at most 512 tokens a step
     assert whole["longest_step_s"] == pytest.approx(COSTS.pass_s(4000) + COSTS.pass_s(2, 2 * 60),
                                                     rel=0.05)
@@ -192,8 +192,8 @@ def test_latency_definitions_by_hand():
     # step 1 [0, 1]: prefill A (its first token at 1). step 2 [1, 3]: B is admitted, a prefill
     # pass for B and a decode pass for A (2 s; B's first token at 3). step 3 [3, 4]: both
     # decode their last token.
-    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 2]), np.array([3, 2]), "hand")
-    sim = S.simulate_serving(req, 2, UNIT, "continuous")
+    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 2]), np.array([3, 2]))
+    sim = S.simulate_serving(req, S.Replica(2, UNIT, "continuous"))
     assert sim["first_token"].tolist() == [1.0, 3.0] and sim["finish"].tolist() == [4.0, 4.0]
     m = S.serving_metrics(req, sim)
     assert m["ttft_s"]["mean"] == (1.0 + 2.5) / 2  # first token - arrival
@@ -206,11 +206,11 @@ def test_latency_definitions_by_hand():
 
 
 def test_iterations_do_not_grow_with_output_lengths():
-    req = S.Requests(np.zeros(300), np.full(300, 64), S.lognormal_lengths(300, 1), "short")
-    long = S.Requests(req.arrival_s, req.prompt, req.output * 50, "50x longer")
+    req = S.Requests(np.zeros(300), np.full(300, 64), S.lognormal_lengths(300, 1))
+    long = S.Requests(req.arrival_s, req.prompt, req.output * 50)
     for scheduler in S.SCHEDULERS:
-        short_sim = S.simulate_serving(req, 16, COSTS, scheduler, 256)
-        long_sim = S.simulate_serving(long, 16, COSTS, scheduler, 256)
+        short_sim = S.simulate_serving(req, S.Replica(16, COSTS, scheduler, 256))
+        long_sim = S.simulate_serving(long, S.Replica(16, COSTS, scheduler, 256))
         assert long_sim["steps"] > 40 * short_sim["steps"]
         # (not equal: which requests end at the same step, and so share an event, differs)
         assert long_sim["iterations"] <= 1.2 * short_sim["iterations"] <= 1.2 * 6 * 300
@@ -222,4 +222,5 @@ def test_a_simulation_that_cannot_progress_raises(monkeypatch):
     monkeypatch.setattr(S.PagedBlocks, "release", lambda self, seq, ctx: None)
     req = poisson_requests(50, rate=100.0)
     with pytest.raises(S.SimulationStalled, match="stalled"):
-        S.simulate_serving(req, 4, COSTS, "continuous", kv=S.KVBudget("paged", 2_000, 16))
+        S.simulate_serving(req, S.Replica(4, COSTS, "continuous",
+                                          kv=S.KVBudget("paged", 2_000, 16)))

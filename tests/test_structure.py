@@ -1,0 +1,77 @@
+"""The script stays a size a reader can hold: sections and functions bounded, the pure
+sections free of torch and of the text appendix (read from the source itself)."""
+import ast
+import io
+import pathlib
+import tokenize
+
+SOURCE = pathlib.Path(__file__).resolve().parent.parent / "NN_40_serving.py"
+SECTION_MAX, FUNCTION_MAX = 500, 60
+BANNER = "# " + "-" * 77
+
+
+def sections():
+    """[(title, first line, lines)] of the script, split at its banners."""
+    lines = SOURCE.read_text(encoding="utf-8").split("\n")
+    starts = [i for i, line in enumerate(lines) if line == BANNER]
+    return [(lines[a + 1][2:], a + 1, lines[a:b])
+            for a, b in zip(starts, starts[1:] + [len(lines)])]
+
+
+def code_names(lines):
+    """The names the code uses (comments, strings and docstrings left out)."""
+    tokens = tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline)
+    return {t.string for t in tokens if t.type == tokenize.NAME}
+
+
+def test_the_script_has_about_twenty_sections_in_reading_order():
+    titles = [title.split(":")[0] for title, _, _ in sections()]
+    assert 18 <= len(titles) <= 24
+    order = ["configuration", "accounting", "workload", "step costs",
+             "KV allocators", "queues and orders", "the event loop", "model", "timing",
+             "experiments A and B", "experiment C", "experiment D", "tables", "figures",
+             "flags", "the run", "text"]
+    assert [t for t in titles if t in order] == order
+
+
+def test_no_section_is_longer_than_a_reader_holds():
+    long = {title: len(lines) for title, _, lines in sections() if len(lines) > SECTION_MAX}
+    assert not long
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    tree = ast.parse(SOURCE.read_text(encoding="utf-8"))
+    long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno >= FUNCTION_MAX}
+    assert not long
+
+
+def test_the_pure_sections_touch_neither_torch_nor_the_text():
+    pure = [(title, lines) for title, _, lines in sections() if "(pure" in title]
+    assert len(pure) >= 8  # accounting, workload, step costs, slot-steps, KV, queues, loop, ...
+    for title, lines in pure:
+        assert not {"torch", "TEXT", "describe"} & code_names(lines), title
+
+
+def test_the_structure_checks_can_fail():
+    # the checks above read what they claim to: a torch call in a pure section is seen
+    assert "torch" in code_names(["x = torch.zeros(3)  # torch"])
+    assert "torch" not in code_names(["x = 1  # torch", "'''torch'''"])
+    assert any(len(lines) > 100 for _, _, lines in sections())
+
+
+def test_the_readme_names_every_section_and_which_are_pure():
+    readme = (SOURCE.parent / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("## Reading the code", 1)[1].split("\n## ", 1)[0]
+    named = {}
+    for line in layout.splitlines():
+        if line.startswith("| ") and not line.startswith("| section"):
+            first = line.split("|")[1].strip()
+            pure = first.endswith("*pure*")
+            for name in first.replace("*pure*", "").replace(";", ",").split(","):
+                named[name.strip()] = pure
+    for title, _, _ in sections():
+        short = title.split(":")[0]
+        assert short in named, short
+        assert named[short] == ("(pure" in title), short
+    assert len(named) == len(sections())
