@@ -1330,6 +1330,11 @@ class Replica:
     order: Order = None
 
 
+# The loop builds a Planned and a Price at every event: tuple.__new__ makes one at a third of
+# the cost of calling the class (its __new__ is Python), and the loop is the run's hot path.
+NEW_TUPLE = tuple.__new__
+
+
 class Planned(NamedTuple):
     """The run of identical steps plan() chose: this step's prefill chunks [(Seq, tokens)],
     how many steps, and whether the head of the line waits for memory."""
@@ -1427,7 +1432,7 @@ class ServingSim:
             raise SimulationStalled(
                 f"the {self.scheduler} simulation stalled at t = {self.t:.3f} s with "
                 f"{len(self.waiting) + len(self.retry):,} requests waiting and none running")
-        self.pending = Planned(plan, self.steps_until_event(plan, blocked), blocked)
+        self.pending = NEW_TUPLE(Planned, (plan, self.steps_until_event(plan, blocked), blocked))
         self.end_s = None
         return True
 
@@ -1552,25 +1557,25 @@ class ServingSim:
         first_pre = f_pre + kv_s_pre * cached_pre if tokens else 0.0
         first_dec = f_dec + kv_s_dec * (self.decode_base_sum + n * self.steps) if n else 0.0
         growth_pre, growth_dec = kv_s_pre * tokens, kv_s_dec * n
-        return Price(first_pre * k + growth_pre * k * (k - 1) / 2,
-                     first_dec * k + growth_dec * k * (k - 1) / 2,
-                     first_pre + first_dec, growth_pre + growth_dec, tokens)
+        return NEW_TUPLE(Price, (first_pre * k + growth_pre * k * (k - 1) / 2,
+                                 first_dec * k + growth_dec * k * (k - 1) / 2,
+                                 first_pre + first_dec, growth_pre + growth_dec, tokens))
 
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
         emitted = [s for s, c in plan if c == s.prompt_left]  # a finished prefill emits a token
         price = self.price(plan, k)
-        step_s = price.prefill_s + price.decode_s
+        prefill_s, decode_s, first_s, growth_s, tokens = price
+        step_s = prefill_s + decode_s
         running = len(self.running)
         if self.allocator is not None:  # (before the clock moves: it reads the run's start)
             held = self.account(plan, k, price, len(emitted))
         self.t += step_s
-        self.prefill_s += price.prefill_s
-        self.decode_s += price.decode_s
-        self.longest_step_s = max(self.longest_step_s, price.first_s + price.growth_s * (k - 1))
+        self.prefill_s += prefill_s
+        self.decode_s += decode_s
+        self.longest_step_s = max(self.longest_step_s, first_s + growth_s * (k - 1))
         self.steps += k
         self.busy += k * running
-        tokens = price.prefill_tokens
         for s, c in plan:
             s.prompt_left -= c * k
             s.num_cached += c * k
@@ -1646,14 +1651,14 @@ class ServingSim:
         """Memory integrals over the k steps just priced (step j: a + e (j - 1) s), the
         tokens held and allocated after each step weighted by its seconds; `emitted` prefills
         end with the run. -> tokens held after the last step."""
-        mem, a, e = self.mem, price.first_s, price.growth_s
-        growth = price.prefill_tokens + self.num_decoding  # tokens cached per step
+        mem, (prefill_s, decode_s, a, e, tokens) = self.mem, price
+        growth = tokens + self.num_decoding  # tokens cached per step
         held0 = self.decode_base_sum + self.num_decoding * self.steps + self.prefill_cached
         mem["held_s"] += a * (k * held0 + growth * k * (k + 1) // 2) + e * (
             held0 * k * (k - 1) // 2 + growth * (k - 1) * k * (k + 1) // 3) \
             + emitted * (a + e * (k - 1))
         mem["alloc_s"] += self.allocator.advance(self.steps, plan, k, a, e)
-        mem["running_s"] += (price.prefill_s + price.decode_s) * len(self.running)
+        mem["running_s"] += (prefill_s + decode_s) * len(self.running)
         return held0 + growth * k + emitted
 
     def record(self, held, running):
