@@ -1330,29 +1330,6 @@ class Replica:
     order: Order = None
 
 
-# The loop builds a Planned and a Price at every event: tuple.__new__ makes one at a third of
-# the cost of calling the class (its __new__ is Python), and the loop is the run's hot path.
-NEW_TUPLE = tuple.__new__
-
-
-class Planned(NamedTuple):
-    """The run of identical steps plan() chose: this step's prefill chunks [(Seq, tokens)],
-    how many steps, and whether the head of the line waits for memory."""
-    chunks: list
-    steps: int
-    blocked: bool
-
-
-class Price(NamedTuple):
-    """A planned run's k steps: step j takes first_s + growth_s (j - 1) seconds (the caches
-    grow), a prefill pass and a decode pass, summed over the run in prefill_s and decode_s."""
-    prefill_s: float
-    decode_s: float
-    first_s: float
-    growth_s: float
-    prefill_tokens: int  # prompt tokens per step
-
-
 # -----------------------------------------------------------------------------
 # the event loop: requests in seconds through one replica's seats (pure Python)
 # The loop moves from event to event: an arrival, an admission, a prefill (or a chunk of one),
@@ -1388,7 +1365,7 @@ class ServingSim:
         self.capacity = kv.capacity_tokens if kv else math.inf
         self.progress = progress
         self.retry = []                  # preempted ids (a heap: the oldest first)
-        self.pending = None              # the planned run (Planned)
+        self.pending = None              # the planned run: (chunks, steps, blocked), see plan
         self.end_s = None                # when it ends, once asked (see pending_end)
         self.running = {}                # admission order -> Seq, oldest first
         self.prefilling = []             # running requests with prompt left, oldest first
@@ -1418,8 +1395,10 @@ class ServingSim:
         return self.result()
 
     def plan(self):
-        """Admit at the clock and plan the run of steps up to the next event. -> False when
-        there is nothing left to run (nothing running, waiting or preempted)."""
+        """Admit at the clock and plan the run of steps up to the next event: self.pending is
+        (this step's prefill chunks [(Seq, tokens)], how many steps, whether the head of the
+        line waits for memory). -> False when there is nothing left to run (nothing running,
+        waiting or preempted)."""
         self.iterations += 1
         allocator = self.allocator
         taken = 0 if allocator is None else \
@@ -1432,7 +1411,7 @@ class ServingSim:
             raise SimulationStalled(
                 f"the {self.scheduler} simulation stalled at t = {self.t:.3f} s with "
                 f"{len(self.waiting) + len(self.retry):,} requests waiting and none running")
-        self.pending = NEW_TUPLE(Planned, (plan, self.steps_until_event(plan, blocked), blocked))
+        self.pending = (plan, self.steps_until_event(plan, blocked), blocked)
         self.end_s = None
         return True
 
@@ -1548,7 +1527,10 @@ class ServingSim:
 
     def price(self, plan, k):
         """The k steps of a run, a prefill pass (of the chunks in `plan`) and a decode pass
-        each, whose caches grow. -> Price"""
+        each, whose caches grow: step j takes first_s + growth_s (j - 1) seconds. -> (prefill_s,
+        decode_s: each pass summed over the run, first_s, growth_s, prompt tokens per step). (A
+        plain tuple, as plan's: a NamedTuple made and unpacked at every event cost the loop
+        5-10%; a tuple subclass is built in Python and unpacked without 3.11's fast path.)"""
         n, tokens, cached_pre = self.num_decoding, 0, 0
         for s, c in plan:
             tokens += c
@@ -1557,9 +1539,9 @@ class ServingSim:
         first_pre = f_pre + kv_s_pre * cached_pre if tokens else 0.0
         first_dec = f_dec + kv_s_dec * (self.decode_base_sum + n * self.steps) if n else 0.0
         growth_pre, growth_dec = kv_s_pre * tokens, kv_s_dec * n
-        return NEW_TUPLE(Price, (first_pre * k + growth_pre * k * (k - 1) / 2,
-                                 first_dec * k + growth_dec * k * (k - 1) / 2,
-                                 first_pre + first_dec, growth_pre + growth_dec, tokens))
+        return (first_pre * k + growth_pre * k * (k - 1) / 2,
+                first_dec * k + growth_dec * k * (k - 1) / 2,
+                first_pre + first_dec, growth_pre + growth_dec, tokens)
 
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
@@ -1696,8 +1678,8 @@ class ServingSim:
         """When the planned run ends (the clock it will set, to the bit), priced once per
         plan: a fleet asks at every arrival."""
         if self.end_s is None:
-            price = self.price(self.pending.chunks, self.pending.steps)
-            self.end_s = self.t + (price.prefill_s + price.decode_s)
+            prefill_s, decode_s = self.price(*self.pending[:2])[:2]
+            self.end_s = self.t + (prefill_s + decode_s)
         return self.end_s
 
     def run_until(self, t):
@@ -1720,7 +1702,7 @@ class ServingSim:
         if self.pending is not None:
             plan, k, blocked = self.pending
             if not plan and k > 1 and self.could_join(blocked):
-                self.pending = Planned(plan, self.steps_to_reach(t, k), blocked)
+                self.pending = (plan, self.steps_to_reach(t, k), blocked)
                 self.end_s = None
 
     def load(self):
