@@ -3949,7 +3949,8 @@ KV_COLUMNS = [("allocation", "allocation", "text"), ("policy", "label", "text"),
               ("req_s", "throughput_rps", ",.2f"), ("concurrency", "concurrency", "text"),
               ("kv_used", "utilization", ".1%"), ("never_used", "fragmentation", ".1%"),
               ("max_allocated", "max_allocated_tokens", ","), ("preempted", "preemptions", ","),
-              ("recomputed", "recomputed_tokens", ","), (("ttft", "p99", "ms"), "ttft_s.p99", "ms0"),
+              ("recomputed", "recomputed_tokens", ","),
+              (("ttft", "p99", "ms"), "ttft_s.p99", "ms0"),
               (("e2e", "p99", "ms"), "e2e_s.p99", "ms0")]
 
 
@@ -4855,8 +4856,8 @@ def c_flags(p):
     add_flag(c, "--lengths-file", metavar="PATH",
              help="generated lengths, one positive integer per line ('#' comments)")
     add_flag(c, "--prompt-len", type=integer(), default=None,
-             help=f"prompt tokens of each generated request (default {field_default('prompt_len')}; "
-                  f"D on CPU: {ENGINE_CPU['prompt_len']})")
+             help="prompt tokens of each generated request (default "
+                  f"{field_default('prompt_len')}; D on CPU: {ENGINE_CPU['prompt_len']})")
     add_flag(c, "--trace", metavar="CSV", help="a request trace: columns num_prefill_tokens,"
              "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
     add_flag(c, "--trace-limit", type=integer(), metavar="N", help="first N trace rows")
@@ -4882,8 +4883,9 @@ def c_flags(p):
                   "lengths), predicted (shortest predicted output first), longest (longest "
                   "output first); preempted requests always go first")
     add_flag(c, "--predict-sigma", type=number(0.0, 10.0),
-             help=f"predicted: each length times e^N(0, s^2) (default {field_default('predict_sigma')}:"
-                  " Kendall's tau about 0.55 against the truth on the post's law)")
+             help="predicted: each length times e^N(0, s^2) (default "
+                  f"{field_default('predict_sigma')}: Kendall's tau about 0.55 against the truth "
+                  "on the post's law)")
     add_flag(c, "--max-wait-s", type=number(1e-6, 1e12),
              help="starvation guard: a request that has waited this long goes first (default: "
                   "off; the who-waits study uses FCFS's 99th-percentile wait)")
@@ -4929,8 +4931,8 @@ def kv_flags(p):
              help=f"paged: tokens per KV block (default {field_default('block_tokens')})")
     add_flag(k, "--watermark", type=fraction,
              help="paged: admit as vLLM does, when the whole prompt's blocks fit and this share "
-                  f"of the blocks stays free (default {field_default('watermark')}); 0 admits on the "
-                  "first step's blocks alone")
+                  f"of the blocks stays free (default {field_default('watermark')}); 0 admits on "
+                  "the first step's blocks alone")
     add_flag(k, "--max-output", type=integer(), help="reserve: output tokens reserved per "
              f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for the "
              "log-normal law)")
