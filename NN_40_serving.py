@@ -1009,7 +1009,6 @@ class PagedBlocks:
             kv.watermark_tokens
         self.total = 0    # tokens in allocated blocks
         self.phase = {}   # step (mod b) at which decoders take a block -> how many do
-        self.decoders = 0  # how many requests decode (the sum of phase's counts)
 
     def blocks(self, tokens):
         return -(-tokens // self.b) * self.b
@@ -1033,14 +1032,12 @@ class PagedBlocks:
     def join(self, seq):  # a request starts to decode
         key = (1 - seq.decode_base) % self.b
         self.phase[key] = self.phase.get(key, 0) + 1
-        self.decoders += 1
 
     def release(self, seq, ctx):
         self.total -= self.blocks(ctx)
         if seq.decode_base is not None:
             key = (1 - seq.decode_base) % self.b
             self.phase[key] -= 1
-            self.decoders -= 1
             if not self.phase[key]:
                 del self.phase[key]
 
@@ -1064,7 +1061,7 @@ class PagedBlocks:
             if self.b * sum(m * rows for _, m, rows in self.crossings(steps, k)) <= free:
                 return k
             fit = int(free // self.b)  # blocks that still fit
-            periods, rest = divmod(fit, self.decoders)
+            periods, rest = divmod(fit, sum(self.phase.values()))  # (every decoder's block)
             for j, rows in sorted(((key - steps - 1) % self.b + 1, rows)
                                   for key, rows in self.phase.items()):
                 if rest < rows:
@@ -2882,9 +2879,7 @@ def step_costs(run, results):
     """C's prices: measured (A's rows; the default when A ran and no --gpu is named), or the
     named card's analytic roofline, or one of --peak-*, this run's ceilings or the post's."""
     if run.cost == "measured" or (run.cost is None and "A" in results and not run.gpu):
-        if "A" not in results:
-            raise UsageError("--cost measured needs experiment A in the same run")
-        return measured_costs(run.model, results)
+        return measured_costs(run.model, results)  # (run_config refuses it without A)
     if run.gpu and not (run.peak_bandwidth_gbs or run.peak_tflops):
         return card_costs(run.model, GPUS[run.gpu])
     ceil = results["environment"].get("ceilings", {})
@@ -3352,13 +3347,13 @@ def capacity_study(run, req, replica):
                               "output_tokens_per_s": one * float(req.output.mean()),
                               "tried": searches[0][1]}}
     if run.target_rate is not None:
-        result.update(fleet_capacity(run, req, replica, slo, one))
+        result.update(fleet_capacity(run, req, replica, slo, one, m))
     return result
 
 
-def fleet_capacity(run, req, replica, slo, one):
+def fleet_capacity(run, req, replica, slo, one, m):
     """--target-rate: the fewest replicas under each router, searched from what one replica's
-    capacity (`one` requests/s) says."""
+    capacity (`one` requests/s, found on `m` requests) says."""
     if one == 0.0:
         raise UsageError("no arrival rate meets the SLO on one replica (even a nearly idle one "
                          "misses it): loosen --slo-ttft-ms / --slo-tpot-ms")
@@ -3368,7 +3363,7 @@ def fleet_capacity(run, req, replica, slo, one):
                          f"requests/s at the SLO, so even {REPLICAS_MAX:,} replicas cannot")
     # as many requests per replica (at the count the search starts from) as one replica's
     # search had: a finite run past capacity fails a loose SLO late, so the horizon matters
-    n = min(max(CAPACITY_REQUESTS, len(req.output)) * start, 200_000)
+    n = min(m * start, 200_000)
     seed = run.seed + SEED_OFFSET["replicas"]
     base, order = unit_rate(run, req, n, seed)
     replica, routers = dataclasses.replace(replica, order=order), run_routers(run)
@@ -4807,9 +4802,9 @@ def model_flags(p):
     m.add_argument("--model", choices=list(MODELS), default="post",
                    help="a named shape (random weights, nothing downloaded): the post's "
                         "(default) or an open model's, which runs at its own size")
-    m.add_argument("--layers", type=integer(), help="default 12")
-    m.add_argument("--hidden", type=integer(), help="default 2048")
-    m.add_argument("--heads", type=integer(), help="default 16")
+    m.add_argument("--layers", type=integer(), help=f"default {ModelConfig.layers}")
+    m.add_argument("--hidden", type=integer(), help=f"default {ModelConfig.hidden}")
+    m.add_argument("--heads", type=integer(), help=f"default {ModelConfig.heads}")
     m.add_argument("--kv-heads", type=integer(),
                    help="K/V heads (grouped-query attention; 1: multi-query; default: --heads)")
     m.add_argument("--mlp", choices=["gelu", "gated"],
@@ -4817,9 +4812,10 @@ def model_flags(p):
                         "then down; Llama's)")
     m.add_argument("--ffn-hidden", type=integer(),
                    help="the MLP's width (default: 4 x hidden for gelu, 8/3 x hidden for gated)")
-    m.add_argument("--vocab", type=integer(), help="default 32000")
-    m.add_argument("--max-positions", type=integer(), help="longest sequence (default 8192)")
-    m.add_argument("--dtype", choices=list(DTYPES), help="default float16")
+    m.add_argument("--vocab", type=integer(), help=f"default {ModelConfig.vocab}")
+    m.add_argument("--max-positions", type=integer(), help="longest sequence (default "
+                   f"{ModelConfig.max_positions})")
+    m.add_argument("--dtype", choices=list(DTYPES), help=f"default {ModelConfig.dtype}")
 
 
 def ab_flags(p):
@@ -4980,6 +4976,8 @@ def run_config(args):
     (resolved when A, B or D runs), the CPU preset, --quick and D's engine."""
     check_flags(args)
     experiments = args.experiments or ("AB" if args.arch == "post" else EXPERIMENTS)
+    if args.cost == "measured" and "A" not in experiments:
+        raise UsageError("--cost measured needs experiment A in the same run")
     device = resolve_device(args.device) if set("ABD") & set(experiments) else None
     cuda, on_cpu = (device is not None and device.type == t for t in ("cuda", "cpu"))
     if args.graphs in ("on", "both") and device is not None and not cuda:
@@ -5223,8 +5221,6 @@ def prepare_run(args):
     if "C" in run.experiments:
         requests = make_requests(run)
         kv = kv_setup(run, requests, device)
-        if run.cost == "measured" and "A" not in run.experiments:
-            raise UsageError("--cost measured needs experiment A in the same run")
     lengths, arrival = engine_requests(run) if "D" in run.experiments else (None, None)
     if lengths is not None:  # D's cache must hold the longest request
         check_engine(run, lengths)
