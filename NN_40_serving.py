@@ -76,6 +76,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     tied: bool = False         # the LM head is the token embedding
     name: str = "post"         # the preset it came from (see MODELS)
+    weights: str = None        # C's weight format (WEIGHT_FORMATS); None: the dtype's
+    kv_dtype: str = "auto"     # C's KV-cache elements: "auto" (the dtype's) or "fp8"
 
     @property
     def head_dim(self):
@@ -107,23 +109,51 @@ class ModelConfig:
     def position_rows(self):  # rows of the learned position table (rotary positions: none)
         return self.max_positions if self.positions == "learned" else 0
 
-    # Bytes per element of each kind of tensor, all --dtype's for now: the matmul weights, the
-    # KV cache, and everything else (activations, norms, embedding tables)
+    # Bytes per element of each kind of tensor: the matmul weights (--weights, with their
+    # scales), the KV cache (--kv-dtype), and everything else at --dtype (activations, norms,
+    # embedding tables and the LM head, which quantizers leave in 16 bits)
     @property
     def dtype_bytes(self):
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def weight_format(self):
+        return self.weights or DTYPE_FORMAT[self.dtype]
+
+    @property
     def weight_element_bytes(self):
-        return self.dtype_bytes
+        """A weight's bytes, its share of its group's scales included: int8 keeps one 2-byte
+        scale per output channel (a group of `hidden` inputs), int4 a 2-byte scale and a
+        2-byte zero per 32 weights (gpt-fast's g32), so 0.5 + 4/32 bytes."""
+        bits, group, scale_bytes = WEIGHT_FORMATS[self.weight_format]
+        return bits / 8 + (scale_bytes / (group or self.hidden) if scale_bytes else 0)
 
     @property
     def kv_element_bytes(self):
-        return self.dtype_bytes
+        return 1 if self.kv_dtype == "fp8" else self.dtype_bytes
+
+    @property
+    def fp8_compute(self):  # W8A8: its matmuls run at the card's FP8 rate
+        return self.weight_format == "fp8"
 
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+DTYPE_FORMAT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+# C's weight formats: (bits per weight, weights per scale group (None: per output channel),
+# bytes of scales per group). fp8 is W8A8 (FP8 matmuls, where the card has them); int8 and
+# int4 are weight-only (dequantized into 16-bit matmuls), as gpt-fast's and most servers' are.
+WEIGHT_FORMATS = {"fp32": (32, None, 0), "bf16": (16, None, 0), "fp16": (16, None, 0),
+                  "fp8": (8, None, 0), "int8": (8, None, 2), "int4": (4, 32, 4)}
+KV_DTYPES = ("auto", "fp8")
+
+# Published measurements of real engines: the project's validation rows, and the calibration
+# file the engine profiles are fitted on (beside the project, never copied into it)
+PROJECT_DIR = os.path.dirname(os.path.abspath(__file__))
+PUBLISHED_CSV = os.path.join(PROJECT_DIR, "tests", "data", "published.csv")
+CALIBRATION_CSV = os.path.normpath(os.path.join(PROJECT_DIR, "..", "shared", "published",
+                                                "calibration.csv"))
 
 # The post's model takes minutes per experiment on a CPU, so there every model field the user
 # leaves unset comes from this smaller preset; its dtype is a probe's choice (see probe_dtypes)
@@ -151,31 +181,74 @@ MODELS = {
     "qwen2.5-7b": ModelConfig(layers=28, hidden=3584, heads=28, kv_heads=4, vocab=152064,
                               max_positions=32768, ffn_hidden=18944, rope_theta=1e6,
                               name="qwen2.5-7b", **_LLAMA),
+    # the models of the published measurements C is checked against (see --validate); GPT-J's
+    # biases and its rotary positions on a quarter of each head are left out (no cost of note)
+    "gpt-j-6b": ModelConfig(layers=28, hidden=4096, heads=16, vocab=50400, max_positions=2048,
+                            positions="rope", name="gpt-j-6b"),
+    "llama-2-7b": ModelConfig(layers=32, hidden=4096, heads=32, vocab=32000, max_positions=4096,
+                              ffn_hidden=11008, name="llama-2-7b", **_LLAMA),
+    "llama-2-70b": ModelConfig(layers=80, hidden=8192, heads=64, kv_heads=8, vocab=32000,
+                               max_positions=4096, ffn_hidden=28672, name="llama-2-70b",
+                               **_LLAMA),
+    "llama-3.1-8b": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, vocab=128256,
+                                max_positions=131072, ffn_hidden=14336, rope_theta=500000.0,
+                                name="llama-3.1-8b", **_LLAMA),
+    "llama-3.1-70b": ModelConfig(layers=80, hidden=8192, heads=64, kv_heads=8, vocab=128256,
+                                 max_positions=131072, ffn_hidden=28672, rope_theta=500000.0,
+                                 name="llama-3.1-70b", **_LLAMA),
+    "llama-3.1-405b": ModelConfig(layers=126, hidden=16384, heads=128, kv_heads=8,
+                                  vocab=128256, max_positions=131072, ffn_hidden=53248,
+                                  rope_theta=500000.0, name="llama-3.1-405b", **_LLAMA),
 }
 
 
 @dataclass(frozen=True)
 class GPU:
-    """A card as its vendor specifies it: peak memory bandwidth, dense FP16/BF16 tensor
-    throughput (FP32 accumulate, what PyTorch's half-precision matmuls use), memory."""
+    """A card as its vendor specifies it: peak memory bandwidth, dense (not 2:4 sparse)
+    FP16/BF16 and FP8 tensor throughput with FP32 accumulate (None: no FP8 units), memory as
+    sold and as the driver reports it, and the link its tensor-parallel all-reduces cross
+    (NVLink, or PCIe where a card has none), in GB/s each way."""
     name: str
     bandwidth_gbs: float
     tflops: float
     memory_gb: float
+    fp8_tflops: float = None
+    link: str = "PCIe 4.0 x16"
+    link_gbs: float = 32.0
+    memory_mib: float = None      # the driver's total (None: memory_gb x 1e9 bytes)
+
+    @property
+    def memory_bytes(self):
+        return self.memory_mib * 2**20 if self.memory_mib else self.memory_gb * 1e9
+
+    def matmul_tflops(self, fp8=False):
+        """The rate a model's matmuls run at: FP8 (W8A8) where the card has FP8 units."""
+        return self.fp8_tflops if fp8 and self.fp8_tflops else self.tflops
 
 
-GPUS = {  # README cites the spec sheets
-    "rtx-5080": GPU("RTX 5080", 960.0, 112.6, 16.0),
-    "rtx-4090": GPU("RTX 4090", 1008.0, 165.2, 24.0),
-    "a100-80gb": GPU("A100 80GB SXM", 2039.0, 312.0, 80.0),
-    "h100": GPU("H100 SXM", 3350.0, 989.4, 80.0),
-    "h200": GPU("H200 SXM", 4800.0, 989.4, 141.0),
+_NVLINK3, _NVLINK4, _NVLINK5 = ("NVLink 3", 300.0), ("NVLink 4", 450.0), ("NVLink 5", 900.0)
+_PCIE4, _PCIE5 = ("PCIe 4.0 x16", 32.0), ("PCIe 5.0 x16", 64.0)
+
+
+def _card(name, bandwidth_gbs, tflops, memory_gb, fp8_tflops, link, memory_mib):
+    return GPU(name, bandwidth_gbs, tflops, memory_gb, fp8_tflops, *link, memory_mib)
+
+
+GPUS = {  # README cites the spec sheets; memory_mib is nvidia-smi's total for each card
+    "rtx-3090": _card("RTX 3090", 936.0, 71.0, 24.0, None, _PCIE4, 24576),
+    "rtx-4090": _card("RTX 4090", 1008.0, 165.2, 24.0, 330.3, _PCIE4, 24081),
+    "rtx-5080": _card("RTX 5080", 960.0, 112.6, 16.0, 225.1, _PCIE5, 16303),
+    "rtx-pro-6000": _card("RTX PRO 6000 Blackwell", 1792.0, 503.8, 96.0, 1007.6, _PCIE5,
+                          97887),
+    "l40s": _card("L40S", 864.0, 362.1, 48.0, 733.0, _PCIE4, 46068),
+    "a100-40gb": _card("A100 40GB SXM", 1555.0, 312.0, 40.0, None, _NVLINK3, 40960),
+    "a100-80gb": _card("A100 80GB SXM", 2039.0, 312.0, 80.0, None, _NVLINK3, 81920),
+    "a100-pcie-80gb": _card("A100 80GB PCIe", 1935.0, 312.0, 80.0, None, _PCIE4, 81920),
+    "h100-pcie": _card("H100 PCIe", 2000.0, 756.0, 80.0, 1513.0, _PCIE5, 81559),
+    "h100": _card("H100 SXM", 3350.0, 989.4, 80.0, 1978.9, _NVLINK4, 81559),
+    "h200": _card("H200 SXM", 4800.0, 989.4, 141.0, 1978.9, _NVLINK4, 143771),
+    "b200": _card("B200", 8000.0, 2250.0, 180.0, 4500.0, _NVLINK5, 183359),
 }
-
-# What C's analytic pricing takes of a card's peaks: kernels reach less than the spec sheet.
-# An H200 in this workplace copied at about 4.3 of its 4.8 TB/s and ran a large bf16 matmul
-# at 769-798 of its 989 TFLOP/s; the post's RTX 5080 reached 105.5 of its 112.6.
-CARD_EFFICIENCY = {"bandwidth": 0.9, "matmul": 0.8}
 
 EXPERIMENTS = "ABCD"
 
@@ -265,6 +338,8 @@ class RunConfig:
     engine_shrink: int = 1
     engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
     gpu: str = None               # a named card (GPUS) C prices and budgets for
+    tp: int = 1                   # C: cards per replica, tensor parallel
+    engine_profile: str = "tensorrt-llm"  # how C prices the card (ENGINE_PROFILES)
     replicas: int = 1             # C: identical replicas behind a router
     router: str = "all"           # the routers C's fleet and capacity studies compare
     slo_attainment: float = 0.9   # the share of requests that must meet the SLO
@@ -421,7 +496,7 @@ def weight_parts(cfg):
     if cfg.arch == "post":
         return {"matmuls": (L * h * h, cfg.weight_element_bytes)}
     return {"matmuls": (L * layer_weights(cfg), cfg.weight_element_bytes),
-            "lm_head": (0 if cfg.tied else cfg.vocab * h, cfg.weight_element_bytes),
+            "lm_head": (0 if cfg.tied else cfg.vocab * h, e),
             "norms": ((2 * L + 1) * cfg.norm_params, e),
             "embeddings": ((cfg.vocab + cfg.position_rows) * h, e)}
 
@@ -458,8 +533,8 @@ def step_cost(cfg, batch, new_tokens, context):
     matmul_flops = 2 * tokens * L * layer_weights(cfg) + 2 * batch * h * cfg.vocab
     attention_flops = 4 * h * L * batch * keys_seen  # (every query head: 4 h per key)
     looked_up = (2 if cfg.positions == "learned" else 1) * tokens * h  # embedding rows
-    weights_read = (L * layer_weights(cfg) + h * cfg.vocab) * cfg.weight_element_bytes + \
-        ((2 * L + 1) * cfg.norm_params + looked_up) * e
+    weights_read = L * layer_weights(cfg) * cfg.weight_element_bytes + \
+        (h * cfg.vocab + (2 * L + 1) * cfg.norm_params + looked_up) * e
     kv_read_bytes = batch * context * kv_bytes_per_token(cfg)
     kv_write_bytes = tokens * kv_bytes_per_token(cfg)
     # each matmul's input and output: qkv h + (h + 2 kv_dim), attention's q in and out 2h,
@@ -473,6 +548,8 @@ def step_cost(cfg, batch, new_tokens, context):
             "kv_read_bytes": kv_read_bytes,
             "kv_write_bytes": kv_write_bytes,
             "activation_bytes": activation_bytes,
+            "replicated_weight_bytes": (2 * L + 1) * cfg.norm_params * e,
+            "tokens": tokens,
             "bytes": weights_read + kv_read_bytes + kv_write_bytes + activation_bytes}
 
 
@@ -484,7 +561,49 @@ def post_step_cost(cfg, tokens):
     activations = 2 * L * h * tokens * cfg.dtype_bytes
     return {"flops": flops, "matmul_flops": flops, "attention_flops": 0, "weight_bytes": weights,
             "kv_read_bytes": 0, "kv_write_bytes": 0, "activation_bytes": activations,
-            "bytes": weights + activations}
+            "replicated_weight_bytes": 0, "tokens": tokens, "bytes": weights + activations}
+
+
+def kv_heads_per_card(cfg, tp):
+    """K/V heads each of `tp` cards holds: its share, rounded up (one head copied to several
+    cards where the cards outnumber the heads, as vLLM and TensorRT-LLM do)."""
+    return -(-cfg.n_kv_heads // tp)
+
+
+def card_weight_bytes(cfg, tp=1):
+    """The weights one of `tp` cards holds: its share of all but the norms, which every card
+    keeps."""
+    norms = weight_parts(cfg).get("norms", (0, 0))
+    replicated = norms[0] * norms[1]
+    return (weight_bytes(cfg) - replicated) / tp + replicated
+
+
+def card_kv_bytes_per_token(cfg, tp=1):
+    return kv_bytes_per_token(cfg) * kv_heads_per_card(cfg, tp) / cfg.n_kv_heads
+
+
+def card_share(cfg, cost, tp):
+    """One card's part of a step's cost under tensor parallelism over `tp` cards (Megatron's
+    split: q, K, V and the MLP's first matmuls by columns, the output projections by rows,
+    the LM head and token table by vocabulary; norms and activations on every card). -> the
+    cost with the FLOPs, matmul weights and KV traffic of one card, and `allreduce_bytes`:
+    what each card sends (and receives) for the step's two all-reduces per layer."""
+    if tp == 1:
+        return {**cost, "allreduce_bytes": 0}
+    kv_share = kv_heads_per_card(cfg, tp) / cfg.n_kv_heads
+    weights = cost["weight_bytes"] - cost["replicated_weight_bytes"]
+    share = {"flops": cost["flops"] / tp, "matmul_flops": cost["matmul_flops"] / tp,
+             "attention_flops": cost["attention_flops"] / tp,
+             "weight_bytes": weights / tp + cost["replicated_weight_bytes"],
+             "kv_read_bytes": cost["kv_read_bytes"] * kv_share,
+             "kv_write_bytes": cost["kv_write_bytes"] * kv_share,
+             "activation_bytes": cost["activation_bytes"]}
+    # ring all-reduce of the step's activations (tokens x hidden): 2 (tp - 1) / tp of them
+    share["allreduce_bytes"] = 2 * cfg.layers * cost["tokens"] * cfg.hidden * \
+        cfg.dtype_bytes * 2 * (tp - 1) / tp
+    share["bytes"] = sum(share[k] for k in ("weight_bytes", "kv_read_bytes", "kv_write_bytes",
+                                            "activation_bytes"))
+    return {**cost, **share}
 
 
 def memory_needed_bytes(cfg, batch, cache_len, new_tokens):
@@ -672,9 +791,10 @@ def make_requests(run):
 
 
 # -----------------------------------------------------------------------------
-# step costs: the seconds of one forward pass (pure NumPy)
-# A roofline of a card's (or this run's) peaks, or a fit to passes timed by A and B or by D's
-# engine. Calls the accounting.
+# step costs: the seconds of one forward pass, and their check against real engines (pure)
+# A card's spec sheet under an engine's profile, a roofline of this run's peaks, or a fit to
+# passes timed by A and B or by D's engine; and the published measurements that check them
+# (the profiles fitted on the calibration rows alone). Calls the accounting.
 
 
 @dataclass(frozen=True)
@@ -735,9 +855,9 @@ class StepCosts:
                 "kv_by_batch": [list(p) for p in self.kv_by_batch]}
 
 
-def analytic_costs(cfg, bandwidth_gbs, tflops, card=None):
-    """Roofline pricing: each pass takes max(FLOPs / peak, bytes / bandwidth). card: the GPU
-    whose spec these rates are a stated share of (CARD_EFFICIENCY), for the description."""
+def analytic_costs(cfg, bandwidth_gbs, tflops):
+    """Roofline pricing at a device's peaks (measured, given or the post's): each pass takes
+    max(FLOPs / peak, bytes / bandwidth)."""
     knots = [2**i for i in range(15)]
     seconds = []
     for n in knots:
@@ -745,18 +865,115 @@ def analytic_costs(cfg, bandwidth_gbs, tflops, card=None):
         seconds.append(max(cost["flops"] / (tflops * 1e12), cost["bytes"] / (bandwidth_gbs * 1e9)))
     source = {"kind": "pricing_analytic", "bandwidth_gbs": bandwidth_gbs, "tflops": tflops,
               "layers": cfg.layers, "hidden": cfg.hidden, "dtype": cfg.dtype}
-    if card:
-        source.update(kind="pricing_card", card=card.name, model=cfg.name,
-                      bandwidth_share=CARD_EFFICIENCY["bandwidth"],
-                      matmul_share=CARD_EFFICIENCY["matmul"])
     return StepCosts(tuple(knots), tuple(seconds), kv_bytes_per_token(cfg) / (bandwidth_gbs * 1e9),
                      source)
 
 
-def card_costs(cfg, card):
-    """C's analytic prices for a named card: its spec peaks times CARD_EFFICIENCY."""
-    return analytic_costs(cfg, card.bandwidth_gbs * CARD_EFFICIENCY["bandwidth"],
-                          card.tflops * CARD_EFFICIENCY["matmul"], card)
+@dataclass(frozen=True)
+class EngineProfile:
+    """How close an engine comes to a card's spec sheet, and its batch limits.
+
+    A pass of T tokens on one of tp cards costs
+        step_s + max(matmul FLOPs / (rate x matmul_share x T / (T + half_tokens)),
+                     (weights + activations) / (bandwidth x bandwidth_share))
+        + 2 layers x (allreduce_s + all-reduce bytes / (link x link_share))     (tp > 1)
+    and each cached token it reads K and V of costs their bytes / (bandwidth x bandwidth_share):
+    the matmuls and attention each at their own bound, summed, a fixed cost per pass (launch,
+    schedule, sample), and matmuls that reach less of the FLOP rate the fewer rows they have.
+    Weight-only int8 and int4 add dequant_flops of work per weight at the 16-bit rate (their
+    kernels reach less bandwidth: gpt-fast's README reports 69%, 52% and 42% of an A100's for
+    bf16, int8 and int4). The KV cache gets kv_fraction of each card's memory left after the
+    weights and reserved_gb (activations, workspace, CUDA graphs).
+    """
+    name: str
+    bandwidth_share: float
+    matmul_share: float
+    half_tokens: float = 0.0
+    step_s: float = 0.0
+    allreduce_s: float = 0.0
+    link_share: float = 1.0
+    reserved_gb: float = 0.0
+    dequant_flops: float = 0.0
+    kv_fraction: float = KV_MEMORY_FRACTION
+    max_batch: int = 256
+    max_tokens: int = 8192
+    fitted_on: str = "none"
+
+    def fields(self):
+        return dataclasses.asdict(self)
+
+
+FIT_FIELDS = ("bandwidth_share", "matmul_share", "half_tokens", "step_s", "allreduce_s",
+              "reserved_gb", "dequant_flops")
+
+# `roofline` is C's pricing before it was checked against any engine (90% and 80% of a card's
+# spec: an H200 in this workplace copied at about 4.3 of its 4.8 TB/s and ran a large bf16
+# matmul at 769-798 of its 989 TFLOP/s; the post's RTX 5080 reached 105.5 of its 112.6). The
+# others are fitted by fit_profile on their engine's rows of the published calibration file
+# (../shared/published/calibration.csv) and on nothing else; README gives the fit's errors.
+# vLLM has no calibration rows: its profile takes TensorRT-LLM's efficiencies and vLLM's own
+# defaults (max_num_seqs 256; the batch's token budget), and is checked on real vLLM runs.
+ENGINE_PROFILES = {
+    "roofline": EngineProfile("roofline", 0.9, 0.8, fitted_on="the spec sheets"),
+    # 48 rows: v0.5.0's GPT-J static batches and first tokens, v0.14.0's in-flight Llama-3.1
+    # 8B and 70B (max_batch and max_tokens: trtllm-build's defaults, not fitted)
+    "tensorrt-llm": EngineProfile("tensorrt-llm", bandwidth_share=0.77, matmul_share=0.54,
+                                  half_tokens=32.0, step_s=2.75e-3, allreduce_s=100e-6,
+                                  reserved_gb=7.0, max_batch=2048, max_tokens=8192,
+                                  fitted_on="TensorRT-LLM's 48 dense calibration rows"),
+    # 6 rows: Llama-2-7B at batch 1 in bf16, int8 and int4, and bf16 on 2, 4 and 8 cards (the
+    # FLOP rate and the reserve are not seen at batch 1: left at their starting values)
+    "gpt-fast": EngineProfile("gpt-fast", bandwidth_share=0.73, matmul_share=0.76,
+                              half_tokens=64.0, step_s=1.4e-3, allreduce_s=6e-6,
+                              dequant_flops=10.0, max_batch=1,
+                              fitted_on="gpt-fast's 6 calibration rows"),
+}
+# Where each profile's fit starts (and what a field the rows cannot tell keeps)
+FIT_START = EngineProfile("fit start", 0.9, 0.8)
+ENGINE_PROFILES["vllm"] = dataclasses.replace(
+    ENGINE_PROFILES["tensorrt-llm"], name="vllm", max_batch=256, max_tokens=8192,
+    fitted_on="none (TensorRT-LLM's efficiencies)")
+DEFAULT_PROFILE = "tensorrt-llm"
+
+# C's pricing knots: tokens per pass, powers of two and the midpoints (x 1.5) between them
+PRICE_KNOTS = tuple(sorted({2**i for i in range(17)} | {3 * 2**i for i in range(16)}))
+
+
+def pass_seconds(cfg, card, profile, tp, tokens):
+    """Seconds of one forward pass of `tokens` new tokens on one of `tp` cards, its cache
+    reads apart (see EngineProfile)."""
+    cost = card_share(cfg, step_cost(cfg, tokens, 1, 0), tp)
+    rate = card.matmul_tflops(cfg.fp8_compute) * 1e12 * profile.matmul_share
+    rate *= tokens / (tokens + profile.half_tokens)
+    bandwidth = card.bandwidth_gbs * 1e9 * profile.bandwidth_share
+    seconds = profile.step_s + max(cost["matmul_flops"] / rate,
+                                   (cost["weight_bytes"] + cost["activation_bytes"]) / bandwidth)
+    if cfg.weight_format in ("int8", "int4"):  # weight-only: every weight dequantized
+        seconds += cfg.layers * layer_weights(cfg) / tp * profile.dequant_flops / (card.tflops * 1e12)
+    seconds += cost["kv_write_bytes"] / bandwidth
+    if tp > 1:
+        seconds += 2 * cfg.layers * profile.allreduce_s + \
+            cost["allreduce_bytes"] / (card.link_gbs * 1e9 * profile.link_share)
+    return seconds
+
+
+def card_costs(cfg, card, profile=None, tp=1):
+    """C's prices for a named card, an engine's profile of it, and tensor parallelism."""
+    profile = profile or ENGINE_PROFILES[DEFAULT_PROFILE]
+    seconds = tuple(pass_seconds(cfg, card, profile, tp, n) for n in PRICE_KNOTS)
+    kv_s = card_kv_bytes_per_token(cfg, tp) / (card.bandwidth_gbs * 1e9 * profile.bandwidth_share)
+    source = {"kind": "pricing_card", "card": card.name, "model": cfg.name, "tp": tp,
+              "weights": cfg.weight_format, "kv_dtype": cfg.kv_dtype, "profile": profile.name,
+              "bandwidth_share": profile.bandwidth_share, "matmul_share": profile.matmul_share,
+              "step_us": profile.step_s * 1e6}
+    return StepCosts(PRICE_KNOTS, seconds, kv_s, source)
+
+
+def card_kv_tokens(cfg, card, profile, tp=1):
+    """The KV cache's tokens on `tp` cards: kv_fraction of what each card has left after its
+    weights and profile.reserved_gb, over one card's bytes per token (0: nothing fits)."""
+    free = card.memory_bytes - card_weight_bytes(cfg, tp) - profile.reserved_gb * 1e9
+    return max(int(profile.kv_fraction * free // card_kv_bytes_per_token(cfg, tp)), 0)
 
 
 def fit_step_costs(decode_rows, prefill_rows, context, kv_token_s, source):
@@ -820,6 +1037,197 @@ def fit_passes(passes, source):
         knots[tokens] = max(float((seconds - costs.kv_s(tokens) * kv).mean()), 1e-9)
     x = sorted(knots)
     return dataclasses.replace(costs, tokens=tuple(x), seconds=tuple(knots[k] for k in x))
+
+
+# C's prices against published measurements of real engines on real GPUs.
+# Each row of a published table (an engine, a model, a card, a precision, TP, a workload and
+# what was measured) is predicted from C's prices: a batch-1 decode rate, a first token, a
+# static batch's throughput, or an in-flight batch's steady state under all-queued load. The
+# profiles' constants are fitted on the calibration file's rows alone (fit_profile); every
+# other row is validation. Calls the accounting and the step costs.
+
+PUBLISHED_MODELS = {"GPT-J-6B": "gpt-j-6b", "Llama-2-7B": "llama-2-7b",
+                    "Llama-2-70B": "llama-2-70b", "Llama-3.1-8B": "llama-3.1-8b",
+                    "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b",
+                    "Mistral-7B": "mistral-7b"}
+PUBLISHED_CARDS = {"H100 SXM 80GB HBM3": "h100", "H100 80GB HBM3": "h100",
+                   "H200 141GB HBM3": "h200", "L40S 48GB": "l40s", "L40S": "l40s",
+                   "A100 80GB": "a100-80gb", "A100-SXM4-80GB": "a100-80gb",
+                   "A100-PCIE-80GB": "a100-pcie-80gb"}
+PUBLISHED_ENGINES = {"trtllm": "tensorrt-llm", "gptfast": "gpt-fast"}
+GPT_FAST_OUTPUT = 200  # gpt-fast's generate.py default max_new_tokens (its README: none)
+
+
+class Published(NamedTuple):
+    """One published measurement, in C's names; `role`: calibration or validation."""
+    source: str
+    engine: str
+    model: str
+    gpu: str
+    tp: int
+    weights: str
+    kv_dtype: str
+    batch: object      # an int (a static batch), or "max-load" (in-flight, all queued)
+    isl: int
+    osl: int
+    metric: str
+    value: float
+    role: str
+
+
+def published_weights(text):
+    """A table's precision in C's names: "int4 weight-only g32" -> int4."""
+    name = text.split()[0].lower() if text else ""
+    if name not in WEIGHT_FORMATS:
+        raise ValueError(f"precision {text!r}")
+    return name
+
+
+def published_row(r, role):
+    """A CSV row (calibration.csv's columns or tests/data/published.csv's) -> Published, or
+    the reason C cannot express it (a model or card it cannot name)."""
+    model, gpu = PUBLISHED_MODELS.get(r["model"]), PUBLISHED_CARDS.get(r["gpu"])
+    engine = PUBLISHED_ENGINES.get(r["source_id"].split("_")[0])
+    if model is None or gpu is None or engine is None:
+        what = "model" if model is None else "card" if gpu is None else "engine"
+        return f"{what} {r['model'] if model is None else r['gpu'] if gpu is None else r['source_id']}"
+    weights = published_weights(r.get("weights") or r.get("weight_dtype"))
+    kv = (r.get("kv_dtype") or "").lower()
+    # (the L40S's KV type is not stated: TensorRT-LLM's FP8 builds take an FP8 cache)
+    kv = "fp8" if kv == "fp8" or (not kv and weights == "fp8") else "auto"
+    batch = r.get("batch") or r.get("batch_or_concurrency")
+    osl = int(r["osl"]) if r["osl"] else GPT_FAST_OUTPUT
+    return Published(r["source_id"], engine, model, gpu, int(r["tp"]), weights, kv,
+                     batch if batch == "max-load" else int(batch), int(r["isl"]), osl,
+                     r["metric"], float(r["value"]), role)
+
+
+def read_published(path, role):
+    """-> (the rows C can express, {reason: rows it cannot})."""
+    import csv
+    rows, left = [], {}
+    with open(path, newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            row = published_row(r, role)
+            if isinstance(row, str):
+                left[row] = left.get(row, 0) + 1
+            else:
+                rows.append(row)
+    return rows, left
+
+
+def row_model(row):
+    return dataclasses.replace(MODELS[row.model], weights=row.weights, kv_dtype=row.kv_dtype,
+                               dtype="float16" if row.weights == "fp16" else "bfloat16")
+
+
+def max_load_tokens_per_s(costs, kv_tokens, profile, isl, osl):
+    """Output tokens/s of an in-flight batch under all-queued load, in its steady state: as
+    many rows as the KV cache holds with each request's whole length reserved at admission
+    (TensorRT-LLM's guaranteed-no-evict) and the engine's batch allows; every step each row
+    decodes a token and batch/osl prompts start, their tokens in the same pass (up to the
+    engine's tokens per pass); the rows' caches hold isl + osl/2 tokens on average."""
+    per_step = 1 + isl / osl  # tokens per row per step
+    batch = min(profile.max_batch, kv_tokens // (isl + osl), profile.max_tokens / per_step)
+    if batch < 1:
+        return None
+    tokens = max(round(batch * per_step), 1)
+    step_s = costs.pass_s(tokens) + costs.kv_s(tokens) * batch * (isl + osl / 2)
+    return batch / step_s
+
+
+def predict_published(row, profile):
+    """C's value of a published row's metric under an engine profile (None: it does not fit)."""
+    cfg, card = row_model(row), GPUS[row.gpu]
+    costs = card_costs(cfg, card, profile, row.tp)
+    if row.metric == "ttft_ms":
+        return 1e3 * costs.pass_s(row.batch * row.isl)
+    if row.batch == "max-load":
+        return max_load_tokens_per_s(costs, card_kv_tokens(cfg, card, profile, row.tp),
+                                     profile, row.isl, row.osl)
+    b, isl, osl = row.batch, row.isl, row.osl
+    seconds = costs.pass_s(b * isl) + costs.run_s(b, b * isl, osl - 1)
+    return (b * osl if row.metric == "output_tokens_per_s" else osl) / seconds
+
+
+def published_errors(rows, profiles):
+    """[(row, predicted, signed error predicted / published - 1)], each by its engine's
+    profile (None where it does not fit)."""
+    out = []
+    for row in rows:
+        got = predict_published(row, profiles[row.engine])
+        out.append((row, got, None if got is None else got / row.value - 1))
+    return out
+
+
+def fit_loss(rows, profile):
+    """Mean squared log error of a profile on rows (a row it cannot fit counts as 100% off)."""
+    errors = [math.log(got / row.value) if got else math.log(2.0)
+              for row, got, _ in published_errors(rows, {row.engine: profile for row in rows})]
+    return float(np.mean(np.square(errors)))
+
+
+FIT_GRID = {"bandwidth_share": np.linspace(0.5, 1.0, 51), "matmul_share": np.linspace(0.3, 1.0, 36),
+            "half_tokens": np.array([0, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048]),
+            "step_s": np.linspace(0, 5e-3, 101), "allreduce_s": np.linspace(0, 100e-6, 51),
+            "reserved_gb": np.linspace(0, 12, 25), "dequant_flops": np.linspace(0, 300, 61)}
+
+
+def fit_start(profile):
+    """Where a profile's fit starts: FIT_START's fields, the profile's batch limits."""
+    return dataclasses.replace(profile, **{f: getattr(FIT_START, f) for f in FIT_FIELDS})
+
+
+def fit_profile(rows, profile, rounds=4):
+    """The profile's FIT_FIELDS fitted to `rows` (calibration rows only: the caller's
+    contract, checked by a test) by coordinate search over FIT_GRID: each field in turn
+    takes the grid value of least fit_loss, until a round changes nothing. A field the rows
+    cannot tell (the FLOP rate, from batch-1 rows) keeps its value."""
+    best = fit_loss(rows, profile)
+    for _ in range(rounds):
+        changed = False
+        for field in FIT_FIELDS:
+            for value in FIT_GRID[field]:
+                trial = dataclasses.replace(profile, **{field: float(value)})
+                loss = fit_loss(rows, trial)
+                if loss < best - 1e-12:
+                    best, profile, changed = loss, trial, True
+        if not changed:
+            break
+    return profile, best
+
+
+def error_summary(errors):
+    """Rows, median absolute and signed error, and the worst row of a list of errors."""
+    e = np.array([x for x in errors if x is not None])
+    if not len(e):
+        return {"rows": 0}
+    return {"rows": len(e), "median_abs": float(np.median(np.abs(e))),
+            "median": float(np.median(e)), "max_abs": float(np.abs(e).max()),
+            "within_15": float(np.mean(np.abs(e) <= 0.15)), "unfit": len(errors) - len(e)}
+
+
+def validate(path, calibration_path=None, profiles=None):
+    """--validate: every row of the published file (validation) and of the calibration file
+    (where it exists) predicted by its engine's profile. -> the rows with their errors, a
+    summary by source and role, and what C could not express."""
+    profiles = profiles or ENGINE_PROFILES
+    rows, left = read_published(path, "validation")
+    if calibration_path and os.path.exists(calibration_path):
+        cal, cal_left = read_published(calibration_path, "calibration")
+        rows += cal
+        left.update({f"{k} (calibration)": v for k, v in cal_left.items()})
+    errors = published_errors(rows, profiles)
+    by = {}
+    for row, _, err in errors:
+        by.setdefault((row.role, row.source), []).append(err)
+        by.setdefault((row.role, "all"), []).append(err)
+    return {"rows": [{**row._asdict(), "predicted": got, "error": err,
+                      "profile": profiles[row.engine].name} for row, got, err in errors],
+            "summary": [{"role": role, "source": source, **error_summary(errs)}
+                        for (role, source), errs in sorted(by.items())],
+            "left_out": left, "profiles": {k: p.fields() for k, p in profiles.items()},
+            "files": {"validation": path, "calibration": calibration_path}}
 
 
 # -----------------------------------------------------------------------------
@@ -2281,11 +2689,14 @@ def kv_budget_bytes(run, device):
     weights = weight_bytes(cfg)
     if run.kv_memory_gb:
         return run.kv_memory_gb * 1e9, {"kind": "memory_flag"}
-    if run.gpu:  # (the card C plans for, whatever this machine has)
-        card = GPUS[run.gpu]
-        return (KV_MEMORY_FRACTION * card.memory_gb * 1e9 - weights,
-                {"kind": "memory_card", "fraction": KV_MEMORY_FRACTION, "card": card.name,
-                 "total_gb": card.memory_gb, "weights_gib": weights / 2**30})
+    if run.gpu:  # (the card C plans for, whatever this machine has; tp of them)
+        card, profile = GPUS[run.gpu], ENGINE_PROFILES[run.engine_profile]
+        tokens = card_kv_tokens(cfg, card, profile, run.tp)
+        return (tokens * kv_bytes_per_token(cfg),
+                {"kind": "memory_card", "fraction": profile.kv_fraction, "card": card.name,
+                 "total_gb": card.memory_bytes / 1e9, "tp": run.tp,
+                 "reserved_gb": profile.reserved_gb,
+                 "weights_gib": card_weight_bytes(cfg, run.tp) / 2**30})
     if device is not None and device.type == "cuda":
         total = torch.cuda.mem_get_info(cuda_index(device))[1]
         return (KV_MEMORY_FRACTION * total - weights,
@@ -2807,24 +3218,25 @@ def kv_device_check(bench, kv):
 # simulation a worker's task. Calls the pure sections only.
 
 
-def catalog(context=1024, batch=64):
+def catalog(context=1024, batch=64, profile_name=DEFAULT_PROFILE):
     """Every named model on every named card, from the accounting alone: the weights, the KV
-    bytes per token, the KV tokens that fit in KV_MEMORY_FRACTION of the card after the
-    weights, the batch from which a decode step reads more KV than weights, and C's analytic
-    price of a decode step at batch 1 and `batch`, every row holding `context` tokens."""
+    bytes per token, the KV tokens that fit on one card (see card_kv_tokens), the batch from
+    which a decode step reads more KV than weights, and C's price of a decode step at batch 1
+    and `batch` under an engine profile, every row holding `context` tokens."""
+    profile = ENGINE_PROFILES[profile_name]
     rows = []
     for name, cfg in MODELS.items():
         weights, per_token = weight_bytes(cfg), kv_bytes_per_token(cfg)
         for key, card in GPUS.items():
-            costs = card_costs(cfg, card)
-            fit = max(int((KV_MEMORY_FRACTION * card.memory_gb * 1e9 - weights) // per_token), 0)
+            costs = card_costs(cfg, card, profile)
+            fit = card_kv_tokens(cfg, card, profile)
             rows.append({"model": name, "gpu": key, "weights_gb": weights / 1e9,
                          "kv_bytes_per_token": per_token, "kv_tokens": fit,
                          "crossover_batch": kv_crossover_batch(cfg, context), **{
                              f"decode_b{b}_ms": 1e3 * costs.pass_s(b, b * context)
                              if b * (context + 1) <= fit else None for b in (1, batch)}})
-    return {"context": context, "batch": batch, "fraction": KV_MEMORY_FRACTION, **{
-        f"{k}_share": v for k, v in CARD_EFFICIENCY.items()}, "rows": rows}
+    return {"context": context, "batch": batch, "fraction": profile.kv_fraction,
+            "profile": profile.fields(), "rows": rows}
 
 
 def seed_spread(n, slots):
@@ -2881,7 +3293,8 @@ def step_costs(run, results):
     if run.cost == "measured" or (run.cost is None and "A" in results and not run.gpu):
         return measured_costs(run.model, results)  # (run_config refuses it without A)
     if run.gpu and not (run.peak_bandwidth_gbs or run.peak_tflops):
-        return card_costs(run.model, GPUS[run.gpu])
+        return card_costs(run.model, GPUS[run.gpu], ENGINE_PROFILES[run.engine_profile],
+                          run.tp)
     ceil = results["environment"].get("ceilings", {})
     return analytic_costs(run.model, run.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
                           or REFERENCE_BANDWIDTH_GBS,
@@ -3792,6 +4205,7 @@ UNITS = {
     "ms": lambda v: f"{1e3 * v:,.1f}",           # seconds shown in milliseconds
     "ms0": lambda v: f"{1e3 * v:,.0f}",          # (to the millisecond)
     "pct": lambda v: f"{100 * v:.1f}%",          # a share in per cent
+    "spct": lambda v: f"{100 * v:+.1f}%",        # a signed error in per cent
     "s": lambda v: f"{v:,.2f}" if v >= 1 else f"{v:.3f}",  # seconds, to 3 figures below 1
     "text": str,                                 # a cell already written
 }
@@ -4152,12 +4566,39 @@ def catalog_table(T, cat):
                                                   f"{r[key]:,.2f}"
                                                   for key in ("decode_b1_ms", f"decode_b{b}_ms")}}
             for r in cat["rows"]]
-    return "\n".join([T["catalog"].format(**cat), spec_table(T, rows, [
+    return "\n".join([T["catalog"].format(**cat, **cat["profile"],
+                                          step_us=cat["profile"]["step_s"] * 1e6), spec_table(T, rows, [
         ("model_col", "model", "text"), ("card_col", "card", "text"),
         ("weights_gb", "weights_gb", ",.2f"), ("kv_per_token", "kv_bytes_per_token", ","),
         ("kv_fit", "kv_tokens", ","), ("crossover_col", "crossover_batch", ","),
         ("decode_b1", "decode_b1_ms", "text"), ("decode_bn", f"decode_b{b}_ms", "text")],
         batch=b)])
+
+
+VALIDATION_COLUMNS = [("role_col", "role", "text"), ("source_col", "source", "text"),
+                      ("rows_col", "rows", ","), ("median_abs_col", "median_abs", "pct"),
+                      ("median_col", "median", "spct"), ("max_abs_col", "max_abs", "pct"),
+                      ("within_col", "within_15", "pct")]
+WORST_COLUMNS = [("role_col", "role", "text"), ("model_col", "model", "text"),
+                 ("card_col", "gpu", "text"), ("tp_col", "tp", ","),
+                 ("weights_col", "weights", "text"), ("lengths_col", "lengths", "text"),
+                 ("metric_col", "metric", "text"), ("published_col", "value", ",.1f"),
+                 ("predicted_col", "predicted", ",.1f"), ("error_col", "error", "spct")]
+
+
+def validation_tables(T, V, worst=12):
+    """--validate: errors by source (calibration and validation apart), the worst rows, and
+    what C could not express."""
+    rows = [{**r, "lengths": f"{r['batch']} x {r['isl']}/{r['osl']}"} for r in V["rows"]
+            if r["error"] is not None]
+    rows.sort(key=lambda r: -abs(r["error"]))
+    profiles = "; ".join(f"{k}: {p['fitted_on']}" for k, p in V["profiles"].items())
+    left = ", ".join(f"{n} ({why})" for why, n in V["left_out"].items()) or "-"
+    return "\n".join([T["validation"].format(profiles=profiles, **V["files"]),
+                      spec_table(T, V["summary"], VALIDATION_COLUMNS),
+                      T["validation_worst"].format(n=worst),
+                      spec_table(T, rows[:worst], WORST_COLUMNS),
+                      T["validation_left"].format(left=left)])
 
 
 def format_tables(results, lang="en"):
@@ -4789,6 +5230,14 @@ def build_parser():
                    help="print every named model on every named card (weights, KV bytes per "
                         "token, KV tokens that fit, where KV reads pass weight reads, priced "
                         "decode steps) and exit; touches no device")
+    p.add_argument("--validate", nargs="?", const=PUBLISHED_CSV, metavar="CSV",
+                   help="predict published measurements of real engines (default: the "
+                        "project's tests/data/published.csv) and the calibration file's rows, "
+                        "print predicted against published by source, and exit")
+    p.add_argument("--calibration", metavar="CSV", default=CALIBRATION_CSV,
+                   help="the published rows the engine profiles were fitted on (default: "
+                        "../shared/published/calibration.csv beside the project; skipped when "
+                        "absent)")
     for flags in (model_flags, ab_flags, c_flags, fleet_flags, kv_flags, d_flags, output_flags):
         flags(p)
     return p
@@ -4816,6 +5265,12 @@ def model_flags(p):
     m.add_argument("--max-positions", type=integer(), help="longest sequence (default "
                    f"{ModelConfig.max_positions})")
     m.add_argument("--dtype", choices=list(DTYPES), help=f"default {ModelConfig.dtype}")
+    m.add_argument("--weights", choices=[w for w in WEIGHT_FORMATS if w != "fp32"],
+                   help="C's weight format: bf16, fp16, fp8 (W8A8 at the card's FP8 rate), "
+                        "int8 or int4 (weight-only, their scales counted; default: --dtype's). "
+                        "A, B and D time --dtype for real")
+    m.add_argument("--kv-dtype", choices=KV_DTYPES,
+                   help="C's KV-cache elements: auto (--dtype's; default) or fp8")
 
 
 def ab_flags(p):
@@ -4869,10 +5324,14 @@ def c_flags(p):
              help="price steps from this run's A/B rows or from a roofline (default: measured "
                   "when A runs and no --gpu is named)")
     add_flag(c, "--gpu", choices=list(GPUS),
-             help=f"the card C plans for: its analytic prices (spec peaks x "
-                  f"{CARD_EFFICIENCY['bandwidth']:g} bandwidth, x "
-                  f"{CARD_EFFICIENCY['matmul']:g} FLOP/s) and its memory for the KV budget "
-                  "(default: this run's measurements, else the post's RTX 5080)")
+             help="the card C plans for: its spec sheet priced by --engine-profile and its "
+                  "memory for the KV budget (default: this run's measurements, else the post's "
+                  "RTX 5080)")
+    add_flag(c, "--tp", type=integer(1, 64), help="tensor parallel: each replica's weights and "
+             "KV cache split over this many --gpu cards, two all-reduces a layer over its link")
+    c.add_argument("--engine-profile", choices=list(ENGINE_PROFILES),
+                   help=f"how close the engine comes to --gpu's spec (default {DEFAULT_PROFILE}"
+                        "; roofline: 90%% and 80%% of its peaks, no fixed costs)")
     add_flag(c, "--order", choices=ORDERS,
              help="who takes a free seat first, in every scheduler of C (and D): fcfs (first "
                   "come, first served; default), sjf (shortest output first, by the true "
@@ -4992,11 +5451,14 @@ def run_config(args):
                        "device": device and device.type, "graphs": graphs[args.graphs],
                        "contexts": tuple(sorted(set(contexts) | {args.context})),
                        "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default,
-                       "preset": preset, "dtype_given": args.dtype is not None})
+                       "preset": preset, "dtype_given": args.dtype is not None,
+                       "engine_profile": args.engine_profile or DEFAULT_PROFILE})
     longest = max(max(run.contexts) + 1, max(run.prefill_lengths))
     if device is not None and model.arch == "transformer" and longest > model.max_positions:
         raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
                          f"{model.max_positions}")
+    if run.gpu:
+        check_card_fits(run)
     if run.quick:
         run = quick_run(run)
     engine = ENGINE_QUICK if run.quick else ENGINE_CPU if on_cpu else {
@@ -5020,10 +5482,27 @@ def check_flags(args):
                          "--slo-tpot-ms)")
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
+    for flag, given in (("--tp", (args.tp or 1) > 1), ("--engine-profile", args.engine_profile)):
+        if given and not args.gpu:
+            raise UsageError(f"{flag} prices a named card: give --gpu")
+    if (args.weights or args.kv_dtype) and set(args.experiments or EXPERIMENTS) - {"C"}:
+        raise UsageError("--weights and --kv-dtype price C only (A, B and D time --dtype for "
+                         "real): add --experiments C")
+
+
+def check_card_fits(run):
+    """The weights of one replica's shard must fit on its card, before C plans for it."""
+    card, weights = GPUS[run.gpu], card_weight_bytes(run.model, run.tp)
+    if weights > card.memory_bytes:
+        least = math.ceil(weight_bytes(run.model) / card.memory_bytes)
+        raise UsageError(f"{run.model.name} in {run.model.weight_format} needs "
+                         f"{weights / 1e9:,.1f} GB of weights on each of {run.tp} x {card.name} "
+                         f"({card.memory_bytes / 1e9:,.1f} GB): give --tp {least} or more, or "
+                         "smaller --weights")
 
 
 MODEL_FLAGS = ("layers", "hidden", "heads", "kv_heads", "mlp", "ffn_hidden", "vocab",
-               "max_positions", "dtype")
+               "max_positions", "dtype", "weights", "kv_dtype")
 
 
 def model_config(args, on_cpu):
@@ -5143,10 +5622,13 @@ def banner(results, T):
                             for d, t in probe["times"].items())))
     if results["config"].get("gpu"):
         card = GPUS[results["config"]["gpu"]]
+        profile = ENGINE_PROFILES[results["config"]["engine_profile"]]
         lines.append(T["card"].format(name=card.name, bandwidth=card.bandwidth_gbs,
                                       tflops=card.tflops, memory=card.memory_gb,
-                                      bandwidth_share=CARD_EFFICIENCY["bandwidth"],
-                                      matmul_share=CARD_EFFICIENCY["matmul"]))
+                                      link=card.link, tp=results["config"]["tp"],
+                                      profile=profile.name,
+                                      bandwidth_share=profile.bandwidth_share,
+                                      matmul_share=profile.matmul_share))
     if env.get("device_type") == "cpu" and cfg["name"] != "post" and \
             cfg["weight_bytes"] > 2**30:
         lines.append(T["slow_cpu"].format(name=cfg["name"], gib=cfg["weight_bytes"] / 2**30))
@@ -5177,6 +5659,25 @@ def replot(args):
     return {"written": written, "missing": missing}
 
 
+def run_validation(args):
+    """--validate: C's prices against the published rows; prints them, writes results.json."""
+    try:
+        V = validate(args.validate, args.calibration)
+    except OSError as e:
+        raise UsageError(f"cannot read {e.filename}: {e.strerror}")
+    except (KeyError, ValueError) as e:
+        raise UsageError(f"{args.validate}: not a file of published rows ({one_line(e)}); its "
+                         "columns: " + ", ".join(Published._fields[:-1]))
+    if not V["rows"]:
+        raise UsageError(f"{args.validate}: no row C can express")
+    print(validation_tables(TEXT[args.lang], V))
+    prepare_out_dir(args.out)
+    path = os.path.join(args.out, "results.json")
+    write_atomic(path, to_json({"validation": V}))
+    print(TEXT[args.lang]["wrote_json"].format(json=path))
+    return {"validation": V}
+
+
 def _main(argv):
     args = build_parser().parse_args(argv)
     if args.replot:
@@ -5185,6 +5686,8 @@ def _main(argv):
         results = {"catalog": catalog()}
         print(catalog_table(TEXT[args.lang], results["catalog"]))
         return results
+    if args.validate:
+        return run_validation(args)
     run, device, inputs, dtype_probe = prepare_run(args)
     cfg = run.model
     results = {"environment": environment(run, device, argv),
@@ -5315,9 +5818,9 @@ TEXT = {
                  "parameters, {gib:.2f} GiB",
         "label_post": "the post's", "kv_heads": " ({n} K/V heads)", "mlp_gelu": "GELU",
         "mlp_gated": "gated SiLU",
-        "card": "card: {name} ({bandwidth:,.0f} GB/s, {tflops:,.1f} TFLOP/s dense FP16/BF16, "
-                "{memory:g} GB by its spec sheet); C prices it at {bandwidth_share:.0%} and "
-                "{matmul_share:.0%} of those peaks",
+        "card": "card: {tp} x {name} ({bandwidth:,.0f} GB/s, {tflops:,.1f} TFLOP/s dense FP16/BF16, "
+                "{memory:g} GB by its spec sheet, {link}); C prices it by the {profile} profile "
+                "({bandwidth_share:.0%} of its bandwidth, up to {matmul_share:.0%} of its FLOP/s)",
         "slow_cpu": "note: {name} runs at its own size on this CPU ({gib:.1f} GiB of weights, all "
                     "read at every decode step): expect minutes per experiment; --experiments C "
                     "prices it without running it",
@@ -5391,9 +5894,10 @@ TEXT = {
         "arrivals_gamma": "gamma gaps, burstiness {burstiness:g}, at {rate:g} requests/s",
         "pricing_analytic": "analytic roofline ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} "
                             "TFLOP/s, {layers}x{hidden} {dtype})",
-        "pricing_card": "analytic roofline of the {card} ({bandwidth_gbs:,.0f} GB/s and "
-                        "{tflops:,.1f} TFLOP/s: {bandwidth_share:.0%} and {matmul_share:.0%} of "
-                        "its spec), {model} in {dtype}",
+        "pricing_card": "the {card}'s spec priced by the {profile} profile ({bandwidth_share:.0%} "
+                        "of its bandwidth, up to {matmul_share:.0%} of its FLOP/s, {step_us:.0f} "
+                        "us a pass), {model} with {weights} weights and a {kv_dtype} KV cache on "
+                        "{tp} card(s)",
         "pricing_measured": "measured on {device} ({mode})",
         "pricing_engine": "measured for D on {device} (means)",
         "seconds": "seconds", "req_s": "req/s", "goodput": "goodput req/s",
@@ -5459,8 +5963,8 @@ TEXT = {
         "admit_watermark": ", admitted when the prompt's blocks fit and {share:.0%} stay free",
         "admit_naive": ", admitted when the first step's blocks fit",
         "memory_cpu": "the CPU default",
-        "memory_card": "{fraction:g} x {total_gb:g} GB of the {card} less {weights_gib:.2f} GiB "
-                       "of weights",
+        "memory_card": "{fraction:g} x ({total_gb:.1f} GB of each of {tp} x {card} less its "
+                       "{weights_gib:.2f} GiB of weights and {reserved_gb:g} GB reserved)",
         "memory_cuda": "{fraction:g} x {total_gib:.2f} GiB of {device} less {weights_gib:.2f} "
                        "GiB of weights",
         "memory_reference": "the post's RTX 5080: {fraction:g} x {total_gb:g} GB less "
@@ -5524,13 +6028,24 @@ TEXT = {
                      "does not price",
         # --catalog
         "catalog": "every named model on every named card: KV tokens that fit in {fraction:g} of "
-                   "the card's memory after the weights; decode steps priced at "
-                   "{bandwidth_share:.0%} of its bandwidth and {matmul_share:.0%} of its FLOP/s, "
-                   "each row holding {context:,} tokens",
+                   "the card's memory after the weights and {reserved_gb:g} GB; decode steps "
+                   "priced by the {name} profile ({bandwidth_share:.0%} of the card's bandwidth, "
+                   "{matmul_share:.0%} of its FLOP/s, {step_us:.0f} us a pass), each row holding "
+                   "{context:,} tokens",
         "model_col": "model", "card_col": "card", "weights_gb": "weights GB",
         "kv_per_token": "KV bytes / token", "kv_fit": "KV tokens that fit",
         "crossover_col": "KV reads > weights from batch", "decode_b1": "decode b1 ms",
         "decode_bn": "decode b{batch} ms", "no_fit": "does not fit",
+        # --validate
+        "validation": "C against published measurements of real engines ({validation}; "
+                      "calibration: {calibration}); profiles: {profiles}",
+        "role_col": "role", "source_col": "source", "rows_col": "rows",
+        "median_abs_col": "median |error|", "median_col": "median error",
+        "max_abs_col": "max |error|", "within_col": "within 15%", "tp_col": "TP",
+        "weights_col": "weights", "lengths_col": "batch x in/out", "metric_col": "metric",
+        "published_col": "published", "predicted_col": "C", "error_col": "error",
+        "validation_worst": "the {n} rows C gets most wrong:",
+        "validation_left": "rows C cannot express: {left}",
         # the end
         "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
         "interrupted": "interrupted: the tables above are the experiments that finished",
@@ -5542,9 +6057,9 @@ TEXT = {
                  "{ffn:,}, 어휘 {vocab:,}, {dtype}: 매개변수 {params:,.1f} M개, {gib:.2f} GiB",
         "label_post": "글의 모델", "kv_heads": " (K/V 헤드 {n}개)", "mlp_gelu": "GELU",
         "mlp_gated": "게이트 SiLU",
-        "card": "카드: {name} (사양서 기준 {bandwidth:,.0f} GB/s, 밀집 FP16/BF16 {tflops:,.1f} "
-                "TFLOP/s, {memory:g} GB); C는 그 정점의 {bandwidth_share:.0%}와 "
-                "{matmul_share:.0%}로 값을 매긴다",
+        "card": "카드: {tp} x {name} (사양서 기준 {bandwidth:,.0f} GB/s, 밀집 FP16/BF16 {tflops:,.1f} "
+                "TFLOP/s, {memory:g} GB, {link}); C는 {profile} 프로파일로 값을 매긴다 (대역폭의 "
+                "{bandwidth_share:.0%}, FLOP/s의 최대 {matmul_share:.0%})",
         "slow_cpu": "참고: {name}을(를) 이 CPU에서 원래 크기로 돌린다 (가중치 {gib:.1f} GiB, 디코드 "
                     "스텝마다 전부 읽음): 실험마다 몇 분씩 걸린다; --experiments C는 돌리지 않고 "
                     "값만 매긴다",
@@ -5614,9 +6129,9 @@ TEXT = {
         "arrivals_gamma": "초당 {rate:g}개, 감마 간격 (몰림 정도 {burstiness:g})",
         "pricing_analytic": "분석적 루프라인 ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} TFLOP/s, "
                             "{layers}x{hidden} {dtype})",
-        "pricing_card": "{card}의 분석적 루프라인 ({bandwidth_gbs:,.0f} GB/s, {tflops:,.1f} "
-                        "TFLOP/s: 사양의 {bandwidth_share:.0%}와 {matmul_share:.0%}), {model}, "
-                        "{dtype}",
+        "pricing_card": "{card}의 사양을 {profile} 프로파일로 매긴 값 (대역폭의 "
+                        "{bandwidth_share:.0%}, FLOP/s의 최대 {matmul_share:.0%}, 패스당 "
+                        "{step_us:.0f} us), {model}, 가중치 {weights}, KV {kv_dtype}, 카드 {tp}장",
         "pricing_measured": "{device}에서 실측 ({mode})",
         "pricing_engine": "D를 위해 {device}에서 실측 (평균)",
         "seconds": "초", "req_s": "요청/초", "goodput": "유효 처리량 요청/초",
@@ -5678,8 +6193,8 @@ TEXT = {
         "admit_watermark": ", 질문의 블록이 들어가고 {share:.0%}가 남을 때 받음",
         "admit_naive": ", 첫 스텝의 블록이 들어가면 받음",
         "memory_cpu": "CPU 기본값",
-        "memory_card": "{card}의 {total_gb:g} GB x {fraction:g}에서 가중치 {weights_gib:.2f} GiB를 "
-                       "뺀 값",
+        "memory_card": "{card} {tp}장 각각의 {total_gb:.1f} GB에서 가중치 {weights_gib:.2f} GiB와 "
+                       "예약 {reserved_gb:g} GB를 뺀 값 x {fraction:g}",
         "memory_cuda": "{device}의 {total_gib:.2f} GiB x {fraction:g}에서 가중치 "
                        "{weights_gib:.2f} GiB를 뺀 값",
         "memory_reference": "글의 RTX 5080: {total_gb:g} GB x {fraction:g}에서 가중치 "
@@ -5734,13 +6249,23 @@ TEXT = {
                            "실측 {measured_s:.2f}초, 예측 {priced_s:.2f}초",
         "part_decode": "디코드 패스", "part_prefill": "프리필 패스",
         "part_host": "패스 사이의 호스트 작업 (스케줄링, 샘플링, 행 옮기기; C는 값을 매기지 않는다)",
-        "catalog": "이름 있는 모든 모델을 이름 있는 모든 카드에: 가중치를 뺀 카드 메모리의 {fraction:g}에 "
-                   "들어가는 KV 토큰; 디코드 스텝은 대역폭의 {bandwidth_share:.0%}, FLOP/s의 "
-                   "{matmul_share:.0%}로 값을 매기고, 행마다 {context:,}토큰",
+        "catalog": "이름 있는 모든 모델을 이름 있는 모든 카드에: 가중치와 {reserved_gb:g} GB를 뺀 카드 "
+                   "메모리의 {fraction:g}에 들어가는 KV 토큰; 디코드 스텝은 {name} 프로파일로 값을 "
+                   "매기고 (대역폭의 {bandwidth_share:.0%}, FLOP/s의 {matmul_share:.0%}, 패스당 "
+                   "{step_us:.0f} us), 행마다 {context:,}토큰",
         "model_col": "모델", "card_col": "카드", "weights_gb": "가중치 GB",
         "kv_per_token": "토큰당 KV 바이트", "kv_fit": "들어가는 KV 토큰",
         "crossover_col": "KV 읽기 > 가중치 읽기 배치", "decode_b1": "디코드 b1 ms",
         "decode_bn": "디코드 b{batch} ms", "no_fit": "들어가지 않음",
+        # --validate
+        "validation": "실제 엔진의 공개 측정값과 C ({validation}; 보정: {calibration}); "
+                      "프로파일: {profiles}",
+        "role_col": "역할", "source_col": "출처", "rows_col": "행", "median_abs_col": "|오차| 중앙값",
+        "median_col": "오차 중앙값", "max_abs_col": "|오차| 최대", "within_col": "15% 이내",
+        "tp_col": "TP", "weights_col": "가중치", "lengths_col": "배치 x 입력/출력",
+        "metric_col": "지표", "published_col": "공개값", "predicted_col": "C", "error_col": "오차",
+        "validation_worst": "C가 가장 많이 틀린 {n}개 행:",
+        "validation_left": "C가 표현하지 못하는 행: {left}",
         "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",
         "interrupted": "중단됨: 위의 표는 끝난 실험들이다",
     },

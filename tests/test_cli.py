@@ -97,7 +97,7 @@ def test_a_named_model_on_a_card_and_the_catalog_in_korean(tmp_path, capsys):
     _, out = run_main(["--lang", "ko", "--experiments", "C", "--model", "llama-3-8b", "--gpu",
                        "rtx-5080", "--requests", "60", "--rates", "5", "--rate", "20",
                        "--no-figures", "--out", str(tmp_path)], capsys)
-    assert "카드: RTX 5080" in out.out and "들어가지 않아" in out.out
+    assert "카드: 1 x RTX 5080" in out.out and "들어가지 않아" in out.out
     assert_no_english("\n".join(out.out.strip().splitlines()[2:-1]))
     _, out = run_main(["--catalog", "--lang", "ko"], capsys)
     assert "들어가지 않음" in out.out

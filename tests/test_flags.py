@@ -15,6 +15,7 @@ CONTEXTS = {  # the experiments each flag acts on, as small as they come
     "A": TINY + ["--experiments", "A"],
     "AB": TINY + ["--experiments", "AB"],
     "C": C_ONLY,
+    "C on a card": C_ONLY + ["--gpu", "h100"],
     "D": TINY + ["--experiments", "D", "--engine-requests", "4", "--prompt-len", "8"],
 }
 FLAGS = {
@@ -27,7 +28,7 @@ FLAGS = {
     "--block-tokens": "C", "--watermark": "C", "--jobs": "C", "--max-output": "C",
     "--engine-requests": "D", "--dpi": "C", "--predict-sigma": "C", "--max-wait-s": "C",
     "--kv-heads": "A", "--ffn-hidden": "A", "--engine-slots": "D", "--engine-shrink": "D",
-    "--replicas": "C", "--slo-attainment": "C", "--target-rate": "C",
+    "--replicas": "C", "--slo-attainment": "C", "--target-rate": "C", "--tp": "C on a card",
 }
 
 

@@ -140,14 +140,6 @@ def test_attention_flops_and_kv_bytes_by_hand():
     assert cost["kv_read_bytes"] == 4 * 5 * 64 and cost["kv_write_bytes"] == 4 * 64
 
 
-@dataclasses.dataclass(frozen=True)
-class OneByteWeights(S.ModelConfig):
-    """The model with its matmul weights at one byte each (as int8 weights would be)."""
-    @property
-    def weight_element_bytes(self):
-        return 1
-
-
 def test_costs_by_component_each_at_its_own_element_size():
     cfg = S.ModelConfig(layers=2, hidden=8, heads=2, vocab=10, max_positions=16, dtype="float16")
     h, L = 8, 2
@@ -155,11 +147,12 @@ def test_costs_by_component_each_at_its_own_element_size():
     assert S.weight_parts(cfg) == {"matmuls": (matmuls, 2), "lm_head": (10 * h, 2),
                                    "norms": (norms, 2), "embeddings": ((10 + 16) * h, 2)}
     assert S.weight_bytes(cfg) == 2 * S.param_count(cfg)
-    small = OneByteWeights(**dataclasses.asdict(cfg))
-    assert S.weight_bytes(small) == matmuls + 10 * h + 2 * (norms + 26 * h)
+    small = dataclasses.replace(cfg, weights="fp8")  # the matmul weights at a byte each
+    assert S.weight_bytes(small) == matmuls + 2 * (10 * h + norms + 26 * h)
     full, cheap = S.step_cost(cfg, 3, 1, 5), S.step_cost(small, 3, 1, 5)
-    # only the matmul weights (and the LM head) read half the bytes; the rest is unchanged
-    assert full["weight_bytes"] - cheap["weight_bytes"] == matmuls + 10 * h
+    # only the matmul weights read half the bytes (the LM head stays in 16 bits, as
+    # quantizers leave it); the rest is unchanged
+    assert full["weight_bytes"] - cheap["weight_bytes"] == matmuls
     for key in ("kv_read_bytes", "kv_write_bytes", "activation_bytes", "flops"):
         assert full[key] == cheap[key]
 

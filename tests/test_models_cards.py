@@ -75,22 +75,23 @@ def test_rotary_attention_sees_only_relative_positions():
 
 def test_c_prices_a_named_model_on_a_named_card(tmp_path, capsys):
     results, out = run_main(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
-                             "--requests", "200", "--rates", "5", "--no-figures",
-                             "--out", str(tmp_path)], capsys)
+                             "--engine-profile", "roofline", "--requests", "200", "--rates",
+                             "5", "--no-figures", "--out", str(tmp_path)], capsys)
     C = results["C"]
     source = C["cost_model"]["source"]
     assert source["kind"] == "pricing_card" and source["card"] == "H100 SXM"
-    assert source["bandwidth_gbs"] == pytest.approx(3350 * 0.9)
-    assert source["tflops"] == pytest.approx(989.4 * 0.8)
-    # 0.9 x 80 GB less 16.06 GB of weights, in 131,072-byte tokens
-    assert C["kv"]["budget_tokens"] == int((0.9 * 80e9 - 8_030_261_248 * 2) // 131_072)
+    assert (source["profile"], source["bandwidth_share"], source["matmul_share"]) == \
+        ("roofline", 0.9, 0.8)
+    # 0.9 x (81,559 MiB less 16.06 GB of weights), in 131,072-byte tokens
+    assert C["kv"]["budget_tokens"] == int(0.9 * (81559 * 2**20 - 8_030_261_248 * 2)
+                                           // 131_072)
     assert C["kv"]["memory_source"]["kind"] == "memory_card"
     # a decode step at batch 1 reads the weights (less the token table) at 3,015 GB/s
     weights = (8_030_261_248 - 128_256 * 4096) * 2
     assert C["cost_model"]["seconds"][0] == pytest.approx(weights / 3015e9, rel=0.01)
     for text in ("model: llama-3-8b: 32 layers, hidden 4096, 32 heads (8 K/V heads), gated "
-                 "SiLU MLP of 14,336", "card: H100 SXM", "analytic roofline of the H100 SXM",
-                 "0.9 x 80 GB of the H100 SXM"):
+                 "SiLU MLP of 14,336", "card: 1 x H100 SXM", "the H100 SXM's spec priced by "
+                 "the roofline profile", "0.9 x (85.5 GB of each of 1 x H100 SXM"):
         assert text in out.out
 
 
@@ -182,12 +183,17 @@ def test_the_catalogs_batch_1_price_of_llama_3_8b_on_an_h100_by_hand():
     # bf16 weights read once per step: 8,030,261,248 parameters less the token table
     # (128,256 x 4,096 = 525,336,576), whose one looked-up row (4,096) is all a step reads:
     # 7,504,928,768 x 2 bytes = 15.01 GB; 1,024 cached tokens of 131,072 bytes each (32 layers
-    # x K and V x 8 heads x 128 x 2 bytes): 134 MB. At the stated 90% of the H100's
-    # 3,350 GB/s: 4.978 + 0.045 = 5.02 ms. (Activations add 5 MB, 0.03%.)
-    by = {(r["model"], r["gpu"]): r for r in S.catalog()["rows"]}
+    # x K and V x 8 heads x 128 x 2 bytes): 134 MB. At the roofline profile's 90% of the
+    # H100's 3,350 GB/s: 4.978 + 0.045 = 5.02 ms. (Activations add 5 MB, 0.03%.)
+    by = {(r["model"], r["gpu"]): r for r in S.catalog(profile_name="roofline")["rows"]}
     weights = (8_030_261_248 - 128_256 * 4_096 + 4_096) * 2
     kv = 1024 * 32 * 2 * 8 * 128 * 2
-    assert S.CARD_EFFICIENCY["bandwidth"] == 0.9
+    assert S.ENGINE_PROFILES["roofline"].bandwidth_share == 0.9
     want_ms = 1e3 * (weights + kv) / (0.9 * 3350e9)
     assert want_ms == pytest.approx(5.023, abs=1e-3)
     assert by["llama-3-8b", "h100"]["decode_b1_ms"] == pytest.approx(want_ms, rel=1e-3)
+    # the default, TensorRT-LLM's fitted profile: 2.75 ms a pass, 77% of the bandwidth
+    tensorrt = {(r["model"], r["gpu"]): r for r in S.catalog()["rows"]}
+    profile = S.ENGINE_PROFILES["tensorrt-llm"]
+    want_ms = 1e3 * (profile.step_s + (weights + kv) / (profile.bandwidth_share * 3350e9))
+    assert tensorrt["llama-3-8b", "h100"]["decode_b1_ms"] == pytest.approx(want_ms, rel=1e-3)

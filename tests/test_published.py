@@ -1,0 +1,255 @@
+"""C's prices against real engines: precision, tensor parallel, engine profiles, --validate."""
+import csv
+import dataclasses
+import json
+import os
+
+import pytest
+
+import NN_40_serving as S
+from test_cli import expect_usage_error, run_main
+
+LLAMA2_7B_MATMULS = 32 * (2 * 4096 * 4096 + 2 * 4096 * 4096 + 3 * 4096 * 11008)  # 6,476,005,376
+LLAMA2_7B_REST = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096  # LM head, token table, norms (16-bit)
+needs_calibration = pytest.mark.skipif(not os.path.exists(S.CALIBRATION_CSV),
+                                       reason="../shared/published/calibration.csv is absent")
+
+
+def with_format(name, **fields):
+    return dataclasses.replace(S.MODELS[name], **fields)
+
+
+@pytest.mark.parametrize("weights, per_weight", [
+    ("bf16", 2), ("fp16", 2), ("fp8", 1),
+    ("int8", 1 + 2 / 4096),      # one 2-byte scale per output channel of 4,096 inputs
+    ("int4", 0.5 + 4 / 32)])     # a 2-byte scale and a 2-byte zero per group of 32
+def test_weight_bytes_of_llama_2_7b_in_each_format_by_hand(weights, per_weight):
+    assert LLAMA2_7B_MATMULS == 6_476_005_376
+    cfg = with_format("llama-2-7b", weights=weights)
+    assert cfg.weight_element_bytes == per_weight
+    assert S.weight_bytes(cfg) == pytest.approx(LLAMA2_7B_MATMULS * per_weight
+                                                + LLAMA2_7B_REST * 2, rel=1e-12)
+    # a decode step reads every matmul weight, the LM head and one row of the token table
+    read = S.step_cost(cfg, 1, 1, 0)["weight_bytes"]
+    assert read == pytest.approx(LLAMA2_7B_MATMULS * per_weight
+                                 + (32000 * 4096 + 65 * 4096 + 4096) * 2, rel=1e-12)
+
+
+def test_an_fp8_kv_cache_halves_the_bytes_per_token():
+    # Llama-3.1-8B: 32 layers x K and V x 8 heads x 128 x 2 bytes = 131,072; in fp8 65,536
+    assert S.kv_bytes_per_token(S.MODELS["llama-3.1-8b"]) == 131_072
+    cfg = with_format("llama-3.1-8b", kv_dtype="fp8")
+    assert S.kv_bytes_per_token(cfg) == 65_536
+    assert S.step_cost(cfg, 4, 1, 100)["kv_read_bytes"] == 4 * 100 * 65_536
+
+
+def test_tensor_parallel_shards_by_hand():
+    cfg = S.MODELS["llama-3.1-70b"]  # 8 K/V heads, 80 layers, 128 wide
+    norms = (2 * 80 + 1) * 8192 * 2
+    assert S.card_weight_bytes(cfg, 4) == pytest.approx((S.weight_bytes(cfg) - norms) / 4 + norms)
+    assert S.card_kv_bytes_per_token(cfg, 4) == 80 * 2 * 2 * 128 * 2      # two heads a card
+    assert S.card_kv_bytes_per_token(cfg, 8) == 80 * 2 * 1 * 128 * 2      # one
+    assert S.card_kv_bytes_per_token(cfg, 16) == 80 * 2 * 1 * 128 * 2     # one, copied
+    cost = S.step_cost(cfg, 8, 1, 64)
+    share = S.card_share(cfg, cost, 4)
+    assert share["matmul_flops"] == cost["matmul_flops"] / 4
+    assert share["kv_read_bytes"] == cost["kv_read_bytes"] / 4
+    assert share["weight_bytes"] == pytest.approx((cost["weight_bytes"] - norms) / 4 + norms)
+    assert S.card_share(cfg, cost, 1)["allreduce_bytes"] == 0
+
+
+def test_all_reduce_bytes_by_hand():
+    # two ring all-reduces a layer of tokens x hidden x 2 bytes, each card sending 2 (tp-1)/tp
+    # of it: Llama-3.1-8B, 10 tokens on 4 cards: 2 x 32 x 10 x 4,096 x 2 x 2 x 3/4 = 7,864,320
+    cfg = S.MODELS["llama-3.1-8b"]
+    share = S.card_share(cfg, S.step_cost(cfg, 10, 1, 0), 4)
+    assert share["allreduce_bytes"] == 7_864_320
+
+
+def test_a_pass_price_by_hand():
+    cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["h100"]
+    profile = S.EngineProfile("hand", bandwidth_share=0.5, matmul_share=0.5, half_tokens=100,
+                              step_s=1e-3, allreduce_s=1e-5, link_share=0.5)
+    for tokens, tp in ((1, 1), (4096, 1), (64, 2)):
+        cost = S.card_share(cfg, S.step_cost(cfg, tokens, 1, 0), tp)
+        bandwidth = 3350e9 * 0.5
+        matmul = max(cost["matmul_flops"] / (989.4e12 * 0.5 * tokens / (tokens + 100)),
+                     (cost["weight_bytes"] + cost["activation_bytes"]) / bandwidth)
+        want = 1e-3 + matmul + cost["kv_write_bytes"] / bandwidth
+        if tp > 1:
+            want += 2 * 32 * 1e-5 + cost["allreduce_bytes"] / (450e9 * 0.5)
+        assert S.pass_seconds(cfg, card, profile, tp, tokens) == pytest.approx(want, rel=1e-12)
+    costs = S.card_costs(cfg, card, profile, 2)
+    assert costs.kv_token_s == pytest.approx(131_072 / 2 / bandwidth)
+
+
+def test_fp8_matmuls_run_at_the_fp8_rate_where_the_card_has_one():
+    profile = S.ENGINE_PROFILES["roofline"]
+    bf16, fp8 = S.MODELS["llama-3.1-8b"], with_format("llama-3.1-8b", weights="fp8")
+    big = 16384  # compute-bound: the FLOPs set the price
+    h100 = [S.pass_seconds(c, S.GPUS["h100"], profile, 1, big) for c in (bf16, fp8)]
+    a100 = [S.pass_seconds(c, S.GPUS["a100-80gb"], profile, 1, big) for c in (bf16, fp8)]
+    assert h100[1] == pytest.approx(h100[0] / 2, rel=0.02)  # 1,978.9 against 989.4 TFLOP/s
+    assert a100[1] == pytest.approx(a100[0], rel=0.02)      # no FP8 units: the 16-bit rate
+    # at batch 1 the bytes set it: fp8 weights are half the bytes
+    one = [S.pass_seconds(c, S.GPUS["a100-80gb"], profile, 1, 1) for c in (bf16, fp8)]
+    assert one[1] < 0.55 * one[0]
+
+
+def test_card_kv_tokens_by_hand():
+    cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["h100"]
+    profile = S.EngineProfile("hand", 0.9, 0.8, reserved_gb=2.0, kv_fraction=0.9)
+    free = 81559 * 2**20 - S.weight_bytes(cfg) - 2e9
+    assert S.card_kv_tokens(cfg, card, profile) == int(0.9 * free // 131_072)
+    # a model larger than the card: nothing fits
+    assert S.card_kv_tokens(S.MODELS["llama-3.1-70b"], card, profile) == 0
+
+
+def test_max_load_steady_state_by_hand():
+    costs = S.StepCosts((1, 100000), (0.01, 0.01), 0.0, {"kind": "hand"})
+    profile = S.EngineProfile("hand", 1, 1, max_batch=64, max_tokens=8192)
+    # 10,000 KV tokens hold 10,000 // (100 + 100) = 50 whole requests: 50 rows, 10 ms a step
+    assert S.max_load_tokens_per_s(costs, 10_000, profile, 100, 100) == pytest.approx(5000)
+    # the batch limit binds: 64 rows
+    assert S.max_load_tokens_per_s(costs, 10**6, profile, 100, 100) == pytest.approx(6400)
+    # the tokens per pass bind: rows x (1 + 2,000 / 100) <= 8,192 -> 390.1 rows (fractional)
+    wide = dataclasses.replace(profile, max_batch=10**4)
+    assert S.max_load_tokens_per_s(costs, 10**8, wide, 2000, 100) == pytest.approx(
+        8192 / 21 / 0.01)
+    assert S.max_load_tokens_per_s(costs, 150, profile, 100, 100) is None  # not one fits
+    # the cache's reads: every row holds isl + osl/2 tokens on average
+    kv = dataclasses.replace(costs, kv_token_s=1e-7)
+    assert S.max_load_tokens_per_s(kv, 10_000, profile, 100, 100) == pytest.approx(
+        50 / (0.01 + 1e-7 * 50 * 150))
+
+
+def test_predictions_of_each_kind_of_row_by_hand():
+    profile = S.ENGINE_PROFILES["gpt-fast"]
+    row = S.Published("hand", "gpt-fast", "llama-2-7b", "a100-80gb", 1, "bf16", "auto", 1, 5,
+                      200, "tokens_per_s_per_user", 100.0, "validation")
+    costs = S.card_costs(S.row_model(row), S.GPUS["a100-80gb"], profile, 1)
+    seconds = costs.pass_s(5) + sum(costs.pass_s(1, 5 + j) for j in range(199))
+    assert S.predict_published(row, profile) == pytest.approx(200 / seconds, rel=1e-9)
+    ttft = row._replace(metric="ttft_ms", isl=128, osl=1)
+    assert S.predict_published(ttft, profile) == pytest.approx(1e3 * costs.pass_s(128))
+    static = row._replace(batch=8, isl=64, osl=32, metric="output_tokens_per_s")
+    seconds = costs.pass_s(8 * 64) + sum(costs.pass_s(8, 8 * (64 + j)) for j in range(31))
+    assert S.predict_published(static, profile) == pytest.approx(8 * 32 / seconds, rel=1e-9)
+
+
+def write_rows(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+THREE_ROWS = [
+    dict(source_id="gptfast_hand", model="Llama-2-7B", gpu="A100 80GB", tp=1, weights="bf16",
+         kv_dtype="bf16", batch=1, isl=5, osl="", metric="tokens_per_s_per_user", value=100),
+    dict(source_id="trtllm_hand", model="Llama-3.1-8B", gpu="H100 80GB HBM3", tp=1,
+         weights="fp8", kv_dtype="fp8", batch="max-load", isl=128, osl=128,
+         metric="output_tokens_per_s", value=25000),
+    dict(source_id="trtllm_hand", model="Mixtral-8x7B", gpu="H100 80GB HBM3", tp=2,
+         weights="fp8", kv_dtype="fp8", batch="max-load", isl=128, osl=128,
+         metric="output_tokens_per_s", value=24000)]
+
+
+def test_validate_on_a_three_row_file(tmp_path, capsys):
+    path = tmp_path / "three.csv"
+    write_rows(path, THREE_ROWS)
+    results, out = run_main(["--validate", str(path), "--calibration", str(tmp_path / "none"),
+                             "--out", str(tmp_path)], capsys)
+    V = results["validation"]
+    assert [r["model"] for r in V["rows"]] == ["llama-2-7b", "llama-3.1-8b"]
+    assert V["left_out"] == {"model Mixtral-8x7B": 1}
+    first = V["rows"][0]
+    row = S.Published(**{k: first[k] for k in S.Published._fields})
+    got = S.predict_published(row, S.ENGINE_PROFILES["gpt-fast"])  # osl: gpt-fast's 200
+    assert first["osl"] == 200 and first["predicted"] == pytest.approx(got)
+    assert first["error"] == pytest.approx(got / 100 - 1)
+    assert first["profile"] == "gpt-fast" and V["rows"][1]["profile"] == "tensorrt-llm"
+    summary = {(s["role"], s["source"]): s for s in V["summary"]}
+    assert summary["validation", "all"]["rows"] == 2
+    assert summary["validation", "all"]["median_abs"] == pytest.approx(
+        sorted(abs(r["error"]) for r in V["rows"])[0] / 2 + sorted(
+            abs(r["error"]) for r in V["rows"])[1] / 2)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert len(saved["validation"]["rows"]) == 2
+    assert "Mixtral-8x7B" in out.out and "gptfast_hand" in out.out
+
+
+def test_validate_refuses_a_file_that_is_not_published_rows(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    assert "not a file of published rows" in expect_usage_error(
+        ["--validate", str(bad), "--out", str(tmp_path)], capsys)
+    assert "cannot read" in expect_usage_error(
+        ["--validate", str(tmp_path / "missing.csv"), "--out", str(tmp_path)], capsys)
+
+
+def test_the_projects_published_rows_all_name_a_source_and_are_expressible():
+    rows, left = S.read_published(S.PUBLISHED_CSV, "validation")
+    assert len(rows) >= 150 and not left
+    assert {r.source for r in rows} == {"trtllm_perf_v0.14.0", "gptfast_readme_0f925b5"}
+
+
+@needs_calibration
+def test_no_row_is_both_calibration_and_validation():
+    def key(r):
+        return (r.engine, r.model, r.gpu, r.tp, r.weights, r.batch, r.isl, r.osl, r.metric)
+    cal, _ = S.read_published(S.CALIBRATION_CSV, "calibration")
+    val, _ = S.read_published(S.PUBLISHED_CSV, "validation")
+    assert len(cal) >= 50 and not {key(r) for r in cal} & {key(r) for r in val}
+
+
+@needs_calibration
+def test_the_committed_profiles_are_the_fit_on_calibration_rows_alone(monkeypatch):
+    cal, _ = S.read_published(S.CALIBRATION_CSV, "calibration")
+    seen = []
+    real = S.predict_published
+
+    def recording(row, profile):
+        seen.append(row)
+        return real(row, profile)
+    monkeypatch.setattr(S, "predict_published", recording)
+    for engine in ("gpt-fast", "tensorrt-llm"):
+        committed = S.ENGINE_PROFILES[engine]
+        fitted, _ = S.fit_profile([r for r in cal if r.engine == engine],
+                                  S.fit_start(committed))
+        for field in S.FIT_FIELDS:
+            assert getattr(fitted, field) == pytest.approx(getattr(committed, field)), field
+    assert seen and {r.role for r in seen} == {"calibration"}
+
+
+@needs_calibration
+def test_the_fitted_profiles_meet_the_calibration_target():
+    V = S.validate(S.PUBLISHED_CSV, S.CALIBRATION_CSV)
+    summary = {(s["role"], s["source"]): s for s in V["summary"]}
+    assert summary["calibration", "all"]["median_abs"] <= 0.10
+    assert summary["validation", "all"]["median_abs"] <= 0.15
+
+
+def test_c_runs_a_tensor_parallel_replica_in_fp8(tmp_path, capsys):
+    argv = ["--experiments", "C", "--model", "llama-3.1-70b", "--gpu", "h100", "--requests",
+            "200", "--rates", "5", "--no-figures", "--out", str(tmp_path)]
+    results, out = run_main(argv + ["--tp", "4", "--weights", "fp8", "--kv-dtype", "fp8"],
+                            capsys)
+    source = results["C"]["cost_model"]["source"]
+    assert (source["tp"], source["weights"], source["kv_dtype"]) == (4, "fp8", "fp8")
+    assert source["profile"] == "tensorrt-llm" and "4 x H100 SXM" in out.out
+    cfg = with_format("llama-3.1-70b", weights="fp8", kv_dtype="fp8")
+    tokens = S.card_kv_tokens(cfg, S.GPUS["h100"], S.ENGINE_PROFILES["tensorrt-llm"], 4)
+    assert results["C"]["kv"]["budget_tokens"] == tokens
+    assert results["C"]["kv"]["bytes_per_token"] == 80 * 2 * 8 * 128  # fp8: a byte each
+    # one card cannot hold the bf16 model: a clear line, not a traceback
+    assert "give --tp 2 or more" in expect_usage_error(argv, capsys)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--experiments", "C", "--tp", "2"], "--tp prices a named card"),
+    (["--experiments", "C", "--engine-profile", "vllm"], "--engine-profile prices a named card"),
+    (["--weights", "int4", "--gpu", "h100"], "--weights and --kv-dtype price C only"),
+])
+def test_precision_and_parallel_flags_that_contradict(argv, says, capsys, tmp_path):
+    assert says in expect_usage_error(argv + ["--out", str(tmp_path)], capsys)
