@@ -185,6 +185,8 @@ MODELS = {
     # biases and its rotary positions on a quarter of each head are left out (no cost of note)
     "gpt-j-6b": ModelConfig(layers=28, hidden=4096, heads=16, vocab=50400, max_positions=2048,
                             positions="rope", name="gpt-j-6b"),
+    "opt-13b": ModelConfig(layers=40, hidden=5120, heads=40, vocab=50272, max_positions=2048,
+                           name="opt-13b"),  # (its ReLU costs what GELU does; biases left out)
     "llama-2-7b": ModelConfig(layers=32, hidden=4096, heads=32, vocab=32000, max_positions=4096,
                               ffn_hidden=11008, name="llama-2-7b", **_LLAMA),
     "llama-2-70b": ModelConfig(layers=80, hidden=8192, heads=64, kv_heads=8, vocab=32000,
@@ -346,6 +348,7 @@ class RunConfig:
     target_rate: float = None     # requests/s C finds the fewest replicas for
     kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged" or "both"
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
+    kv_tokens: int = None         # the KV cache in tokens (replaces kv_memory_gb)
     block_tokens: int = 16        # paged: tokens per block
     max_output: int = None        # reserve: output tokens reserved per request
     watermark: float = 0.01       # paged: share of the blocks admission keeps free (vLLM's)
@@ -704,8 +707,12 @@ def parse_timestamp(text):
 
 
 def read_trace(path, limit=None):
-    """A request trace CSV -> (prompt, output, timestamps or None), each row checked."""
+    """A request trace CSV -> (prompt, output, timestamps or None), each row checked; or a
+    real engine's log of its requests (see read_engine_run), with its arrivals."""
     import csv
+    if path.endswith(ENGINE_RUN_SUFFIXES):
+        logged = read_engine_run(path, limit)
+        return logged["prompt"], logged["output"], logged["arrival_s"]
     try:
         with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
@@ -749,6 +756,62 @@ def read_trace(path, limit=None):
     times = np.array(stamps) - stamps[0] if has_time else None
     return np.maximum(np.array(prompt, dtype=np.int64), 1), np.array(output, dtype=np.int64), \
         times
+
+
+# Real engines' logs of their requests: LLMServingSim's vLLM runs (requests.jsonl, with the
+# engine's settings in meta.json beside it) and DistServe's (*.exp, a Python list of dicts)
+ENGINE_RUN_SUFFIXES = (".jsonl", ".exp")
+
+
+def read_engine_run(path, limit=None):
+    """A real engine's log -> its requests in arrival order (prompt, output, arrival_s from
+    the first), what it measured of each (ttft_s, tpot_s, e2e_s: the logs' own definitions,
+    from the engine's queueing of the request) and its settings (meta.json, where beside)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if path.endswith(".jsonl"):
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            cols = [(r["input_toks"], r["output_toks"], r["queued_ts"], r["first_token_ts"] -
+                     r["queued_ts"], r["last_token_ts"] - r["first_token_ts"],
+                     r["last_token_ts"] - r["queued_ts"]) for r in rows]
+        else:
+            import ast  # (its first line: the list; then a summary block, not Python)
+            rows = ast.literal_eval(text.split("\n", 1)[0])
+            cols = [(r["prompt_len"], r["output_len"], r["issue_time"], r["ttft_ms"] / 1e3,
+                     r["tpot_ms"] * (r["output_len"] - 1) / 1e3, r["latency_ms"] / 1e3)
+                    for r in rows]
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}")
+    except (ValueError, SyntaxError, KeyError, TypeError) as e:
+        raise UsageError(f"{path}: not a log of an engine's requests ({one_line(e)})")
+    if not cols:
+        raise UsageError(f"{path}: no requests in the log")
+    a = np.array(sorted(cols, key=lambda c: c[2])[:limit], dtype=np.float64)
+    prompt, output = a[:, 0].astype(np.int64), a[:, 1].astype(np.int64)
+    if (prompt < 0).any() or (output < 1).any():
+        raise UsageError(f"{path}: token counts must be at least 0 (prompt) and 1 (output)")
+    multi = output > 1
+    return {"prompt": np.maximum(prompt, 1), "output": output, "arrival_s": a[:, 2] - a[0, 2],
+            "ttft_s": a[:, 3], "tpot_s": a[multi, 4] / (output[multi] - 1), "e2e_s": a[:, 5],
+            "settings": engine_settings(path) if path.endswith(".jsonl") else {}}
+
+
+def engine_settings(path):
+    """What meta.json beside a vLLM log says of the engine's batch and cache (else {})."""
+    meta = os.path.join(os.path.dirname(path), "meta.json")
+    try:
+        with open(meta, encoding="utf-8") as f:
+            info = json.load(f)
+        kw, kv = info.get("engine_kwargs", {}), info.get("kv_cache") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in {"engine": f"vLLM {info.get('vllm_version', '')}".strip(),
+                              "max_num_seqs": kw.get("max_num_seqs"),
+                              "max_num_batched_tokens": kw.get("max_num_batched_tokens"),
+                              "tensor_parallel_size": kw.get("tensor_parallel_size"),
+                              "num_kv_tokens": kv.get("num_kv_tokens")}.items()
+            if v is not None}
 
 
 def arrival_times(n, rate, burstiness, rng):
@@ -895,8 +958,11 @@ class EngineProfile:
     reserved_gb: float = 0.0
     dequant_flops: float = 0.0
     kv_fraction: float = KV_MEMORY_FRACTION
+    kv_of_total: bool = False     # kv_fraction is of the card's whole memory (vLLM's
+                                  # gpu_memory_utilization), not of what the weights leave
     max_batch: int = 256
     max_tokens: int = 8192
+    fused: bool = True            # a step is one pass (see Replica)
     fitted_on: str = "none"
 
     def fields(self):
@@ -914,7 +980,7 @@ FIT_FIELDS = ("bandwidth_share", "matmul_share", "half_tokens", "step_s", "allre
 # vLLM has no calibration rows: its profile takes TensorRT-LLM's efficiencies and vLLM's own
 # defaults (max_num_seqs 256; the batch's token budget), and is checked on real vLLM runs.
 ENGINE_PROFILES = {
-    "roofline": EngineProfile("roofline", 0.9, 0.8, fitted_on="the spec sheets"),
+    "roofline": EngineProfile("roofline", 0.9, 0.8, fused=False, fitted_on="the spec sheets"),
     # 48 rows: v0.5.0's GPT-J static batches and first tokens, v0.14.0's in-flight Llama-3.1
     # 8B and 70B (max_batch and max_tokens: trtllm-build's defaults, not fitted)
     "tensorrt-llm": EngineProfile("tensorrt-llm", bandwidth_share=0.77, matmul_share=0.54,
@@ -932,7 +998,7 @@ ENGINE_PROFILES = {
 FIT_START = EngineProfile("fit start", 0.9, 0.8)
 ENGINE_PROFILES["vllm"] = dataclasses.replace(
     ENGINE_PROFILES["tensorrt-llm"], name="vllm", max_batch=256, max_tokens=8192,
-    fitted_on="none (TensorRT-LLM's efficiencies)")
+    kv_of_total=True, fitted_on="none (TensorRT-LLM's efficiencies)")
 DEFAULT_PROFILE = "tensorrt-llm"
 
 # C's pricing knots: tokens per pass, powers of two and the midpoints (x 1.5) between them
@@ -971,9 +1037,12 @@ def card_costs(cfg, card, profile=None, tp=1):
 
 def card_kv_tokens(cfg, card, profile, tp=1):
     """The KV cache's tokens on `tp` cards: kv_fraction of what each card has left after its
-    weights and profile.reserved_gb, over one card's bytes per token (0: nothing fits)."""
-    free = card.memory_bytes - card_weight_bytes(cfg, tp) - profile.reserved_gb * 1e9
-    return max(int(profile.kv_fraction * free // card_kv_bytes_per_token(cfg, tp)), 0)
+    weights and profile.reserved_gb (or, kv_of_total, of its memory, less those), over one
+    card's bytes per token (0: nothing fits)."""
+    taken = card_weight_bytes(cfg, tp) + profile.reserved_gb * 1e9
+    free = profile.kv_fraction * card.memory_bytes - taken if profile.kv_of_total else \
+        profile.kv_fraction * (card.memory_bytes - taken)
+    return max(int(free // card_kv_bytes_per_token(cfg, tp)), 0)
 
 
 def fit_step_costs(decode_rows, prefill_rows, context, kv_token_s, source):
@@ -1725,6 +1794,9 @@ class Replica:
     kv           a KVBudget: admission also waits for KV memory, and a paged cache preempts
                  (None: memory is unlimited and not tracked)
     order        an Order: who takes a free seat (None: first come, first served)
+    fused        a step is one forward pass of its prefill chunks and decodes together, the
+                 weights read once (vLLM's and TensorRT-LLM's in-flight batching); False: a
+                 prefill pass, then a decode pass (the post's accounting, and D's engine)
     A study reads as what it varies: dataclasses.replace(replica, scheduler="static").
     """
     slots: int
@@ -1733,6 +1805,7 @@ class Replica:
     chunk_tokens: int = None
     kv: KVBudget = None
     order: Order = None
+    fused: bool = False
 
 
 # -----------------------------------------------------------------------------
@@ -1765,6 +1838,7 @@ class ServingSim:
         self.n, self.slots, self.costs, self.scheduler = len(ids), replica.slots, \
             replica.costs, scheduler
         self.chunk_tokens = replica.chunk_tokens if scheduler == "chunked" else None
+        self.fused = replica.fused
         self.allocator = None if kv is None else (PagedBlocks if kv.policy == "paged"
                                                   else Reservation)(kv)
         self.capacity = kv.capacity_tokens if kv else math.inf
@@ -1932,7 +2006,7 @@ class ServingSim:
 
     def price(self, plan, k):
         """The k steps of a run, a prefill pass (of the chunks in `plan`) and a decode pass
-        each, whose caches grow: step j takes first_s + growth_s (j - 1) seconds. -> (prefill_s,
+        each (fused: one pass of both), whose caches grow: step j takes first_s + growth_s (j - 1) seconds. -> (prefill_s,
         decode_s: each pass summed over the run, first_s, growth_s, prompt tokens per step). (A
         plain tuple, as plan's: a NamedTuple made and unpacked at every event cost the loop
         5-10%; a tuple subclass is built in Python and unpacked without 3.11's fast path.)"""
@@ -1940,6 +2014,12 @@ class ServingSim:
         for s, c in plan:
             tokens += c
             cached_pre += s.num_cached
+        if self.fused and tokens and n:  # one pass of both: its time split by their tokens
+            f, kv_s = self.costs.rates(tokens + n)
+            first = f + kv_s * (cached_pre + self.decode_base_sum + n * self.steps)
+            growth = kv_s * (tokens + n)
+            run_s, share = first * k + growth * k * (k - 1) / 2, tokens / (tokens + n)
+            return run_s * share, run_s * (1 - share), first, growth, tokens
         (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.costs.rates(tokens), self.costs.rates(n)
         first_pre = f_pre + kv_s_pre * cached_pre if tokens else 0.0
         first_dec = f_dec + kv_s_dec * (self.decode_base_sum + n * self.steps) if n else 0.0
@@ -2687,6 +2767,9 @@ def kv_budget_bytes(run, device):
     """(bytes for C's KV cache, where the figure comes from); see KV_MEMORY_FRACTION."""
     cfg = run.model
     weights = weight_bytes(cfg)
+    if run.kv_tokens:
+        return run.kv_tokens * kv_bytes_per_token(cfg), {"kind": "memory_tokens",
+                                                         "tokens": run.kv_tokens}
     if run.kv_memory_gb:
         return run.kv_memory_gb * 1e9, {"kind": "memory_flag"}
     if run.gpu:  # (the card C plans for, whatever this machine has; tp of them)
@@ -3367,7 +3450,8 @@ def run_batching_sim(run, req, log, results, kv_budgets=None):
     t0 = time.perf_counter()
     budgets = kv_budgets[1] if kv_budgets else ()
     replica = Replica(run.slots, step_costs(run, results), chunk_tokens=run.chunk_tokens,
-                      order=run_order(run, req.output))
+                      order=run_order(run, req.output),
+                      fused=bool(run.gpu) and ENGINE_PROFILES[run.engine_profile].fused)
     fleet_replica = dataclasses.replace(replica, kv=study_budget(budgets))  # (and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
     if run.slo_ttft_s or run.slo_tpot_s:
@@ -3433,7 +3517,28 @@ def schedulers_study(run, req, replica, kv_budgets, log):
                                                    for name in SCHEDULERS})
     if kv_budgets:
         result["kv"] = kv_study(req, sims, *kv_budgets)
+    if run.trace and run.trace.endswith(ENGINE_RUN_SUFFIXES):
+        result["engine_run"] = engine_run_study(run, req, sims)
     return result, work_of(list(sims.values()))
+
+
+def engine_run_study(run, req, sims):
+    """C's simulation of a real engine's logged requests (their arrivals, this run's slots,
+    chunk and KV budget: the engine's own settings where given) beside what the engine
+    measured: TTFT, TPOT and E2E at p50, p90 and p99, and C's error on each, under each
+    scheduler (with the paged KV budget where C has one)."""
+    logged = read_engine_run(run.trace, run.trace_limit)
+    keys, stats = ("ttft_s", "tpot_s", "e2e_s"), ("p50", "p90", "p99")
+    measured = {k: percentiles(logged[k]) for k in keys}
+    simulated = {}
+    for name in SCHEDULERS:
+        label = next(k for k in (f"C kv paged {name}", f"C {name}") if k in sims)
+        metrics = serving_metrics(req, sims[label])
+        simulated[label[2:]] = {**{k: metrics[k] for k in keys}, "error": {
+            k: {p: metrics[k][p] / measured[k][p] - 1 for p in stats} for k in keys}}
+    return {"settings": logged["settings"], "measured": measured, "simulated": simulated,
+            "run": {"slots": run.slots, "chunk_tokens": run.chunk_tokens,
+                    "kv_tokens": run.kv_tokens, "rate": run.rate}}
 
 
 def kv_setup(run, req, device):
@@ -4575,6 +4680,25 @@ def catalog_table(T, cat):
         batch=b)])
 
 
+def engine_run_table(T, E):
+    """C beside a real engine's measured run: latencies at p50/p90/p99, and C's errors,
+    under each scheduler."""
+    columns = latency_columns("p50", "p90", "p99")
+    rows = [[T["engine_measured"]] + [render(fetch(E["measured"], path), fmt)
+                                       for _, path, fmt in columns]]
+    for label, sim in E["simulated"].items():
+        rows.append([T["engine_simulated"].format(label=label)] + [
+            render(fetch(sim, path), fmt) for _, path, fmt in columns])
+        rows.append([T["engine_error"]] + [render(fetch(sim["error"], path), "spct")
+                                           for _, path, _ in columns])
+    settings = ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}"
+                         for k, v in E["settings"].items()) or "-"
+    return "\n".join([T["engine_run"].format(settings=settings, **{
+        k: "-" if v is None else f"{v:,}" if isinstance(v, int) else v
+        for k, v in E["run"].items()}),
+        table(T, rows, ["run_col"] + [h for h, _, _ in columns])])
+
+
 VALIDATION_COLUMNS = [("role_col", "role", "text"), ("source_col", "source", "text"),
                       ("rows_col", "rows", ","), ("median_abs_col", "median_abs", "pct"),
                       ("median_col", "median", "spct"), ("max_abs_col", "max_abs", "pct"),
@@ -4633,6 +4757,8 @@ def format_tables(results, lang="en"):
         out += [serving_table(T, results["C"])]
         if "kv" in results["C"]:
             out += [kv_table(T, results["C"]["kv"])]
+        if "engine_run" in results["C"]:
+            out += [engine_run_table(T, results["C"]["engine_run"])]
         if "orders" in results["C"]:
             out += who_waits_tables(T, results["C"])
         if "replicas" in results["C"]:
@@ -5382,6 +5508,9 @@ def kv_flags(p):
              f"(default: {KV_MEMORY_FRACTION:g} x CUDA memory - weights; {CPU_KV_MEMORY_GB:g} "
              f"on CPU; {KV_MEMORY_FRACTION:g} x {REFERENCE_MEMORY_GB:g} - weights, the post's "
              "RTX 5080, with no device)")
+    add_flag(k, "--kv-tokens", type=integer(), help="the KV cache's size in tokens (replaces "
+             "--kv-memory-gb; a real engine's log states it: vLLM's num_gpu_blocks x block "
+             "size)")
     add_flag(k, "--block-tokens", type=integer(),
              help=f"paged: tokens per KV block (default {field_default('block_tokens')})")
     add_flag(k, "--watermark", type=fraction,
@@ -5806,6 +5935,7 @@ SHARED_TEXT = {  # the same in every language: units, acronyms, names
     "metric_ttft": "TTFT", "metric_tpot": "TPOT", "metric_e2e": "E2E", "stat_p50": "p50",
     "stat_p90": "p90", "stat_p99": "p99", "unit_ms": "ms",
     "source_file": "{path}", "memory_flag": "--kv-memory-gb",
+    "memory_tokens": "--kv-tokens {tokens:,}",
 }
 
 TEXT = {
@@ -6036,6 +6166,11 @@ TEXT = {
         "kv_per_token": "KV bytes / token", "kv_fit": "KV tokens that fit",
         "crossover_col": "KV reads > weights from batch", "decode_b1": "decode b1 ms",
         "decode_bn": "decode b{batch} ms", "no_fit": "does not fit",
+        "engine_run": "C against the engine's own run of these requests (the engine's "
+                      "settings: {settings}; C's: {slots} slots, {chunk_tokens} tokens a step, "
+                      "{kv_tokens} KV tokens, arrivals: {rate})",
+        "engine_measured": "engine (measured)", "engine_simulated": "C ({label})",
+        "engine_error": "  its error", "run_col": "run",
         # --validate
         "validation": "C against published measurements of real engines ({validation}; "
                       "calibration: {calibration}); profiles: {profiles}",
@@ -6257,6 +6392,10 @@ TEXT = {
         "kv_per_token": "토큰당 KV 바이트", "kv_fit": "들어가는 KV 토큰",
         "crossover_col": "KV 읽기 > 가중치 읽기 배치", "decode_b1": "디코드 b1 ms",
         "decode_bn": "디코드 b{batch} ms", "no_fit": "들어가지 않음",
+        "engine_run": "같은 요청을 실제 엔진이 처리한 기록과 C (엔진 설정: {settings}; C: 슬롯 {slots}, "
+                      "스텝당 토큰 {chunk_tokens}, KV 토큰 {kv_tokens}, 도착: {rate})",
+        "engine_measured": "엔진 (실측)", "engine_simulated": "C ({label})",
+        "engine_error": "  오차", "run_col": "실행",
         # --validate
         "validation": "실제 엔진의 공개 측정값과 C ({validation}; 보정: {calibration}); "
                       "프로파일: {profiles}",

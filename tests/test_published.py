@@ -253,3 +253,105 @@ def test_c_runs_a_tensor_parallel_replica_in_fp8(tmp_path, capsys):
 ])
 def test_precision_and_parallel_flags_that_contradict(argv, says, capsys, tmp_path):
     assert says in expect_usage_error(argv + ["--out", str(tmp_path)], capsys)
+
+
+def test_a_fused_step_reads_the_weights_once():
+    # one pass of 64 prompt tokens and 4 decodes, against a prefill pass and a decode pass:
+    # flat passes of 10 ms (f) and 1 us per cached token, caches of 100 tokens each
+    costs = S.StepCosts((1, 1000), (0.01, 0.01), 1e-6, {"kind": "hand"})
+    req = S.Requests(S.np.zeros(5), S.np.array([100, 100, 100, 100, 64]),
+                     S.np.array([50, 50, 50, 50, 2]))
+    sims = {fused: S.simulate_serving(req, S.Replica(8, costs, "chunked", 512, fused=fused))
+            for fused in (False, True)}
+    # step 1 prefills all five prompts (464 tokens): one pass either way, 10 ms + nothing cached
+    for sim in sims.values():
+        assert sim["first_token"][0] == pytest.approx(0.01)
+    # then every step decodes; with nothing left to prefill, fused or not, one pass each
+    assert sims[True]["finish"].max() == pytest.approx(sims[False]["finish"].max())
+    # a step with prompt left and decodes: two passes' fixed costs, or one
+    req2 = S.Requests(S.np.array([0.0, 0.005]), S.np.array([10, 300]), S.np.array([5, 3]))
+    split, fused = (S.simulate_serving(req2, S.Replica(8, costs, "chunked", 100, fused=f))
+                    for f in (False, True))
+    assert fused["first_token"][1] < split["first_token"][1]
+
+
+def test_the_fused_price_of_one_step_by_hand():
+    costs = S.StepCosts((1, 1000), (0.01, 0.02), 2e-6, {"kind": "hand"})
+    sim = S.ServingSim(S.Requests(S.np.zeros(1), S.np.array([1]), S.np.array([1])),
+                       S.Replica(4, costs, "chunked", 64, fused=True))
+    seq = S.Seq.__new__(S.Seq)
+    seq.num_cached = 30
+    sim.num_decoding, sim.decode_base_sum, sim.steps = 3, 300, 0
+    prefill_s, decode_s, first_s, growth_s, tokens = sim.price([(seq, 40)], 1)
+    f = 0.01 + 0.01 * (43 - 1) / 999  # the pass of 40 + 3 tokens, interpolated
+    assert first_s == pytest.approx(f + 2e-6 * (30 + 300))
+    assert prefill_s + decode_s == pytest.approx(first_s) and tokens == 40
+    assert prefill_s / first_s == pytest.approx(40 / 43)
+
+
+def test_vllms_kv_cache_is_a_share_of_the_whole_card():
+    cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["rtx-4090"]
+    profile = S.ENGINE_PROFILES["vllm"]
+    free = 0.9 * 24081 * 2**20 - S.weight_bytes(cfg) - profile.reserved_gb * 1e9
+    assert S.card_kv_tokens(cfg, card, profile) == max(int(free // 131_072), 0)
+
+
+VLLM_LOG = [  # three requests as LLMServingSim's vLLM runs log them (seconds, engine clock)
+    {"input_toks": 10, "output_toks": 5, "queued_ts": 100.0, "first_token_ts": 100.2,
+     "last_token_ts": 100.6},
+    {"input_toks": 20, "output_toks": 1, "queued_ts": 100.5, "first_token_ts": 100.9,
+     "last_token_ts": 100.9},
+    {"input_toks": 0, "output_toks": 3, "queued_ts": 101.0, "first_token_ts": 101.1,
+     "last_token_ts": 101.5}]
+
+
+def test_reading_an_engines_logged_requests_by_hand(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in VLLM_LOG) + "\n")
+    (tmp_path / "meta.json").write_text(json.dumps({
+        "vllm_version": "0.19.0", "engine_kwargs": {"max_num_seqs": 7,
+                                                    "max_num_batched_tokens": 64},
+        "kv_cache": {"num_kv_tokens": 4096}}))
+    run = S.read_engine_run(str(log))
+    assert run["prompt"].tolist() == [10, 20, 1] and run["output"].tolist() == [5, 1, 3]
+    assert run["arrival_s"] == pytest.approx([0.0, 0.5, 1.0])
+    assert run["ttft_s"] == pytest.approx([0.2, 0.4, 0.1])
+    assert run["tpot_s"] == pytest.approx([0.4 / 4, 0.4 / 2])  # (one-token requests: none)
+    assert run["e2e_s"] == pytest.approx([0.6, 0.4, 0.5])
+    assert run["settings"] == {"engine": "vLLM 0.19.0", "max_num_seqs": 7,
+                               "max_num_batched_tokens": 64, "num_kv_tokens": 4096}
+    # DistServe's: a Python list on the first line, in completion order, then a summary
+    exp = tmp_path / "vllm-1-1.exp"
+    exp.write_text(repr([{"prompt_len": 8, "output_len": 3, "issue_time": 5.0,
+                          "ttft_ms": 30.0, "tpot_ms": 10.0, "latency_ms": 50.0},
+                         {"prompt_len": 4, "output_len": 2, "issue_time": 4.0,
+                          "ttft_ms": 20.0, "tpot_ms": 5.0, "latency_ms": 25.0}])
+                   + "\n{\n\tnum_requests: 2\n}\n")
+    run = S.read_engine_run(str(exp))
+    assert run["prompt"].tolist() == [4, 8] and run["arrival_s"] == pytest.approx([0, 1])
+    assert run["tpot_s"] == pytest.approx([0.005, 0.010]) and run["settings"] == {}
+
+
+def test_a_bad_engine_log_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "requests.jsonl"
+    bad.write_text('{"input_toks": 3}\n')
+    assert "not a log of an engine's requests" in expect_usage_error(
+        ["--experiments", "C", "--trace", str(bad), "--out", str(tmp_path)], capsys)
+
+
+def test_c_replays_an_engines_run_beside_its_measurements(tmp_path, capsys):
+    log = tmp_path / "requests.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in VLLM_LOG) + "\n")
+    results, out = run_main(["--experiments", "C", "--trace", str(log), "--rate", "trace",
+                             "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--engine-profile",
+                             "vllm", "--slots", "4", "--chunk-tokens", "64", "--kv-tokens",
+                             "4096", "--rates", "5", "--no-figures", "--out", str(tmp_path)],
+                            capsys)
+    E = results["C"]["engine_run"]
+    assert E["measured"]["ttft_s"]["p50"] == pytest.approx(0.2)
+    assert E["measured"]["tpot_s"]["p50"] == pytest.approx(0.15)
+    chunked = E["simulated"]["kv paged chunked"]
+    assert chunked["error"]["e2e_s"]["p50"] == pytest.approx(
+        chunked["e2e_s"]["p50"] / 0.5 - 1)
+    assert results["C"]["kv"]["budget_tokens"] == 4096
+    assert "C against the engine's own run" in out.out and "max_num_seqs 4" not in out.out
