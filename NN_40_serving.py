@@ -186,7 +186,7 @@ MODELS = {
     "gpt-j-6b": ModelConfig(layers=28, hidden=4096, heads=16, vocab=50400, max_positions=2048,
                             positions="rope", name="gpt-j-6b"),
     "opt-13b": ModelConfig(layers=40, hidden=5120, heads=40, vocab=50272, max_positions=2048,
-                           name="opt-13b"),  # (its ReLU costs what GELU does; biases left out)
+                           tied=True, name="opt-13b"),  # (ReLU costs what GELU does)
     "llama-2-7b": ModelConfig(layers=32, hidden=4096, heads=32, vocab=32000, max_positions=4096,
                               ffn_hidden=11008, name="llama-2-7b", **_LLAMA),
     "llama-2-70b": ModelConfig(layers=80, hidden=8192, heads=64, kv_heads=8, vocab=32000,
@@ -854,10 +854,9 @@ def make_requests(run):
 
 
 # -----------------------------------------------------------------------------
-# step costs: the seconds of one forward pass, and their check against real engines (pure)
+# step costs: the seconds of one forward pass (pure NumPy)
 # A card's spec sheet under an engine's profile, a roofline of this run's peaks, or a fit to
-# passes timed by A and B or by D's engine; and the published measurements that check them
-# (the profiles fitted on the calibration rows alone). Calls the accounting.
+# passes timed by A and B or by D's engine. Calls the accounting.
 
 
 @dataclass(frozen=True)
@@ -937,12 +936,16 @@ class EngineProfile:
     """How close an engine comes to a card's spec sheet, and its batch limits.
 
     A pass of T tokens on one of tp cards costs
-        step_s + max(matmul FLOPs / (rate x matmul_share x T / (T + half_tokens)),
-                     (weights + activations) / (bandwidth x bandwidth_share))
+        step_s + layers x layer_s
+        + max(matmul FLOPs / (rate x matmul_share x T / (T + half_tokens)),
+              (weights + activations) / (bandwidth x bandwidth_share))
+        + (KV written + activation_passes x activations) / (bandwidth x bandwidth_share)
         + 2 layers x (allreduce_s + all-reduce bytes / (link x link_share))     (tp > 1)
     and each cached token it reads K and V of costs their bytes / (bandwidth x bandwidth_share):
-    the matmuls and attention each at their own bound, summed, a fixed cost per pass (launch,
-    schedule, sample), and matmuls that reach less of the FLOP rate the fewer rows they have.
+    the matmuls, the elementwise kernels (norms, rotary, activations: their traffic past the
+    lower bound step_cost counts) and attention each at their own bound, summed; fixed costs
+    per pass (schedule, sample) and per layer (kernel launches); and matmuls that reach less
+    of the FLOP rate the fewer rows they have.
     Weight-only int8 and int4 add dequant_flops of work per weight at the 16-bit rate (their
     kernels reach less bandwidth: gpt-fast's README reports 69%, 52% and 42% of an A100's for
     bf16, int8 and int4). The KV cache gets kv_fraction of each card's memory left after the
@@ -953,10 +956,12 @@ class EngineProfile:
     matmul_share: float
     half_tokens: float = 0.0
     step_s: float = 0.0
+    layer_s: float = 0.0
     allreduce_s: float = 0.0
     link_share: float = 1.0
     reserved_gb: float = 0.0
     dequant_flops: float = 0.0
+    activation_passes: float = 0.0
     kv_fraction: float = KV_MEMORY_FRACTION
     kv_of_total: bool = False     # kv_fraction is of the card's whole memory (vLLM's
                                   # gpu_memory_utilization), not of what the weights leave
@@ -969,8 +974,14 @@ class EngineProfile:
         return dataclasses.asdict(self)
 
 
-FIT_FIELDS = ("bandwidth_share", "matmul_share", "half_tokens", "step_s", "allreduce_s",
-              "reserved_gb", "dequant_flops")
+FIT_FIELDS = ("bandwidth_share", "matmul_share", "half_tokens", "step_s", "layer_s",
+              "allreduce_s",
+              "reserved_gb", "dequant_flops", "activation_passes")
+# What each engine's rows can tell: gpt-fast's are all batch-1 decodes of one model, which
+# see neither the FLOP rate, the memory reserve nor the activations' traffic apart from the
+# weights' (fitting those too overfits its 6 rows: its validation rows' error trebles)
+FITTED = {"tensorrt-llm": FIT_FIELDS,
+          "gpt-fast": ("bandwidth_share", "layer_s", "allreduce_s", "dequant_flops")}
 
 # `roofline` is C's pricing before it was checked against any engine (90% and 80% of a card's
 # spec: an H200 in this workplace copied at about 4.3 of its 4.8 TB/s and ran a large bf16
@@ -983,16 +994,17 @@ ENGINE_PROFILES = {
     "roofline": EngineProfile("roofline", 0.9, 0.8, fused=False, fitted_on="the spec sheets"),
     # 48 rows: v0.5.0's GPT-J static batches and first tokens, v0.14.0's in-flight Llama-3.1
     # 8B and 70B (max_batch and max_tokens: trtllm-build's defaults, not fitted)
-    "tensorrt-llm": EngineProfile("tensorrt-llm", bandwidth_share=0.77, matmul_share=0.54,
-                                  half_tokens=32.0, step_s=2.75e-3, allreduce_s=100e-6,
-                                  reserved_gb=7.0, max_batch=2048, max_tokens=8192,
+    "tensorrt-llm": EngineProfile("tensorrt-llm", bandwidth_share=0.86, matmul_share=0.60,
+                                  half_tokens=32.0, step_s=1.15e-3, layer_s=80e-6,
+                                  allreduce_s=90e-6, reserved_gb=7.0, activation_passes=1.0,
+                                  max_batch=2048, max_tokens=8192,
                                   fitted_on="TensorRT-LLM's 48 dense calibration rows"),
-    # 6 rows: Llama-2-7B at batch 1 in bf16, int8 and int4, and bf16 on 2, 4 and 8 cards (the
-    # FLOP rate and the reserve are not seen at batch 1: left at their starting values)
-    "gpt-fast": EngineProfile("gpt-fast", bandwidth_share=0.73, matmul_share=0.76,
-                              half_tokens=64.0, step_s=1.4e-3, allreduce_s=6e-6,
-                              dequant_flops=10.0, max_batch=1,
-                              fitted_on="gpt-fast's 6 calibration rows"),
+    # 6 rows: Llama-2-7B at batch 1 in bf16, int8 and int4, and bf16 on 2, 4 and 8 cards; the
+    # fields they cannot tell (see FITTED) keep FIT_START's values. 82% of the A100's 2,039
+    # GB/s is 1,672 GB/s: gpt-fast's README finds "about 1700 GB/s" on its power-capped cards
+    "gpt-fast": EngineProfile("gpt-fast", bandwidth_share=0.82, matmul_share=0.8,
+                              layer_s=52.5e-6, allreduce_s=5e-6, dequant_flops=35.0,
+                              max_batch=1, fitted_on="gpt-fast's 6 calibration rows"),
 }
 # Where each profile's fit starts (and what a field the rows cannot tell keeps)
 FIT_START = EngineProfile("fit start", 0.9, 0.8)
@@ -1005,18 +1017,27 @@ DEFAULT_PROFILE = "tensorrt-llm"
 PRICE_KNOTS = tuple(sorted({2**i for i in range(17)} | {3 * 2**i for i in range(16)}))
 
 
+@functools.lru_cache(maxsize=8192)
+def pass_cost(cfg, tp, tokens):
+    """One card's FLOPs and bytes of a pass of `tokens` new tokens (a fit prices the same
+    passes under thousands of profiles)."""
+    return card_share(cfg, step_cost(cfg, tokens, 1, 0), tp)
+
+
 def pass_seconds(cfg, card, profile, tp, tokens):
     """Seconds of one forward pass of `tokens` new tokens on one of `tp` cards, its cache
     reads apart (see EngineProfile)."""
-    cost = card_share(cfg, step_cost(cfg, tokens, 1, 0), tp)
+    cost = pass_cost(cfg, tp, tokens)
     rate = card.matmul_tflops(cfg.fp8_compute) * 1e12 * profile.matmul_share
     rate *= tokens / (tokens + profile.half_tokens)
     bandwidth = card.bandwidth_gbs * 1e9 * profile.bandwidth_share
-    seconds = profile.step_s + max(cost["matmul_flops"] / rate,
+    seconds = profile.step_s + cfg.layers * profile.layer_s + max(cost["matmul_flops"] / rate,
                                    (cost["weight_bytes"] + cost["activation_bytes"]) / bandwidth)
     if cfg.weight_format in ("int8", "int4"):  # weight-only: every weight dequantized
-        seconds += cfg.layers * layer_weights(cfg) / tp * profile.dequant_flops / (card.tflops * 1e12)
-    seconds += cost["kv_write_bytes"] / bandwidth
+        weights = cfg.layers * layer_weights(cfg) / tp
+        seconds += weights * profile.dequant_flops / (card.tflops * 1e12)
+    seconds += (cost["kv_write_bytes"] + profile.activation_passes * cost["activation_bytes"]) \
+        / bandwidth
     if tp > 1:
         seconds += 2 * cfg.layers * profile.allreduce_s + \
             cost["allreduce_bytes"] / (card.link_gbs * 1e9 * profile.link_share)
@@ -1031,7 +1052,7 @@ def card_costs(cfg, card, profile=None, tp=1):
     source = {"kind": "pricing_card", "card": card.name, "model": cfg.name, "tp": tp,
               "weights": cfg.weight_format, "kv_dtype": cfg.kv_dtype, "profile": profile.name,
               "bandwidth_share": profile.bandwidth_share, "matmul_share": profile.matmul_share,
-              "step_us": profile.step_s * 1e6}
+              "step_us": profile.step_s * 1e6, "layer_us": profile.layer_s * 1e6}
     return StepCosts(PRICE_KNOTS, seconds, kv_s, source)
 
 
@@ -1108,7 +1129,8 @@ def fit_passes(passes, source):
     return dataclasses.replace(costs, tokens=tuple(x), seconds=tuple(knots[k] for k in x))
 
 
-# C's prices against published measurements of real engines on real GPUs.
+# -----------------------------------------------------------------------------
+# published measurements: C's prices against real engines on real GPUs (pure)
 # Each row of a published table (an engine, a model, a card, a precision, TP, a workload and
 # what was measured) is predicted from C's prices: a batch-1 decode rate, a first token, a
 # static batch's throughput, or an in-flight batch's steady state under all-queued load. The
@@ -1158,8 +1180,9 @@ def published_row(r, role):
     model, gpu = PUBLISHED_MODELS.get(r["model"]), PUBLISHED_CARDS.get(r["gpu"])
     engine = PUBLISHED_ENGINES.get(r["source_id"].split("_")[0])
     if model is None or gpu is None or engine is None:
-        what = "model" if model is None else "card" if gpu is None else "engine"
-        return f"{what} {r['model'] if model is None else r['gpu'] if gpu is None else r['source_id']}"
+        what, name = ("model", r["model"]) if model is None else ("card", r["gpu"]) \
+            if gpu is None else ("engine", r["source_id"])
+        return f"{what} {name}"
     weights = published_weights(r.get("weights") or r.get("weight_dtype"))
     kv = (r.get("kv_dtype") or "").lower()
     # (the L40S's KV type is not stated: TensorRT-LLM's FP8 builds take an FP8 cache)
@@ -1238,8 +1261,10 @@ def fit_loss(rows, profile):
 
 FIT_GRID = {"bandwidth_share": np.linspace(0.5, 1.0, 51), "matmul_share": np.linspace(0.3, 1.0, 36),
             "half_tokens": np.array([0, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048]),
-            "step_s": np.linspace(0, 5e-3, 101), "allreduce_s": np.linspace(0, 100e-6, 51),
-            "reserved_gb": np.linspace(0, 12, 25), "dequant_flops": np.linspace(0, 300, 61)}
+            "step_s": np.linspace(0, 5e-3, 101), "layer_s": np.linspace(0, 150e-6, 61),
+            "allreduce_s": np.linspace(0, 300e-6, 61),
+            "reserved_gb": np.linspace(0, 12, 25), "dequant_flops": np.linspace(0, 300, 61),
+            "activation_passes": np.linspace(0, 20, 41)}
 
 
 def fit_start(profile):
@@ -1247,7 +1272,7 @@ def fit_start(profile):
     return dataclasses.replace(profile, **{f: getattr(FIT_START, f) for f in FIT_FIELDS})
 
 
-def fit_profile(rows, profile, rounds=4):
+def fit_profile(rows, profile, fields=FIT_FIELDS, rounds=12):
     """The profile's FIT_FIELDS fitted to `rows` (calibration rows only: the caller's
     contract, checked by a test) by coordinate search over FIT_GRID: each field in turn
     takes the grid value of least fit_loss, until a round changes nothing. A field the rows
@@ -1255,7 +1280,7 @@ def fit_profile(rows, profile, rounds=4):
     best = fit_loss(rows, profile)
     for _ in range(rounds):
         changed = False
-        for field in FIT_FIELDS:
+        for field in fields:
             for value in FIT_GRID[field]:
                 trial = dataclasses.replace(profile, **{field: float(value)})
                 loss = fit_loss(rows, trial)
@@ -2006,8 +2031,9 @@ class ServingSim:
 
     def price(self, plan, k):
         """The k steps of a run, a prefill pass (of the chunks in `plan`) and a decode pass
-        each (fused: one pass of both), whose caches grow: step j takes first_s + growth_s (j - 1) seconds. -> (prefill_s,
-        decode_s: each pass summed over the run, first_s, growth_s, prompt tokens per step). (A
+        each (fused: one pass of both), whose caches grow: step j takes first_s + growth_s
+        (j - 1) seconds. -> (prefill_s, decode_s: each pass summed over the run, first_s,
+        growth_s, prompt tokens per step). (A
         plain tuple, as plan's: a NamedTuple made and unpacked at every event cost the loop
         5-10%; a tuple subclass is built in Python and unpacked without 3.11's fast path.)"""
         n, tokens, cached_pre = self.num_decoding, 0, 0
@@ -3860,7 +3886,7 @@ def capacity_study(run, req, replica):
     one = rates[len(rates) // 2]
     result = {"slo_ttft_s": run.slo_ttft_s, "slo_tpot_s": run.slo_tpot_s,
               "attainment": slo.attainment, "requests": m, "seeds": CAPACITY_SEEDS,
-              "scheduler": "continuous", "kv_policy": replica.kv.policy if replica.kv else None,
+              "gpus_per_replica": run.tp, "scheduler": "continuous", "kv_policy": replica.kv.policy if replica.kv else None,
               "one_replica": {"rate_rps": one, "rates_rps": rates,
                               "output_tokens_per_s": one * float(req.output.mean()),
                               "tried": searches[0][1]}}
@@ -4575,7 +4601,8 @@ def capacity_text(T, cap):
         router = min(found, key=lambda k: (found[k]["replicas"], -found[k]["attainment"]))
         fewest = found[router]["replicas"]
         tie = T["answer_tie"] if sum(r["replicas"] == fewest for r in found.values()) > 1 else ""
-        lines.append(T["answer"].format(replicas=fewest, router=router, tie=tie))
+        lines.append(T["answer"].format(replicas=fewest, router=router, tie=tie,
+                                        gpus=fewest * cap.get("gpus_per_replica", 1)))
     return "\n".join(lines)
 
 
@@ -4671,8 +4698,10 @@ def catalog_table(T, cat):
                                                   f"{r[key]:,.2f}"
                                                   for key in ("decode_b1_ms", f"decode_b{b}_ms")}}
             for r in cat["rows"]]
-    return "\n".join([T["catalog"].format(**cat, **cat["profile"],
-                                          step_us=cat["profile"]["step_s"] * 1e6), spec_table(T, rows, [
+    p = cat["profile"]
+    header = T["catalog"].format(**cat, **p, step_us=p["step_s"] * 1e6,
+                                 layer_us=p["layer_s"] * 1e6)
+    return "\n".join([header, spec_table(T, rows, [
         ("model_col", "model", "text"), ("card_col", "card", "text"),
         ("weights_gb", "weights_gb", ",.2f"), ("kv_per_token", "kv_bytes_per_token", ","),
         ("kv_fit", "kv_tokens", ","), ("crossover_col", "crossover_batch", ","),
@@ -5927,7 +5956,7 @@ def run_experiment(name, run, device, results, benches, inputs):
 
 
 # -----------------------------------------------------------------------------
-# text: every string printed, in English and in Korean (the post's language)
+# text: every string printed, in English (TEXT_KO below is the same in Korean)
 
 
 SHARED_TEXT = {  # the same in every language: units, acronyms, names
@@ -5938,477 +5967,484 @@ SHARED_TEXT = {  # the same in every language: units, acronyms, names
     "memory_tokens": "--kv-tokens {tokens:,}",
 }
 
-TEXT = {
-    "en": {**SHARED_TEXT,
-        # banner
-        "command": "command: {command}", "device": "device: {device}",
-        "threads": ", {threads} torch threads",
-        "model": "model: {label}: {layers} layers, hidden {hidden}, {heads} heads{kv}, "
-                 "{mlp_text} MLP of {ffn:,}, vocab {vocab:,}, {dtype}: {params:,.1f} M "
-                 "parameters, {gib:.2f} GiB",
-        "label_post": "the post's", "kv_heads": " ({n} K/V heads)", "mlp_gelu": "GELU",
-        "mlp_gated": "gated SiLU",
-        "card": "card: {tp} x {name} ({bandwidth:,.0f} GB/s, {tflops:,.1f} TFLOP/s dense FP16/BF16, "
-                "{memory:g} GB by its spec sheet, {link}); C prices it by the {profile} profile "
-                "({bandwidth_share:.0%} of its bandwidth, up to {matmul_share:.0%} of its FLOP/s)",
-        "slow_cpu": "note: {name} runs at its own size on this CPU ({gib:.1f} GiB of weights, all "
-                    "read at every decode step): expect minutes per experiment; --experiments C "
-                    "prices it without running it",
-        "model_post": "model: the post's proxy, {layers} square {hidden} x {hidden} {dtype} "
-                      "matmuls per token (no attention, KV cache, norms, embeddings or LM "
-                      "head): {params:,.1f} M parameters, {gib:.2f} GiB",
-        "preset": "CPU preset (the post's model would take minutes per experiment): {fields}",
-        "dtype_probe": "dtype: {chosen}, the fastest here by a probe (F.linear ms at {rows} "
-                       "rows: {times}; a 2-byte type unless float32 is {preference:g}x "
-                       "faster); --dtype to choose",
-        "probe_dropped": " (out: over 4x the best)",
-        "ceilings": "ceilings: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
-                    "({matmul_source}); ridge {ridge:.0f} FLOP/byte",
-        "cpu_graphs": "  (CPU: eager only; CUDA graphs need CUDA)",
-        "given": "given", "measured_copy": "measured: copy of {gib:.2f} GiB",
-        "measured_matmul": "measured: {n}x{n}x{n} {dtype} matmul",
-        "does_not_fit": "does not fit: needs {needed_gib:.2f} GiB, {free_gib:.2f} GiB free",
-        # A and B
-        "A": "A  decode batch sweep (context {context} tokens)",
-        "A_post": "A  decode batch sweep (the post's proxy: no KV cache)",
-        "A_contexts": "A  where the KV cache takes over: decode step ms ({mode})",
-        "ctx_ms": "ctx {context}: ms",
-        "crossover": "KV-cache reads exceed weight reads from batch {batches}",
-        "crossover_at": "{batch} at context {context}",
-        "B": "B  prefill vs decode", "row": "one step",
-        "prefill": "prefill ({tokens} tokens)", "decode": "decode (batch {batch})",
-        "mode": "mode", "batch": "batch", "step_ms": "step ms (= wait)",
-        "tokens_per_s": "tokens/s", "throughput_vs_1": "throughput vs 1", "wait_vs_1": "wait vs 1",
-        "us_per_token": "µs / token", "tflops": "TFLOP/s", "intensity": "FLOP/byte",
-        "bound": "bound",
-        "eager": "eager", "graph": "graph", "memory": "memory", "compute": "compute",
-        "launch": "launch", "graph_failed": "eager (graph failed)",
-        "above_ceiling": "> ceiling",
-        "few_reps": "* timed fewer than 5 times: one call took over a fifth of the {budget:g} s "
-                    "each shape is given",
-        "above_ceiling_note": "> ceiling: the step ran faster than a measured ceiling allows, "
-                              "so that ceiling (measured at one shape) or the step's accounting "
-                              "is wrong for it; its share is not printed",
-        "launch_note": "launch: under {share:.0%} of both ceilings, bound by kernel launches and "
-                       "host work, not by memory or arithmetic",
-        "overhead": "overhead",
-        "overhead_note": "overhead: under {share:.0%} of both ceilings, bound by neither memory "
-                         "nor arithmetic: the CPU's matmul library is far from its best at this "
-                         "shape, or host work dominates",
-        "kernels": "attention kernels: {kernels} (allowed: {backends}; none that plans each new "
-                   "shape)",
-        "view_too_large": "skipped: a K/V view of {elements:,} elements, past {limit:,} (32-bit "
-                          "offsets)",
-        "out_of_memory": "skipped: out of memory ({error})",
-        "chain": "bare F.linear chain over the same {mb:,.0f} MB of weights ({mode}, batch 1): "
-                 "{ms:.3f} ms, {gbs:.1f} GB/s",
-        "chain_decode": "; decode at batch 1 moves {gbs:.1f} GB/s = {share:.0%} of it",
-        # C: the post's table
-        "C": "C  static vs continuous batching ({requests} requests, {slots} slots)",
-        "policy": "policy", "steps": "total steps", "occupancy": "slot occupancy",
-        "static": "static batching", "continuous": "continuous batching",
-        "chunked": "chunked prefill", "speedup": "speedup",
-        "lengths": "{speedup}: {value:.2f}x   (lengths: median {median:.0f}, mean {mean:.1f}, "
-                   "max {max:,})",
-        "spread": "over {seeds} seeds of the same law, p50 (p10-p90): static {static}, "
-                  "continuous {continuous}, speedup {speedup}",
-        "times": "x",
-        # C in seconds
-        "C_seconds": "C  in seconds: {requests:,} requests ({source}), {slots} slots, "
-                     "arrivals {arrivals}",
-        "step_costs": "   step costs: {pricing}",
-        "source_law": "the post's law: floor(e^N({mu:g}, {sigma:g}^2)) <= {max:,}, seed {seed}",
-        "source_trace": "trace {name}", "arrivals_zero": "all at t=0",
-        "arrivals_trace": "the trace's timestamps",
-        "arrivals_poisson": "Poisson at {rate:g} requests/s",
-        "arrivals_gamma": "gamma gaps, burstiness {burstiness:g}, at {rate:g} requests/s",
-        "pricing_analytic": "analytic roofline ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} "
-                            "TFLOP/s, {layers}x{hidden} {dtype})",
-        "pricing_card": "the {card}'s spec priced by the {profile} profile ({bandwidth_share:.0%} "
-                        "of its bandwidth, up to {matmul_share:.0%} of its FLOP/s, {step_us:.0f} "
-                        "us a pass), {model} with {weights} weights and a {kv_dtype} KV cache on "
-                        "{tp} card(s)",
-        "pricing_measured": "measured on {device} ({mode})",
-        "pricing_engine": "measured for D on {device} (means)",
-        "seconds": "seconds", "req_s": "req/s", "goodput": "goodput req/s",
-        "simulations": "{runs} simulations (these, the KV study's, who waits and the rate "
-                       "sweep's): "
-                       "{iterations:,} loop iterations in {seconds:,.2f} s ({rate:,.0f} per "
-                       "second), {wall:,.2f} s of wall time on {jobs} worker processes",
-        # C: the orders of the queue, and who waits
-        "orders_steps": "C  the same table in each order of the queue (all {requests} waiting "
-                        "at t=0; finish: the step at which a request ends)",
-        "order": "order", "static_steps": "static steps", "static_occ": "static occupancy",
-        "static_finish": "static mean finish", "continuous_steps": "continuous steps",
-        "continuous_occ": "continuous occupancy", "continuous_finish": "continuous mean finish",
-        "continuous_p99": "continuous p99 finish",
-        "order_fcfs": "first come, first served", "order_sjf": "shortest first (true lengths)",
-        "order_predicted": "shortest predicted first", "order_longest": "longest first",
-        "order_sjf_guarded": "shortest first + guard",
-        "order_predicted_guarded": "shortest predicted + guard",
-        "queue": "   queue: {order}",
-        "queue_predicted": " (lengths x e^N(0, {sigma:g}^2): Kendall tau {kendall_tau:.2f})",
-        "queue_guard": "; a request that has waited {max_wait_s:g} s goes first",
-        "who_waits": "C  who waits: {requests:,} requests through continuous batching, {slots} "
-                     "slots, arrivals {arrivals}, KV cache: {kv}",
-        "who_waits_kv_none": "unlimited (no policy fits every request)",
-        "who_waits_setup": "   predicted lengths: true x e^N(0, {sigma:g}^2), Kendall tau "
-                           "{tau:.2f}; guard: a request that has waited {guard:,.3g} s goes "
-                           "first ({source})",
-        "guard_flag": "--max-wait-s", "guard_fcfs": "FCFS's 99th-percentile wait",
-        "stat_mean": "mean", "unit_s": "s",
-        "per_token_ms": "ms per output token", "longest_wait": "longest wait s",
-        "who_waits_by_length": "C  who waits, by output length (this workload's terciles)",
-        "output_tokens": "output tokens", "count": "count",
-        "bucket": "{name} {low:,}-{high:,}", "bucket_short": "short", "bucket_medium": "medium",
-        "bucket_long": "long",
-        "kv_unfit_row": "{policy}: does not fit, so not simulated: {why}",
-        "kv_no_memory": "the weights leave no memory for the KV cache",
-        "kv_max_output": "--max-output {max_output:,} is below the longest output, {longest:,}",
-        "kv_too_long": "request {request:,} alone needs {needs:,} tokens (prompt {prompt:,} + "
-                       "output {output:,}), the budget holds {holds:,}",
-        # C: replicas and capacity
-        "one_share": "   one replica's share of {replicas} (every {replicas}th request, as "
-                     "round-robin routes them); the replica table below serves them all",
-        "fleet": "C  {replicas} replicas of {slots} slots behind each router: {requests:,} "
-                 "requests, arrivals {arrivals}, continuous batching, KV cache: {kv}",
-        "router": "router", "slo_met": "SLO met", "per_replica": "requests per replica",
-        "busiest": "busiest occupancy",
-        "capacity": "C  capacity at the SLO ({slo}, for {attainment:.0%} of requests): one "
-                    "replica serves {rate} requests/s ({tokens:,.0f} output tokens/s); over "
-                    "{seeds} draws of {requests:,} Poisson arrivals: {low}-{high}",
-        "slo_ttft": "TTFT <= {ms:g} ms", "slo_tpot": "TPOT <= {ms:g} ms",
-        "capacity_none": "none", "capacity_all": "more than {rate:.3g}",
-        "replicas_needed": "C  replicas needed for {rate:g} requests/s at that SLO ({requests:,} "
-                           "Poisson arrivals per count tried)",
-        "replicas_col": "replicas", "attained_col": "SLO met at that count",
-        "below_col": "with one fewer", "too_many": "more than {n:,}",
-        "answer": "answer: {replicas} replicas, with {router}{tie}",
-        "answer_tie": " (as few as any router needs)",
-        "answer_none": "answer: no count up to {n:,} replicas serves it",
-        # C: the KV cache
-        "kv": "C  KV cache: {gb:,.2f} GB ({memory_source}) = {tokens:,} tokens of {bytes:,} "
-              "bytes; reserve: prompt + {max_output:,} output tokens each; paged: blocks of "
-              "{block}{admission}",
-        "admit_watermark": ", admitted when the prompt's blocks fit and {share:.0%} stay free",
-        "admit_naive": ", admitted when the first step's blocks fit",
-        "memory_cpu": "the CPU default",
-        "memory_card": "{fraction:g} x ({total_gb:.1f} GB of each of {tp} x {card} less its "
-                       "{weights_gib:.2f} GiB of weights and {reserved_gb:g} GB reserved)",
-        "memory_cuda": "{fraction:g} x {total_gib:.2f} GiB of {device} less {weights_gib:.2f} "
-                       "GiB of weights",
-        "memory_reference": "the post's RTX 5080: {fraction:g} x {total_gb:g} GB less "
-                            "{weights_gib:.2f} GiB of weights",
-        "allocation": "allocation", "reserve": "reserve", "paged": "paged",
-        "concurrency": "requests peak / mean", "kv_used": "KV used", "never_used": "never used",
-        "max_allocated": "max allocated", "preempted": "preempted", "recomputed": "recomputed",
-        "check_shape": "{rows:,} rows x {tokens:,} tokens = {gb:.2f} GB",
-        "check": "on {device}: allocated the budget's KV cache as {shape} and ran a decode step "
-                 "of the peak's {batch} requests at their contexts (max {max_context:,}"
-                 "{clamped}): {ms:.1f} ms",
-        "check_clamped": ", {n} clamped to the row",
-        "check_skipped": "on {device}: the budget's KV cache ({shape}) {reason}",
-        # D
-        "D": "D  a real engine on the model: {requests} requests ({source}: median output "
-             "{median:.0f}, max {max:,}), prompts of {prompt} tokens, {slots} slots, greedy; "
-             "queue: {order}; arrivals {arrivals}",
-        "D_source": "the post's law", "D_source_shrunk": "the post's law, outputs / {shrink}",
-        "D_cpu": "   on CPU, D serves the post's law shrunk: a CPU's decode step stays flat in the "
-                 "batch only to about 8 rows (a GPU's past 100), and shorter outputs keep the "
-                 "run short (--engine-requests, --engine-slots, --engine-shrink)",
-        "D_requests": "D  request by request: C's simulation of the same requests, priced with "
-                      "the run's own passes and with the step costs timed beforehand",
-        "latency": "latency", "measured_col": "measured s", "passes_col": "own passes s",
-        "priced_col": "timed beforehand s", "off_col": "off",
-        "lat_makespan_s": "makespan", "lat_ttft_p50_s": "TTFT p50", "lat_ttft_p90_s": "TTFT p90",
-        "lat_e2e_p50_s": "E2E p50", "lat_e2e_p90_s": "E2E p90",
-        "D_steps": "steps: {static} requests (static) and {continuous} (continuous) emit their "
-                   "first token and their last at the same step in the engine and in C's "
-                   "simulation",
-        "D_steps_count": "{agree} of {requests}",
-        "D_steps_mismatch": "; the first that differs: request {request} ({policy}), first token "
-                            "and finish at steps {engine} in the engine, {simulated} simulated",
-        "D_steps_arrivals": "steps: not compared (requests arrive on the wall clock)",
-        "D_passes": "the step costs timed beforehand against the engine's {policy} passes: "
-                    "decode {decode:+.0%} ({n_decode:,} passes), prefill {prefill:+.0%} "
-                    "({n_prefill:,})",
-        "verdict_steps": "verdict: steps exact for every request: {answer}",
-        "yes": "yes", "no": "no", "not_checked": "not checked (arrivals)",
-        "verdict_seconds": "; seconds within {tolerance:.0%}: {passes} of {checked} priced with "
-                           "the run's own passes, {priced} of {checked} priced beforehand (worst "
-                           "{mode}'s {metric}, {off:+.0%})",
-        "D_predicted": "   predicted: C's simulation of the same requests, priced with step "
-                       "costs {pricing}",
-        "wall_s": "wall s", "predicted_s": "predicted s",
-        "prefill_s": "prefill s (meas / pred)", "decode_s": "decode s (meas / pred)",
-        "between_s": "between passes s",
-        "attention_calls": "attention calls per layer per decode step: static {static:.1f}, "
-                           "continuous {continuous:.1f}",
-        "attention_spans": " (one per span of rows at one position; continuous is priced with "
-                           "decode costs timed with each batch's rows spread over the contexts, "
-                           "a span per row)",
-        "attention_padded": "; {padded:,} of continuous's {steps:,} decode steps padded to "
-                            "their longest row, and priced with decode costs timed padded",
-        "verdict": "{speedup}: measured {measured:.2f}x, predicted {predicted:.2f}x ({off:+.0%})",
-        "verdict_within": ": within {tolerance:.0%}",
-        "verdict_outside": ": outside {tolerance:.0%}; the largest gap is {mode}'s {part}: "
-                           "{measured_s:.2f} s measured, {priced_s:.2f} s priced",
-        "part_decode": "decode passes", "part_prefill": "prefill passes",
-        "part_host": "host work between passes (scheduling, sampling, moving rows), which C "
-                     "does not price",
-        # --catalog
-        "catalog": "every named model on every named card: KV tokens that fit in {fraction:g} of "
-                   "the card's memory after the weights and {reserved_gb:g} GB; decode steps "
-                   "priced by the {name} profile ({bandwidth_share:.0%} of the card's bandwidth, "
-                   "{matmul_share:.0%} of its FLOP/s, {step_us:.0f} us a pass), each row holding "
-                   "{context:,} tokens",
-        "model_col": "model", "card_col": "card", "weights_gb": "weights GB",
-        "kv_per_token": "KV bytes / token", "kv_fit": "KV tokens that fit",
-        "crossover_col": "KV reads > weights from batch", "decode_b1": "decode b1 ms",
-        "decode_bn": "decode b{batch} ms", "no_fit": "does not fit",
-        "engine_run": "C against the engine's own run of these requests (the engine's "
-                      "settings: {settings}; C's: {slots} slots, {chunk_tokens} tokens a step, "
-                      "{kv_tokens} KV tokens, arrivals: {rate})",
-        "engine_measured": "engine (measured)", "engine_simulated": "C ({label})",
-        "engine_error": "  its error", "run_col": "run",
-        # --validate
-        "validation": "C against published measurements of real engines ({validation}; "
-                      "calibration: {calibration}); profiles: {profiles}",
-        "role_col": "role", "source_col": "source", "rows_col": "rows",
-        "median_abs_col": "median |error|", "median_col": "median error",
-        "max_abs_col": "max |error|", "within_col": "within 15%", "tp_col": "TP",
-        "weights_col": "weights", "lengths_col": "batch x in/out", "metric_col": "metric",
-        "published_col": "published", "predicted_col": "C", "error_col": "error",
-        "validation_worst": "the {n} rows C gets most wrong:",
-        "validation_left": "rows C cannot express: {left}",
-        # the end
-        "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
-        "interrupted": "interrupted: the tables above are the experiments that finished",
-    },
-    "ko": {**SHARED_TEXT,
-        "command": "명령: {command}", "device": "장치: {device}",
-        "threads": ", torch 스레드 {threads}개",
-        "model": "모델: {label}: {layers}층, 은닉 {hidden}, 헤드 {heads}개{kv}, {mlp_text} MLP "
-                 "{ffn:,}, 어휘 {vocab:,}, {dtype}: 매개변수 {params:,.1f} M개, {gib:.2f} GiB",
-        "label_post": "글의 모델", "kv_heads": " (K/V 헤드 {n}개)", "mlp_gelu": "GELU",
-        "mlp_gated": "게이트 SiLU",
-        "card": "카드: {tp} x {name} (사양서 기준 {bandwidth:,.0f} GB/s, 밀집 FP16/BF16 {tflops:,.1f} "
-                "TFLOP/s, {memory:g} GB, {link}); C는 {profile} 프로파일로 값을 매긴다 (대역폭의 "
-                "{bandwidth_share:.0%}, FLOP/s의 최대 {matmul_share:.0%})",
-        "slow_cpu": "참고: {name}을(를) 이 CPU에서 원래 크기로 돌린다 (가중치 {gib:.1f} GiB, 디코드 "
-                    "스텝마다 전부 읽음): 실험마다 몇 분씩 걸린다; --experiments C는 돌리지 않고 "
-                    "값만 매긴다",
-        "model_post": "모델: 글의 대용 모델, 토큰마다 {hidden} x {hidden} 정사각 {dtype} 행렬곱 "
-                      "{layers}개 (어텐션, KV 캐시, 정규화, 임베딩, LM 헤드 없음): 매개변수 "
-                      "{params:,.1f} M개, {gib:.2f} GiB",
-        "preset": "CPU 설정 (글의 모델은 실험마다 몇 분이 걸린다): {fields}",
-        "dtype_probe": "자료형: {chosen}, 이 기계에서 측정해 가장 빠른 것 (F.linear ms, {rows}행: "
-                       "{times}; float32가 {preference:g}배보다 더 빠르지 않으면 2바이트 "
-                       "형식); --dtype으로 고를 수 있다",
-        "probe_dropped": " (탈락: 최고의 4배 넘음)",
-        "ceilings": "한계: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
-                    "({matmul_source}); 능선 {ridge:.0f} FLOP/byte",
-        "cpu_graphs": "  (CPU: 즉시 실행만; CUDA 그래프는 CUDA에서만)",
-        "given": "지정한 값", "measured_copy": "실측: {gib:.2f} GiB 복사",
-        "measured_matmul": "실측: {n}x{n}x{n} {dtype} 행렬곱",
-        "does_not_fit": "메모리 부족: {needed_gib:.2f} GiB 필요, {free_gib:.2f} GiB 남음",
-        "A": "A  디코드 배치 크기 (문맥 {context}토큰)",
-        "A_post": "A  디코드 배치 크기 (글의 대용 모델: KV 캐시 없음)",
-        "A_contexts": "A  KV 캐시가 주도하는 지점: 디코드 한 스텝 ms ({mode})",
-        "ctx_ms": "문맥 {context}: ms",
-        "crossover": "KV 캐시 읽기가 가중치 읽기를 넘어서는 배치: {batches}",
-        "crossover_at": "문맥 {context}에서 {batch}부터",
-        "B": "B  프리필 대 디코드", "row": "한 스텝",
-        "prefill": "프리필 (질문 {tokens}토큰)", "decode": "디코드 (묶음 {batch})",
-        "mode": "방식", "batch": "배치 크기", "step_ms": "한 스텝 ms (= 대기)",
-        "tokens_per_s": "처리량 (토큰/초)", "throughput_vs_1": "처리량 배율",
-        "wait_vs_1": "대기 배율", "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
-        "intensity": "산술 강도", "bound": "병목",
-        "eager": "즉시 실행", "graph": "CUDA 그래프", "memory": "메모리", "compute": "계산",
-        "launch": "커널 실행", "graph_failed": "즉시 실행 (그래프 실패)",
-        "above_ceiling": "> 천장",
-        "few_reps": "* 5번보다 적게 쟀다: 한 번의 호출이 모양마다 주어진 {budget:g}초의 5분의 1을 "
-                    "넘었다",
-        "above_ceiling_note": "> 천장: 측정한 천장이 허락하는 것보다 빨리 돌았다. 그 천장(한 "
-                              "모양에서 측정)이나 이 스텝의 계산이 틀렸으므로 비율을 싣지 "
-                              "않는다",
-        "launch_note": "커널 실행: 두 천장 모두의 {share:.0%}에 못 미친다. 메모리나 연산이 아니라 "
-                       "커널 실행과 호스트 작업이 병목이다",
-        "overhead": "오버헤드",
-        "overhead_note": "오버헤드: 두 천장 모두의 {share:.0%}에 못 미친다. 메모리도 연산도 아닌, "
-                         "이 모양에서 제 속도를 못 내는 CPU 행렬곱 라이브러리나 호스트 작업이 "
-                         "병목이다",
-        "kernels": "어텐션: {kernels} (허용: {backends}; 새 모양마다 계획을 세우는 것은 뺐다)",
-        "view_too_large": "건너뜀: K/V 뷰가 {elements:,}개 원소로 {limit:,}를 넘는다 (32비트 "
-                          "오프셋)",
-        "out_of_memory": "건너뜀: 메모리 부족 ({error})",
-        "chain": "같은 가중치 {mb:,.0f} MB를 읽는 맨 F.linear 연쇄 ({mode}, 배치 1): "
-                 "{ms:.3f} ms, {gbs:.1f} GB/s",
-        "chain_decode": "; 배치 1 디코드는 {gbs:.1f} GB/s로 그 {share:.0%}",
-        "C": "C  정적 대 연속 배칭 (요청 {requests}개, 슬롯 {slots}개)",
-        "policy": "방식", "steps": "총 스텝", "occupancy": "슬롯 점유율",
-        "static": "정적 배칭", "continuous": "연속 배칭", "chunked": "분할 프리필",
-        "speedup": "속도 향상",
-        "lengths": "{speedup}: {value:.2f}배   (생성 길이: 중앙값 {median:.0f}, 평균 {mean:.1f}, "
-                   "최대 {max:,})",
-        "spread": "같은 분포에서 시드 {seeds}개로 뽑으면 p50 (p10-p90): 정적 {static}, "
-                  "연속 {continuous}, 속도 향상 {speedup}",
-        "times": "배",
-        "C_seconds": "C  초 단위: 요청 {requests:,}개 ({source}), 슬롯 {slots}개, "
-                     "도착: {arrivals}",
-        "step_costs": "   스텝 비용: {pricing}",
-        "source_law": "글의 분포: floor(e^N({mu:g}, {sigma:g}^2)) <= {max:,}, 시드 {seed}",
-        "source_trace": "트레이스 {name}", "arrivals_zero": "모두 t=0에",
-        "arrivals_trace": "트레이스의 시각대로",
-        "arrivals_poisson": "초당 {rate:g}개, 포아송",
-        "arrivals_gamma": "초당 {rate:g}개, 감마 간격 (몰림 정도 {burstiness:g})",
-        "pricing_analytic": "분석적 루프라인 ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} TFLOP/s, "
-                            "{layers}x{hidden} {dtype})",
-        "pricing_card": "{card}의 사양을 {profile} 프로파일로 매긴 값 (대역폭의 "
-                        "{bandwidth_share:.0%}, FLOP/s의 최대 {matmul_share:.0%}, 패스당 "
-                        "{step_us:.0f} us), {model}, 가중치 {weights}, KV {kv_dtype}, 카드 {tp}장",
-        "pricing_measured": "{device}에서 실측 ({mode})",
-        "pricing_engine": "D를 위해 {device}에서 실측 (평균)",
-        "seconds": "초", "req_s": "요청/초", "goodput": "유효 처리량 요청/초",
-        "simulations": "모의실험 {runs}번 (위의 것, KV 실험, 누가 기다리나, 도착률 스윕): 루프 "
-                       "{iterations:,}번을 "
-                       "{seconds:,.2f}초에 (초당 {rate:,.0f}번), 작업 프로세스 {jobs}개로 "
-                       "실제 {wall:,.2f}초",
-        "orders_steps": "C  같은 표를 대기열 순서마다 (요청 {requests}개 모두 t=0에 대기; 끝: 요청이 "
-                        "끝나는 스텝)",
-        "order": "순서", "static_steps": "정적 스텝", "static_occ": "정적 점유율",
-        "static_finish": "정적 평균 끝", "continuous_steps": "연속 스텝",
-        "continuous_occ": "연속 점유율", "continuous_finish": "연속 평균 끝",
-        "continuous_p99": "연속 p99 끝",
-        "order_fcfs": "먼저 온 순서", "order_sjf": "짧은 것 먼저 (실제 길이)",
-        "order_predicted": "예측이 짧은 것 먼저", "order_longest": "긴 것 먼저",
-        "order_sjf_guarded": "짧은 것 먼저 + 보호",
-        "order_predicted_guarded": "예측이 짧은 것 먼저 + 보호",
-        "queue": "   대기열: {order}",
-        "queue_predicted": " (길이 x e^N(0, {sigma:g}^2): 켄달 타우 {kendall_tau:.2f})",
-        "queue_guard": "; {max_wait_s:g}초를 기다린 요청은 먼저",
-        "who_waits": "C  누가 기다리나: 요청 {requests:,}개를 연속 배칭으로, 슬롯 {slots}개, "
-                     "도착: {arrivals}, KV 캐시: {kv}",
-        "who_waits_kv_none": "무제한 (모든 요청이 들어가는 할당 방식이 없음)",
-        "who_waits_setup": "   예측 길이: 실제 x e^N(0, {sigma:g}^2), 켄달 타우 {tau:.2f}; 보호: "
-                           "{guard:,.3g}초를 기다린 요청은 먼저 ({source})",
-        "guard_flag": "--max-wait-s", "guard_fcfs": "먼저 온 순서에서 대기의 99번째 백분위",
-        "stat_mean": "평균", "unit_s": "초",
-        "per_token_ms": "출력 토큰당 ms", "longest_wait": "가장 긴 대기 초",
-        "who_waits_by_length": "C  누가 기다리나, 출력 길이별 (이 작업량의 삼분위)",
-        "output_tokens": "출력 토큰", "count": "요청 수",
-        "bucket": "{name} {low:,}-{high:,}", "bucket_short": "짧음", "bucket_medium": "중간",
-        "bucket_long": "긺",
-        "kv_unfit_row": "{policy}: 들어가지 않아 모의실험하지 않음: {why}",
-        "kv_no_memory": "가중치를 빼면 KV 캐시에 남는 메모리가 없다",
-        "kv_max_output": "--max-output {max_output:,}이 가장 긴 출력 {longest:,}보다 작다",
-        "kv_too_long": "요청 {request:,} 하나만으로 {needs:,}토큰이 필요한데 (질문 {prompt:,} + 출력 "
-                       "{output:,}) 예산은 {holds:,}토큰",
-        "one_share": "   복제본 {replicas}개 중 하나의 몫 ({replicas}번째 요청마다, 라운드 로빈이 보내는 "
-                     "대로); 아래의 복제본 표는 전부를 다룬다",
-        "fleet": "C  슬롯 {slots}개짜리 복제본 {replicas}개를 라우터 뒤에: 요청 {requests:,}개, "
-                 "도착: {arrivals}, 연속 배칭, KV 캐시: {kv}",
-        "router": "라우터", "slo_met": "SLO 충족", "per_replica": "복제본마다 요청",
-        "busiest": "가장 바쁜 점유율",
-        "capacity": "C  SLO에서의 처리 용량 ({slo}, 요청의 {attainment:.0%}): 복제본 하나가 초당 "
-                    "{rate}개 (출력 토큰 초당 {tokens:,.0f}개); 포아송 도착 {requests:,}개를 "
-                    "{seeds}번 뽑아서: {low}-{high}",
-        "slo_ttft": "TTFT <= {ms:g} ms", "slo_tpot": "TPOT <= {ms:g} ms",
-        "capacity_none": "없음", "capacity_all": "{rate:.3g} 넘게",
-        "replicas_needed": "C  그 SLO에서 초당 {rate:g}개 요청에 필요한 복제본 (시도한 개수마다 "
-                           "포아송 도착 {requests:,}개)",
-        "replicas_col": "복제본", "attained_col": "그 개수에서 SLO 충족",
-        "below_col": "하나 적을 때", "too_many": "{n:,}개 넘게",
-        "answer": "답: 복제본 {replicas}개, 라우터 {router}{tie}",
-        "answer_tie": " (어느 라우터보다 적거나 같다)",
-        "answer_none": "답: 복제본 {n:,}개까지 어느 개수로도 감당하지 못한다",
-        "kv": "C  KV 캐시: {gb:,.2f} GB ({memory_source}) = 토큰 {tokens:,}개 (토큰당 "
-              "{bytes:,}바이트); 예약: 요청마다 질문 + 출력 {max_output:,}토큰; 페이지: "
-              "{block}토큰 블록{admission}",
-        "admit_watermark": ", 질문의 블록이 들어가고 {share:.0%}가 남을 때 받음",
-        "admit_naive": ", 첫 스텝의 블록이 들어가면 받음",
-        "memory_cpu": "CPU 기본값",
-        "memory_card": "{card} {tp}장 각각의 {total_gb:.1f} GB에서 가중치 {weights_gib:.2f} GiB와 "
-                       "예약 {reserved_gb:g} GB를 뺀 값 x {fraction:g}",
-        "memory_cuda": "{device}의 {total_gib:.2f} GiB x {fraction:g}에서 가중치 "
-                       "{weights_gib:.2f} GiB를 뺀 값",
-        "memory_reference": "글의 RTX 5080: {total_gb:g} GB x {fraction:g}에서 가중치 "
-                            "{weights_gib:.2f} GiB를 뺀 값",
-        "allocation": "할당", "reserve": "예약", "paged": "페이지",
-        "concurrency": "동시 요청 최대 / 평균", "kv_used": "KV 사용률", "never_used": "안 쓰인 몫",
-        "max_allocated": "최대 할당", "preempted": "선점", "recomputed": "재계산",
-        "check_shape": "{rows:,}행 x {tokens:,}토큰 = {gb:.2f} GB",
-        "check": "{device}에서: 예산만큼의 KV 캐시를 {shape}로 할당하고, 정점의 요청 {batch}개를 "
-                 "각자의 문맥에서 디코드 한 스텝 (최대 {max_context:,}{clamped}): {ms:.1f} ms",
-        "check_clamped": ", {n}개는 행 길이로 자름",
-        "check_skipped": "{device}에서: 예산만큼의 KV 캐시 ({shape}) {reason}",
-        "D": "D  모델 위의 실제 엔진: 요청 {requests}개 ({source}: 출력 중앙값 {median:.0f}, 최대 "
-             "{max:,}), 질문 {prompt}토큰, 슬롯 {slots}개, 그리디; 대기열: {order}; 도착: "
-             "{arrivals}",
-        "D_source": "글의 분포", "D_source_shrunk": "글의 분포, 출력 / {shrink}",
-        "D_cpu": "   CPU에서 D는 글의 분포를 줄여서 쓴다: CPU의 디코드 스텝은 배치가 8행쯤까지만 "
-                 "평평하고 (GPU는 100행 넘게), 짧은 출력은 실행을 짧게 한다 (--engine-requests, "
-                 "--engine-slots, --engine-shrink)",
-        "D_requests": "D  요청 하나하나: 같은 요청에 대한 C의 모의실험, 실행 자신의 패스로 값을 매긴 "
-                      "것과 미리 잰 스텝 비용으로 매긴 것",
-        "latency": "지연", "measured_col": "실측 초", "passes_col": "자신의 패스 초",
-        "priced_col": "미리 잰 비용 초", "off_col": "차이",
-        "lat_makespan_s": "전체 시간", "lat_ttft_p50_s": "TTFT p50", "lat_ttft_p90_s": "TTFT p90",
-        "lat_e2e_p50_s": "E2E p50", "lat_e2e_p90_s": "E2E p90",
-        "D_steps": "스텝: 첫 토큰과 마지막 토큰을 엔진과 C의 모의실험에서 같은 스텝에 내는 요청 "
-                   "{static} (정적), {continuous} (연속)",
-        "D_steps_count": "{requests}개 중 {agree}개",
-        "D_steps_mismatch": "; 처음 다른 요청: {request} ({policy}), 첫 토큰과 끝 스텝이 엔진에서 "
-                            "{engine}, 모의실험에서 {simulated}",
-        "D_steps_arrivals": "스텝: 비교하지 않음 (요청이 실제 시계로 도착)",
-        "D_passes": "미리 잰 스텝 비용을 엔진의 {policy} 패스와 견주면: 디코드 {decode:+.0%} (패스 "
-                    "{n_decode:,}번), 프리필 {prefill:+.0%} ({n_prefill:,}번)",
-        "verdict_steps": "판정: 모든 요청의 스텝이 정확히 같은가: {answer}",
-        "yes": "예", "no": "아니오", "not_checked": "확인 안 함 (도착 시각)",
-        "verdict_seconds": "; {tolerance:.0%} 안의 초: 자신의 패스로 매긴 {checked}개 중 "
-                           "{passes}개, 미리 잰 비용으로 매긴 {checked}개 중 {priced}개 (가장 큰 "
-                           "차이 {mode}의 {metric}, {off:+.0%})",
-        "D_predicted": "   예측: 같은 요청에 대한 C의 모의실험, 스텝 비용은 {pricing}",
-        "wall_s": "실측 초", "predicted_s": "예측 초",
-        "prefill_s": "프리필 초 (실측 / 예측)", "decode_s": "디코드 초 (실측 / 예측)",
-        "between_s": "패스 사이 초",
-        "attention_calls": "디코드 한 스텝의 층마다 어텐션 호출: 정적 {static:.1f}, "
-                           "연속 {continuous:.1f}",
-        "attention_spans": " (같은 위치의 행 묶음마다 한 번; 연속 배칭은 배치의 행들을 문맥에 고루 "
-                           "흩어 행마다 한 번씩 잰 디코드 비용으로 매겼다)",
-        "attention_padded": "; 연속 배칭의 디코드 {steps:,}스텝 중 {padded:,}스텝은 가장 긴 행에 "
-                            "맞춰 채웠고, 그 값도 채운 채로 잰 디코드 비용으로 매겼다",
-        "verdict": "{speedup}: 실측 {measured:.2f}배, 예측 {predicted:.2f}배 ({off:+.0%})",
-        "verdict_within": ": {tolerance:.0%} 안",
-        "verdict_outside": ": {tolerance:.0%} 밖; 가장 큰 차이는 {mode}의 {part}: "
-                           "실측 {measured_s:.2f}초, 예측 {priced_s:.2f}초",
-        "part_decode": "디코드 패스", "part_prefill": "프리필 패스",
-        "part_host": "패스 사이의 호스트 작업 (스케줄링, 샘플링, 행 옮기기; C는 값을 매기지 않는다)",
-        "catalog": "이름 있는 모든 모델을 이름 있는 모든 카드에: 가중치와 {reserved_gb:g} GB를 뺀 카드 "
-                   "메모리의 {fraction:g}에 들어가는 KV 토큰; 디코드 스텝은 {name} 프로파일로 값을 "
-                   "매기고 (대역폭의 {bandwidth_share:.0%}, FLOP/s의 {matmul_share:.0%}, 패스당 "
-                   "{step_us:.0f} us), 행마다 {context:,}토큰",
-        "model_col": "모델", "card_col": "카드", "weights_gb": "가중치 GB",
-        "kv_per_token": "토큰당 KV 바이트", "kv_fit": "들어가는 KV 토큰",
-        "crossover_col": "KV 읽기 > 가중치 읽기 배치", "decode_b1": "디코드 b1 ms",
-        "decode_bn": "디코드 b{batch} ms", "no_fit": "들어가지 않음",
-        "engine_run": "같은 요청을 실제 엔진이 처리한 기록과 C (엔진 설정: {settings}; C: 슬롯 {slots}, "
-                      "스텝당 토큰 {chunk_tokens}, KV 토큰 {kv_tokens}, 도착: {rate})",
-        "engine_measured": "엔진 (실측)", "engine_simulated": "C ({label})",
-        "engine_error": "  오차", "run_col": "실행",
-        # --validate
-        "validation": "실제 엔진의 공개 측정값과 C ({validation}; 보정: {calibration}); "
-                      "프로파일: {profiles}",
-        "role_col": "역할", "source_col": "출처", "rows_col": "행", "median_abs_col": "|오차| 중앙값",
-        "median_col": "오차 중앙값", "max_abs_col": "|오차| 최대", "within_col": "15% 이내",
-        "tp_col": "TP", "weights_col": "가중치", "lengths_col": "배치 x 입력/출력",
-        "metric_col": "지표", "published_col": "공개값", "predicted_col": "C", "error_col": "오차",
-        "validation_worst": "C가 가장 많이 틀린 {n}개 행:",
-        "validation_left": "C가 표현하지 못하는 행: {left}",
-        "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",
-        "interrupted": "중단됨: 위의 표는 끝난 실험들이다",
-    },
+TEXT_EN = {**SHARED_TEXT,
+    # banner
+    "command": "command: {command}", "device": "device: {device}",
+    "threads": ", {threads} torch threads",
+    "model": "model: {label}: {layers} layers, hidden {hidden}, {heads} heads{kv}, "
+             "{mlp_text} MLP of {ffn:,}, vocab {vocab:,}, {dtype}: {params:,.1f} M "
+             "parameters, {gib:.2f} GiB",
+    "label_post": "the post's", "kv_heads": " ({n} K/V heads)", "mlp_gelu": "GELU",
+    "mlp_gated": "gated SiLU",
+    "card": "card: {tp} x {name} ({bandwidth:,.0f} GB/s, {tflops:,.1f} TFLOP/s dense FP16/BF16, "
+            "{memory:g} GB by its spec sheet, {link}); C prices it by the {profile} profile "
+            "({bandwidth_share:.0%} of its bandwidth, up to {matmul_share:.0%} of its FLOP/s)",
+    "slow_cpu": "note: {name} runs at its own size on this CPU ({gib:.1f} GiB of weights, all "
+                "read at every decode step): expect minutes per experiment; --experiments C "
+                "prices it without running it",
+    "model_post": "model: the post's proxy, {layers} square {hidden} x {hidden} {dtype} "
+                  "matmuls per token (no attention, KV cache, norms, embeddings or LM "
+                  "head): {params:,.1f} M parameters, {gib:.2f} GiB",
+    "preset": "CPU preset (the post's model would take minutes per experiment): {fields}",
+    "dtype_probe": "dtype: {chosen}, the fastest here by a probe (F.linear ms at {rows} "
+                   "rows: {times}; a 2-byte type unless float32 is {preference:g}x "
+                   "faster); --dtype to choose",
+    "probe_dropped": " (out: over 4x the best)",
+    "ceilings": "ceilings: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
+                "({matmul_source}); ridge {ridge:.0f} FLOP/byte",
+    "cpu_graphs": "  (CPU: eager only; CUDA graphs need CUDA)",
+    "given": "given", "measured_copy": "measured: copy of {gib:.2f} GiB",
+    "measured_matmul": "measured: {n}x{n}x{n} {dtype} matmul",
+    "does_not_fit": "does not fit: needs {needed_gib:.2f} GiB, {free_gib:.2f} GiB free",
+    # A and B
+    "A": "A  decode batch sweep (context {context} tokens)",
+    "A_post": "A  decode batch sweep (the post's proxy: no KV cache)",
+    "A_contexts": "A  where the KV cache takes over: decode step ms ({mode})",
+    "ctx_ms": "ctx {context}: ms",
+    "crossover": "KV-cache reads exceed weight reads from batch {batches}",
+    "crossover_at": "{batch} at context {context}",
+    "B": "B  prefill vs decode", "row": "one step",
+    "prefill": "prefill ({tokens} tokens)", "decode": "decode (batch {batch})",
+    "mode": "mode", "batch": "batch", "step_ms": "step ms (= wait)",
+    "tokens_per_s": "tokens/s", "throughput_vs_1": "throughput vs 1", "wait_vs_1": "wait vs 1",
+    "us_per_token": "µs / token", "tflops": "TFLOP/s", "intensity": "FLOP/byte",
+    "bound": "bound",
+    "eager": "eager", "graph": "graph", "memory": "memory", "compute": "compute",
+    "launch": "launch", "graph_failed": "eager (graph failed)",
+    "above_ceiling": "> ceiling",
+    "few_reps": "* timed fewer than 5 times: one call took over a fifth of the {budget:g} s "
+                "each shape is given",
+    "above_ceiling_note": "> ceiling: the step ran faster than a measured ceiling allows, "
+                          "so that ceiling (measured at one shape) or the step's accounting "
+                          "is wrong for it; its share is not printed",
+    "launch_note": "launch: under {share:.0%} of both ceilings, bound by kernel launches and "
+                   "host work, not by memory or arithmetic",
+    "overhead": "overhead",
+    "overhead_note": "overhead: under {share:.0%} of both ceilings, bound by neither memory "
+                     "nor arithmetic: the CPU's matmul library is far from its best at this "
+                     "shape, or host work dominates",
+    "kernels": "attention kernels: {kernels} (allowed: {backends}; none that plans each new "
+               "shape)",
+    "view_too_large": "skipped: a K/V view of {elements:,} elements, past {limit:,} (32-bit "
+                      "offsets)",
+    "out_of_memory": "skipped: out of memory ({error})",
+    "chain": "bare F.linear chain over the same {mb:,.0f} MB of weights ({mode}, batch 1): "
+             "{ms:.3f} ms, {gbs:.1f} GB/s",
+    "chain_decode": "; decode at batch 1 moves {gbs:.1f} GB/s = {share:.0%} of it",
+    # C: the post's table
+    "C": "C  static vs continuous batching ({requests} requests, {slots} slots)",
+    "policy": "policy", "steps": "total steps", "occupancy": "slot occupancy",
+    "static": "static batching", "continuous": "continuous batching",
+    "chunked": "chunked prefill", "speedup": "speedup",
+    "lengths": "{speedup}: {value:.2f}x   (lengths: median {median:.0f}, mean {mean:.1f}, "
+               "max {max:,})",
+    "spread": "over {seeds} seeds of the same law, p50 (p10-p90): static {static}, "
+              "continuous {continuous}, speedup {speedup}",
+    "times": "x",
+    # C in seconds
+    "C_seconds": "C  in seconds: {requests:,} requests ({source}), {slots} slots, "
+                 "arrivals {arrivals}",
+    "step_costs": "   step costs: {pricing}",
+    "source_law": "the post's law: floor(e^N({mu:g}, {sigma:g}^2)) <= {max:,}, seed {seed}",
+    "source_trace": "trace {name}", "arrivals_zero": "all at t=0",
+    "arrivals_trace": "the trace's timestamps",
+    "arrivals_poisson": "Poisson at {rate:g} requests/s",
+    "arrivals_gamma": "gamma gaps, burstiness {burstiness:g}, at {rate:g} requests/s",
+    "pricing_analytic": "analytic roofline ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} "
+                        "TFLOP/s, {layers}x{hidden} {dtype})",
+    "pricing_card": "the {card}'s spec priced by the {profile} profile ({bandwidth_share:.0%} "
+                    "of its bandwidth, up to {matmul_share:.0%} of its FLOP/s, {step_us:.0f} "
+                    "us a pass and {layer_us:.0f} us a layer), {model} with {weights} weights and a {kv_dtype} KV cache on "
+                    "{tp} card(s)",
+    "pricing_measured": "measured on {device} ({mode})",
+    "pricing_engine": "measured for D on {device} (means)",
+    "seconds": "seconds", "req_s": "req/s", "goodput": "goodput req/s",
+    "simulations": "{runs} simulations (these, the KV study's, who waits and the rate "
+                   "sweep's): "
+                   "{iterations:,} loop iterations in {seconds:,.2f} s ({rate:,.0f} per "
+                   "second), {wall:,.2f} s of wall time on {jobs} worker processes",
+    # C: the orders of the queue, and who waits
+    "orders_steps": "C  the same table in each order of the queue (all {requests} waiting "
+                    "at t=0; finish: the step at which a request ends)",
+    "order": "order", "static_steps": "static steps", "static_occ": "static occupancy",
+    "static_finish": "static mean finish", "continuous_steps": "continuous steps",
+    "continuous_occ": "continuous occupancy", "continuous_finish": "continuous mean finish",
+    "continuous_p99": "continuous p99 finish",
+    "order_fcfs": "first come, first served", "order_sjf": "shortest first (true lengths)",
+    "order_predicted": "shortest predicted first", "order_longest": "longest first",
+    "order_sjf_guarded": "shortest first + guard",
+    "order_predicted_guarded": "shortest predicted + guard",
+    "queue": "   queue: {order}",
+    "queue_predicted": " (lengths x e^N(0, {sigma:g}^2): Kendall tau {kendall_tau:.2f})",
+    "queue_guard": "; a request that has waited {max_wait_s:g} s goes first",
+    "who_waits": "C  who waits: {requests:,} requests through continuous batching, {slots} "
+                 "slots, arrivals {arrivals}, KV cache: {kv}",
+    "who_waits_kv_none": "unlimited (no policy fits every request)",
+    "who_waits_setup": "   predicted lengths: true x e^N(0, {sigma:g}^2), Kendall tau "
+                       "{tau:.2f}; guard: a request that has waited {guard:,.3g} s goes "
+                       "first ({source})",
+    "guard_flag": "--max-wait-s", "guard_fcfs": "FCFS's 99th-percentile wait",
+    "stat_mean": "mean", "unit_s": "s",
+    "per_token_ms": "ms per output token", "longest_wait": "longest wait s",
+    "who_waits_by_length": "C  who waits, by output length (this workload's terciles)",
+    "output_tokens": "output tokens", "count": "count",
+    "bucket": "{name} {low:,}-{high:,}", "bucket_short": "short", "bucket_medium": "medium",
+    "bucket_long": "long",
+    "kv_unfit_row": "{policy}: does not fit, so not simulated: {why}",
+    "kv_no_memory": "the weights leave no memory for the KV cache",
+    "kv_max_output": "--max-output {max_output:,} is below the longest output, {longest:,}",
+    "kv_too_long": "request {request:,} alone needs {needs:,} tokens (prompt {prompt:,} + "
+                   "output {output:,}), the budget holds {holds:,}",
+    # C: replicas and capacity
+    "one_share": "   one replica's share of {replicas} (every {replicas}th request, as "
+                 "round-robin routes them); the replica table below serves them all",
+    "fleet": "C  {replicas} replicas of {slots} slots behind each router: {requests:,} "
+             "requests, arrivals {arrivals}, continuous batching, KV cache: {kv}",
+    "router": "router", "slo_met": "SLO met", "per_replica": "requests per replica",
+    "busiest": "busiest occupancy",
+    "capacity": "C  capacity at the SLO ({slo}, for {attainment:.0%} of requests): one "
+                "replica serves {rate} requests/s ({tokens:,.0f} output tokens/s); over "
+                "{seeds} draws of {requests:,} Poisson arrivals: {low}-{high}",
+    "slo_ttft": "TTFT <= {ms:g} ms", "slo_tpot": "TPOT <= {ms:g} ms",
+    "capacity_none": "none", "capacity_all": "more than {rate:.3g}",
+    "replicas_needed": "C  replicas needed for {rate:g} requests/s at that SLO ({requests:,} "
+                       "Poisson arrivals per count tried)",
+    "replicas_col": "replicas", "attained_col": "SLO met at that count",
+    "below_col": "with one fewer", "too_many": "more than {n:,}",
+    "answer": "answer: {replicas} replicas ({gpus} GPUs), with {router}{tie}",
+    "answer_tie": " (as few as any router needs)",
+    "answer_none": "answer: no count up to {n:,} replicas serves it",
+    # C: the KV cache
+    "kv": "C  KV cache: {gb:,.2f} GB ({memory_source}) = {tokens:,} tokens of {bytes:,} "
+          "bytes; reserve: prompt + {max_output:,} output tokens each; paged: blocks of "
+          "{block}{admission}",
+    "admit_watermark": ", admitted when the prompt's blocks fit and {share:.0%} stay free",
+    "admit_naive": ", admitted when the first step's blocks fit",
+    "memory_cpu": "the CPU default",
+    "memory_card": "{fraction:g} x ({total_gb:.1f} GB of each of {tp} x {card} less its "
+                   "{weights_gib:.2f} GiB of weights and {reserved_gb:g} GB reserved)",
+    "memory_cuda": "{fraction:g} x {total_gib:.2f} GiB of {device} less {weights_gib:.2f} "
+                   "GiB of weights",
+    "memory_reference": "the post's RTX 5080: {fraction:g} x {total_gb:g} GB less "
+                        "{weights_gib:.2f} GiB of weights",
+    "allocation": "allocation", "reserve": "reserve", "paged": "paged",
+    "concurrency": "requests peak / mean", "kv_used": "KV used", "never_used": "never used",
+    "max_allocated": "max allocated", "preempted": "preempted", "recomputed": "recomputed",
+    "check_shape": "{rows:,} rows x {tokens:,} tokens = {gb:.2f} GB",
+    "check": "on {device}: allocated the budget's KV cache as {shape} and ran a decode step "
+             "of the peak's {batch} requests at their contexts (max {max_context:,}"
+             "{clamped}): {ms:.1f} ms",
+    "check_clamped": ", {n} clamped to the row",
+    "check_skipped": "on {device}: the budget's KV cache ({shape}) {reason}",
+    # D
+    "D": "D  a real engine on the model: {requests} requests ({source}: median output "
+         "{median:.0f}, max {max:,}), prompts of {prompt} tokens, {slots} slots, greedy; "
+         "queue: {order}; arrivals {arrivals}",
+    "D_source": "the post's law", "D_source_shrunk": "the post's law, outputs / {shrink}",
+    "D_cpu": "   on CPU, D serves the post's law shrunk: a CPU's decode step stays flat in the "
+             "batch only to about 8 rows (a GPU's past 100), and shorter outputs keep the "
+             "run short (--engine-requests, --engine-slots, --engine-shrink)",
+    "D_requests": "D  request by request: C's simulation of the same requests, priced with "
+                  "the run's own passes and with the step costs timed beforehand",
+    "latency": "latency", "measured_col": "measured s", "passes_col": "own passes s",
+    "priced_col": "timed beforehand s", "off_col": "off",
+    "lat_makespan_s": "makespan", "lat_ttft_p50_s": "TTFT p50", "lat_ttft_p90_s": "TTFT p90",
+    "lat_e2e_p50_s": "E2E p50", "lat_e2e_p90_s": "E2E p90",
+    "D_steps": "steps: {static} requests (static) and {continuous} (continuous) emit their "
+               "first token and their last at the same step in the engine and in C's "
+               "simulation",
+    "D_steps_count": "{agree} of {requests}",
+    "D_steps_mismatch": "; the first that differs: request {request} ({policy}), first token "
+                        "and finish at steps {engine} in the engine, {simulated} simulated",
+    "D_steps_arrivals": "steps: not compared (requests arrive on the wall clock)",
+    "D_passes": "the step costs timed beforehand against the engine's {policy} passes: "
+                "decode {decode:+.0%} ({n_decode:,} passes), prefill {prefill:+.0%} "
+                "({n_prefill:,})",
+    "verdict_steps": "verdict: steps exact for every request: {answer}",
+    "yes": "yes", "no": "no", "not_checked": "not checked (arrivals)",
+    "verdict_seconds": "; seconds within {tolerance:.0%}: {passes} of {checked} priced with "
+                       "the run's own passes, {priced} of {checked} priced beforehand (worst "
+                       "{mode}'s {metric}, {off:+.0%})",
+    "D_predicted": "   predicted: C's simulation of the same requests, priced with step "
+                   "costs {pricing}",
+    "wall_s": "wall s", "predicted_s": "predicted s",
+    "prefill_s": "prefill s (meas / pred)", "decode_s": "decode s (meas / pred)",
+    "between_s": "between passes s",
+    "attention_calls": "attention calls per layer per decode step: static {static:.1f}, "
+                       "continuous {continuous:.1f}",
+    "attention_spans": " (one per span of rows at one position; continuous is priced with "
+                       "decode costs timed with each batch's rows spread over the contexts, "
+                       "a span per row)",
+    "attention_padded": "; {padded:,} of continuous's {steps:,} decode steps padded to "
+                        "their longest row, and priced with decode costs timed padded",
+    "verdict": "{speedup}: measured {measured:.2f}x, predicted {predicted:.2f}x ({off:+.0%})",
+    "verdict_within": ": within {tolerance:.0%}",
+    "verdict_outside": ": outside {tolerance:.0%}; the largest gap is {mode}'s {part}: "
+                       "{measured_s:.2f} s measured, {priced_s:.2f} s priced",
+    "part_decode": "decode passes", "part_prefill": "prefill passes",
+    "part_host": "host work between passes (scheduling, sampling, moving rows), which C "
+                 "does not price",
+    # --catalog
+    "catalog": "every named model on every named card: KV tokens that fit in {fraction:g} of "
+               "the card's memory after the weights and {reserved_gb:g} GB; decode steps "
+               "priced by the {name} profile ({bandwidth_share:.0%} of the card's bandwidth, "
+               "{matmul_share:.0%} of its FLOP/s, {step_us:.0f} us a pass and {layer_us:.0f} us "
+               "a layer), each row holding "
+               "{context:,} tokens",
+    "model_col": "model", "card_col": "card", "weights_gb": "weights GB",
+    "kv_per_token": "KV bytes / token", "kv_fit": "KV tokens that fit",
+    "crossover_col": "KV reads > weights from batch", "decode_b1": "decode b1 ms",
+    "decode_bn": "decode b{batch} ms", "no_fit": "does not fit",
+    "engine_run": "C against the engine's own run of these requests (the engine's "
+                  "settings: {settings}; C's: {slots} slots, {chunk_tokens} tokens a step, "
+                  "{kv_tokens} KV tokens, arrivals: {rate})",
+    "engine_measured": "engine (measured)", "engine_simulated": "C ({label})",
+    "engine_error": "  its error", "run_col": "run",
+    # --validate
+    "validation": "C against published measurements of real engines ({validation}; "
+                  "calibration: {calibration}); profiles: {profiles}",
+    "role_col": "role", "source_col": "source", "rows_col": "rows",
+    "median_abs_col": "median |error|", "median_col": "median error",
+    "max_abs_col": "max |error|", "within_col": "within 15%", "tp_col": "TP",
+    "weights_col": "weights", "lengths_col": "batch x in/out", "metric_col": "metric",
+    "published_col": "published", "predicted_col": "C", "error_col": "error",
+    "validation_worst": "the {n} rows C gets most wrong:",
+    "validation_left": "rows C cannot express: {left}",
+    # the end
+    "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
+    "interrupted": "interrupted: the tables above are the experiments that finished",
 }
+
+
+# -----------------------------------------------------------------------------
+# text in Korean: every string printed, in the post's language
+
+
+TEXT_KO = {**SHARED_TEXT,
+    "command": "명령: {command}", "device": "장치: {device}",
+    "threads": ", torch 스레드 {threads}개",
+    "model": "모델: {label}: {layers}층, 은닉 {hidden}, 헤드 {heads}개{kv}, {mlp_text} MLP "
+             "{ffn:,}, 어휘 {vocab:,}, {dtype}: 매개변수 {params:,.1f} M개, {gib:.2f} GiB",
+    "label_post": "글의 모델", "kv_heads": " (K/V 헤드 {n}개)", "mlp_gelu": "GELU",
+    "mlp_gated": "게이트 SiLU",
+    "card": "카드: {tp} x {name} (사양서 기준 {bandwidth:,.0f} GB/s, 밀집 FP16/BF16 {tflops:,.1f} "
+            "TFLOP/s, {memory:g} GB, {link}); C는 {profile} 프로파일로 값을 매긴다 (대역폭의 "
+            "{bandwidth_share:.0%}, FLOP/s의 최대 {matmul_share:.0%})",
+    "slow_cpu": "참고: {name}을(를) 이 CPU에서 원래 크기로 돌린다 (가중치 {gib:.1f} GiB, 디코드 "
+                "스텝마다 전부 읽음): 실험마다 몇 분씩 걸린다; --experiments C는 돌리지 않고 "
+                "값만 매긴다",
+    "model_post": "모델: 글의 대용 모델, 토큰마다 {hidden} x {hidden} 정사각 {dtype} 행렬곱 "
+                  "{layers}개 (어텐션, KV 캐시, 정규화, 임베딩, LM 헤드 없음): 매개변수 "
+                  "{params:,.1f} M개, {gib:.2f} GiB",
+    "preset": "CPU 설정 (글의 모델은 실험마다 몇 분이 걸린다): {fields}",
+    "dtype_probe": "자료형: {chosen}, 이 기계에서 측정해 가장 빠른 것 (F.linear ms, {rows}행: "
+                   "{times}; float32가 {preference:g}배보다 더 빠르지 않으면 2바이트 "
+                   "형식); --dtype으로 고를 수 있다",
+    "probe_dropped": " (탈락: 최고의 4배 넘음)",
+    "ceilings": "한계: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
+                "({matmul_source}); 능선 {ridge:.0f} FLOP/byte",
+    "cpu_graphs": "  (CPU: 즉시 실행만; CUDA 그래프는 CUDA에서만)",
+    "given": "지정한 값", "measured_copy": "실측: {gib:.2f} GiB 복사",
+    "measured_matmul": "실측: {n}x{n}x{n} {dtype} 행렬곱",
+    "does_not_fit": "메모리 부족: {needed_gib:.2f} GiB 필요, {free_gib:.2f} GiB 남음",
+    "A": "A  디코드 배치 크기 (문맥 {context}토큰)",
+    "A_post": "A  디코드 배치 크기 (글의 대용 모델: KV 캐시 없음)",
+    "A_contexts": "A  KV 캐시가 주도하는 지점: 디코드 한 스텝 ms ({mode})",
+    "ctx_ms": "문맥 {context}: ms",
+    "crossover": "KV 캐시 읽기가 가중치 읽기를 넘어서는 배치: {batches}",
+    "crossover_at": "문맥 {context}에서 {batch}부터",
+    "B": "B  프리필 대 디코드", "row": "한 스텝",
+    "prefill": "프리필 (질문 {tokens}토큰)", "decode": "디코드 (묶음 {batch})",
+    "mode": "방식", "batch": "배치 크기", "step_ms": "한 스텝 ms (= 대기)",
+    "tokens_per_s": "처리량 (토큰/초)", "throughput_vs_1": "처리량 배율",
+    "wait_vs_1": "대기 배율", "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
+    "intensity": "산술 강도", "bound": "병목",
+    "eager": "즉시 실행", "graph": "CUDA 그래프", "memory": "메모리", "compute": "계산",
+    "launch": "커널 실행", "graph_failed": "즉시 실행 (그래프 실패)",
+    "above_ceiling": "> 천장",
+    "few_reps": "* 5번보다 적게 쟀다: 한 번의 호출이 모양마다 주어진 {budget:g}초의 5분의 1을 "
+                "넘었다",
+    "above_ceiling_note": "> 천장: 측정한 천장이 허락하는 것보다 빨리 돌았다. 그 천장(한 "
+                          "모양에서 측정)이나 이 스텝의 계산이 틀렸으므로 비율을 싣지 "
+                          "않는다",
+    "launch_note": "커널 실행: 두 천장 모두의 {share:.0%}에 못 미친다. 메모리나 연산이 아니라 "
+                   "커널 실행과 호스트 작업이 병목이다",
+    "overhead": "오버헤드",
+    "overhead_note": "오버헤드: 두 천장 모두의 {share:.0%}에 못 미친다. 메모리도 연산도 아닌, "
+                     "이 모양에서 제 속도를 못 내는 CPU 행렬곱 라이브러리나 호스트 작업이 "
+                     "병목이다",
+    "kernels": "어텐션: {kernels} (허용: {backends}; 새 모양마다 계획을 세우는 것은 뺐다)",
+    "view_too_large": "건너뜀: K/V 뷰가 {elements:,}개 원소로 {limit:,}를 넘는다 (32비트 "
+                      "오프셋)",
+    "out_of_memory": "건너뜀: 메모리 부족 ({error})",
+    "chain": "같은 가중치 {mb:,.0f} MB를 읽는 맨 F.linear 연쇄 ({mode}, 배치 1): "
+             "{ms:.3f} ms, {gbs:.1f} GB/s",
+    "chain_decode": "; 배치 1 디코드는 {gbs:.1f} GB/s로 그 {share:.0%}",
+    "C": "C  정적 대 연속 배칭 (요청 {requests}개, 슬롯 {slots}개)",
+    "policy": "방식", "steps": "총 스텝", "occupancy": "슬롯 점유율",
+    "static": "정적 배칭", "continuous": "연속 배칭", "chunked": "분할 프리필",
+    "speedup": "속도 향상",
+    "lengths": "{speedup}: {value:.2f}배   (생성 길이: 중앙값 {median:.0f}, 평균 {mean:.1f}, "
+               "최대 {max:,})",
+    "spread": "같은 분포에서 시드 {seeds}개로 뽑으면 p50 (p10-p90): 정적 {static}, "
+              "연속 {continuous}, 속도 향상 {speedup}",
+    "times": "배",
+    "C_seconds": "C  초 단위: 요청 {requests:,}개 ({source}), 슬롯 {slots}개, "
+                 "도착: {arrivals}",
+    "step_costs": "   스텝 비용: {pricing}",
+    "source_law": "글의 분포: floor(e^N({mu:g}, {sigma:g}^2)) <= {max:,}, 시드 {seed}",
+    "source_trace": "트레이스 {name}", "arrivals_zero": "모두 t=0에",
+    "arrivals_trace": "트레이스의 시각대로",
+    "arrivals_poisson": "초당 {rate:g}개, 포아송",
+    "arrivals_gamma": "초당 {rate:g}개, 감마 간격 (몰림 정도 {burstiness:g})",
+    "pricing_analytic": "분석적 루프라인 ({bandwidth_gbs:,.0f} GB/s, {tflops:.3g} TFLOP/s, "
+                        "{layers}x{hidden} {dtype})",
+    "pricing_card": "{card}의 사양을 {profile} 프로파일로 매긴 값 (대역폭의 "
+                    "{bandwidth_share:.0%}, FLOP/s의 최대 {matmul_share:.0%}, 패스당 "
+                    "{step_us:.0f} us, 층당 {layer_us:.0f} us), {model}, 가중치 {weights}, KV {kv_dtype}, 카드 {tp}장",
+    "pricing_measured": "{device}에서 실측 ({mode})",
+    "pricing_engine": "D를 위해 {device}에서 실측 (평균)",
+    "seconds": "초", "req_s": "요청/초", "goodput": "유효 처리량 요청/초",
+    "simulations": "모의실험 {runs}번 (위의 것, KV 실험, 누가 기다리나, 도착률 스윕): 루프 "
+                   "{iterations:,}번을 "
+                   "{seconds:,.2f}초에 (초당 {rate:,.0f}번), 작업 프로세스 {jobs}개로 "
+                   "실제 {wall:,.2f}초",
+    "orders_steps": "C  같은 표를 대기열 순서마다 (요청 {requests}개 모두 t=0에 대기; 끝: 요청이 "
+                    "끝나는 스텝)",
+    "order": "순서", "static_steps": "정적 스텝", "static_occ": "정적 점유율",
+    "static_finish": "정적 평균 끝", "continuous_steps": "연속 스텝",
+    "continuous_occ": "연속 점유율", "continuous_finish": "연속 평균 끝",
+    "continuous_p99": "연속 p99 끝",
+    "order_fcfs": "먼저 온 순서", "order_sjf": "짧은 것 먼저 (실제 길이)",
+    "order_predicted": "예측이 짧은 것 먼저", "order_longest": "긴 것 먼저",
+    "order_sjf_guarded": "짧은 것 먼저 + 보호",
+    "order_predicted_guarded": "예측이 짧은 것 먼저 + 보호",
+    "queue": "   대기열: {order}",
+    "queue_predicted": " (길이 x e^N(0, {sigma:g}^2): 켄달 타우 {kendall_tau:.2f})",
+    "queue_guard": "; {max_wait_s:g}초를 기다린 요청은 먼저",
+    "who_waits": "C  누가 기다리나: 요청 {requests:,}개를 연속 배칭으로, 슬롯 {slots}개, "
+                 "도착: {arrivals}, KV 캐시: {kv}",
+    "who_waits_kv_none": "무제한 (모든 요청이 들어가는 할당 방식이 없음)",
+    "who_waits_setup": "   예측 길이: 실제 x e^N(0, {sigma:g}^2), 켄달 타우 {tau:.2f}; 보호: "
+                       "{guard:,.3g}초를 기다린 요청은 먼저 ({source})",
+    "guard_flag": "--max-wait-s", "guard_fcfs": "먼저 온 순서에서 대기의 99번째 백분위",
+    "stat_mean": "평균", "unit_s": "초",
+    "per_token_ms": "출력 토큰당 ms", "longest_wait": "가장 긴 대기 초",
+    "who_waits_by_length": "C  누가 기다리나, 출력 길이별 (이 작업량의 삼분위)",
+    "output_tokens": "출력 토큰", "count": "요청 수",
+    "bucket": "{name} {low:,}-{high:,}", "bucket_short": "짧음", "bucket_medium": "중간",
+    "bucket_long": "긺",
+    "kv_unfit_row": "{policy}: 들어가지 않아 모의실험하지 않음: {why}",
+    "kv_no_memory": "가중치를 빼면 KV 캐시에 남는 메모리가 없다",
+    "kv_max_output": "--max-output {max_output:,}이 가장 긴 출력 {longest:,}보다 작다",
+    "kv_too_long": "요청 {request:,} 하나만으로 {needs:,}토큰이 필요한데 (질문 {prompt:,} + 출력 "
+                   "{output:,}) 예산은 {holds:,}토큰",
+    "one_share": "   복제본 {replicas}개 중 하나의 몫 ({replicas}번째 요청마다, 라운드 로빈이 보내는 "
+                 "대로); 아래의 복제본 표는 전부를 다룬다",
+    "fleet": "C  슬롯 {slots}개짜리 복제본 {replicas}개를 라우터 뒤에: 요청 {requests:,}개, "
+             "도착: {arrivals}, 연속 배칭, KV 캐시: {kv}",
+    "router": "라우터", "slo_met": "SLO 충족", "per_replica": "복제본마다 요청",
+    "busiest": "가장 바쁜 점유율",
+    "capacity": "C  SLO에서의 처리 용량 ({slo}, 요청의 {attainment:.0%}): 복제본 하나가 초당 "
+                "{rate}개 (출력 토큰 초당 {tokens:,.0f}개); 포아송 도착 {requests:,}개를 "
+                "{seeds}번 뽑아서: {low}-{high}",
+    "slo_ttft": "TTFT <= {ms:g} ms", "slo_tpot": "TPOT <= {ms:g} ms",
+    "capacity_none": "없음", "capacity_all": "{rate:.3g} 넘게",
+    "replicas_needed": "C  그 SLO에서 초당 {rate:g}개 요청에 필요한 복제본 (시도한 개수마다 "
+                       "포아송 도착 {requests:,}개)",
+    "replicas_col": "복제본", "attained_col": "그 개수에서 SLO 충족",
+    "below_col": "하나 적을 때", "too_many": "{n:,}개 넘게",
+    "answer": "답: 복제본 {replicas}개 (GPU {gpus}장), 라우터 {router}{tie}",
+    "answer_tie": " (어느 라우터보다 적거나 같다)",
+    "answer_none": "답: 복제본 {n:,}개까지 어느 개수로도 감당하지 못한다",
+    "kv": "C  KV 캐시: {gb:,.2f} GB ({memory_source}) = 토큰 {tokens:,}개 (토큰당 "
+          "{bytes:,}바이트); 예약: 요청마다 질문 + 출력 {max_output:,}토큰; 페이지: "
+          "{block}토큰 블록{admission}",
+    "admit_watermark": ", 질문의 블록이 들어가고 {share:.0%}가 남을 때 받음",
+    "admit_naive": ", 첫 스텝의 블록이 들어가면 받음",
+    "memory_cpu": "CPU 기본값",
+    "memory_card": "{card} {tp}장 각각의 {total_gb:.1f} GB에서 가중치 {weights_gib:.2f} GiB와 "
+                   "예약 {reserved_gb:g} GB를 뺀 값 x {fraction:g}",
+    "memory_cuda": "{device}의 {total_gib:.2f} GiB x {fraction:g}에서 가중치 "
+                   "{weights_gib:.2f} GiB를 뺀 값",
+    "memory_reference": "글의 RTX 5080: {total_gb:g} GB x {fraction:g}에서 가중치 "
+                        "{weights_gib:.2f} GiB를 뺀 값",
+    "allocation": "할당", "reserve": "예약", "paged": "페이지",
+    "concurrency": "동시 요청 최대 / 평균", "kv_used": "KV 사용률", "never_used": "안 쓰인 몫",
+    "max_allocated": "최대 할당", "preempted": "선점", "recomputed": "재계산",
+    "check_shape": "{rows:,}행 x {tokens:,}토큰 = {gb:.2f} GB",
+    "check": "{device}에서: 예산만큼의 KV 캐시를 {shape}로 할당하고, 정점의 요청 {batch}개를 "
+             "각자의 문맥에서 디코드 한 스텝 (최대 {max_context:,}{clamped}): {ms:.1f} ms",
+    "check_clamped": ", {n}개는 행 길이로 자름",
+    "check_skipped": "{device}에서: 예산만큼의 KV 캐시 ({shape}) {reason}",
+    "D": "D  모델 위의 실제 엔진: 요청 {requests}개 ({source}: 출력 중앙값 {median:.0f}, 최대 "
+         "{max:,}), 질문 {prompt}토큰, 슬롯 {slots}개, 그리디; 대기열: {order}; 도착: "
+         "{arrivals}",
+    "D_source": "글의 분포", "D_source_shrunk": "글의 분포, 출력 / {shrink}",
+    "D_cpu": "   CPU에서 D는 글의 분포를 줄여서 쓴다: CPU의 디코드 스텝은 배치가 8행쯤까지만 "
+             "평평하고 (GPU는 100행 넘게), 짧은 출력은 실행을 짧게 한다 (--engine-requests, "
+             "--engine-slots, --engine-shrink)",
+    "D_requests": "D  요청 하나하나: 같은 요청에 대한 C의 모의실험, 실행 자신의 패스로 값을 매긴 "
+                  "것과 미리 잰 스텝 비용으로 매긴 것",
+    "latency": "지연", "measured_col": "실측 초", "passes_col": "자신의 패스 초",
+    "priced_col": "미리 잰 비용 초", "off_col": "차이",
+    "lat_makespan_s": "전체 시간", "lat_ttft_p50_s": "TTFT p50", "lat_ttft_p90_s": "TTFT p90",
+    "lat_e2e_p50_s": "E2E p50", "lat_e2e_p90_s": "E2E p90",
+    "D_steps": "스텝: 첫 토큰과 마지막 토큰을 엔진과 C의 모의실험에서 같은 스텝에 내는 요청 "
+               "{static} (정적), {continuous} (연속)",
+    "D_steps_count": "{requests}개 중 {agree}개",
+    "D_steps_mismatch": "; 처음 다른 요청: {request} ({policy}), 첫 토큰과 끝 스텝이 엔진에서 "
+                        "{engine}, 모의실험에서 {simulated}",
+    "D_steps_arrivals": "스텝: 비교하지 않음 (요청이 실제 시계로 도착)",
+    "D_passes": "미리 잰 스텝 비용을 엔진의 {policy} 패스와 견주면: 디코드 {decode:+.0%} (패스 "
+                "{n_decode:,}번), 프리필 {prefill:+.0%} ({n_prefill:,}번)",
+    "verdict_steps": "판정: 모든 요청의 스텝이 정확히 같은가: {answer}",
+    "yes": "예", "no": "아니오", "not_checked": "확인 안 함 (도착 시각)",
+    "verdict_seconds": "; {tolerance:.0%} 안의 초: 자신의 패스로 매긴 {checked}개 중 "
+                       "{passes}개, 미리 잰 비용으로 매긴 {checked}개 중 {priced}개 (가장 큰 "
+                       "차이 {mode}의 {metric}, {off:+.0%})",
+    "D_predicted": "   예측: 같은 요청에 대한 C의 모의실험, 스텝 비용은 {pricing}",
+    "wall_s": "실측 초", "predicted_s": "예측 초",
+    "prefill_s": "프리필 초 (실측 / 예측)", "decode_s": "디코드 초 (실측 / 예측)",
+    "between_s": "패스 사이 초",
+    "attention_calls": "디코드 한 스텝의 층마다 어텐션 호출: 정적 {static:.1f}, "
+                       "연속 {continuous:.1f}",
+    "attention_spans": " (같은 위치의 행 묶음마다 한 번; 연속 배칭은 배치의 행들을 문맥에 고루 "
+                       "흩어 행마다 한 번씩 잰 디코드 비용으로 매겼다)",
+    "attention_padded": "; 연속 배칭의 디코드 {steps:,}스텝 중 {padded:,}스텝은 가장 긴 행에 "
+                        "맞춰 채웠고, 그 값도 채운 채로 잰 디코드 비용으로 매겼다",
+    "verdict": "{speedup}: 실측 {measured:.2f}배, 예측 {predicted:.2f}배 ({off:+.0%})",
+    "verdict_within": ": {tolerance:.0%} 안",
+    "verdict_outside": ": {tolerance:.0%} 밖; 가장 큰 차이는 {mode}의 {part}: "
+                       "실측 {measured_s:.2f}초, 예측 {priced_s:.2f}초",
+    "part_decode": "디코드 패스", "part_prefill": "프리필 패스",
+    "part_host": "패스 사이의 호스트 작업 (스케줄링, 샘플링, 행 옮기기; C는 값을 매기지 않는다)",
+    "catalog": "이름 있는 모든 모델을 이름 있는 모든 카드에: 가중치와 {reserved_gb:g} GB를 뺀 카드 "
+               "메모리의 {fraction:g}에 들어가는 KV 토큰; 디코드 스텝은 {name} 프로파일로 값을 "
+               "매기고 (대역폭의 {bandwidth_share:.0%}, FLOP/s의 {matmul_share:.0%}, 패스당 "
+               "{step_us:.0f} us, 층당 {layer_us:.0f} us), 행마다 {context:,}토큰",
+    "model_col": "모델", "card_col": "카드", "weights_gb": "가중치 GB",
+    "kv_per_token": "토큰당 KV 바이트", "kv_fit": "들어가는 KV 토큰",
+    "crossover_col": "KV 읽기 > 가중치 읽기 배치", "decode_b1": "디코드 b1 ms",
+    "decode_bn": "디코드 b{batch} ms", "no_fit": "들어가지 않음",
+    "engine_run": "같은 요청을 실제 엔진이 처리한 기록과 C (엔진 설정: {settings}; C: 슬롯 {slots}, "
+                  "스텝당 토큰 {chunk_tokens}, KV 토큰 {kv_tokens}, 도착: {rate})",
+    "engine_measured": "엔진 (실측)", "engine_simulated": "C ({label})",
+    "engine_error": "  오차", "run_col": "실행",
+    # --validate
+    "validation": "실제 엔진의 공개 측정값과 C ({validation}; 보정: {calibration}); "
+                  "프로파일: {profiles}",
+    "role_col": "역할", "source_col": "출처", "rows_col": "행", "median_abs_col": "|오차| 중앙값",
+    "median_col": "오차 중앙값", "max_abs_col": "|오차| 최대", "within_col": "15% 이내",
+    "tp_col": "TP", "weights_col": "가중치", "lengths_col": "배치 x 입력/출력",
+    "metric_col": "지표", "published_col": "공개값", "predicted_col": "C", "error_col": "오차",
+    "validation_worst": "C가 가장 많이 틀린 {n}개 행:",
+    "validation_left": "C가 표현하지 못하는 행: {left}",
+    "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",
+    "interrupted": "중단됨: 위의 표는 끝난 실험들이다",
+}
+
+TEXT = {"en": TEXT_EN, "ko": TEXT_KO}
 
 if __name__ == "__main__":
     main()

@@ -82,6 +82,14 @@ def test_the_open_models_have_their_published_sizes():
     assert S.param_count(S.MODELS["mistral-7b"]) == 7_248_023_552
     assert S.param_count(S.MODELS["llama-3.2-1b"]) == 1_235_814_400
     assert S.param_count(S.MODELS["qwen2.5-7b"]) + 28 * (3584 + 2 * 512) == 7_615_616_512
+    assert S.param_count(S.MODELS["llama-2-7b"]) == 6_738_415_616
+    assert S.param_count(S.MODELS["llama-2-70b"]) == 68_976_648_192
+    assert S.param_count(S.MODELS["llama-3.1-8b"]) == 8_030_261_248
+    assert S.param_count(S.MODELS["llama-3.1-70b"]) == 70_553_706_496
+    assert S.param_count(S.MODELS["llama-3.1-405b"]) == 405_853_388_800
+    # (GPT-J and OPT without their biases: 0.04% and 0.01% short of the makers' counts)
+    assert S.param_count(S.MODELS["gpt-j-6b"]) == pytest.approx(6_053_381_344, rel=1e-3)
+    assert S.param_count(S.MODELS["opt-13b"]) == pytest.approx(12_852_855_808, rel=1e-3)
     # KV bytes per token: layers x (K, V) x kv_heads x head_dim x 2 bytes (bf16)
     assert S.kv_bytes_per_token(S.MODELS["llama-3-8b"]) == 2 * 32 * 8 * 128 * 2 == 131_072
     assert S.kv_bytes_per_token(S.MODELS["mistral-7b"]) == 131_072

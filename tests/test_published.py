@@ -69,13 +69,15 @@ def test_all_reduce_bytes_by_hand():
 def test_a_pass_price_by_hand():
     cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["h100"]
     profile = S.EngineProfile("hand", bandwidth_share=0.5, matmul_share=0.5, half_tokens=100,
-                              step_s=1e-3, allreduce_s=1e-5, link_share=0.5)
+                              step_s=1e-3, layer_s=2e-5, allreduce_s=1e-5, link_share=0.5,
+                              activation_passes=0.5)
     for tokens, tp in ((1, 1), (4096, 1), (64, 2)):
         cost = S.card_share(cfg, S.step_cost(cfg, tokens, 1, 0), tp)
         bandwidth = 3350e9 * 0.5
         matmul = max(cost["matmul_flops"] / (989.4e12 * 0.5 * tokens / (tokens + 100)),
                      (cost["weight_bytes"] + cost["activation_bytes"]) / bandwidth)
-        want = 1e-3 + matmul + cost["kv_write_bytes"] / bandwidth
+        want = 1e-3 + 32 * 2e-5 + matmul + (cost["kv_write_bytes"]
+                                            + 0.5 * cost["activation_bytes"]) / bandwidth
         if tp > 1:
             want += 2 * 32 * 1e-5 + cost["allreduce_bytes"] / (450e9 * 0.5)
         assert S.pass_seconds(cfg, card, profile, tp, tokens) == pytest.approx(want, rel=1e-12)
@@ -216,7 +218,7 @@ def test_the_committed_profiles_are_the_fit_on_calibration_rows_alone(monkeypatc
     for engine in ("gpt-fast", "tensorrt-llm"):
         committed = S.ENGINE_PROFILES[engine]
         fitted, _ = S.fit_profile([r for r in cal if r.engine == engine],
-                                  S.fit_start(committed))
+                                  S.fit_start(committed), S.FITTED[engine])
         for field in S.FIT_FIELDS:
             assert getattr(fitted, field) == pytest.approx(getattr(committed, field)), field
     assert seen and {r.role for r in seen} == {"calibration"}
@@ -355,3 +357,14 @@ def test_c_replays_an_engines_run_beside_its_measurements(tmp_path, capsys):
         chunked["e2e_s"]["p50"] / 0.5 - 1)
     assert results["C"]["kv"]["budget_tokens"] == 4096
     assert "C against the engine's own run" in out.out and "max_num_seqs 4" not in out.out
+
+
+def test_the_capacity_answer_counts_gpus_as_replicas_times_tp():
+    cap = {"slo_ttft_s": 0.5, "slo_tpot_s": None, "attainment": 0.9, "requests": 4000,
+           "seeds": 5, "gpus_per_replica": 4,
+           "one_replica": {"rate_rps": 10.0, "rates_rps": [9.0, 10.0, 11.0],
+                           "output_tokens_per_s": 700.0, "tried": [(10.0, 0.9)]},
+           "target_rate": 50.0, "fleet_requests": 4000,
+           "routers": {"round-robin": {"replicas": 6, "attainment": 0.95, "below": 0.8}}}
+    assert "answer: 6 replicas (24 GPUs), with round-robin" in S.capacity_text(S.TEXT["en"],
+                                                                               cap)
