@@ -78,10 +78,15 @@ class ModelConfig:
     name: str = "post"         # the preset it came from (see MODELS)
     weights: str = None        # C's weight format (WEIGHT_FORMATS); None: the dtype's
     kv_dtype: str = "auto"     # C's KV-cache elements: "auto" (the dtype's) or "fp8"
+    head_width: int = None     # a head's width where it is not hidden / heads (Qwen3: 128)
 
     @property
     def head_dim(self):
-        return self.hidden // self.heads
+        return self.head_width or self.hidden // self.heads
+
+    @property
+    def q_dim(self):  # the width of the queries (and of attention's output) in every layer
+        return self.heads * self.head_dim
 
     @property
     def n_kv_heads(self):
@@ -185,6 +190,11 @@ MODELS = {
     # biases and its rotary positions on a quarter of each head are left out (no cost of note)
     "gpt-j-6b": ModelConfig(layers=28, hidden=4096, heads=16, vocab=50400, max_positions=2048,
                             positions="rope", name="gpt-j-6b"),
+    # Qwen3's heads are 128 wide whatever its width; its per-head q and k norms (256
+    # parameters a layer) are left out
+    "qwen3-32b": ModelConfig(layers=64, hidden=5120, heads=64, kv_heads=8, head_width=128,
+                             vocab=151936, max_positions=40960, ffn_hidden=25600,
+                             rope_theta=1e6, name="qwen3-32b", **_LLAMA),
     "opt-13b": ModelConfig(layers=40, hidden=5120, heads=40, vocab=50272, max_positions=2048,
                            tied=True, name="opt-13b"),  # (ReLU costs what GELU does)
     "llama-2-7b": ModelConfig(layers=32, hidden=4096, heads=32, vocab=32000, max_positions=4096,
@@ -487,10 +497,11 @@ def run_parallel(calls, jobs):
 
 
 def layer_weights(cfg):
-    """Matmul weights of one block: q and the output projection h x h each, K and V
-    h x kv_dim each (grouped heads share them), the MLP 2 h f (gelu) or 3 h f (gated)."""
+    """Matmul weights of one block: q and the output projection h x q_dim each (q_dim = h
+    unless a head is wider), K and V h x kv_dim each (grouped heads share them), the MLP
+    2 h f (gelu) or 3 h f (gated)."""
     h = cfg.hidden
-    return 2 * h * h + 2 * h * cfg.kv_dim + cfg.mlp_matrices * h * cfg.ffn
+    return 2 * h * cfg.q_dim + 2 * h * cfg.kv_dim + cfg.mlp_matrices * h * cfg.ffn
 
 
 def weight_parts(cfg):
@@ -534,16 +545,18 @@ def step_cost(cfg, batch, new_tokens, context):
     tokens = batch * new_tokens
     keys_seen = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # per row, per layer
     matmul_flops = 2 * tokens * L * layer_weights(cfg) + 2 * batch * h * cfg.vocab
-    attention_flops = 4 * h * L * batch * keys_seen  # (every query head: 4 h per key)
+    attention_flops = 4 * cfg.q_dim * L * batch * keys_seen  # (4 x head width per key a head)
     looked_up = (2 if cfg.positions == "learned" else 1) * tokens * h  # embedding rows
     weights_read = L * layer_weights(cfg) * cfg.weight_element_bytes + \
         (h * cfg.vocab + (2 * L + 1) * cfg.norm_params + looked_up) * e
     kv_read_bytes = batch * context * kv_bytes_per_token(cfg)
     kv_write_bytes = tokens * kv_bytes_per_token(cfg)
-    # each matmul's input and output: qkv h + (h + 2 kv_dim), attention's q in and out 2h,
-    # proj 2h; the MLP (h + f) + (f + h), or gated (h + 2f) + (f + h); then the logits
+    # each matmul's input and output: qkv h + (q_dim + 2 kv_dim), attention's q in and out
+    # 2 q_dim, proj q_dim + h; the MLP (h + f) + (f + h), or gated (h + 2f) + (f + h); then
+    # the logits (q_dim = h: 6 h + 2 kv_dim before the MLP)
     mlp_io = 2 * h + cfg.mlp_matrices * f
-    activation_bytes = (L * (6 * h + 2 * cfg.kv_dim + mlp_io) * tokens + batch * cfg.vocab) * e
+    attention_io = 2 * h + 4 * cfg.q_dim + 2 * cfg.kv_dim
+    activation_bytes = (L * (attention_io + mlp_io) * tokens + batch * cfg.vocab) * e
     return {"flops": matmul_flops + attention_flops,
             "matmul_flops": matmul_flops,
             "attention_flops": attention_flops,
@@ -622,7 +635,7 @@ def memory_needed_bytes(cfg, batch, cache_len, new_tokens):
     kv = batch * cache_len * kv_bytes_per_token(cfg)
     widest = cfg.mlp_matrices * cfg.ffn + 2 * cfg.hidden
     if cfg.n_kv_heads < cfg.heads:  # (a prefill repeats K and V for every query head)
-        widest += 2 * cfg.hidden
+        widest += 2 * cfg.q_dim
     activations = (tokens * widest * e + batch * cfg.vocab * 4
                    + batch * cfg.heads * new_tokens * cache_len * 4)
     return kv + activations
@@ -1147,6 +1160,7 @@ PUBLISHED_CARDS = {"H100 SXM 80GB HBM3": "h100", "H100 80GB HBM3": "h100",
                    "A100-PCIE-80GB": "a100-pcie-80gb"}
 PUBLISHED_ENGINES = {"trtllm": "tensorrt-llm", "gptfast": "gpt-fast"}
 GPT_FAST_OUTPUT = 200  # gpt-fast's generate.py default max_new_tokens (its README: none)
+PUBLISHED_METRICS = ("tokens_per_s_per_user", "ttft_ms", "output_tokens_per_s")
 
 
 class Published(NamedTuple):
@@ -1183,11 +1197,14 @@ def published_row(r, role):
         what, name = ("model", r["model"]) if model is None else ("card", r["gpu"]) \
             if gpu is None else ("engine", r["source_id"])
         return f"{what} {name}"
+    batch = r.get("batch") or r.get("batch_or_concurrency")
+    if r["metric"] not in PUBLISHED_METRICS or not (batch == "max-load" or batch.isdigit()):
+        return f"metric {r['metric']}" if r["metric"] not in PUBLISHED_METRICS else \
+            f"batch {batch}"
     weights = published_weights(r.get("weights") or r.get("weight_dtype"))
     kv = (r.get("kv_dtype") or "").lower()
     # (the L40S's KV type is not stated: TensorRT-LLM's FP8 builds take an FP8 cache)
     kv = "fp8" if kv == "fp8" or (not kv and weights == "fp8") else "auto"
-    batch = r.get("batch") or r.get("batch_or_concurrency")
     osl = int(r["osl"]) if r["osl"] else GPT_FAST_OUTPUT
     return Published(r["source_id"], engine, model, gpu, int(r["tp"]), weights, kv,
                      batch if batch == "max-load" else int(batch), int(r["isl"]), osl,
@@ -1231,6 +1248,8 @@ def max_load_tokens_per_s(costs, kv_tokens, profile, isl, osl):
 def predict_published(row, profile):
     """C's value of a published row's metric under an engine profile (None: it does not fit)."""
     cfg, card = row_model(row), GPUS[row.gpu]
+    if card_weight_bytes(cfg, row.tp) > card.memory_bytes:
+        return None
     costs = card_costs(cfg, card, profile, row.tp)
     if row.metric == "ttft_ms":
         return 1e3 * costs.pass_s(row.batch * row.isl)
@@ -2404,9 +2423,10 @@ class Block(nn.Module):
         super().__init__()
         h = cfg.hidden
         self.heads, self.kv_heads, self.kv_dim = cfg.heads, cfg.n_kv_heads, cfg.kv_dim
+        self.head_dim, self.q_dim = cfg.head_dim, cfg.q_dim
         self.ln1 = norm_layer(cfg)
-        self.qkv = nn.Linear(h, h + 2 * cfg.kv_dim, bias=False)
-        self.proj = nn.Linear(h, h, bias=False)
+        self.qkv = nn.Linear(h, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
+        self.proj = nn.Linear(cfg.q_dim, h, bias=False)
         self.ln2 = norm_layer(cfg)
         self.gated = cfg.mlp == "gated"
         self.fc = nn.Linear(h, (2 if self.gated else 1) * cfg.ffn, bias=False)  # (gate; up)
@@ -2418,8 +2438,8 @@ class Block(nn.Module):
         # or (B, 1, 1, keys) when one span pads its rows to the longest; rope: None or cos, sin
         B, T, h = x.shape
         H, KVH = self.heads, self.kv_heads
-        D, G = h // H, H // KVH  # head width; query heads per K/V head
-        q, k, v = self.qkv(self.ln1(x)).split([h, self.kv_dim, self.kv_dim], dim=2)
+        D, G = self.head_dim, H // KVH  # head width; query heads per K/V head
+        q, k, v = self.qkv(self.ln1(x)).split([self.q_dim, self.kv_dim, self.kv_dim], dim=2)
         q = q.view(B, T, H, D).transpose(1, 2)                         # (B, H, T, D)
         k, v = (t.view(B, T, KVH, D).transpose(1, 2) for t in (k, v))  # (B, KVH, T, D)
         if rope is not None:
@@ -2438,7 +2458,7 @@ class Block(nn.Module):
                 q[i:j], cache[0, row:row + j - i, :, :n], cache[1, row:row + j - i, :, :n],
                 attn_mask=None if mask is None else mask[i:j]) for i, j, row, n in spans]
             y = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(B, H, T, D)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, h))
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, self.q_dim))
         if self.gated:
             gate, up = self.fc(self.ln2(x)).chunk(2, dim=-1)
             return x + self.out(F.silu(gate) * up)
@@ -5409,6 +5429,9 @@ def model_flags(p):
     m.add_argument("--layers", type=integer(), help=f"default {ModelConfig.layers}")
     m.add_argument("--hidden", type=integer(), help=f"default {ModelConfig.hidden}")
     m.add_argument("--heads", type=integer(), help=f"default {ModelConfig.heads}")
+    m.add_argument("--head-dim", dest="head_width", type=integer(),
+                   help="a head's width (default: hidden / heads; Qwen3's is 128 whatever its "
+                        "width)")
     m.add_argument("--kv-heads", type=integer(),
                    help="K/V heads (grouped-query attention; 1: multi-query; default: --heads)")
     m.add_argument("--mlp", choices=["gelu", "gated"],
@@ -5649,8 +5672,12 @@ def check_flags(args):
 
 
 def check_card_fits(run):
-    """The weights of one replica's shard must fit on its card, before C plans for it."""
+    """The model must split over --tp cards, and one card's shard of the weights fit on it,
+    before C plans for it."""
     card, weights = GPUS[run.gpu], card_weight_bytes(run.model, run.tp)
+    if run.model.heads % run.tp:
+        raise UsageError(f"--tp {run.tp} must divide the model's {run.model.heads} heads (each "
+                         "card holds whole heads)")
     if weights > card.memory_bytes:
         least = math.ceil(weight_bytes(run.model) / card.memory_bytes)
         raise UsageError(f"{run.model.name} in {run.model.weight_format} needs "
@@ -5660,7 +5687,7 @@ def check_card_fits(run):
 
 
 MODEL_FLAGS = ("layers", "hidden", "heads", "kv_heads", "mlp", "ffn_hidden", "vocab",
-               "max_positions", "dtype", "weights", "kv_dtype")
+               "max_positions", "dtype", "weights", "kv_dtype", "head_width")
 
 
 def model_config(args, on_cpu):
@@ -5681,8 +5708,9 @@ def model_config(args, on_cpu):
     preset = tuple(f"{f}={getattr(CPU_PRESET, f)}" for f in ("layers", "hidden", "heads",
                                                              "vocab", "max_positions")
                    if fields[f] is None and cpu_preset)
-    if model.hidden % model.heads:
-        raise UsageError(f"--hidden {model.hidden} is not divisible by --heads {model.heads}")
+    if model.hidden % model.heads and not model.head_width:
+        raise UsageError(f"--hidden {model.hidden} is not divisible by --heads {model.heads} "
+                         "(give --head-dim)")
     if model.n_kv_heads > model.heads or model.heads % model.n_kv_heads:
         raise UsageError(f"--kv-heads {model.n_kv_heads} must divide --heads {model.heads}")
     if model.positions == "rope" and model.head_dim % 2:
@@ -5823,7 +5851,7 @@ def run_validation(args):
         V = validate(args.validate, args.calibration)
     except OSError as e:
         raise UsageError(f"cannot read {e.filename}: {e.strerror}")
-    except (KeyError, ValueError) as e:
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise UsageError(f"{args.validate}: not a file of published rows ({one_line(e)}); its "
                          "columns: " + ", ".join(Published._fields[:-1]))
     if not V["rows"]:

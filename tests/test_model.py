@@ -16,7 +16,9 @@ OPEN = S.ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, vocab=97, max_pos
 SHAPES = {"post": TINY, "gqa-2": OPEN, "mqa": dataclasses.replace(OPEN, kv_heads=1),
           "mha-gated": dataclasses.replace(OPEN, kv_heads=None, tied=False),
           "gqa-gelu-learned": dataclasses.replace(OPEN, mlp="gelu", ffn_hidden=None,
-                                                  positions="learned", norm="layer")}
+                                                  positions="learned", norm="layer"),
+          # Qwen3's kind: heads wider than hidden / heads (8 heads of 16 on a width of 64)
+          "wide-heads": dataclasses.replace(OPEN, head_width=16)}
 
 
 def full_forward_logits(model, tokens):
@@ -87,6 +89,9 @@ def test_the_open_models_have_their_published_sizes():
     assert S.param_count(S.MODELS["llama-3.1-8b"]) == 8_030_261_248
     assert S.param_count(S.MODELS["llama-3.1-70b"]) == 70_553_706_496
     assert S.param_count(S.MODELS["llama-3.1-405b"]) == 405_853_388_800
+    # Qwen3-32B (its heads 128 wide on a width of 5,120): "32.8B" less its q/k norms
+    assert S.param_count(S.MODELS["qwen3-32b"]) + 64 * 2 * 128 == pytest.approx(32.8e9, rel=2e-3)
+    assert S.kv_bytes_per_token(S.MODELS["qwen3-32b"]) == 2 * 64 * 8 * 128 * 2 == 262_144
     # (GPT-J and OPT without their biases: 0.04% and 0.01% short of the makers' counts)
     assert S.param_count(S.MODELS["gpt-j-6b"]) == pytest.approx(6_053_381_344, rel=1e-3)
     assert S.param_count(S.MODELS["opt-13b"]) == pytest.approx(12_852_855_808, rel=1e-3)

@@ -154,17 +154,25 @@ THREE_ROWS = [
          metric="output_tokens_per_s", value=25000),
     dict(source_id="trtllm_hand", model="Mixtral-8x7B", gpu="H100 80GB HBM3", tp=2,
          weights="fp8", kv_dtype="fp8", batch="max-load", isl=128, osl=128,
-         metric="output_tokens_per_s", value=24000)]
+         metric="output_tokens_per_s", value=24000),
+    dict(source_id="trtllm_hand", model="Llama-3.1-8B", gpu="H100 80GB HBM3", tp=1,
+         weights="fp8", kv_dtype="fp8", batch="server-slo", isl=128, osl=128,
+         metric="output_tokens_per_s", value=20000),
+    dict(source_id="trtllm_hand", model="Llama-3.1-8B", gpu="H100 80GB HBM3", tp=1,
+         weights="fp8", kv_dtype="fp8", batch=8, isl=128, osl=128,
+         metric="tpot_ms_p50", value=9)]
 
 
 def test_validate_on_a_three_row_file(tmp_path, capsys):
+    # (and three rows C cannot express: an MoE model, an SLO-bound load, a metric it lacks)
     path = tmp_path / "three.csv"
     write_rows(path, THREE_ROWS)
     results, out = run_main(["--validate", str(path), "--calibration", str(tmp_path / "none"),
                              "--out", str(tmp_path)], capsys)
     V = results["validation"]
     assert [r["model"] for r in V["rows"]] == ["llama-2-7b", "llama-3.1-8b"]
-    assert V["left_out"] == {"model Mixtral-8x7B": 1}
+    assert V["left_out"] == {"model Mixtral-8x7B": 1, "batch server-slo": 1,
+                             "metric tpot_ms_p50": 1}
     first = V["rows"][0]
     row = S.Published(**{k: first[k] for k in S.Published._fields})
     got = S.predict_published(row, S.ENGINE_PROFILES["gpt-fast"])  # osl: gpt-fast's 200
@@ -183,9 +191,11 @@ def test_validate_on_a_three_row_file(tmp_path, capsys):
 
 def test_validate_refuses_a_file_that_is_not_published_rows(tmp_path, capsys):
     bad = tmp_path / "bad.csv"
-    bad.write_text("a,b\n1,2\n")
-    assert "not a file of published rows" in expect_usage_error(
-        ["--validate", str(bad), "--out", str(tmp_path)], capsys)
+    for text in ("a,b\n1,2\n", "source_id,model,gpu,tp\ntrtllm_x,Llama-3.1-8B,L40S,1\n",
+                 "\xff\xfe\x00junk"):
+        bad.write_bytes(text.encode("latin-1"))
+        assert "not a file of published rows" in expect_usage_error(
+            ["--validate", str(bad), "--out", str(tmp_path)], capsys)
     assert "cannot read" in expect_usage_error(
         ["--validate", str(tmp_path / "missing.csv"), "--out", str(tmp_path)], capsys)
 
@@ -252,6 +262,7 @@ def test_c_runs_a_tensor_parallel_replica_in_fp8(tmp_path, capsys):
     (["--experiments", "C", "--tp", "2"], "--tp prices a named card"),
     (["--experiments", "C", "--engine-profile", "vllm"], "--engine-profile prices a named card"),
     (["--weights", "int4", "--gpu", "h100"], "--weights and --kv-dtype price C only"),
+    (["--experiments", "C", "--gpu", "h100", "--tp", "3"], "--tp 3 must divide the model's"),
 ])
 def test_precision_and_parallel_flags_that_contradict(argv, says, capsys, tmp_path):
     assert says in expect_usage_error(argv + ["--out", str(tmp_path)], capsys)
