@@ -83,6 +83,28 @@ def test_a_pass_price_by_hand():
         assert S.pass_seconds(cfg, card, profile, tp, tokens) == pytest.approx(want, rel=1e-12)
     costs = S.card_costs(cfg, card, profile, 2)
     assert costs.kv_token_s == pytest.approx(131_072 / 2 / bandwidth)
+    # weight-only int8 on 2 cards: each dequantizes its half of the matmul weights
+    int8 = with_format("llama-3.1-8b", weights="int8")
+    dq = dataclasses.replace(profile, dequant_flops=20.0)
+    extra = 32 * S.layer_weights(int8) / 2 * 20.0 / 989.4e12
+    assert S.pass_seconds(int8, card, dq, 2, 1) == pytest.approx(
+        S.pass_seconds(int8, card, profile, 2, 1) + extra, rel=1e-12)
+
+
+def test_wide_heads_attention_costs_by_hand():
+    # 8 heads of 16 on a width of 64: q is 128 wide, K and V 2 heads x 16 = 32
+    cfg = S.ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, head_width=16, vocab=97,
+                        max_positions=64, dtype="float32", mlp="gated", ffn_hidden=96,
+                        norm="rms", positions="rope")
+    assert (cfg.q_dim, cfg.kv_dim) == (128, 32)
+    assert S.layer_weights(cfg) == 2 * 64 * 128 + 2 * 64 * 32 + 3 * 64 * 96
+    cost = S.step_cost(cfg, 3, 1, 10)  # 3 rows, 1 new token each after 10 cached
+    # QK^T and PV: 2 x 16 FLOPs each per head per key, 8 heads, 11 keys, 2 layers, 3 rows
+    assert cost["attention_flops"] == 4 * 16 * 8 * 11 * 2 * 3
+    # a token's activations: qkv in 64, out 128 + 2 x 32; attention's q in and out 2 x 128;
+    # proj in 128, out 64; the gated MLP (64 + 2 x 96) + (96 + 64); the logits once a row
+    per_token = 64 + 192 + 256 + 192 + (64 + 192) + (96 + 64)
+    assert cost["activation_bytes"] == (2 * per_token * 3 + 3 * 97) * 4
 
 
 def test_fp8_matmuls_run_at_the_fp8_rate_where_the_card_has_one():
@@ -152,6 +174,8 @@ THREE_ROWS = [
     dict(source_id="trtllm_hand", model="Llama-3.1-8B", gpu="H100 80GB HBM3", tp=1,
          weights="fp8", kv_dtype="fp8", batch="max-load", isl=128, osl=128,
          metric="output_tokens_per_s", value=25000),
+    dict(source_id="gptfast_hand", model="Llama-2-7B", gpu="A100 80GB", tp=4, weights="bf16",
+         kv_dtype="bf16", batch=1, isl=5, osl="", metric="tokens_per_s_per_user", value=250),
     dict(source_id="trtllm_hand", model="Mixtral-8x7B", gpu="H100 80GB HBM3", tp=2,
          weights="fp8", kv_dtype="fp8", batch="max-load", isl=128, osl=128,
          metric="output_tokens_per_s", value=24000),
@@ -164,13 +188,13 @@ THREE_ROWS = [
 
 
 def test_validate_on_a_three_row_file(tmp_path, capsys):
-    # (and three rows C cannot express: an MoE model, an SLO-bound load, a metric it lacks)
+    # (and three more C cannot express: an MoE model, an SLO-bound load, a metric it lacks)
     path = tmp_path / "three.csv"
     write_rows(path, THREE_ROWS)
     results, out = run_main(["--validate", str(path), "--calibration", str(tmp_path / "none"),
                              "--out", str(tmp_path)], capsys)
     V = results["validation"]
-    assert [r["model"] for r in V["rows"]] == ["llama-2-7b", "llama-3.1-8b"]
+    assert [r["model"] for r in V["rows"]] == ["llama-2-7b", "llama-3.1-8b", "llama-2-7b"]
     assert V["left_out"] == {"model Mixtral-8x7B": 1, "batch server-slo": 1,
                              "metric tpot_ms_p50": 1}
     first = V["rows"][0]
@@ -180,12 +204,12 @@ def test_validate_on_a_three_row_file(tmp_path, capsys):
     assert first["error"] == pytest.approx(got / 100 - 1)
     assert first["profile"] == "gpt-fast" and V["rows"][1]["profile"] == "tensorrt-llm"
     summary = {(s["role"], s["source"]): s for s in V["summary"]}
-    assert summary["validation", "all"]["rows"] == 2
+    assert summary["validation", "all"]["rows"] == 3
     assert summary["validation", "all"]["median_abs"] == pytest.approx(
-        sorted(abs(r["error"]) for r in V["rows"])[0] / 2 + sorted(
-            abs(r["error"]) for r in V["rows"])[1] / 2)
+        sorted(abs(r["error"]) for r in V["rows"])[1])  # (the middle one of three)
+    assert summary["validation", "gptfast_hand"]["rows"] == 2
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert len(saved["validation"]["rows"]) == 2
+    assert len(saved["validation"]["rows"]) == 3
     assert "Mixtral-8x7B" in out.out and "gptfast_hand" in out.out
 
 
@@ -295,11 +319,12 @@ def test_the_fused_price_of_one_step_by_hand():
     seq = S.Seq.__new__(S.Seq)
     seq.num_cached = 30
     sim.num_decoding, sim.decode_base_sum, sim.steps = 3, 300, 0
-    prefill_s, decode_s, first_s, growth_s, tokens = sim.price([(seq, 40)], 1)
+    prefill_s, decode_s, first_s, growth_s, tokens = sim.price([(seq, 40)], 3)
     f = 0.01 + 0.01 * (43 - 1) / 999  # the pass of 40 + 3 tokens, interpolated
     assert first_s == pytest.approx(f + 2e-6 * (30 + 300))
-    assert prefill_s + decode_s == pytest.approx(first_s) and tokens == 40
-    assert prefill_s / first_s == pytest.approx(40 / 43)
+    assert growth_s == pytest.approx(2e-6 * 43)  # every pass caches its 43 tokens more
+    assert prefill_s + decode_s == pytest.approx(3 * first_s + 3 * growth_s) and tokens == 40
+    assert prefill_s / (prefill_s + decode_s) == pytest.approx(40 / 43)
 
 
 def test_vllms_kv_cache_is_a_share_of_the_whole_card():
