@@ -79,6 +79,21 @@ class ModelConfig:
     weights: str = None        # C's weight format (WEIGHT_FORMATS); None: the dtype's
     kv_dtype: str = "auto"     # C's KV-cache elements: "auto" (the dtype's) or "fp8"
     head_width: int = None     # a head's width where it is not hidden / heads (Qwen3: 128)
+    # mixture of experts (C only for now): `experts` routed experts a layer, each token sent to
+    # `experts_per_token` of them, beside `shared_experts` every token uses; each a gated MLP
+    # of `expert_ffn`; the first `dense_layers` layers keep a dense MLP of `ffn_hidden`
+    experts: int = 0
+    experts_per_token: int = 0
+    shared_experts: int = 0
+    expert_ffn: int = None
+    dense_layers: int = 0
+    expert_weights: str = None  # the experts' weight format (None: --weights')
+    # latent attention (DeepSeek's MLA): K and V cached as one latent of kv_lora_rank and a
+    # rotary key of rope_head_dim per token and layer; queries through a q_lora_rank latent
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    rope_head_dim: int = 0
+    v_head_width: int = None   # MLA: a value head's width (None: head_dim)
 
     @property
     def head_dim(self):
@@ -95,6 +110,22 @@ class ModelConfig:
     @property
     def kv_dim(self):  # the width of K (and of V) in every layer
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def moe_layers(self):  # layers whose MLP is experts
+        return self.layers - self.dense_layers if self.experts else 0
+
+    @property
+    def expert_width(self):
+        return self.expert_ffn or self.ffn
+
+    @property
+    def mla(self):
+        return self.kv_lora_rank > 0
+
+    @property
+    def v_head(self):
+        return self.v_head_width or self.head_dim
 
     @property
     def ffn(self):
@@ -134,6 +165,11 @@ class ModelConfig:
         return bits / 8 + (scale_bytes / (group or self.hidden) if scale_bytes else 0)
 
     @property
+    def expert_element_bytes(self):
+        return dataclasses.replace(self, weights=self.expert_weights).weight_element_bytes \
+            if self.expert_weights else self.weight_element_bytes
+
+    @property
     def kv_element_bytes(self):
         return 1 if self.kv_dtype == "fp8" else self.dtype_bytes
 
@@ -150,7 +186,8 @@ DTYPE_FORMAT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 # bytes of scales per group). fp8 is W8A8 (FP8 matmuls, where the card has them); int8 and
 # int4 are weight-only (dequantized into 16-bit matmuls), as gpt-fast's and most servers' are.
 WEIGHT_FORMATS = {"fp32": (32, None, 0), "bf16": (16, None, 0), "fp16": (16, None, 0),
-                  "fp8": (8, None, 0), "int8": (8, None, 2), "int4": (4, 32, 4)}
+                  "fp8": (8, None, 0), "int8": (8, None, 2), "int4": (4, 32, 4),
+                  "mxfp4": (4, 32, 1)}  # (OCP MXFP4: a 1-byte power-of-two scale per 32)
 KV_DTYPES = ("auto", "fp8")
 
 # Published measurements of real engines: the project's validation rows, and the calibration
@@ -195,6 +232,35 @@ MODELS = {
     "qwen3-32b": ModelConfig(layers=64, hidden=5120, heads=64, kv_heads=8, head_width=128,
                              vocab=151936, max_positions=40960, ffn_hidden=25600,
                              rope_theta=1e6, name="qwen3-32b", **_LLAMA),
+    # mixtures of experts and latent attention (C prices them; A, B and D run dense models)
+    "mixtral-8x7b": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, vocab=32000,
+                                max_positions=32768, ffn_hidden=14336, experts=8,
+                                experts_per_token=2, rope_theta=1e6, name="mixtral-8x7b",
+                                **_LLAMA),
+    "mixtral-8x22b": ModelConfig(layers=56, hidden=6144, heads=48, kv_heads=8, vocab=32768,
+                                 max_positions=65536, ffn_hidden=16384, experts=8,
+                                 experts_per_token=2, rope_theta=1e6, name="mixtral-8x22b",
+                                 **_LLAMA),
+    "qwen3-30b-a3b": ModelConfig(layers=48, hidden=2048, heads=32, kv_heads=4, head_width=128,
+                                 vocab=151936, max_positions=40960, ffn_hidden=6144,
+                                 experts=128, experts_per_token=8, expert_ffn=768,
+                                 rope_theta=1e6, name="qwen3-30b-a3b", **_LLAMA),
+    # DeepSeek-V3 as published, in FP8 (its 128 x 128 blocks' scales: 0.006% more bytes, left
+    # out); 3 dense layers, then 256 routed experts (8 a token) and 1 shared; its multi-token
+    # prediction module (not part of the 671 B) is left out
+    "deepseek-v3": ModelConfig(layers=61, hidden=7168, heads=128, vocab=129280,
+                               max_positions=163840, ffn_hidden=18432, dense_layers=3,
+                               experts=256, experts_per_token=8, shared_experts=1,
+                               expert_ffn=2048, kv_lora_rank=512, q_lora_rank=1536,
+                               head_width=128, rope_head_dim=64, v_head_width=128,
+                               name="deepseek-v3", mlp="gated", norm="rms", positions="rope",
+                               dtype="bfloat16", weights="fp8"),
+    # gpt-oss-20b as published: its experts in MXFP4, the rest in bf16 (its biases, attention
+    # sinks and sliding windows left out)
+    "gpt-oss-20b": ModelConfig(layers=24, hidden=2880, heads=64, kv_heads=8, head_width=64,
+                               vocab=201088, max_positions=131072, ffn_hidden=2880,
+                               experts=32, experts_per_token=4, expert_weights="mxfp4",
+                               rope_theta=150000.0, name="gpt-oss-20b", **_LLAMA),
     "opt-13b": ModelConfig(layers=40, hidden=5120, heads=40, vocab=50272, max_positions=2048,
                            tied=True, name="opt-13b"),  # (ReLU costs what GELU does)
     "llama-2-7b": ModelConfig(layers=32, hidden=4096, heads=32, vocab=32000, max_positions=4096,
@@ -496,12 +562,44 @@ def run_parallel(calls, jobs):
 # `context` tokens, and computes logits for the last token of each row only (as servers do).
 
 
-def layer_weights(cfg):
-    """Matmul weights of one block: q and the output projection h x q_dim each (q_dim = h
-    unless a head is wider), K and V h x kv_dim each (grouped heads share them), the MLP
-    2 h f (gelu) or 3 h f (gated)."""
+def attention_weights(cfg):
+    """Attention's matmul weights in one block: q and the output projection h x q_dim each
+    (q_dim = h unless a head is wider), K and V h x kv_dim each (grouped heads share them);
+    or latent attention's down- and up-projections of q and of the K/V latent, and the output."""
     h = cfg.hidden
-    return 2 * h * cfg.q_dim + 2 * h * cfg.kv_dim + cfg.mlp_matrices * h * cfg.ffn
+    if not cfg.mla:
+        return 2 * h * cfg.q_dim + 2 * h * cfg.kv_dim
+    qk = cfg.heads * (cfg.head_dim + cfg.rope_head_dim)  # (a rotary part beside each head)
+    q = (h + qk) * cfg.q_lora_rank if cfg.q_lora_rank else h * qk
+    return q + h * (cfg.kv_lora_rank + cfg.rope_head_dim) + \
+        cfg.kv_lora_rank * cfg.heads * (cfg.head_dim + cfg.v_head) + cfg.heads * cfg.v_head * h
+
+
+def layer_weights(cfg):
+    """Matmul weights of one dense block: attention, then the MLP 2 h f (gelu) or 3 h f
+    (gated)."""
+    return attention_weights(cfg) + cfg.mlp_matrices * cfg.hidden * cfg.ffn
+
+
+def expert_weights(cfg):
+    """One expert's weights: a gated MLP of expert_ffn."""
+    return 3 * cfg.hidden * cfg.expert_width
+
+
+def dense_matmul_weights(cfg):
+    """Every matmul weight a step reads whatever the routing: attention, the dense MLPs, and in
+    each MoE layer the router (h x experts) and the shared experts."""
+    h, moe = cfg.hidden, cfg.moe_layers
+    return cfg.layers * attention_weights(cfg) + \
+        (cfg.layers - moe) * cfg.mlp_matrices * h * cfg.ffn + \
+        moe * (h * cfg.experts + cfg.shared_experts * expert_weights(cfg))
+
+
+def experts_touched(cfg, tokens):
+    """Distinct experts a pass of `tokens` tokens reads in one MoE layer, each token routed to
+    experts_per_token of them uniformly at random: E (1 - (1 - k/E)^tokens)."""
+    E, k = cfg.experts, cfg.experts_per_token
+    return E * (1 - (1 - k / E) ** tokens) if E else 0
 
 
 def weight_parts(cfg):
@@ -509,10 +607,22 @@ def weight_parts(cfg):
     h, L, e = cfg.hidden, cfg.layers, cfg.dtype_bytes
     if cfg.arch == "post":
         return {"matmuls": (L * h * h, cfg.weight_element_bytes)}
-    return {"matmuls": (L * layer_weights(cfg), cfg.weight_element_bytes),
-            "lm_head": (0 if cfg.tied else cfg.vocab * h, e),
-            "norms": ((2 * L + 1) * cfg.norm_params, e),
-            "embeddings": ((cfg.vocab + cfg.position_rows) * h, e)}
+    parts = {"matmuls": (dense_matmul_weights(cfg), cfg.weight_element_bytes),
+             "lm_head": (0 if cfg.tied else cfg.vocab * h, e),
+             "norms": ((2 * L + 1) * cfg.norm_params + L * (cfg.q_lora_rank + cfg.kv_lora_rank)
+                       * (cfg.norm_params // h), e),
+             "embeddings": ((cfg.vocab + cfg.position_rows) * h, e)}
+    if cfg.experts:
+        parts["experts"] = (cfg.moe_layers * cfg.experts * expert_weights(cfg),
+                            cfg.expert_element_bytes)
+    return parts
+
+
+def active_param_count(cfg):
+    """The parameters one token uses: all but the experts it is not routed to (the makers'
+    "active" count, embedding tables included)."""
+    idle = cfg.moe_layers * (cfg.experts - cfg.experts_per_token) * expert_weights(cfg)
+    return param_count(cfg) - idle
 
 
 def param_count(cfg):
@@ -525,8 +635,12 @@ def weight_bytes(cfg):
 
 
 def kv_bytes_per_token(cfg):
-    """K and V of one token in every layer (the post's proxy keeps none)."""
-    return 0 if cfg.arch == "post" else cfg.layers * 2 * cfg.kv_dim * cfg.kv_element_bytes
+    """K and V of one token in every layer (the post's proxy keeps none); latent attention
+    keeps its K/V latent and rotary key instead: layers x (kv_lora_rank + rope_head_dim)."""
+    if cfg.arch == "post":
+        return 0
+    width = cfg.kv_lora_rank + cfg.rope_head_dim if cfg.mla else 2 * cfg.kv_dim
+    return cfg.layers * width * cfg.kv_element_bytes
 
 
 def step_cost(cfg, batch, new_tokens, context):
@@ -544,19 +658,23 @@ def step_cost(cfg, batch, new_tokens, context):
     h, L, f, e = cfg.hidden, cfg.layers, cfg.ffn, cfg.dtype_bytes
     tokens = batch * new_tokens
     keys_seen = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # per row, per layer
-    matmul_flops = 2 * tokens * L * layer_weights(cfg) + 2 * batch * h * cfg.vocab
-    attention_flops = 4 * cfg.q_dim * L * batch * keys_seen  # (4 x head width per key a head)
+    dense, moe, expert = dense_matmul_weights(cfg), cfg.moe_layers, expert_weights(cfg)
+    active = dense + moe * cfg.experts_per_token * expert  # (a token's experts, shared too)
+    matmul_flops = 2 * tokens * active + 2 * batch * h * cfg.vocab
+    attention_flops = attention_flops_per_key(cfg) * L * batch * keys_seen
     looked_up = (2 if cfg.positions == "learned" else 1) * tokens * h  # embedding rows
-    weights_read = L * layer_weights(cfg) * cfg.weight_element_bytes + \
-        (h * cfg.vocab + (2 * L + 1) * cfg.norm_params + looked_up) * e
+    weights_read = dense * cfg.weight_element_bytes + \
+        moe * experts_touched(cfg, tokens) * expert * cfg.expert_element_bytes + \
+        (h * cfg.vocab + weight_parts(cfg)["norms"][0] + looked_up) * e
     kv_read_bytes = batch * context * kv_bytes_per_token(cfg)
     kv_write_bytes = tokens * kv_bytes_per_token(cfg)
     # each matmul's input and output: qkv h + (q_dim + 2 kv_dim), attention's q in and out
     # 2 q_dim, proj q_dim + h; the MLP (h + f) + (f + h), or gated (h + 2f) + (f + h); then
     # the logits (q_dim = h: 6 h + 2 kv_dim before the MLP)
-    mlp_io = 2 * h + cfg.mlp_matrices * f
+    mlp_io = (L - moe) * (2 * h + cfg.mlp_matrices * f) + moe * (
+        2 * h + 3 * cfg.expert_width * (cfg.experts_per_token + cfg.shared_experts))
     attention_io = 2 * h + 4 * cfg.q_dim + 2 * cfg.kv_dim
-    activation_bytes = (L * (attention_io + mlp_io) * tokens + batch * cfg.vocab) * e
+    activation_bytes = ((L * attention_io + mlp_io) * tokens + batch * cfg.vocab) * e
     return {"flops": matmul_flops + attention_flops,
             "matmul_flops": matmul_flops,
             "attention_flops": attention_flops,
@@ -564,9 +682,18 @@ def step_cost(cfg, batch, new_tokens, context):
             "kv_read_bytes": kv_read_bytes,
             "kv_write_bytes": kv_write_bytes,
             "activation_bytes": activation_bytes,
-            "replicated_weight_bytes": (2 * L + 1) * cfg.norm_params * e,
+            "replicated_weight_bytes": weight_parts(cfg)["norms"][0] * e,
             "tokens": tokens,
             "bytes": weights_read + kv_read_bytes + kv_write_bytes + activation_bytes}
+
+
+def attention_flops_per_key(cfg):
+    """FLOPs of one query token against one cached key in one layer: QK^T and PV, 2 x head
+    width each per head; latent attention with its up-projections absorbed (as FlashMLA and
+    vLLM decode), scores over the latent and rotary key and values over the latent."""
+    if cfg.mla:
+        return 2 * cfg.heads * (2 * cfg.kv_lora_rank + cfg.rope_head_dim)
+    return 4 * cfg.q_dim
 
 
 def post_step_cost(cfg, tokens):
@@ -594,8 +721,14 @@ def card_weight_bytes(cfg, tp=1):
     return (weight_bytes(cfg) - replicated) / tp + replicated
 
 
+def card_kv_share(cfg, tp):
+    """The share of each token's cache one of `tp` cards keeps: its K/V heads' (a latent
+    attention's latent is every head's, so every card keeps all of it)."""
+    return 1.0 if cfg.mla else kv_heads_per_card(cfg, tp) / cfg.n_kv_heads
+
+
 def card_kv_bytes_per_token(cfg, tp=1):
-    return kv_bytes_per_token(cfg) * kv_heads_per_card(cfg, tp) / cfg.n_kv_heads
+    return kv_bytes_per_token(cfg) * card_kv_share(cfg, tp)
 
 
 def card_share(cfg, cost, tp):
@@ -606,7 +739,7 @@ def card_share(cfg, cost, tp):
     what each card sends (and receives) for the step's two all-reduces per layer."""
     if tp == 1:
         return {**cost, "allreduce_bytes": 0}
-    kv_share = kv_heads_per_card(cfg, tp) / cfg.n_kv_heads
+    kv_share = card_kv_share(cfg, tp)
     weights = cost["weight_bytes"] - cost["replicated_weight_bytes"]
     share = {"flops": cost["flops"] / tp, "matmul_flops": cost["matmul_flops"] / tp,
              "attention_flops": cost["attention_flops"] / tp,
@@ -1047,7 +1180,7 @@ def pass_seconds(cfg, card, profile, tp, tokens):
     seconds = profile.step_s + cfg.layers * profile.layer_s + max(cost["matmul_flops"] / rate,
                                    (cost["weight_bytes"] + cost["activation_bytes"]) / bandwidth)
     if cfg.weight_format in ("int8", "int4"):  # weight-only: every weight dequantized
-        weights = cfg.layers * layer_weights(cfg) / tp
+        weights = dense_matmul_weights(cfg) / tp
         seconds += weights * profile.dequant_flops / (card.tflops * 1e12)
     seconds += (cost["kv_write_bytes"] + profile.activation_passes * cost["activation_bytes"]) \
         / bandwidth
@@ -1153,7 +1286,8 @@ def fit_passes(passes, source):
 PUBLISHED_MODELS = {"GPT-J-6B": "gpt-j-6b", "Llama-2-7B": "llama-2-7b",
                     "Llama-2-70B": "llama-2-70b", "Llama-3.1-8B": "llama-3.1-8b",
                     "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b",
-                    "Mistral-7B": "mistral-7b"}
+                    "Mistral-7B": "mistral-7b", "Mixtral-8x7B": "mixtral-8x7b",
+                    "Mixtral-8x22B": "mixtral-8x22b"}
 PUBLISHED_CARDS = {"H100 SXM 80GB HBM3": "h100", "H100 80GB HBM3": "h100",
                    "H200 141GB HBM3": "h200", "L40S 48GB": "l40s", "L40S": "l40s",
                    "A100 80GB": "a100-80gb", "A100-SXM4-80GB": "a100-80gb",
@@ -1286,6 +1420,13 @@ FIT_GRID = {"bandwidth_share": np.linspace(0.5, 1.0, 51), "matmul_share": np.lin
             "activation_passes": np.linspace(0, 20, 41)}
 
 
+def fit_rows(rows, engine):
+    """The rows a profile is fitted on: its engine's calibration rows of dense models (the
+    profiles were fitted before C priced experts; MoE rows are checked, not fitted)."""
+    return [r for r in rows if r.role == "calibration" and r.engine == engine
+            and not MODELS[r.model].experts]
+
+
 def fit_start(profile):
     """Where a profile's fit starts: FIT_START's fields, the profile's batch limits."""
     return dataclasses.replace(profile, **{f: getattr(FIT_START, f) for f in FIT_FIELDS})
@@ -1330,6 +1471,8 @@ def validate(path, calibration_path=None, profiles=None):
         cal, cal_left = read_published(calibration_path, "calibration")
         rows += cal
         left.update({f"{k} (calibration)": v for k, v in cal_left.items()})
+    # (mixtures of experts apart: the profiles were fitted on dense rows alone)
+    rows = [r._replace(role=f"{r.role}, MoE") if MODELS[r.model].experts else r for r in rows]
     errors = published_errors(rows, profiles)
     by = {}
     for row, _, err in errors:
@@ -5623,6 +5766,9 @@ def run_config(args):
     if args.graphs in ("on", "both") and device is not None and not cuda:
         raise UsageError(f"--graphs {args.graphs}: CUDA graphs need a CUDA device")
     model, preset = model_config(args, on_cpu)
+    if (model.experts or model.mla) and set(experiments) - {"C"}:
+        raise UsageError(f"{model.name}: mixtures of experts and latent attention are priced by "
+                         "C only for now (A, B and D run dense models): add --experiments C")
     contexts = args.contexts or ((args.context, 1024, 4096) if cuda else (args.context, 1024))
     if args.arch == "post":  # no KV cache: the context changes nothing
         contexts = (args.context,)

@@ -176,7 +176,7 @@ THREE_ROWS = [
          metric="output_tokens_per_s", value=25000),
     dict(source_id="gptfast_hand", model="Llama-2-7B", gpu="A100 80GB", tp=4, weights="bf16",
          kv_dtype="bf16", batch=1, isl=5, osl="", metric="tokens_per_s_per_user", value=250),
-    dict(source_id="trtllm_hand", model="Mixtral-8x7B", gpu="H100 80GB HBM3", tp=2,
+    dict(source_id="trtllm_hand", model="Falcon-180B", gpu="H100 80GB HBM3", tp=2,
          weights="fp8", kv_dtype="fp8", batch="max-load", isl=128, osl=128,
          metric="output_tokens_per_s", value=24000),
     dict(source_id="trtllm_hand", model="Llama-3.1-8B", gpu="H100 80GB HBM3", tp=1,
@@ -188,14 +188,14 @@ THREE_ROWS = [
 
 
 def test_validate_on_a_three_row_file(tmp_path, capsys):
-    # (and three more C cannot express: an MoE model, an SLO-bound load, a metric it lacks)
+    # (and three more C cannot express: a model it lacks, an SLO-bound load, a metric)
     path = tmp_path / "three.csv"
     write_rows(path, THREE_ROWS)
     results, out = run_main(["--validate", str(path), "--calibration", str(tmp_path / "none"),
                              "--out", str(tmp_path)], capsys)
     V = results["validation"]
     assert [r["model"] for r in V["rows"]] == ["llama-2-7b", "llama-3.1-8b", "llama-2-7b"]
-    assert V["left_out"] == {"model Mixtral-8x7B": 1, "batch server-slo": 1,
+    assert V["left_out"] == {"model Falcon-180B": 1, "batch server-slo": 1,
                              "metric tpot_ms_p50": 1}
     first = V["rows"][0]
     row = S.Published(**{k: first[k] for k in S.Published._fields})
@@ -210,7 +210,7 @@ def test_validate_on_a_three_row_file(tmp_path, capsys):
     assert summary["validation", "gptfast_hand"]["rows"] == 2
     saved = json.loads((tmp_path / "results.json").read_text())
     assert len(saved["validation"]["rows"]) == 3
-    assert "Mixtral-8x7B" in out.out and "gptfast_hand" in out.out
+    assert "Falcon-180B" in out.out and "gptfast_hand" in out.out
 
 
 def test_validate_refuses_a_file_that_is_not_published_rows(tmp_path, capsys):
@@ -251,11 +251,13 @@ def test_the_committed_profiles_are_the_fit_on_calibration_rows_alone(monkeypatc
     monkeypatch.setattr(S, "predict_published", recording)
     for engine in ("gpt-fast", "tensorrt-llm"):
         committed = S.ENGINE_PROFILES[engine]
-        fitted, _ = S.fit_profile([r for r in cal if r.engine == engine],
-                                  S.fit_start(committed), S.FITTED[engine])
+        fitted, _ = S.fit_profile(S.fit_rows(cal, engine), S.fit_start(committed),
+                                  S.FITTED[engine])
         for field in S.FIT_FIELDS:
             assert getattr(fitted, field) == pytest.approx(getattr(committed, field)), field
     assert seen and {r.role for r in seen} == {"calibration"}
+    assert not {r.model for r in seen} & {"mixtral-8x7b", "mixtral-8x22b"}  # (checked, not fit)
+    assert len(S.fit_rows(cal, "tensorrt-llm")) == 48 and len(S.fit_rows(cal, "gpt-fast")) == 6
 
 
 @needs_calibration
@@ -404,3 +406,67 @@ def test_the_capacity_answer_counts_gpus_as_replicas_times_tp():
            "routers": {"round-robin": {"replicas": 6, "attainment": 0.95, "below": 0.8}}}
     assert "answer: 6 replicas (24 GPUs), with round-robin" in S.capacity_text(S.TEXT["en"],
                                                                                cap)
+
+
+def test_mixture_of_experts_parameter_counts_against_the_makers():
+    # totals and actives as published (the makers round: Qwen3's 3.35 B is "3.3 B", DeepSeek's
+    # 37.55 B "37 B"; both embedding tables counted as active, as Mistral's 12.9 B counts them)
+    for name, total, active in (("mixtral-8x7b", 46.7e9, 12.9e9),
+                                ("qwen3-30b-a3b", 30.5e9, 3.3e9),
+                                ("deepseek-v3", 671e9, 37e9)):
+        cfg = S.MODELS[name]
+        assert S.param_count(cfg) == pytest.approx(total, rel=2e-3), name
+        assert S.active_param_count(cfg) == pytest.approx(active, rel=0.02), name
+    # Mixtral by hand: 32 layers of attention (2 x 4096^2 + 2 x 4096 x 1024), a router
+    # (4096 x 8) and 8 experts of 3 x 4096 x 14,336; embeddings and LM head of 32,000 x 4096
+    mixtral = S.MODELS["mixtral-8x7b"]
+    expert = 3 * 4096 * 14336
+    want = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 4096 * 8 + 8 * expert) + 2 * 32000 * 4096 + \
+        (2 * 32 + 1) * 4096
+    assert S.param_count(mixtral) == want == 46_702_792_704
+    assert S.active_param_count(mixtral) == want - 32 * 6 * expert
+
+
+def test_latent_attention_caches_70272_bytes_a_token_in_deepseek_v3():
+    cfg = S.MODELS["deepseek-v3"]
+    assert S.kv_bytes_per_token(cfg) == 61 * (512 + 64) * 2 == 70_272
+    # its attention by hand: q down 7168 x 1536 and up 1536 x 128 x (128 + 64), the K/V latent
+    # and rotary key 7168 x (512 + 64), their up-projection 512 x 128 x (128 + 128), output
+    assert S.attention_weights(cfg) == 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + \
+        512 * 128 * 256 + 128 * 128 * 7168
+    # a query against a cached key, weights absorbed: 2 x 128 heads x (512 + 64 + 512)
+    assert S.attention_flops_per_key(cfg) == 2 * 128 * (2 * 512 + 64)
+    assert S.card_kv_bytes_per_token(cfg, 8) == 70_272  # (the latent is every head's)
+
+
+def test_experts_touched_grow_with_the_batch_then_saturate():
+    cfg = S.MODELS["mixtral-8x7b"]  # 8 experts, 2 a token
+    assert S.experts_touched(cfg, 1) == pytest.approx(2)
+    assert S.experts_touched(cfg, 2) == pytest.approx(8 * (1 - 0.75**2))  # 3.5
+    assert S.experts_touched(cfg, 64) == pytest.approx(8, rel=1e-7)
+    assert S.experts_touched(S.MODELS["llama-3.1-8b"], 64) == 0
+    # a decode step reads the experts its tokens touch: batch 1 two of eight, batch 2 3.5
+    expert = 3 * 4096 * 14336 * 2  # bytes in bf16
+    one, two = (S.step_cost(cfg, b, 1, 0)["weight_bytes"] for b in (1, 2))
+    assert two - one == pytest.approx(32 * 1.5 * expert)
+    # while the FLOPs follow the active parameters: 2 experts a token
+    flops = S.step_cost(cfg, 1, 1, 0)["matmul_flops"]
+    assert flops == 2 * (S.active_param_count(cfg) - 2 * 32000 * 4096 - 65 * 4096) + \
+        2 * 4096 * 32000
+    # gpt-oss-20b's experts in MXFP4: 4 bits and a 1-byte scale per 32
+    assert S.MODELS["gpt-oss-20b"].expert_element_bytes == 0.5 + 1 / 32
+
+
+def test_moe_models_run_in_c_and_are_refused_by_a_b_and_d(tmp_path, capsys):
+    assert "priced by C only" in expect_usage_error(
+        ["--model", "mixtral-8x7b", "--out", str(tmp_path)], capsys)
+    results, _ = run_main(["--experiments", "C", "--model", "mixtral-8x7b", "--gpu", "h100",
+                           "--tp", "2", "--weights", "fp8", "--kv-dtype", "fp8", "--requests",
+                           "200", "--rates", "5", "--no-figures", "--out", str(tmp_path)],
+                          capsys)
+    assert results["C"]["cost_model"]["source"]["model"].startswith("mixtral-8x7b")
+    # its batch-1 decode reads 2 of 8 experts: far less than all the weights
+    costs = S.card_costs(dataclasses.replace(S.MODELS["mixtral-8x7b"], weights="fp8"),
+                         S.GPUS["h100"], S.ENGINE_PROFILES["roofline"], 2)
+    all_weights = S.card_weight_bytes(S.MODELS["mixtral-8x7b"], 2) / 2  # fp8: half of bf16
+    assert costs.pass_s(1) < 0.45 * all_weights / (0.9 * 3350e9)
