@@ -2559,10 +2559,52 @@ def rotate(x, rope):
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-class Block(nn.Module):
-    """Pre-norm block: causal self-attention with grouped K/V heads, then the MLP."""
+class MoE(nn.Module):
+    """Routed experts: each token's top-k of E gated MLPs, weighted by the softmax of its k
+    router logits (Mixtral's), plus shared experts every token uses. Tokens are grouped by
+    expert, so an expert computes only its own tokens and an expert no token chose is never
+    read; `touched` is how many distinct experts the last call read."""
 
     def __init__(self, cfg):
+        super().__init__()
+        h, f, E = cfg.hidden, cfg.expert_width, cfg.experts
+        self.k, self.f = cfg.experts_per_token, f
+        self.router = nn.Linear(h, E, bias=False)
+        self.gate_up = nn.Parameter(torch.empty(E, h, 2 * f))  # (each expert's gate; up)
+        self.down = nn.Parameter(torch.empty(E, f, h))
+        n = cfg.shared_experts * f
+        self.shared = (nn.Linear(h, 2 * n, bias=False), nn.Linear(n, h, bias=False)) if n else ()
+        for i, m in enumerate(self.shared):
+            self.add_module(f"shared_{i}", m)
+        self.touched = 0
+
+    def forward(self, x):
+        shape, x = x.shape, x.reshape(-1, x.shape[-1])
+        top, chosen = self.router(x).topk(self.k, dim=-1)          # (N, k) each
+        weight = top.softmax(dim=-1).reshape(-1)
+        order = chosen.reshape(-1).argsort()
+        token = order // self.k                                      # each slot's token
+        counts = torch.bincount(chosen.reshape(-1), minlength=len(self.down)).tolist()
+        out, start = torch.zeros_like(x), 0
+        for e, n in enumerate(counts):
+            if n:
+                rows, slots = token[start:start + n], order[start:start + n]
+                gate, up = (x[rows] @ self.gate_up[e]).chunk(2, dim=-1)
+                y = (F.silu(gate) * up) @ self.down[e]
+                out.index_add_(0, rows, y * weight[slots, None].to(y.dtype))
+            start += n
+        self.touched = sum(1 for n in counts if n)
+        if self.shared:
+            gate, up = self.shared[0](x).chunk(2, dim=-1)
+            out = out + self.shared[1](F.silu(gate) * up)
+        return out.reshape(shape)
+
+
+class Block(nn.Module):
+    """Pre-norm block: causal self-attention with grouped K/V heads, then the MLP (or, in a
+    mixture of experts, the routed experts)."""
+
+    def __init__(self, cfg, moe=False):
         super().__init__()
         h = cfg.hidden
         self.heads, self.kv_heads, self.kv_dim = cfg.heads, cfg.n_kv_heads, cfg.kv_dim
@@ -2572,8 +2614,10 @@ class Block(nn.Module):
         self.proj = nn.Linear(cfg.q_dim, h, bias=False)
         self.ln2 = norm_layer(cfg)
         self.gated = cfg.mlp == "gated"
-        self.fc = nn.Linear(h, (2 if self.gated else 1) * cfg.ffn, bias=False)  # (gate; up)
-        self.out = nn.Linear(cfg.ffn, h, bias=False)
+        self.moe = MoE(cfg) if moe else None
+        if not moe:
+            self.fc = nn.Linear(h, (2 if self.gated else 1) * cfg.ffn, bias=False)  # (gate; up)
+            self.out = nn.Linear(cfg.ffn, h, bias=False)
 
     def forward(self, x, cache, index, positions, spans, mask, rope):
         # x (B, T, h); cache (2, B_cache, KVH, S_max, D); index (B,) the cache row of each batch
@@ -2602,6 +2646,8 @@ class Block(nn.Module):
                 attn_mask=None if mask is None else mask[i:j]) for i, j, row, n in spans]
             y = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(B, H, T, D)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, self.q_dim))
+        if self.moe is not None:
+            return x + self.moe(self.ln2(x))
         if self.gated:
             gate, up = self.fc(self.ln2(x)).chunk(2, dim=-1)
             return x + self.out(F.silu(gate) * up)
@@ -2618,7 +2664,8 @@ class Transformer(nn.Module):
         if cfg.positions == "learned":
             self.pos_embed = nn.Embedding(cfg.max_positions, cfg.hidden, _weight=torch.empty(
                 cfg.max_positions, cfg.hidden))
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg, moe=i >= cfg.layers - cfg.moe_layers)
+                                    for i in range(cfg.layers))
         self.ln_f = norm_layer(cfg)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         if cfg.tied:
@@ -2683,7 +2730,7 @@ def build_model(cfg, device, seed=0):
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # (a Linear's (out, in), an expert stack's (experts, in, out))
                 p.normal_(0.0, 0.02 if "embed" in name else p.shape[1] ** -0.5, generator=g)
             else:  # a norm's weight (and LayerNorm's bias)
                 p.fill_(0.0 if name.endswith("bias") else 1.0)
@@ -3359,9 +3406,14 @@ def decode_row(bench, ceilings, batch, context, mode):
     if reason:
         row["skipped"] = reason
         return row
-    return timed_or_skipped(row, lambda: roofline_row(
+    row = timed_or_skipped(row, lambda: roofline_row(
         bench.cfg, ceilings, bench.time_decode(batch, context, mode), batch, 1, context,
         bench.device.type == "cuda"))
+    if bench.cfg.experts and "skipped" not in row:  # (the last timed step's, layers' mean)
+        moe = [b.moe.touched for b in bench.model.blocks if b.moe is not None]
+        row.update(experts_touched=sum(moe) / len(moe),
+                   experts_expected=experts_touched(bench.cfg, batch))
+    return row
 
 
 def prefill_row(bench, ceilings, tokens, mode):
@@ -4925,6 +4977,8 @@ def format_tables(results, lang="en"):
         A = results["A"]
         cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
                 ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
+        if results["config"]["model"].get("experts"):  # (measured, and uniform routing's)
+            cols += [("experts_touched", ".1f"), ("experts_expected", ".1f")]
         rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]
                 if r["context"] == A["context"]]
         post = results["config"]["model"].get("arch") == "post"
@@ -5575,6 +5629,11 @@ def model_flags(p):
     m.add_argument("--head-dim", dest="head_width", type=integer(),
                    help="a head's width (default: hidden / heads; Qwen3's is 128 whatever its "
                         "width)")
+    m.add_argument("--experts", type=integer(), help="a mixture of experts: routed experts a "
+                   "layer (gated MLPs; default: none, a dense MLP)")
+    m.add_argument("--experts-per-token", type=integer(), help="experts each token is routed to")
+    m.add_argument("--expert-ffn", type=integer(), help="each expert's width (default: "
+                   "--ffn-hidden)")
     m.add_argument("--kv-heads", type=integer(),
                    help="K/V heads (grouped-query attention; 1: multi-query; default: --heads)")
     m.add_argument("--mlp", choices=["gelu", "gated"],
@@ -5766,9 +5825,9 @@ def run_config(args):
     if args.graphs in ("on", "both") and device is not None and not cuda:
         raise UsageError(f"--graphs {args.graphs}: CUDA graphs need a CUDA device")
     model, preset = model_config(args, on_cpu)
-    if (model.experts or model.mla) and set(experiments) - {"C"}:
-        raise UsageError(f"{model.name}: mixtures of experts and latent attention are priced by "
-                         "C only for now (A, B and D run dense models): add --experiments C")
+    if model.mla and set(experiments) - {"C"}:
+        raise UsageError(f"{model.name}: latent attention is priced by C only for now (A, B "
+                         "and D run standard attention): add --experiments C")
     contexts = args.contexts or ((args.context, 1024, 4096) if cuda else (args.context, 1024))
     if args.arch == "post":  # no KV cache: the context changes nothing
         contexts = (args.context,)
@@ -5833,7 +5892,8 @@ def check_card_fits(run):
 
 
 MODEL_FLAGS = ("layers", "hidden", "heads", "kv_heads", "mlp", "ffn_hidden", "vocab",
-               "max_positions", "dtype", "weights", "kv_dtype", "head_width")
+               "max_positions", "dtype", "weights", "kv_dtype", "head_width", "experts",
+               "experts_per_token", "expert_ffn")
 
 
 def model_config(args, on_cpu):
@@ -5859,6 +5919,11 @@ def model_config(args, on_cpu):
                          "(give --head-dim)")
     if model.n_kv_heads > model.heads or model.heads % model.n_kv_heads:
         raise UsageError(f"--kv-heads {model.n_kv_heads} must divide --heads {model.heads}")
+    if bool(model.experts) != bool(model.experts_per_token) or \
+            model.experts_per_token > model.experts:
+        raise UsageError(f"--experts {model.experts} and --experts-per-token "
+                         f"{model.experts_per_token}: give both, at most as many per token as "
+                         "there are experts")
     if model.positions == "rope" and model.head_dim % 2:
         raise UsageError(f"rotary positions need an even head width, not {model.head_dim}")
     return model, preset
@@ -5943,6 +6008,8 @@ def banner(results, T):
            "label": T["label_post"] if cfg["name"] == "post" else cfg["name"],
            "kv": T["kv_heads"].format(n=cfg["n_kv_heads"]) if cfg["n_kv_heads"] < cfg["heads"]
            else "", "mlp_text": T["mlp_" + cfg["mlp"]]}))
+    if cfg.get("experts"):
+        lines.append(T["experts_line"].format(**cfg, width=cfg["expert_ffn"] or cfg["ffn"]))
     if results["config"].get("preset"):
         lines.append(T["preset"].format(fields=", ".join(results["config"]["preset"])))
     if "dtype_probe" in env:
@@ -6145,6 +6212,9 @@ TEXT_EN = {**SHARED_TEXT,
     # banner
     "command": "command: {command}", "device": "device: {device}",
     "threads": ", {threads} torch threads",
+    "experts_line": "mixture of experts: {experts} experts a layer ({experts_per_token} a token, "
+                    "{shared_experts} shared), each {width:,} wide; the first {dense_layers} "
+                    "layers dense",
     "model": "model: {label}: {layers} layers, hidden {hidden}, {heads} heads{kv}, "
              "{mlp_text} MLP of {ffn:,}, vocab {vocab:,}, {dtype}: {params:,.1f} M "
              "parameters, {gib:.2f} GiB",
@@ -6181,6 +6251,7 @@ TEXT_EN = {**SHARED_TEXT,
     "prefill": "prefill ({tokens} tokens)", "decode": "decode (batch {batch})",
     "mode": "mode", "batch": "batch", "step_ms": "step ms (= wait)",
     "tokens_per_s": "tokens/s", "throughput_vs_1": "throughput vs 1", "wait_vs_1": "wait vs 1",
+    "experts_touched": "experts read", "experts_expected": "E(1-(1-k/E)^B)",
     "us_per_token": "µs / token", "tflops": "TFLOP/s", "intensity": "FLOP/byte",
     "bound": "bound",
     "eager": "eager", "graph": "graph", "memory": "memory", "compute": "compute",
@@ -6399,6 +6470,8 @@ TEXT_KO = {**SHARED_TEXT,
     "threads": ", torch 스레드 {threads}개",
     "model": "모델: {label}: {layers}층, 은닉 {hidden}, 헤드 {heads}개{kv}, {mlp_text} MLP "
              "{ffn:,}, 어휘 {vocab:,}, {dtype}: 매개변수 {params:,.1f} M개, {gib:.2f} GiB",
+    "experts_line": "전문가 혼합: 층마다 전문가 {experts}개 (토큰당 {experts_per_token}개, 공유 "
+                    "{shared_experts}개), 폭 {width:,}; 앞 {dense_layers}층은 밀집",
     "label_post": "글의 모델", "kv_heads": " (K/V 헤드 {n}개)", "mlp_gelu": "GELU",
     "mlp_gated": "게이트 SiLU",
     "card": "카드: {tp} x {name} (사양서 기준 {bandwidth:,.0f} GB/s, 밀집 FP16/BF16 {tflops:,.1f} "
@@ -6431,7 +6504,8 @@ TEXT_KO = {**SHARED_TEXT,
     "prefill": "프리필 (질문 {tokens}토큰)", "decode": "디코드 (묶음 {batch})",
     "mode": "방식", "batch": "배치 크기", "step_ms": "한 스텝 ms (= 대기)",
     "tokens_per_s": "처리량 (토큰/초)", "throughput_vs_1": "처리량 배율",
-    "wait_vs_1": "대기 배율", "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
+    "wait_vs_1": "대기 배율", "experts_touched": "읽은 전문가", "experts_expected": "E(1-(1-k/E)^B)",
+    "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
     "intensity": "산술 강도", "bound": "병목",
     "eager": "즉시 실행", "graph": "CUDA 그래프", "memory": "메모리", "compute": "계산",
     "launch": "커널 실행", "graph_failed": "즉시 실행 (그래프 실패)",

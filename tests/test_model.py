@@ -18,7 +18,13 @@ SHAPES = {"post": TINY, "gqa-2": OPEN, "mqa": dataclasses.replace(OPEN, kv_heads
           "gqa-gelu-learned": dataclasses.replace(OPEN, mlp="gelu", ffn_hidden=None,
                                                   positions="learned", norm="layer"),
           # Qwen3's kind: heads wider than hidden / heads (8 heads of 16 on a width of 64)
-          "wide-heads": dataclasses.replace(OPEN, head_width=16)}
+          "wide-heads": dataclasses.replace(OPEN, head_width=16),
+          # mixtures of experts: 8 experts of 32, 2 a token (Mixtral's kind); and DeepSeek's
+          # kind, a dense first layer and a shared expert beside them
+          "moe": dataclasses.replace(OPEN, experts=8, experts_per_token=2, expert_ffn=32),
+          "moe-shared-dense": dataclasses.replace(OPEN, experts=8, experts_per_token=2,
+                                                  expert_ffn=32, shared_experts=1,
+                                                  dense_layers=1)}
 
 
 def full_forward_logits(model, tokens):
@@ -135,11 +141,16 @@ def test_flop_model_equals_counted_matmul_flops(shape):
             else:
                 S.decode_step(model, cache, tokens[:, 0], torch.full((batch,), context))
         cost = S.step_cost(cfg, batch, new_tokens, context)
-        # FlopCounterMode counts the matmuls (it does not count CPU attention kernels)
+        # FlopCounterMode counts the matmuls (it does not count CPU attention kernels); an MoE
+        # layer runs each token through its k experts only
         assert cost["matmul_flops"] == counter.get_total_flops()
         tables = 2 if cfg.positions == "learned" else 1  # (rows looked up per token)
         embedding_rows = tables * batch * new_tokens * cfg.hidden * 4
-        assert cost["weight_bytes"] == weight_bytes_of(model) + embedding_rows
+        # (the experts a step reads: their expectation under uniform routing, not all)
+        unread = cfg.moe_layers * (cfg.experts - S.experts_touched(cfg, batch * new_tokens)) * \
+            S.expert_weights(cfg) * 4
+        assert cost["weight_bytes"] == pytest.approx(weight_bytes_of(model) + embedding_rows
+                                                     - unread, rel=1e-12)
 
 
 def test_attention_flops_and_kv_bytes_by_hand():
@@ -223,3 +234,37 @@ def test_the_posts_proxy_counts_2_l_h_squared_per_token():
     # the post's own figure: prefill 512 in 0.664 ms is 77.6 TFLOP/s only under this count
     post = S.ModelConfig(arch="post")
     assert S.step_cost(post, 1, 512, 0)["flops"] / 0.664e-3 / 1e12 == pytest.approx(77.6, abs=0.05)
+
+
+@torch.inference_mode()
+def test_the_moe_layer_reads_only_the_experts_its_tokens_chose():
+    cfg = SHAPES["moe"]
+    model = S.build_model(cfg, "cpu", seed=3)
+    moe = model.blocks[0].moe
+    x = torch.randn(5, cfg.hidden, generator=torch.Generator().manual_seed(1))
+    chosen = moe.router(x).topk(2, dim=-1).indices
+    out = moe(x)
+    assert moe.touched == len(chosen.unique())
+    # each token's output is the softmax-weighted sum of its two experts, computed alone
+    for t in range(5):
+        logits = moe.router(x[t])
+        top = logits.topk(2)
+        want = sum(w * (torch.nn.functional.silu(x[t] @ moe.gate_up[e][:, :32])
+                        * (x[t] @ moe.gate_up[e][:, 32:])) @ moe.down[e]
+                   for w, e in zip(top.values.softmax(0), top.indices))
+        torch.testing.assert_close(out[t], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_times_an_moe_model_and_counts_the_experts_read(tmp_path, capsys):
+    from test_cli import run_main
+    results, out = run_main(["--device", "cpu", "--experiments", "A", "--layers", "2",
+                             "--hidden", "64", "--heads", "4", "--vocab", "128", "--dtype",
+                             "float32", "--mlp", "gated", "--experts", "8",
+                             "--experts-per-token", "2", "--expert-ffn", "32", "--batch-sizes",
+                             "1,16", "--contexts", "8", "--context", "8", "--reps", "3",
+                             "--warmup", "1", "--no-figures", "--out", str(tmp_path)], capsys)
+    rows = {r["batch"]: r for r in results["A"]["rows"]}
+    assert rows[1]["experts_touched"] == 2 and rows[1]["experts_expected"] == pytest.approx(2)
+    assert 2 < rows[16]["experts_touched"] <= 8
+    assert rows[16]["experts_expected"] == pytest.approx(8 * (1 - 0.75**16))
+    assert "experts read" in out.out

@@ -457,9 +457,11 @@ def test_experts_touched_grow_with_the_batch_then_saturate():
     assert S.MODELS["gpt-oss-20b"].expert_element_bytes == 0.5 + 1 / 32
 
 
-def test_moe_models_run_in_c_and_are_refused_by_a_b_and_d(tmp_path, capsys):
-    assert "priced by C only" in expect_usage_error(
-        ["--model", "mixtral-8x7b", "--out", str(tmp_path)], capsys)
+def test_moe_models_run_in_c_and_latent_attention_is_refused_by_a_b_and_d(tmp_path, capsys):
+    assert "latent attention is priced by C only" in expect_usage_error(
+        ["--model", "deepseek-v3", "--out", str(tmp_path)], capsys)
+    assert "give both" in expect_usage_error(
+        ["--experiments", "C", "--experts", "8", "--out", str(tmp_path)], capsys)
     results, _ = run_main(["--experiments", "C", "--model", "mixtral-8x7b", "--gpu", "h100",
                            "--tp", "2", "--weights", "fp8", "--kv-dtype", "fp8", "--requests",
                            "200", "--rates", "5", "--no-figures", "--out", str(tmp_path)],
