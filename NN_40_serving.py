@@ -280,6 +280,61 @@ MODELS = {
 }
 
 
+# A Hugging Face config.json's fields, by model_type: ModelConfig field -> its key (a tuple:
+# the first key present), read by read_model_config
+HF_COMMON = {"layers": "num_hidden_layers", "hidden": "hidden_size",
+             "heads": "num_attention_heads", "vocab": "vocab_size",
+             "max_positions": "max_position_embeddings"}
+HF_FIELDS = {
+    "llama": {"kv_heads": "num_key_value_heads", "ffn_hidden": "intermediate_size"},
+    "qwen3_moe": {"kv_heads": "num_key_value_heads", "experts": "num_experts",
+                  "experts_per_token": "num_experts_per_tok",
+                  "expert_ffn": "moe_intermediate_size"},
+    "mixtral": {"kv_heads": "num_key_value_heads", "ffn_hidden": "intermediate_size",
+                "experts": "num_local_experts", "experts_per_token": "num_experts_per_tok"},
+    "deepseek_v3": {"ffn_hidden": "intermediate_size", "experts": "n_routed_experts",
+                    "experts_per_token": "num_experts_per_tok",
+                    "shared_experts": "n_shared_experts", "expert_ffn": "moe_intermediate_size",
+                    "dense_layers": "first_k_dense_replace", "kv_lora_rank": "kv_lora_rank",
+                    "q_lora_rank": "q_lora_rank", "rope_head_dim": "qk_rope_head_dim",
+                    "head_width": "qk_nope_head_dim", "v_head_width": "v_head_dim"},
+}
+HF_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
+            "mixtral": "mixtral", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3"}
+
+
+def read_model_config(path):
+    """A Hugging Face config.json -> ModelConfig (shapes only; one line naming a missing or
+    unsupported field). Llama, Mistral, Qwen2/Qwen3, Mixtral, Qwen3-MoE and DeepSeek-V3."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            hf = json.load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}")
+    except (ValueError, UnicodeDecodeError):
+        raise UsageError(f"{path}: not a JSON file")
+    model_type = hf.get("model_type") if isinstance(hf, dict) else None
+    kind = HF_TYPES.get(model_type)
+    if kind is None:
+        raise UsageError(f"{path}: model_type {model_type!r} is not one this reads "
+                         f"({', '.join(HF_TYPES)})")
+    fields = {}
+    for field, key in {**HF_COMMON, **HF_FIELDS[kind]}.items():
+        value = hf.get(key)
+        if value is None and not (field == "q_lora_rank" or key == "num_key_value_heads"):
+            raise UsageError(f"{path}: no {key!r} (model_type {hf['model_type']})")
+        if value is not None and not (isinstance(value, int) and value >= 0):
+            raise UsageError(f"{path}: {key} must be a whole number, not {value!r}")
+        fields[field] = (value or 0) if field == "q_lora_rank" else value
+    if hf.get("head_dim") and kind != "deepseek_v3":  # (Qwen3's 128 whatever its width)
+        fields["head_width"] = hf["head_dim"]
+    dtype = {"float16": "float16", "bfloat16": "bfloat16"}.get(hf.get("torch_dtype"), "bfloat16")
+    name = os.path.basename(os.path.dirname(os.path.abspath(path))) or "config"
+    return ModelConfig(**fields, mlp="gated", norm="rms", positions="rope", dtype=dtype,
+                       rope_theta=float(hf.get("rope_theta") or 10000.0),
+                       tied=bool(hf.get("tie_word_embeddings", False)), name=name)
+
+
 @dataclass(frozen=True)
 class GPU:
     """A card as its vendor specifies it: peak memory bandwidth, dense (not 2:4 sparse)
@@ -2999,6 +3054,21 @@ def check_memory(run, device, engine_lengths=None):
                          "smaller model or --slots, or --experiments C (it allocates nothing)")
 
 
+def check_card_fits(run):
+    """The model must split over --tp cards, and one card's shard of the weights fit on it,
+    before C plans for it."""
+    card, weights = GPUS[run.gpu], card_weight_bytes(run.model, run.tp)
+    if run.model.heads % run.tp:
+        raise UsageError(f"--tp {run.tp} must divide the model's {run.model.heads} heads (each "
+                         "card holds whole heads)")
+    if weights > card.memory_bytes:
+        least = math.ceil(weight_bytes(run.model) / card.memory_bytes)
+        raise UsageError(f"{run.model.name} in {run.model.weight_format} needs "
+                         f"{weights / 1e9:,.1f} GB of weights on each of {run.tp} x {card.name} "
+                         f"({card.memory_bytes / 1e9:,.1f} GB): give --tp {least} or more, or "
+                         "smaller --weights")
+
+
 def kv_budget_bytes(run, device):
     """(bytes for C's KV cache, where the figure comes from); see KV_MEMORY_FRACTION."""
     cfg = run.model
@@ -4101,7 +4171,8 @@ def capacity_study(run, req, replica):
     one = rates[len(rates) // 2]
     result = {"slo_ttft_s": run.slo_ttft_s, "slo_tpot_s": run.slo_tpot_s,
               "attainment": slo.attainment, "requests": m, "seeds": CAPACITY_SEEDS,
-              "gpus_per_replica": run.tp, "scheduler": "continuous", "kv_policy": replica.kv.policy if replica.kv else None,
+              "gpus_per_replica": run.tp, "scheduler": "continuous",
+              "kv_policy": replica.kv.policy if replica.kv else None,
               "one_replica": {"rate_rps": one, "rates_rps": rates,
                               "output_tokens_per_s": one * float(req.output.mean()),
                               "tried": searches[0][1]}}
@@ -5620,6 +5691,9 @@ def model_flags(p):
     m = p.add_argument_group("model (the flags below override the --model preset's fields; on "
                              "CPU, the post's model takes unset fields from the CPU preset: 4 "
                              "layers, hidden 1024, 8 heads, vocab 8192, bfloat16)")
+    m.add_argument("--model-config", metavar="CONFIG_JSON", help="a Hugging Face config.json "
+                   "(Llama, Mistral, Qwen2/3, Mixtral, Qwen3-MoE, DeepSeek-V3): its shape, in "
+                   "place of --model's")
     m.add_argument("--model", choices=list(MODELS), default="post",
                    help="a named shape (random weights, nothing downloaded): the post's "
                         "(default) or an open model's, which runs at its own size")
@@ -5876,21 +5950,6 @@ def check_flags(args):
                          "real): add --experiments C")
 
 
-def check_card_fits(run):
-    """The model must split over --tp cards, and one card's shard of the weights fit on it,
-    before C plans for it."""
-    card, weights = GPUS[run.gpu], card_weight_bytes(run.model, run.tp)
-    if run.model.heads % run.tp:
-        raise UsageError(f"--tp {run.tp} must divide the model's {run.model.heads} heads (each "
-                         "card holds whole heads)")
-    if weights > card.memory_bytes:
-        least = math.ceil(weight_bytes(run.model) / card.memory_bytes)
-        raise UsageError(f"{run.model.name} in {run.model.weight_format} needs "
-                         f"{weights / 1e9:,.1f} GB of weights on each of {run.tp} x {card.name} "
-                         f"({card.memory_bytes / 1e9:,.1f} GB): give --tp {least} or more, or "
-                         "smaller --weights")
-
-
 MODEL_FLAGS = ("layers", "hidden", "heads", "kv_heads", "mlp", "ffn_hidden", "vocab",
                "max_positions", "dtype", "weights", "kv_dtype", "head_width", "experts",
                "experts_per_token", "expert_ffn")
@@ -5905,9 +5964,10 @@ def model_config(args, on_cpu):
         if args.model == "post":
             fields["hidden"] = fields["hidden"] or 512
     given = {f: v for f, v in fields.items() if v is not None}
-    cpu_preset = on_cpu and args.model == "post"
-    model = dataclasses.replace(CPU_PRESET if cpu_preset else MODELS[args.model], arch=args.arch,
-                                **given)
+    cpu_preset = on_cpu and args.model == "post" and not args.model_config
+    base = read_model_config(args.model_config) if args.model_config else \
+        CPU_PRESET if cpu_preset else MODELS[args.model]
+    model = dataclasses.replace(base, arch=args.arch, **given)
     if args.model != "post" and given:  # (the banner says what ran)
         model = dataclasses.replace(model, name=args.model + " (" + ", ".join(
             f"{f.replace('_', '-')}={v}" for f, v in given.items()) + ")")

@@ -29,7 +29,8 @@ FLAGS = {
     "--engine-requests": "D", "--dpi": "C", "--predict-sigma": "C", "--max-wait-s": "C",
     "--kv-heads": "A", "--ffn-hidden": "A", "--engine-slots": "D", "--engine-shrink": "D",
     "--replicas": "C", "--slo-attainment": "C", "--target-rate": "C", "--tp": "C on a card",
-    "--kv-tokens": "C", "--head-dim": "A",
+    "--kv-tokens": "C", "--head-dim": "A", "--experts": "C", "--experts-per-token": "C",
+    "--expert-ffn": "A",
 }
 
 

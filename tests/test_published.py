@@ -472,3 +472,70 @@ def test_moe_models_run_in_c_and_latent_attention_is_refused_by_a_b_and_d(tmp_pa
                          S.GPUS["h100"], S.ENGINE_PROFILES["roofline"], 2)
     all_weights = S.card_weight_bytes(S.MODELS["mixtral-8x7b"], 2) / 2  # fp8: half of bf16
     assert costs.pass_s(1) < 0.45 * all_weights / (0.9 * 3350e9)
+
+
+HF_CONFIGS = {  # the fields that matter of each model's config.json on the Hugging Face Hub
+    "llama-3.1-8b": {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+                     "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "intermediate_size": 14336, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "rope_theta": 500000.0,
+                     "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "qwen3-32b": {"model_type": "qwen3", "num_hidden_layers": 64, "hidden_size": 5120,
+                  "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+                  "intermediate_size": 25600, "vocab_size": 151936,
+                  "max_position_embeddings": 40960, "rope_theta": 1000000,
+                  "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "mixtral-8x7b": {"model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096,
+                     "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "intermediate_size": 14336, "num_local_experts": 8,
+                     "num_experts_per_tok": 2, "vocab_size": 32000,
+                     "max_position_embeddings": 32768, "rope_theta": 1e6},
+    "qwen3-30b-a3b": {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048,
+                      "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                      "intermediate_size": 6144, "moe_intermediate_size": 768,
+                      "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936,
+                      "max_position_embeddings": 40960, "tie_word_embeddings": False},
+    "deepseek-v3": {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168,
+                    "num_attention_heads": 128, "num_key_value_heads": 128,
+                    "intermediate_size": 18432, "moe_intermediate_size": 2048,
+                    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+                    "first_k_dense_replace": 3, "kv_lora_rank": 512, "q_lora_rank": 1536,
+                    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+                    "vocab_size": 129280, "max_position_embeddings": 163840},
+}
+
+
+@pytest.mark.parametrize("name", HF_CONFIGS)
+def test_a_hugging_face_config_gives_the_presets_shape(name, tmp_path):
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(HF_CONFIGS[name]))
+    cfg = S.read_model_config(str(path))
+    preset = S.MODELS[name]
+    assert cfg.name == name
+    assert S.param_count(cfg) == S.param_count(preset)
+    assert S.active_param_count(cfg) == S.active_param_count(preset)
+    assert S.kv_bytes_per_token(cfg) == S.kv_bytes_per_token(preset)
+
+
+def test_a_config_it_cannot_read_is_one_line(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    for bad, says in (({"model_type": "gpt2"}, "model_type 'gpt2' is not one this reads"),
+                      ({**HF_CONFIGS["mixtral-8x7b"], "num_local_experts": None},
+                       "no 'num_local_experts'"),
+                      ({**HF_CONFIGS["llama-3.1-8b"], "hidden_size": "big"},
+                       "hidden_size must be a whole number")):
+        path.write_text(json.dumps(bad))
+        assert says in expect_usage_error(["--experiments", "C", "--model-config", str(path),
+                                           "--out", str(tmp_path)], capsys)
+    results, _ = run_main(["--experiments", "C", "--model-config", str(
+        _write(tmp_path / "qwen" / "config.json", HF_CONFIGS["qwen3-32b"])), "--gpu",
+        "rtx-pro-6000", "--tp", "2", "--requests", "100", "--rates", "5", "--no-figures",
+        "--out", str(tmp_path)], capsys)
+    assert results["config"]["model"]["head_width"] == 128
+
+
+def _write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
