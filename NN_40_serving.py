@@ -79,7 +79,7 @@ class ModelConfig:
     weights: str = None        # C's weight format (WEIGHT_FORMATS); None: the dtype's
     kv_dtype: str = "auto"     # C's KV-cache elements: "auto" (the dtype's) or "fp8"
     head_width: int = None     # a head's width where it is not hidden / heads (Qwen3: 128)
-    # mixture of experts (C only for now): `experts` routed experts a layer, each token sent to
+    # mixture of experts: `experts` routed experts a layer, each token sent to
     # `experts_per_token` of them, beside `shared_experts` every token uses; each a gated MLP
     # of `expert_ffn`; the first `dense_layers` layers keep a dense MLP of `ffn_hidden`
     experts: int = 0
@@ -232,7 +232,7 @@ MODELS = {
     "qwen3-32b": ModelConfig(layers=64, hidden=5120, heads=64, kv_heads=8, head_width=128,
                              vocab=151936, max_positions=40960, ffn_hidden=25600,
                              rope_theta=1e6, name="qwen3-32b", **_LLAMA),
-    # mixtures of experts and latent attention (C prices them; A, B and D run dense models)
+    # mixtures of experts (A, B, C and D), and latent attention (C only: see run_config)
     "mixtral-8x7b": ModelConfig(layers=32, hidden=4096, heads=32, kv_heads=8, vocab=32000,
                                 max_positions=32768, ffn_hidden=14336, experts=8,
                                 experts_per_token=2, rope_theta=1e6, name="mixtral-8x7b",
@@ -280,8 +280,8 @@ MODELS = {
 }
 
 
-# A Hugging Face config.json's fields, by model_type: ModelConfig field -> its key (a tuple:
-# the first key present), read by read_model_config
+# A Hugging Face config.json's fields, by model_type: ModelConfig field -> its key, read by
+# read_model_config (every key required but HF_OPTIONAL's)
 HF_COMMON = {"layers": "num_hidden_layers", "hidden": "hidden_size",
              "heads": "num_attention_heads", "vocab": "vocab_size",
              "max_positions": "max_position_embeddings"}
@@ -299,6 +299,7 @@ HF_FIELDS = {
                     "q_lora_rank": "q_lora_rank", "rope_head_dim": "qk_rope_head_dim",
                     "head_width": "qk_nope_head_dim", "v_head_width": "v_head_dim"},
 }
+HF_OPTIONAL = ("num_key_value_heads", "q_lora_rank")  # (absent: every head's K/V; no q latent)
 HF_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
             "mixtral": "mixtral", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3"}
 
@@ -321,7 +322,7 @@ def read_model_config(path):
     fields = {}
     for field, key in {**HF_COMMON, **HF_FIELDS[kind]}.items():
         value = hf.get(key)
-        if value is None and not (field == "q_lora_rank" or key == "num_key_value_heads"):
+        if value is None and key not in HF_OPTIONAL:
             raise UsageError(f"{path}: no {key!r} (model_type {hf['model_type']})")
         if value is not None and not (isinstance(value, int) and value >= 0):
             raise UsageError(f"{path}: {key} must be a whole number, not {value!r}")
@@ -367,7 +368,8 @@ def _card(name, bandwidth_gbs, tflops, memory_gb, fp8_tflops, link, memory_mib):
     return GPU(name, bandwidth_gbs, tflops, memory_gb, fp8_tflops, *link, memory_mib)
 
 
-GPUS = {  # README cites the spec sheets; memory_mib is nvidia-smi's total for each card
+GPUS = {  # README cites the spec sheets; memory_mib: nvidia-smi's total (the RTX 4090's as
+    # torch reported it in LLMServingSim's vLLM run)
     "rtx-3090": _card("RTX 3090", 936.0, 71.0, 24.0, None, _PCIE4, 24576),
     "rtx-4090": _card("RTX 4090", 1008.0, 165.2, 24.0, 330.3, _PCIE4, 24081),
     "rtx-5080": _card("RTX 5080", 960.0, 112.6, 16.0, 225.1, _PCIE5, 16303),
@@ -657,6 +659,13 @@ def experts_touched(cfg, tokens):
     return E * (1 - (1 - k / E) ** tokens) if E else 0
 
 
+def norm_weights(cfg):
+    """Parameters of every norm: two a block and the final one, and latent attention's norms
+    of its q and K/V latents."""
+    return (2 * cfg.layers + 1) * cfg.norm_params + \
+        cfg.layers * (cfg.q_lora_rank + cfg.kv_lora_rank) * (cfg.norm_params // cfg.hidden)
+
+
 def weight_parts(cfg):
     """The model's weights by component: {name: (parameters, bytes per parameter)}."""
     h, L, e = cfg.hidden, cfg.layers, cfg.dtype_bytes
@@ -664,8 +673,7 @@ def weight_parts(cfg):
         return {"matmuls": (L * h * h, cfg.weight_element_bytes)}
     parts = {"matmuls": (dense_matmul_weights(cfg), cfg.weight_element_bytes),
              "lm_head": (0 if cfg.tied else cfg.vocab * h, e),
-             "norms": ((2 * L + 1) * cfg.norm_params + L * (cfg.q_lora_rank + cfg.kv_lora_rank)
-                       * (cfg.norm_params // h), e),
+             "norms": (norm_weights(cfg), e),
              "embeddings": ((cfg.vocab + cfg.position_rows) * h, e)}
     if cfg.experts:
         parts["experts"] = (cfg.moe_layers * cfg.experts * expert_weights(cfg),
@@ -720,7 +728,7 @@ def step_cost(cfg, batch, new_tokens, context):
     looked_up = (2 if cfg.positions == "learned" else 1) * tokens * h  # embedding rows
     weights_read = dense * cfg.weight_element_bytes + \
         moe * experts_touched(cfg, tokens) * expert * cfg.expert_element_bytes + \
-        (h * cfg.vocab + weight_parts(cfg)["norms"][0] + looked_up) * e
+        (h * cfg.vocab + norm_weights(cfg) + looked_up) * e
     kv_read_bytes = batch * context * kv_bytes_per_token(cfg)
     kv_write_bytes = tokens * kv_bytes_per_token(cfg)
     # each matmul's input and output: qkv h + (q_dim + 2 kv_dim), attention's q in and out
@@ -737,7 +745,7 @@ def step_cost(cfg, batch, new_tokens, context):
             "kv_read_bytes": kv_read_bytes,
             "kv_write_bytes": kv_write_bytes,
             "activation_bytes": activation_bytes,
-            "replicated_weight_bytes": weight_parts(cfg)["norms"][0] * e,
+            "replicated_weight_bytes": norm_weights(cfg) * e,
             "tokens": tokens,
             "bytes": weights_read + kv_read_bytes + kv_write_bytes + activation_bytes}
 
@@ -771,8 +779,7 @@ def kv_heads_per_card(cfg, tp):
 def card_weight_bytes(cfg, tp=1):
     """The weights one of `tp` cards holds: its share of all but the norms, which every card
     keeps."""
-    norms = weight_parts(cfg).get("norms", (0, 0))
-    replicated = norms[0] * norms[1]
+    replicated = 0 if cfg.arch == "post" else norm_weights(cfg) * cfg.dtype_bytes
     return (weight_bytes(cfg) - replicated) / tp + replicated
 
 
@@ -1176,8 +1183,7 @@ class EngineProfile:
 
 
 FIT_FIELDS = ("bandwidth_share", "matmul_share", "half_tokens", "step_s", "layer_s",
-              "allreduce_s",
-              "reserved_gb", "dequant_flops", "activation_passes")
+              "allreduce_s", "reserved_gb", "dequant_flops", "activation_passes")
 # What each engine's rows can tell: gpt-fast's are all batch-1 decodes of one model, which
 # see neither the FLOP rate, the memory reserve nor the activations' traffic apart from the
 # weights' (fitting those too overfits its 6 rows: its validation rows' error trebles)
@@ -1232,8 +1238,9 @@ def pass_seconds(cfg, card, profile, tp, tokens):
     rate = card.matmul_tflops(cfg.fp8_compute) * 1e12 * profile.matmul_share
     rate *= tokens / (tokens + profile.half_tokens)
     bandwidth = card.bandwidth_gbs * 1e9 * profile.bandwidth_share
-    seconds = profile.step_s + cfg.layers * profile.layer_s + max(cost["matmul_flops"] / rate,
-                                   (cost["weight_bytes"] + cost["activation_bytes"]) / bandwidth)
+    matmuls = max(cost["matmul_flops"] / rate,
+                  (cost["weight_bytes"] + cost["activation_bytes"]) / bandwidth)
+    seconds = profile.step_s + cfg.layers * profile.layer_s + matmuls
     if cfg.weight_format in ("int8", "int4"):  # weight-only: every weight dequantized
         weights = dense_matmul_weights(cfg) / tp
         seconds += weights * profile.dequant_flops / (card.tflops * 1e12)
@@ -2250,9 +2257,9 @@ class ServingSim:
         """The k steps of a run, a prefill pass (of the chunks in `plan`) and a decode pass
         each (fused: one pass of both), whose caches grow: step j takes first_s + growth_s
         (j - 1) seconds. -> (prefill_s, decode_s: each pass summed over the run, first_s,
-        growth_s, prompt tokens per step). (A
-        plain tuple, as plan's: a NamedTuple made and unpacked at every event cost the loop
-        5-10%; a tuple subclass is built in Python and unpacked without 3.11's fast path.)"""
+        growth_s, prompt tokens per step). (A plain tuple, as plan's: a NamedTuple made and
+        unpacked at every event cost the loop 5-10%; a tuple subclass is built in Python and
+        unpacked without 3.11's fast path.)"""
         n, tokens, cached_pre = self.num_decoding, 0, 0
         for s, c in plan:
             tokens += c
@@ -2623,23 +2630,22 @@ class MoE(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         h, f, E = cfg.hidden, cfg.expert_width, cfg.experts
-        self.k, self.f = cfg.experts_per_token, f
+        self.k = cfg.experts_per_token
         self.router = nn.Linear(h, E, bias=False)
         self.gate_up = nn.Parameter(torch.empty(E, h, 2 * f))  # (each expert's gate; up)
         self.down = nn.Parameter(torch.empty(E, f, h))
-        n = cfg.shared_experts * f
-        self.shared = (nn.Linear(h, 2 * n, bias=False), nn.Linear(n, h, bias=False)) if n else ()
-        for i, m in enumerate(self.shared):
-            self.add_module(f"shared_{i}", m)
+        n = cfg.shared_experts * f  # (the shared experts as one gated MLP of their widths)
+        self.shared = nn.ModuleList([nn.Linear(h, 2 * n, bias=False),
+                                     nn.Linear(n, h, bias=False)]) if n else None
         self.touched = 0
 
     def forward(self, x):
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
         top, chosen = self.router(x).topk(self.k, dim=-1)          # (N, k) each
-        weight = top.softmax(dim=-1).reshape(-1)
-        order = chosen.reshape(-1).argsort()
+        weight, chosen = top.softmax(dim=-1).reshape(-1), chosen.reshape(-1)
+        order = chosen.argsort()
         token = order // self.k                                      # each slot's token
-        counts = torch.bincount(chosen.reshape(-1), minlength=len(self.down)).tolist()
+        counts = torch.bincount(chosen, minlength=len(self.down)).tolist()
         out, start = torch.zeros_like(x), 0
         for e, n in enumerate(counts):
             if n:
@@ -2649,7 +2655,7 @@ class MoE(nn.Module):
                 out.index_add_(0, rows, y * weight[slots, None].to(y.dtype))
             start += n
         self.touched = sum(1 for n in counts if n)
-        if self.shared:
+        if self.shared is not None:
             gate, up = self.shared[0](x).chunk(2, dim=-1)
             out = out + self.shared[1](F.silu(gate) * up)
         return out.reshape(shape)
@@ -5942,7 +5948,7 @@ def check_flags(args):
                          "--slo-tpot-ms)")
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
-    for flag, given in (("--tp", (args.tp or 1) > 1), ("--engine-profile", args.engine_profile)):
+    for flag, given in (("--tp", args.tp > 1), ("--engine-profile", args.engine_profile)):
         if given and not args.gpu:
             raise UsageError(f"{flag} prices a named card: give --gpu")
     if (args.weights or args.kv_dtype) and set(args.experiments or EXPERIMENTS) - {"C"}:
@@ -5968,8 +5974,8 @@ def model_config(args, on_cpu):
     base = read_model_config(args.model_config) if args.model_config else \
         CPU_PRESET if cpu_preset else MODELS[args.model]
     model = dataclasses.replace(base, arch=args.arch, **given)
-    if args.model != "post" and given:  # (the banner says what ran)
-        model = dataclasses.replace(model, name=args.model + " (" + ", ".join(
+    if (args.model != "post" or args.model_config) and given:  # (the banner says what ran)
+        model = dataclasses.replace(model, name=base.name + " (" + ", ".join(
             f"{f.replace('_', '-')}={v}" for f, v in given.items()) + ")")
     preset = tuple(f"{f}={getattr(CPU_PRESET, f)}" for f in ("layers", "hidden", "heads",
                                                              "vocab", "max_positions")
