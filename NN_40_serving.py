@@ -88,6 +88,8 @@ class ModelConfig:
     expert_ffn: int = None
     dense_layers: int = 0
     expert_weights: str = None  # the experts' weight format (None: --weights')
+    expert_skew: float = 0.0   # routing's skew: expert i of E drawn in proportion to i^-skew
+                               # (0: uniformly; see expert_inclusion)
     # latent attention (DeepSeek's MLA): K and V cached as one latent of kv_lora_rank and a
     # rotary key of rope_head_dim per token and layer; queries through a q_lora_rank latent
     kv_lora_rank: int = 0
@@ -654,9 +656,43 @@ def dense_matmul_weights(cfg):
 
 def experts_touched(cfg, tokens):
     """Distinct experts a pass of `tokens` tokens reads in one MoE layer, each token routed to
-    experts_per_token of them uniformly at random: E (1 - (1 - k/E)^tokens)."""
+    experts_per_token of them independently: sum over experts of 1 - (1 - q_i)^tokens, where
+    q_i is the chance a token picks expert i; uniformly, E (1 - (1 - k/E)^tokens)."""
+    if not cfg.experts:
+        return 0
+    if not cfg.expert_skew:
+        E, k = cfg.experts, cfg.experts_per_token
+        return E * (1 - (1 - k / E) ** tokens)
+    return float(np.sum(1 - (1 - expert_inclusion(cfg)) ** tokens))
+
+
+@functools.lru_cache(maxsize=64)
+def expert_inclusion(cfg):
+    """The chance q_i that a token's k experts include expert i, when the router favours
+    expert i in proportion to i^-skew (a Zipf law; skew 0 is uniform, q_i = k/E): q_i =
+    min(1, c i^-skew), c such that the q_i sum to k (a popular expert is picked at most once
+    a token)."""
     E, k = cfg.experts, cfg.experts_per_token
-    return E * (1 - (1 - k / E) ** tokens) if E else 0
+    weight = np.arange(1, E + 1, dtype=np.float64) ** -cfg.expert_skew
+    q = np.minimum(1.0, weight * k / weight.sum())
+    for _ in range(E):  # water-filling: what the capped experts lose goes to the others
+        capped = q >= 1.0
+        if not capped.any() or q.sum() >= k - 1e-12:
+            break
+        rest = weight[~capped]
+        q[~capped] = np.minimum(1.0, rest * (k - capped.sum()) / rest.sum())
+    return q
+
+
+def dense_twin(cfg):
+    """A mixture of experts' dense twin: every MLP one gated MLP as wide as a token's experts
+    and shared experts together, so a token runs the same active parameters (the routers
+    aside) but every step reads all of them, whatever its batch."""
+    width = (cfg.experts_per_token + cfg.shared_experts) * cfg.expert_width
+    return dataclasses.replace(cfg, experts=0, experts_per_token=0, shared_experts=0,
+                               expert_ffn=None, dense_layers=0, expert_weights=None,
+                               expert_skew=0.0, mlp="gated", ffn_hidden=width,
+                               name=f"{cfg.name}'s dense twin")
 
 
 def norm_weights(cfg):
@@ -1069,19 +1105,23 @@ def make_requests(run):
 
 @dataclass(frozen=True)
 class StepCosts:
-    """Seconds of one forward pass: pass_s(tokens, kv_tokens) = f(tokens) + kv_s * kv_tokens.
+    """Seconds of one forward pass: pass_s(tokens, kv_tokens, pairs) = f(tokens) + kv_s *
+    kv_tokens + pair_s * pairs.
 
     f is piecewise linear through measured (or modelled) knots of tokens per pass, extended
     linearly beyond the last (flat if the last two knots fall); kv_s is the cost of reading
     one cached token's K and V: one value, or interpolated by tokens per pass between values
     measured at several batches (kv_by_batch: ((batch, seconds), ...)), since a small batch
-    reads its cache less efficiently on some devices.
+    reads its cache less efficiently on some devices. pair_s prices a prompt's attention
+    arithmetic: each (query, key) pair its prefill computes, the cached keys a chunk sees and
+    its own up to each token (0 where f was timed on whole prompts, which include it).
     """
     tokens: tuple
     seconds: tuple
     kv_token_s: float
     source: object                # where the prices come from: a description (see describe)
     kv_by_batch: tuple = ()
+    pair_s: float = 0.0
     # (f, kv_s) by tokens per pass: a simulation prices the same few shapes millions of times
     # (not an init field: dataclasses.replace must not carry one model's prices into another)
     _rates: dict = dataclasses.field(default_factory=dict, init=False, compare=False,
@@ -1106,11 +1146,11 @@ class StepCosts:
     def kv_s(self, tokens):
         return self.rates(tokens)[1]
 
-    def pass_s(self, tokens, kv_tokens=0):
+    def pass_s(self, tokens, kv_tokens=0, pairs=0):
         if tokens <= 0:
             return 0.0
         f, kv_s = self.rates(tokens)
-        return f + kv_s * kv_tokens if kv_tokens else f
+        return f + kv_s * kv_tokens + self.pair_s * pairs
 
     def run_s(self, tokens, kv_tokens, steps):
         """`steps` passes of `tokens` new tokens each (a decode of that many rows, or one
@@ -1122,7 +1162,7 @@ class StepCosts:
         """The model's numbers, for results.json."""
         return {"source": self.source, "tokens": list(self.tokens),
                 "seconds": list(self.seconds), "kv_token_s": self.kv_token_s,
-                "kv_by_batch": [list(p) for p in self.kv_by_batch]}
+                "kv_by_batch": [list(p) for p in self.kv_by_batch], "pair_s": self.pair_s}
 
 
 def analytic_costs(cfg, bandwidth_gbs, tflops):
@@ -1201,9 +1241,9 @@ ENGINE_PROFILES = {
     "roofline": EngineProfile("roofline", 0.9, 0.8, fused=False, fitted_on="the spec sheets"),
     # 48 rows: v0.5.0's GPT-J static batches and first tokens, v0.14.0's in-flight Llama-3.1
     # 8B and 70B (max_batch and max_tokens: trtllm-build's defaults, not fitted)
-    "tensorrt-llm": EngineProfile("tensorrt-llm", bandwidth_share=0.86, matmul_share=0.60,
-                                  half_tokens=32.0, step_s=1.15e-3, layer_s=80e-6,
-                                  allreduce_s=90e-6, reserved_gb=7.0, activation_passes=1.0,
+    "tensorrt-llm": EngineProfile("tensorrt-llm", bandwidth_share=0.86, matmul_share=0.66,
+                                  half_tokens=64.0, step_s=1.05e-3, layer_s=75e-6,
+                                  allreduce_s=80e-6, reserved_gb=7.0, activation_passes=1.5,
                                   max_batch=2048, max_tokens=8192,
                                   fitted_on="TensorRT-LLM's 48 dense calibration rows"),
     # 6 rows: Llama-2-7B at batch 1 in bf16, int8 and int4, and bf16 on 2, 4 and 8 cards; the
@@ -1256,12 +1296,17 @@ def card_costs(cfg, card, profile=None, tp=1):
     """C's prices for a named card, an engine's profile of it, and tensor parallelism."""
     profile = profile or ENGINE_PROFILES[DEFAULT_PROFILE]
     seconds = tuple(pass_seconds(cfg, card, profile, tp, n) for n in PRICE_KNOTS)
-    kv_s = card_kv_bytes_per_token(cfg, tp) / (card.bandwidth_gbs * 1e9 * profile.bandwidth_share)
+    pair_s = attention_flops_per_key(cfg) * cfg.layers / tp / \
+        (card.tflops * 1e12 * profile.matmul_share)
+    # a decode reads each cached token once, for one query: at its bytes' bound or, where a
+    # key costs more arithmetic than its bytes take (latent attention), at its FLOPs'
+    kv_s = max(card_kv_bytes_per_token(cfg, tp) /
+               (card.bandwidth_gbs * 1e9 * profile.bandwidth_share), pair_s)
     source = {"kind": "pricing_card", "card": card.name, "model": cfg.name, "tp": tp,
               "weights": cfg.weight_format, "kv_dtype": cfg.kv_dtype, "profile": profile.name,
               "bandwidth_share": profile.bandwidth_share, "matmul_share": profile.matmul_share,
               "step_us": profile.step_s * 1e6, "layer_us": profile.layer_s * 1e6}
-    return StepCosts(PRICE_KNOTS, seconds, kv_s, source)
+    return StepCosts(PRICE_KNOTS, seconds, kv_s, source, pair_s=pair_s)
 
 
 def card_kv_tokens(cfg, card, profile, tp=1):
@@ -1437,8 +1482,15 @@ def max_load_tokens_per_s(costs, kv_tokens, profile, isl, osl):
     if batch < 1:
         return None
     tokens = max(round(batch * per_step), 1)
-    step_s = costs.pass_s(tokens) + costs.kv_s(tokens) * batch * (isl + osl / 2)
+    pairs = batch / osl * prompt_pairs(isl)  # (a prompt's, whether or not it is chunked)
+    step_s = costs.pass_s(tokens, batch * (isl + osl / 2), pairs)
     return batch / step_s
+
+
+def prompt_pairs(isl):
+    """The (query, key) pairs a prompt's attention computes: each token sees itself and
+    every token before it."""
+    return isl * (isl + 1) // 2
 
 
 def predict_published(row, profile):
@@ -1448,12 +1500,12 @@ def predict_published(row, profile):
         return None
     costs = card_costs(cfg, card, profile, row.tp)
     if row.metric == "ttft_ms":
-        return 1e3 * costs.pass_s(row.batch * row.isl)
+        return 1e3 * costs.pass_s(row.batch * row.isl, 0, row.batch * prompt_pairs(row.isl))
     if row.batch == "max-load":
         return max_load_tokens_per_s(costs, card_kv_tokens(cfg, card, profile, row.tp),
                                      profile, row.isl, row.osl)
     b, isl, osl = row.batch, row.isl, row.osl
-    seconds = costs.pass_s(b * isl) + costs.run_s(b, b * isl, osl - 1)
+    seconds = costs.pass_s(b * isl, 0, b * prompt_pairs(isl)) + costs.run_s(b, b * isl, osl - 1)
     return (b * osl if row.metric == "output_tokens_per_s" else osl) / seconds
 
 
@@ -2259,21 +2311,26 @@ class ServingSim:
         (j - 1) seconds. -> (prefill_s, decode_s: each pass summed over the run, first_s,
         growth_s, prompt tokens per step). (A plain tuple, as plan's: a NamedTuple made and
         unpacked at every event cost the loop 5-10%; a tuple subclass is built in Python and
-        unpacked without 3.11's fast path.)"""
-        n, tokens, cached_pre = self.num_decoding, 0, 0
+        unpacked without 3.11's fast path.) A chunk of c tokens over x cached ones computes
+        c x + c (c + 1) / 2 attention pairs, c^2 more at each step of a run."""
+        n, tokens, cached_pre, pairs, pair_growth = self.num_decoding, 0, 0, 0, 0
         for s, c in plan:
             tokens += c
             cached_pre += s.num_cached
+            pairs += c * s.num_cached + c * (c + 1) // 2
+            pair_growth += c * c
+        pair_s = self.costs.pair_s
         if self.fused and tokens and n:  # one pass of both: its time split by their tokens
             f, kv_s = self.costs.rates(tokens + n)
-            first = f + kv_s * (cached_pre + self.decode_base_sum + n * self.steps)
-            growth = kv_s * (tokens + n)
+            first = f + kv_s * (cached_pre + self.decode_base_sum + n * self.steps) + \
+                pair_s * pairs
+            growth = kv_s * (tokens + n) + pair_s * pair_growth
             run_s, share = first * k + growth * k * (k - 1) / 2, tokens / (tokens + n)
             return run_s * share, run_s * (1 - share), first, growth, tokens
         (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.costs.rates(tokens), self.costs.rates(n)
-        first_pre = f_pre + kv_s_pre * cached_pre if tokens else 0.0
+        first_pre = f_pre + kv_s_pre * cached_pre + pair_s * pairs if tokens else 0.0
         first_dec = f_dec + kv_s_dec * (self.decode_base_sum + n * self.steps) if n else 0.0
-        growth_pre, growth_dec = kv_s_pre * tokens, kv_s_dec * n
+        growth_pre, growth_dec = kv_s_pre * tokens + pair_s * pair_growth, kv_s_dec * n
         return (first_pre * k + growth_pre * k * (k - 1) / 2,
                 first_dec * k + growth_dec * k * (k - 1) / 2,
                 first_pre + first_dec, growth_pre + growth_dec, tokens)
@@ -3046,6 +3103,9 @@ def check_memory(run, device, engine_lengths=None):
     weights = weight_bytes(cfg)
     need = weights + memory_needed_bytes(cfg, 1, run.context + 1, 1)
     what = "its weights"
+    if cfg.experts and "A" in run.experiments:  # (A times its dense twin beside it)
+        need += weight_bytes(dense_twin(cfg))
+        what = "its weights and its dense twin's"
     if engine_lengths is not None:
         longest = run.engine_prompt_len + int(engine_lengths.max())
         engine = weights + memory_needed_bytes(cfg, run.engine_slots, longest,
@@ -3520,9 +3580,27 @@ def run_decode_sweep(bench, ceilings, log):
                     r["wait_vs_1"] = r["step_ms"] / base["step_ms"]
     crossover = {str(c): kv_crossover_batch(bench.cfg, c) for c in run.contexts}
     largest = max(measured(rows), key=lambda r: r["batch"] * r["context"], default=None)
+    twin = dense_twin_sweep(bench, ceilings, rows, log) if bench.cfg.experts else {}
     return {"context": run.context, "contexts": list(run.contexts), "modes": list(bench.modes),
-            "kv_crossover_batch": crossover, "rows": rows, **attention_policy(
+            "kv_crossover_batch": crossover, "rows": rows, **twin, **attention_policy(
                 largest and decode_kernel(bench, largest["batch"], largest["context"] + 1))}
+
+
+def dense_twin_sweep(bench, ceilings, rows, log):
+    """A for a mixture of experts: its dense twin (see dense_twin) timed at the same batches,
+    at A's context in A's last mode, each time beside the MoE row's (dense_twin_ms)."""
+    run, mode = bench.run, bench.modes[-1]
+    twin = Bench(dataclasses.replace(run, model=dense_twin(bench.cfg)), bench.device)
+    by_batch = {}
+    for batch in run.batch_sizes:
+        row = by_batch[batch] = decode_row(twin, ceilings, batch, run.context, mode)
+        log(f"A dense twin batch {batch}: " + row_progress(row))
+    for r in rows:
+        twin_row = by_batch.get(r["batch"], {})
+        if r["context"] == run.context and r["mode"] == mode and "step_ms" in twin_row:
+            r["dense_twin_ms"] = twin_row["step_ms"]
+    return {"dense_twin": {"model": twin.cfg.name, "ffn": twin.cfg.ffn,
+                           "params": param_count(twin.cfg), "rows": list(by_batch.values())}}
 
 
 def decode_kernel(bench, batch, keys, pad=False):
@@ -5055,7 +5133,8 @@ def format_tables(results, lang="en"):
         cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
                 ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
         if results["config"]["model"].get("experts"):  # (measured, and uniform routing's)
-            cols += [("experts_touched", ".1f"), ("experts_expected", ".1f")]
+            cols += [("experts_touched", ".1f"), ("experts_expected", ".1f"),
+                     ("dense_twin_ms", ".3f")]
         rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]
                 if r["context"] == A["context"]]
         post = results["config"]["model"].get("arch") == "post"
@@ -5186,6 +5265,46 @@ def plot_decode_batch(results, path):
                  "row)", fontsize=10)
     fig.legend(loc="upper left", bbox_to_anchor=(0.1, 0.88), fontsize=8)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
+def plot_moe_batching(results, path):
+    """A for a mixture of experts: its decode step against batch beside its dense twin's, and
+    the experts a step read beside what the routing's expectation says."""
+    import matplotlib.pyplot as plt
+    A = results["A"]
+    if "dense_twin" not in A:
+        return "needs A on a mixture of experts (--experts)"
+    mode = A["modes"][-1]
+    moe = [r for r in measured(A["rows"]) if r["context"] == A["context"] and r["mode"] == mode]
+    twin = measured(A["dense_twin"]["rows"])
+    if not moe or not twin:
+        return NO_ROWS
+    cfg = results["config"]["model"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for rows, color, label in ((moe, DECODE, f"{cfg['experts']} experts, "
+                                f"{cfg['experts_per_token']} a token"),
+                               (twin, DARK, f"dense twin (MLP {A['dense_twin']['ffn']:,} wide)")):
+        batch = [r["batch"] for r in rows]
+        ax.plot(batch, [r["step_ms"] for r in rows], "o-", color=color, label=label)
+        ax.fill_between(batch, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows],
+                        color=color, alpha=0.15, linewidth=0)
+    batch = [r["batch"] for r in moe]
+    ax2.plot(batch, [r["experts_touched"] for r in moe], "o-", color=DECODE, label="measured")
+    ax2.plot(batch, [r["experts_expected"] for r in moe], "--", color=DARK,
+             label="expected under the routing assumed")
+    ax2.axhline(cfg["experts"], color="grey", linewidth=0.8)
+    for a in (ax, ax2):
+        a.set_xscale("log", base=2)
+        a.set_xticks(batch, [str(b) for b in batch])
+        a.set_xlabel("decode batch size")
+        a.set_ylim(bottom=0)
+        a.legend(fontsize=8)
+    ax.set_ylabel("step time (ms; band: p10-p90)")
+    ax2.set_ylabel("distinct experts a layer reads")
+    ax.set_title("A: the same active parameters, dense and routed", fontsize=10)
+    ax2.set_title(f"experts read grow with the batch, up to all {cfg['experts']}", fontsize=10)
+    fig.tight_layout()
     save_figure(fig, results, path)
 
 
@@ -5506,6 +5625,7 @@ FIGURES = {"phases.png": ("B", plot_phases),
            "capacity.png": ("C", plot_capacity),
            "engine.png": ("D", plot_engine),
            "decode_batch.png": ("A", plot_decode_batch),
+           "moe_batching.png": ("A", plot_moe_batching),
            "prefill_decode.png": ("B", plot_prefill_decode),
            "roofline.png": ("AB", plot_roofline),
            "decode_context.png": ("A", plot_decode_context)}
@@ -5714,6 +5834,8 @@ def model_flags(p):
     m.add_argument("--experts-per-token", type=integer(), help="experts each token is routed to")
     m.add_argument("--expert-ffn", type=integer(), help="each expert's width (default: "
                    "--ffn-hidden)")
+    m.add_argument("--expert-skew", type=number(0.0, 10.0), help="the routing's skew in the "
+                   "accounting: expert i drawn in proportion to i^-S (default 0: uniformly)")
     m.add_argument("--kv-heads", type=integer(),
                    help="K/V heads (grouped-query attention; 1: multi-query; default: --heads)")
     m.add_argument("--mlp", choices=["gelu", "gated"],
@@ -5958,7 +6080,7 @@ def check_flags(args):
 
 MODEL_FLAGS = ("layers", "hidden", "heads", "kv_heads", "mlp", "ffn_hidden", "vocab",
                "max_positions", "dtype", "weights", "kv_dtype", "head_width", "experts",
-               "experts_per_token", "expert_ffn")
+               "experts_per_token", "expert_ffn", "expert_skew")
 
 
 def model_config(args, on_cpu):
@@ -5990,6 +6112,8 @@ def model_config(args, on_cpu):
         raise UsageError(f"--experts {model.experts} and --experts-per-token "
                          f"{model.experts_per_token}: give both, at most as many per token as "
                          "there are experts")
+    if model.expert_skew and not model.experts:
+        raise UsageError("--expert-skew skews the routing of experts: give a mixture of experts")
     if model.positions == "rope" and model.head_dim % 2:
         raise UsageError(f"rotary positions need an even head width, not {model.head_dim}")
     return model, preset
@@ -6075,7 +6199,8 @@ def banner(results, T):
            "kv": T["kv_heads"].format(n=cfg["n_kv_heads"]) if cfg["n_kv_heads"] < cfg["heads"]
            else "", "mlp_text": T["mlp_" + cfg["mlp"]]}))
     if cfg.get("experts"):
-        lines.append(T["experts_line"].format(**cfg, width=cfg["expert_ffn"] or cfg["ffn"]))
+        lines.append(T["experts_line"].format(**cfg, width=cfg["expert_ffn"] or cfg["ffn"]) +
+                     (T["expert_skew"].format(**cfg) if cfg.get("expert_skew") else ""))
     if results["config"].get("preset"):
         lines.append(T["preset"].format(fields=", ".join(results["config"]["preset"])))
     if "dtype_probe" in env:
@@ -6281,6 +6406,7 @@ TEXT_EN = {**SHARED_TEXT,
     "experts_line": "mixture of experts: {experts} experts a layer ({experts_per_token} a token, "
                     "{shared_experts} shared), each {width:,} wide; the first {dense_layers} "
                     "layers dense",
+    "expert_skew": "; routed with skew {expert_skew:g} (expert i drawn as i^-{expert_skew:g})",
     "model": "model: {label}: {layers} layers, hidden {hidden}, {heads} heads{kv}, "
              "{mlp_text} MLP of {ffn:,}, vocab {vocab:,}, {dtype}: {params:,.1f} M "
              "parameters, {gib:.2f} GiB",
@@ -6317,7 +6443,8 @@ TEXT_EN = {**SHARED_TEXT,
     "prefill": "prefill ({tokens} tokens)", "decode": "decode (batch {batch})",
     "mode": "mode", "batch": "batch", "step_ms": "step ms (= wait)",
     "tokens_per_s": "tokens/s", "throughput_vs_1": "throughput vs 1", "wait_vs_1": "wait vs 1",
-    "experts_touched": "experts read", "experts_expected": "E(1-(1-k/E)^B)",
+    "experts_touched": "experts read", "experts_expected": "experts expected",
+    "dense_twin_ms": "dense twin ms",
     "us_per_token": "µs / token", "tflops": "TFLOP/s", "intensity": "FLOP/byte",
     "bound": "bound",
     "eager": "eager", "graph": "graph", "memory": "memory", "compute": "compute",
@@ -6538,6 +6665,7 @@ TEXT_KO = {**SHARED_TEXT,
              "{ffn:,}, 어휘 {vocab:,}, {dtype}: 매개변수 {params:,.1f} M개, {gib:.2f} GiB",
     "experts_line": "전문가 혼합: 층마다 전문가 {experts}개 (토큰당 {experts_per_token}개, 공유 "
                     "{shared_experts}개), 폭 {width:,}; 앞 {dense_layers}층은 밀집",
+    "expert_skew": "; 라우팅 치우침 {expert_skew:g} (전문가 i를 i^-{expert_skew:g}에 비례해 고름)",
     "label_post": "글의 모델", "kv_heads": " (K/V 헤드 {n}개)", "mlp_gelu": "GELU",
     "mlp_gated": "게이트 SiLU",
     "card": "카드: {tp} x {name} (사양서 기준 {bandwidth:,.0f} GB/s, 밀집 FP16/BF16 {tflops:,.1f} "
@@ -6570,7 +6698,8 @@ TEXT_KO = {**SHARED_TEXT,
     "prefill": "프리필 (질문 {tokens}토큰)", "decode": "디코드 (묶음 {batch})",
     "mode": "방식", "batch": "배치 크기", "step_ms": "한 스텝 ms (= 대기)",
     "tokens_per_s": "처리량 (토큰/초)", "throughput_vs_1": "처리량 배율",
-    "wait_vs_1": "대기 배율", "experts_touched": "읽은 전문가", "experts_expected": "E(1-(1-k/E)^B)",
+    "wait_vs_1": "대기 배율", "experts_touched": "읽은 전문가", "experts_expected": "기대 전문가",
+    "dense_twin_ms": "밀집 쌍둥이 ms",
     "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
     "intensity": "산술 강도", "bound": "병목",
     "eager": "즉시 실행", "graph": "CUDA 그래프", "memory": "메모리", "compute": "계산",

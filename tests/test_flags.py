@@ -16,6 +16,7 @@ CONTEXTS = {  # the experiments each flag acts on, as small as they come
     "AB": TINY + ["--experiments", "AB"],
     "C": C_ONLY,
     "C on a card": C_ONLY + ["--gpu", "h100"],
+    "C, experts": C_ONLY + ["--gpu", "h100", "--model", "qwen3-30b-a3b"],
     "D": TINY + ["--experiments", "D", "--engine-requests", "4", "--prompt-len", "8"],
 }
 FLAGS = {
@@ -30,7 +31,7 @@ FLAGS = {
     "--kv-heads": "A", "--ffn-hidden": "A", "--engine-slots": "D", "--engine-shrink": "D",
     "--replicas": "C", "--slo-attainment": "C", "--target-rate": "C", "--tp": "C on a card",
     "--kv-tokens": "C", "--head-dim": "A", "--experts": "C", "--experts-per-token": "C",
-    "--expert-ffn": "A",
+    "--expert-ffn": "A", "--expert-skew": "C, experts",
 }
 
 

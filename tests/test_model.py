@@ -267,4 +267,12 @@ def test_a_times_an_moe_model_and_counts_the_experts_read(tmp_path, capsys):
     assert rows[1]["experts_touched"] == 2 and rows[1]["experts_expected"] == pytest.approx(2)
     assert 2 < rows[16]["experts_touched"] <= 8
     assert rows[16]["experts_expected"] == pytest.approx(8 * (1 - 0.75**16))
-    assert "experts read" in out.out
+    assert "experts read" in out.out and "dense twin ms" in out.out
+    # beside it, its dense twin: one gated MLP of 2 x 32 in both layers, timed at each batch
+    twin = results["A"]["dense_twin"]
+    assert twin["ffn"] == 64 and [r["batch"] for r in twin["rows"]] == [1, 16]
+    fields = {f.name for f in dataclasses.fields(S.ModelConfig)}
+    cfg = S.ModelConfig(**{k: v for k, v in results["config"]["model"].items() if k in fields})
+    assert twin["params"] == S.param_count(S.dense_twin(cfg))
+    assert S.active_param_count(cfg) - twin["params"] == 2 * 64 * 8  # (the routers)
+    assert all(r["dense_twin_ms"] > 0 for r in rows.values())

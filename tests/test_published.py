@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 
+import numpy as np
 import pytest
 
 import NN_40_serving as S
@@ -145,6 +146,59 @@ def test_max_load_steady_state_by_hand():
     kv = dataclasses.replace(costs, kv_token_s=1e-7)
     assert S.max_load_tokens_per_s(kv, 10_000, profile, 100, 100) == pytest.approx(
         50 / (0.01 + 1e-7 * 50 * 150))
+    # and the prompts' attention: 50 / 100 prompts start a step, 5,050 pairs each
+    pairs = dataclasses.replace(costs, pair_s=1e-7)
+    assert S.max_load_tokens_per_s(pairs, 10_000, profile, 100, 100) == pytest.approx(
+        50 / (0.01 + 1e-7 * 0.5 * 5050))
+
+
+def test_prompt_attention_priced_by_its_pairs_by_hand():
+    cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["h100"]
+    profile = S.EngineProfile("hand", 0.5, 0.5)
+    costs = S.card_costs(cfg, card, profile)
+    # QK^T and PV: 2 x 4,096 FLOPs each, a (query, key) pair, in each of 32 layers
+    assert costs.pair_s == pytest.approx(4 * 4096 * 32 / (989.4e12 * 0.5))
+    assert S.card_costs(cfg, card, profile, tp=2).pair_s == pytest.approx(costs.pair_s / 2)
+    # a decode's key: 131,072 bytes at 1,675 GB/s outweigh its 524,288 FLOPs
+    assert costs.kv_token_s == pytest.approx(131_072 / (3350e9 * 0.5))
+    # latent attention's absorbed key: 2 x 128 heads x (2 x 512 + 64) FLOPs a layer against
+    # 1,152 bytes (its latent and rotary key in bf16), 242 FLOPs a byte, past an H200's 206:
+    # a decode's key at its FLOPs; over 8 cards each has 16 heads but the whole latent
+    mla, h200 = S.MODELS["deepseek-v3"], S.GPUS["h200"]
+    ds = S.card_costs(mla, h200, profile)
+    assert ds.pair_s == pytest.approx(2 * 128 * (2 * 512 + 64) * 61 / (989.4e12 * 0.5))
+    assert ds.kv_token_s == ds.pair_s
+    tp8 = S.card_costs(mla, h200, profile, tp=8)
+    assert tp8.kv_token_s == pytest.approx(70_272 / (4800e9 * 0.5)) and tp8.kv_token_s > tp8.pair_s
+
+
+def test_chunked_prefill_pays_each_chunks_pairs_by_hand():
+    # one prompt of 10 tokens in chunks of 4, 4 and 2 (then 2 output tokens), every pass 1 s
+    # and each attention pair 1 ms: the chunks see 4 x 0 + 10, 4 x 4 + 10 and 2 x 8 + 3 pairs
+    costs = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit", pair_s=1e-3)
+    req = S.Requests(np.zeros(1), np.array([10]), np.array([2]))
+    for fused in (False, True):
+        sim = S.simulate_serving(req, S.Replica(1, costs, "chunked", 4, fused=fused))
+        assert sim["prefill_s"] == pytest.approx(3 + 1e-3 * (10 + 26 + 19))
+        assert sim["first_token"][0] == pytest.approx(3 + 0.055)
+
+
+@pytest.mark.parametrize("scheduler", ["static", "continuous", "chunked"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_every_prompt_pays_its_pairs_once_however_it_is_chunked(scheduler, fused):
+    # all waiting at 0, so pricing cannot change the schedule: pricing the pairs adds their
+    # seconds, sum over prompts of P (P + 1) / 2, whatever the chunks and the decodes beside
+    rng = np.random.default_rng(3)
+    prompt, output = rng.integers(1, 300, 40), rng.integers(1, 60, 40)
+    req = S.Requests(np.zeros(40), prompt, output)
+    costs = S.StepCosts((1, 64, 512), (0.01, 0.02, 0.1), 1e-6, "hand")
+    replica = S.Replica(8, costs, scheduler, 96, fused=fused)
+    plain = S.simulate_serving(req, replica)
+    priced = S.simulate_serving(req, dataclasses.replace(
+        replica, costs=dataclasses.replace(costs, pair_s=1e-7)))
+    assert priced["steps"] == plain["steps"]
+    added = priced["prefill_s"] + priced["decode_s"] - plain["prefill_s"] - plain["decode_s"]
+    assert added == pytest.approx(1e-7 * sum(p * (p + 1) // 2 for p in prompt.tolist()))
 
 
 def test_predictions_of_each_kind_of_row_by_hand():
@@ -152,12 +206,16 @@ def test_predictions_of_each_kind_of_row_by_hand():
     row = S.Published("hand", "gpt-fast", "llama-2-7b", "a100-80gb", 1, "bf16", "auto", 1, 5,
                       200, "tokens_per_s_per_user", 100.0, "validation")
     costs = S.card_costs(S.row_model(row), S.GPUS["a100-80gb"], profile, 1)
-    seconds = costs.pass_s(5) + sum(costs.pass_s(1, 5 + j) for j in range(199))
+    assert costs.pair_s > 0
+    # the prompt's pass computes 1 + 2 + ... + 5 = 15 attention pairs
+    seconds = costs.pass_s(5, 0, 15) + sum(costs.pass_s(1, 5 + j) for j in range(199))
     assert S.predict_published(row, profile) == pytest.approx(200 / seconds, rel=1e-9)
     ttft = row._replace(metric="ttft_ms", isl=128, osl=1)
-    assert S.predict_published(ttft, profile) == pytest.approx(1e3 * costs.pass_s(128))
+    assert S.predict_published(ttft, profile) == pytest.approx(
+        1e3 * costs.pass_s(128, 0, 128 * 129 / 2))
     static = row._replace(batch=8, isl=64, osl=32, metric="output_tokens_per_s")
-    seconds = costs.pass_s(8 * 64) + sum(costs.pass_s(8, 8 * (64 + j)) for j in range(31))
+    seconds = costs.pass_s(8 * 64, 0, 8 * 64 * 65 / 2) + \
+        sum(costs.pass_s(8, 8 * (64 + j)) for j in range(31))
     assert S.predict_published(static, profile) == pytest.approx(8 * 32 / seconds, rel=1e-9)
 
 
@@ -457,11 +515,42 @@ def test_experts_touched_grow_with_the_batch_then_saturate():
     assert S.MODELS["gpt-oss-20b"].expert_element_bytes == 0.5 + 1 / 32
 
 
+def test_skewed_routing_reads_fewer_experts_by_hand():
+    two = dataclasses.replace(S.MODELS["mixtral-8x7b"], experts=2, experts_per_token=1)
+    # skew 1 over 2 experts, 1 a token: picked 2/3 and 1/3 of the time; two tokens read
+    # 1 - (1/3)^2 + 1 - (2/3)^2 = 13/9 experts
+    skewed = dataclasses.replace(two, expert_skew=1.0)
+    assert S.expert_inclusion(skewed) == pytest.approx([2 / 3, 1 / 3])
+    assert S.experts_touched(skewed, 1) == pytest.approx(1)
+    assert S.experts_touched(skewed, 2) == pytest.approx(13 / 9)
+    # a favourite picked at most once a token: 4 experts, 2 a token, skew 3 gives the first
+    # 2 x 1 / 1.1777 > 1, so it is capped at 1 and the second pick shared by the others
+    four = dataclasses.replace(two, experts=4, experts_per_token=2, expert_skew=3.0)
+    rest = np.array([1 / 8, 1 / 27, 1 / 64])
+    assert S.expert_inclusion(four) == pytest.approx([1.0, *(rest / rest.sum())])
+    assert S.expert_inclusion(four).sum() == pytest.approx(2)
+    # skew 0 is the uniform formula; more skew, fewer experts read, the same at batch 1
+    cfg = S.MODELS["qwen3-30b-a3b"]
+    flat = dataclasses.replace(cfg, expert_skew=1e-9)
+    assert S.experts_touched(flat, 16) == pytest.approx(S.experts_touched(cfg, 16))
+    read = [S.experts_touched(dataclasses.replace(cfg, expert_skew=a), 16)
+            for a in (0, 0.5, 1, 2)]
+    assert read == sorted(read, reverse=True) and read[-1] < 0.5 * read[0]
+    assert S.experts_touched(dataclasses.replace(cfg, expert_skew=2), 1) == pytest.approx(8)
+    # and a step reads the skewed count's weights
+    cost = S.step_cost(dataclasses.replace(cfg, expert_skew=2), 16, 1, 0)
+    uniform = S.step_cost(cfg, 16, 1, 0)
+    assert uniform["weight_bytes"] - cost["weight_bytes"] == pytest.approx(
+        48 * (read[0] - read[-1]) * 3 * 2048 * 768 * 2)
+
+
 def test_moe_models_run_in_c_and_latent_attention_is_refused_by_a_b_and_d(tmp_path, capsys):
     assert "latent attention is priced by C only" in expect_usage_error(
         ["--model", "deepseek-v3", "--out", str(tmp_path)], capsys)
     assert "give both" in expect_usage_error(
         ["--experiments", "C", "--experts", "8", "--out", str(tmp_path)], capsys)
+    assert "give a mixture of experts" in expect_usage_error(
+        ["--experiments", "C", "--expert-skew", "1", "--out", str(tmp_path)], capsys)
     results, _ = run_main(["--experiments", "C", "--model", "mixtral-8x7b", "--gpu", "h100",
                            "--tp", "2", "--weights", "fp8", "--kv-dtype", "fp8", "--requests",
                            "200", "--rates", "5", "--no-figures", "--out", str(tmp_path)],
