@@ -476,6 +476,8 @@ class RunConfig:
     engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
     gpu: str = None               # a named card (GPUS) C prices and budgets for
     tp: int = 1                   # C: cards per replica, tensor parallel
+    ep: int = 1                   # C: each replica one card of an expert-parallel group
+    weight_first_rows: int = 0    # CPU matmuls of up to this many rows as W x^T (see linear)
     engine_profile: str = "tensorrt-llm"  # how C prices the card (ENGINE_PROFILES)
     replicas: int = 1             # C: identical replicas behind a router
     router: str = "all"           # the routers C's fleet and capacity studies compare
@@ -684,6 +686,14 @@ def expert_inclusion(cfg):
     return q
 
 
+def moe_step_bytes(cfg, batch, context, touched):
+    """A decode step's bytes (step_cost's) with `touched` experts read a layer in place of
+    the routing's expectation: what a measured step read."""
+    cost = step_cost(cfg, batch, 1, context)
+    expert = expert_weights(cfg) * cfg.expert_element_bytes * cfg.moe_layers
+    return cost["bytes"] + (touched - experts_touched(cfg, batch)) * expert
+
+
 def dense_twin(cfg):
     """A mixture of experts' dense twin: every MLP one gated MLP as wide as a token's experts
     and shared experts together, so a token runs the same active parameters (the routers
@@ -812,11 +822,50 @@ def kv_heads_per_card(cfg, tp):
     return -(-cfg.n_kv_heads // tp)
 
 
-def card_weight_bytes(cfg, tp=1):
+def card_weight_bytes(cfg, tp=1, ep=1):
     """The weights one of `tp` cards holds: its share of all but the norms, which every card
-    keeps."""
+    keeps; or, one of `ep` cards of an expert-parallel group (see ep_card_cost), every weight
+    but the experts, and 1/ep of those."""
+    if ep > 1:
+        return weight_bytes(cfg) - all_expert_bytes(cfg) * (1 - 1 / ep)
     replicated = 0 if cfg.arch == "post" else norm_weights(cfg) * cfg.dtype_bytes
     return (weight_bytes(cfg) - replicated) / tp + replicated
+
+
+def all_expert_bytes(cfg):
+    return cfg.moe_layers * cfg.experts * expert_weights(cfg) * cfg.expert_element_bytes
+
+
+def card_experts(cfg, tokens, ep):
+    """The busiest of `ep` cards, expert i on card i mod ep, when `tokens` tokens are routed:
+    (distinct experts it reads a layer, its share of the routes). Uniformly: (E/ep) (1 - (1 -
+    k/E)^tokens) and 1/ep."""
+    q = expert_inclusion(cfg) if cfg.expert_skew else \
+        np.full(cfg.experts, cfg.experts_per_token / cfg.experts)
+    read = [float(np.sum(1 - (1 - q[c::ep]) ** tokens)) for c in range(ep)]
+    busiest = int(np.argmax(read))
+    return read[busiest], float(q[busiest::ep].sum()) / cfg.experts_per_token
+
+
+def ep_card_cost(cfg, tokens, ep):
+    """One card's pass of its own `tokens` tokens as one of `ep` data-parallel ranks of an
+    expert-parallel group (vLLM's --data-parallel-size ep --enable-expert-parallel; DeepSeek's
+    serving): attention, dense MLPs and the LM head with all their weights and its own KV
+    cache; its E/ep experts serve the routes of the whole group's tokens (each other rank
+    taken to run as many), so it reads the experts those touch on the busiest card; each MoE
+    layer dispatches every token to its experts' cards and combines their outputs back: two
+    all-to-alls, each sending the (ep - 1)/ep of its routes that leave the card."""
+    own = step_cost(cfg, tokens, 1, 0)
+    expert = expert_weights(cfg) * cfg.moe_layers
+    read, routes = card_experts(cfg, tokens * ep, ep)
+    expert_flops = 2 * tokens * cfg.experts_per_token * expert
+    flops = expert_flops * (routes * ep - 1)  # (the busiest card's routes past its own tokens')
+    weights = own["weight_bytes"] + (read - experts_touched(cfg, tokens)) * expert * \
+        cfg.expert_element_bytes
+    routed = tokens * cfg.experts_per_token * cfg.hidden * cfg.dtype_bytes * (ep - 1) / ep
+    return {**own, "flops": own["flops"] + flops, "matmul_flops": own["matmul_flops"] + flops,
+            "weight_bytes": weights, "bytes": own["bytes"] - own["weight_bytes"] + weights,
+            "collectives": 2 * cfg.moe_layers, "collective_bytes": 2 * cfg.moe_layers * routed}
 
 
 def card_kv_share(cfg, tp):
@@ -836,7 +885,7 @@ def card_share(cfg, cost, tp):
     cost with the FLOPs, matmul weights and KV traffic of one card, and `allreduce_bytes`:
     what each card sends (and receives) for the step's two all-reduces per layer."""
     if tp == 1:
-        return {**cost, "allreduce_bytes": 0}
+        return {**cost, "allreduce_bytes": 0, "collectives": 0, "collective_bytes": 0}
     kv_share = card_kv_share(cfg, tp)
     weights = cost["weight_bytes"] - cost["replicated_weight_bytes"]
     share = {"flops": cost["flops"] / tp, "matmul_flops": cost["matmul_flops"] / tp,
@@ -846,8 +895,9 @@ def card_share(cfg, cost, tp):
              "kv_write_bytes": cost["kv_write_bytes"] * kv_share,
              "activation_bytes": cost["activation_bytes"]}
     # ring all-reduce of the step's activations (tokens x hidden): 2 (tp - 1) / tp of them
-    share["allreduce_bytes"] = 2 * cfg.layers * cost["tokens"] * cfg.hidden * \
-        cfg.dtype_bytes * 2 * (tp - 1) / tp
+    share["allreduce_bytes"] = share["collective_bytes"] = 2 * cfg.layers * cost["tokens"] * \
+        cfg.hidden * cfg.dtype_bytes * 2 * (tp - 1) / tp
+    share["collectives"] = 2 * cfg.layers
     share["bytes"] = sum(share[k] for k in ("weight_bytes", "kv_read_bytes", "kv_write_bytes",
                                             "activation_bytes"))
     return {**cost, **share}
@@ -1265,16 +1315,19 @@ PRICE_KNOTS = tuple(sorted({2**i for i in range(17)} | {3 * 2**i for i in range(
 
 
 @functools.lru_cache(maxsize=8192)
-def pass_cost(cfg, tp, tokens):
-    """One card's FLOPs and bytes of a pass of `tokens` new tokens (a fit prices the same
-    passes under thousands of profiles)."""
+def pass_cost(cfg, tp, tokens, ep=1):
+    """One card's FLOPs and bytes of a pass of `tokens` new tokens, on one of tp cards or one
+    of an expert-parallel group of ep (a fit prices the same passes under thousands of
+    profiles)."""
+    if ep > 1:
+        return ep_card_cost(cfg, tokens, ep)
     return card_share(cfg, step_cost(cfg, tokens, 1, 0), tp)
 
 
-def pass_seconds(cfg, card, profile, tp, tokens):
-    """Seconds of one forward pass of `tokens` new tokens on one of `tp` cards, its cache
-    reads apart (see EngineProfile)."""
-    cost = pass_cost(cfg, tp, tokens)
+def pass_seconds(cfg, card, profile, tp, tokens, ep=1):
+    """Seconds of one forward pass of `tokens` new tokens on one of `tp` cards (or one of an
+    expert-parallel group of `ep`), its cache reads apart (see EngineProfile)."""
+    cost = pass_cost(cfg, tp, tokens, ep)
     rate = card.matmul_tflops(cfg.fp8_compute) * 1e12 * profile.matmul_share
     rate *= tokens / (tokens + profile.half_tokens)
     bandwidth = card.bandwidth_gbs * 1e9 * profile.bandwidth_share
@@ -1286,34 +1339,36 @@ def pass_seconds(cfg, card, profile, tp, tokens):
         seconds += weights * profile.dequant_flops / (card.tflops * 1e12)
     seconds += (cost["kv_write_bytes"] + profile.activation_passes * cost["activation_bytes"]) \
         / bandwidth
-    if tp > 1:
-        seconds += 2 * cfg.layers * profile.allreduce_s + \
-            cost["allreduce_bytes"] / (card.link_gbs * 1e9 * profile.link_share)
+    if cost["collectives"]:  # (tp: two all-reduces a layer; ep: two all-to-alls an MoE one)
+        seconds += cost["collectives"] * profile.allreduce_s + \
+            cost["collective_bytes"] / (card.link_gbs * 1e9 * profile.link_share)
     return seconds
 
 
-def card_costs(cfg, card, profile=None, tp=1):
-    """C's prices for a named card, an engine's profile of it, and tensor parallelism."""
+def card_costs(cfg, card, profile=None, tp=1, ep=1):
+    """C's prices for a named card, an engine's profile of it, and tensor parallelism (or
+    expert parallelism: one rank of an ep-card group, see ep_card_cost)."""
     profile = profile or ENGINE_PROFILES[DEFAULT_PROFILE]
-    seconds = tuple(pass_seconds(cfg, card, profile, tp, n) for n in PRICE_KNOTS)
+    seconds = tuple(pass_seconds(cfg, card, profile, tp, n, ep) for n in PRICE_KNOTS)
     pair_s = attention_flops_per_key(cfg) * cfg.layers / tp / \
         (card.tflops * 1e12 * profile.matmul_share)
     # a decode reads each cached token once, for one query: at its bytes' bound or, where a
     # key costs more arithmetic than its bytes take (latent attention), at its FLOPs'
     kv_s = max(card_kv_bytes_per_token(cfg, tp) /
                (card.bandwidth_gbs * 1e9 * profile.bandwidth_share), pair_s)
-    source = {"kind": "pricing_card", "card": card.name, "model": cfg.name, "tp": tp,
+    source = {"kind": "pricing_card", "card": card.name, "model": cfg.name, "tp": tp, "ep": ep,
               "weights": cfg.weight_format, "kv_dtype": cfg.kv_dtype, "profile": profile.name,
               "bandwidth_share": profile.bandwidth_share, "matmul_share": profile.matmul_share,
               "step_us": profile.step_s * 1e6, "layer_us": profile.layer_s * 1e6}
     return StepCosts(PRICE_KNOTS, seconds, kv_s, source, pair_s=pair_s)
 
 
-def card_kv_tokens(cfg, card, profile, tp=1):
-    """The KV cache's tokens on `tp` cards: kv_fraction of what each card has left after its
-    weights and profile.reserved_gb (or, kv_of_total, of its memory, less those), over one
-    card's bytes per token (0: nothing fits)."""
-    taken = card_weight_bytes(cfg, tp) + profile.reserved_gb * 1e9
+def card_kv_tokens(cfg, card, profile, tp=1, ep=1):
+    """The KV cache's tokens on `tp` cards (or on one of an expert-parallel group of `ep`):
+    kv_fraction of what each card has left after its weights and profile.reserved_gb (or,
+    kv_of_total, of its memory, less those), over one card's bytes per token (0: nothing
+    fits)."""
+    taken = card_weight_bytes(cfg, tp, ep) + profile.reserved_gb * 1e9
     free = profile.kv_fraction * card.memory_bytes - taken if profile.kv_of_total else \
         profile.kv_fraction * (card.memory_bytes - taken)
     return max(int(free // card_kv_bytes_per_token(cfg, tp)), 0)
@@ -2671,6 +2726,29 @@ def norm_layer(cfg):
     return nn.LayerNorm(cfg.hidden) if cfg.norm == "layer" else RMSNorm(cfg.hidden)
 
 
+def linear(x, weight, weight_first_rows=0):
+    """x W^T for a weight W (out, in). With at most `weight_first_rows` rows on a CPU it runs
+    as W x^T, transposed back: the same products, but on some CPUs' matmul libraries (MKL on
+    an AMD EPYC, with 2 to 64 rows) F.linear takes 2-4x batch 1's time over the same weights,
+    where W x^T streams them at batch 1's rate (probe_layouts measures which, per machine)."""
+    rows = x.numel() // x.shape[-1]
+    if rows <= weight_first_rows and x.device.type == "cpu":  # (both ends row-major, as timed)
+        y = torch.mm(weight, x.reshape(rows, x.shape[-1]).contiguous().T).T.contiguous()
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (no bias) through linear(): weight_first_rows is set by build_model."""
+    weight_first_rows = 0
+
+    def __init__(self, inputs, outputs):
+        super().__init__(inputs, outputs, bias=False)
+
+    def forward(self, x):
+        return linear(x, self.weight, self.weight_first_rows)
+
+
 def rotate(x, rope):
     """Rotary positions: each pair (x_i, x_{i + D/2}) turned by its position's angle."""
     cos, sin = rope  # (B, 1, T, D/2)
@@ -2682,19 +2760,20 @@ class MoE(nn.Module):
     """Routed experts: each token's top-k of E gated MLPs, weighted by the softmax of its k
     router logits (Mixtral's), plus shared experts every token uses. Tokens are grouped by
     expert, so an expert computes only its own tokens and an expert no token chose is never
-    read; `touched` is how many distinct experts the last call read."""
+    read; `touched` is how many distinct experts the last call read, `touched_sum` over how
+    many `calls` since they were last zeroed."""
+    weight_first_rows = 0  # (see linear; set by build_model)
 
     def __init__(self, cfg):
         super().__init__()
         h, f, E = cfg.hidden, cfg.expert_width, cfg.experts
         self.k = cfg.experts_per_token
-        self.router = nn.Linear(h, E, bias=False)
-        self.gate_up = nn.Parameter(torch.empty(E, h, 2 * f))  # (each expert's gate; up)
-        self.down = nn.Parameter(torch.empty(E, f, h))
+        self.router = Linear(h, E)
+        self.gate_up = nn.Parameter(torch.empty(E, 2 * f, h))  # (each expert's gate; up)
+        self.down = nn.Parameter(torch.empty(E, h, f))         # (out, in), as a Linear's
         n = cfg.shared_experts * f  # (the shared experts as one gated MLP of their widths)
-        self.shared = nn.ModuleList([nn.Linear(h, 2 * n, bias=False),
-                                     nn.Linear(n, h, bias=False)]) if n else None
-        self.touched = 0
+        self.shared = nn.ModuleList([Linear(h, 2 * n), Linear(n, h)]) if n else None
+        self.touched = self.touched_sum = self.calls = 0
 
     def forward(self, x):
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
@@ -2707,11 +2786,13 @@ class MoE(nn.Module):
         for e, n in enumerate(counts):
             if n:
                 rows, slots = token[start:start + n], order[start:start + n]
-                gate, up = (x[rows] @ self.gate_up[e]).chunk(2, dim=-1)
-                y = (F.silu(gate) * up) @ self.down[e]
+                first = self.weight_first_rows
+                gate, up = linear(x[rows], self.gate_up[e], first).chunk(2, dim=-1)
+                y = linear(F.silu(gate) * up, self.down[e], first)
                 out.index_add_(0, rows, y * weight[slots, None].to(y.dtype))
             start += n
         self.touched = sum(1 for n in counts if n)
+        self.touched_sum, self.calls = self.touched_sum + self.touched, self.calls + 1
         if self.shared is not None:
             gate, up = self.shared[0](x).chunk(2, dim=-1)
             out = out + self.shared[1](F.silu(gate) * up)
@@ -2728,14 +2809,14 @@ class Block(nn.Module):
         self.heads, self.kv_heads, self.kv_dim = cfg.heads, cfg.n_kv_heads, cfg.kv_dim
         self.head_dim, self.q_dim = cfg.head_dim, cfg.q_dim
         self.ln1 = norm_layer(cfg)
-        self.qkv = nn.Linear(h, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
-        self.proj = nn.Linear(cfg.q_dim, h, bias=False)
+        self.qkv = Linear(h, cfg.q_dim + 2 * cfg.kv_dim)
+        self.proj = Linear(cfg.q_dim, h)
         self.ln2 = norm_layer(cfg)
         self.gated = cfg.mlp == "gated"
         self.moe = MoE(cfg) if moe else None
         if not moe:
-            self.fc = nn.Linear(h, (2 if self.gated else 1) * cfg.ffn, bias=False)  # (gate; up)
-            self.out = nn.Linear(cfg.ffn, h, bias=False)
+            self.fc = Linear(h, (2 if self.gated else 1) * cfg.ffn)  # (gate; up)
+            self.out = Linear(cfg.ffn, h)
 
     def forward(self, x, cache, index, positions, spans, mask, rope):
         # x (B, T, h); cache (2, B_cache, KVH, S_max, D); index (B,) the cache row of each batch
@@ -2785,7 +2866,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, moe=i >= cfg.layers - cfg.moe_layers)
                                     for i in range(cfg.layers))
         self.ln_f = norm_layer(cfg)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.lm_head = Linear(cfg.hidden, cfg.vocab)
         if cfg.tied:
             self.lm_head.weight = self.tok_embed.weight
         self.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
@@ -2822,8 +2903,7 @@ class PostProxy(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        self.layers = nn.ModuleList(nn.Linear(cfg.hidden, cfg.hidden, bias=False)
-                                    for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(Linear(cfg.hidden, cfg.hidden) for _ in range(cfg.layers))
 
     def forward(self, x):  # (..., h) -> (..., h)
         for layer in self.layers:
@@ -2831,10 +2911,10 @@ class PostProxy(nn.Module):
         return x
 
 
-def build_model(cfg, device, seed=0):
+def build_model(cfg, device, seed=0, weight_first_rows=0):
     """Random weights from a fixed seed, scaled so activations stay O(1) in fp16. The model is
     laid out on the meta device and allocated once, on the device and in its own dtype (an 8B
-    model never exists in fp32 on the host)."""
+    model never exists in fp32 on the host). weight_first_rows: see linear."""
     with torch.device("meta"):
         model = PostProxy(cfg) if cfg.arch == "post" else Transformer(cfg)
     for module in model.modules():  # (by hand: Module.to_empty imports sympy, 1-2 s)
@@ -2848,12 +2928,15 @@ def build_model(cfg, device, seed=0):
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() >= 2:  # (a Linear's (out, in), an expert stack's (experts, in, out))
-                p.normal_(0.0, 0.02 if "embed" in name else p.shape[1] ** -0.5, generator=g)
+            if p.dim() >= 2:  # (a Linear's (out, in), an expert stack's (experts, out, in))
+                p.normal_(0.0, 0.02 if "embed" in name else p.shape[-1] ** -0.5, generator=g)
             else:  # a norm's weight (and LayerNorm's bias)
                 p.fill_(0.0 if name.endswith("bias") else 1.0)
         if hasattr(model, "inv_freq"):
             model.inv_freq = rope_frequencies(cfg).to(device)
+    for module in model.modules():
+        if isinstance(module, (Linear, MoE)):
+            module.weight_first_rows = weight_first_rows
     return model.eval()
 
 
@@ -3044,6 +3127,41 @@ def with_probed_dtype(run):
         "chosen": chosen, "times": probe, "preference": DTYPE_PREFERENCE}
 
 
+LAYOUT_ROWS = (1, 2, 4, 8, 16, 32, 64)  # the rows probe_layouts times both layouts at
+
+
+@functools.lru_cache(maxsize=8)
+def probe_layouts(width, dtype, budget_s=0.03):
+    """F.linear against W x^T (see linear) at each of LAYOUT_ROWS over four weights of the
+    model's width, 64 MB in float32 (past a CPU's caches, as a model's are), each the fastest of
+    up to 20 calls within budget_s. -> {"rows", "linear_ms", "weight_first_ms",
+    "weight_first_rows": the row count up to which W x^T makes the probe's total least}"""
+    g = torch.Generator(device="cpu").manual_seed(11)
+    weights = [torch.randn(2**22 // width, width, generator=g).to(DTYPES[dtype])
+               for _ in range(4)]
+    probe = {"rows": list(LAYOUT_ROWS), "linear_ms": [], "weight_first_ms": []}
+    for rows in LAYOUT_ROWS:
+        x = torch.randn(rows, width, generator=g).to(DTYPES[dtype])
+        probe["linear_ms"].append(probe_ms(lambda: [F.linear(x, w) for w in weights],
+                                           budget_s))
+        probe["weight_first_ms"].append(probe_ms(lambda: [linear(x, w, rows) for w in weights],
+                                                 budget_s))
+    totals = {0: sum(probe["linear_ms"])}
+    for i, rows in enumerate(LAYOUT_ROWS):
+        totals[rows] = sum(probe["weight_first_ms"][:i + 1]) + sum(probe["linear_ms"][i + 1:])
+    probe["weight_first_rows"] = min(totals, key=lambda r: (totals[r], r))
+    return probe
+
+
+def with_probed_layout(run):
+    """On CPU, where a model is built, the run with the matmul layout probe_layouts measures
+    fastest here (see linear). -> (run, the probe or None)"""
+    if run.device != "cpu" or not set(run.experiments) & set("ABD"):
+        return run, None
+    probe = probe_layouts(min(run.model.hidden, 1024), run.model.dtype)
+    return dataclasses.replace(run, weight_first_rows=probe["weight_first_rows"]), probe
+
+
 def device_name(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -3123,16 +3241,19 @@ def check_memory(run, device, engine_lengths=None):
 def check_card_fits(run):
     """The model must split over --tp cards, and one card's shard of the weights fit on it,
     before C plans for it."""
-    card, weights = GPUS[run.gpu], card_weight_bytes(run.model, run.tp)
+    card, weights = GPUS[run.gpu], card_weight_bytes(run.model, run.tp, run.ep)
+    if run.ep > 1 and (not run.model.experts or run.model.experts % run.ep):
+        raise UsageError(f"--ep {run.ep} spreads a mixture's experts: the model's "
+                         f"{run.model.experts} experts must divide over the cards")
     if run.model.heads % run.tp:
         raise UsageError(f"--tp {run.tp} must divide the model's {run.model.heads} heads (each "
                          "card holds whole heads)")
     if weights > card.memory_bytes:
         least = math.ceil(weight_bytes(run.model) / card.memory_bytes)
         raise UsageError(f"{run.model.name} in {run.model.weight_format} needs "
-                         f"{weights / 1e9:,.1f} GB of weights on each of {run.tp} x {card.name} "
-                         f"({card.memory_bytes / 1e9:,.1f} GB): give --tp {least} or more, or "
-                         "smaller --weights")
+                         f"{weights / 1e9:,.1f} GB of weights on each of {run.tp * run.ep} x "
+                         f"{card.name} ({card.memory_bytes / 1e9:,.1f} GB): give --tp {least} "
+                         "or more, or smaller --weights")
 
 
 def kv_budget_bytes(run, device):
@@ -3146,12 +3267,12 @@ def kv_budget_bytes(run, device):
         return run.kv_memory_gb * 1e9, {"kind": "memory_flag"}
     if run.gpu:  # (the card C plans for, whatever this machine has; tp of them)
         card, profile = GPUS[run.gpu], ENGINE_PROFILES[run.engine_profile]
-        tokens = card_kv_tokens(cfg, card, profile, run.tp)
+        tokens = card_kv_tokens(cfg, card, profile, run.tp, run.ep)
         return (tokens * kv_bytes_per_token(cfg),
                 {"kind": "memory_card", "fraction": profile.kv_fraction, "card": card.name,
                  "total_gb": card.memory_bytes / 1e9, "tp": run.tp,
                  "reserved_gb": profile.reserved_gb,
-                 "weights_gib": card_weight_bytes(cfg, run.tp) / 2**30})
+                 "ep": run.ep, "weights_gib": card_weight_bytes(cfg, run.tp, run.ep) / 2**30})
     if device is not None and device.type == "cuda":
         total = torch.cuda.mem_get_info(cuda_index(device))[1]
         return (KV_MEMORY_FRACTION * total - weights,
@@ -3333,7 +3454,8 @@ class Bench:
 
     def __init__(self, run, device):
         self.run, self.cfg, self.device = run, run.model, device
-        self.model = build_model(self.cfg, device, seed=run.seed)
+        self.model = build_model(self.cfg, device, seed=run.seed,
+                                 weight_first_rows=run.weight_first_rows)
         self.modes = ("eager", "graph") if run.graphs == "both" else (run.graphs,)
 
     def time(self, step, mode="eager", budget_s=None, feed=None):
@@ -3394,7 +3516,7 @@ class Bench:
                          feed=lambda: prompt.copy_(next(next_prompt)))
 
     def linear_chain(self, mode):
-        """The model's own matmul weights as a bare chain of F.linear calls at batch 1.
+        """The model's own matmul weights as a bare chain of linear() calls at batch 1.
 
         The same weight bytes a batch-1 decode step reads, with nothing else around them: the
         rate a decode step could reach if the model added no work of its own.
@@ -3406,7 +3528,7 @@ class Bench:
 
         def chain():
             for x, m in zip(inputs, linears):
-                F.linear(x, m.weight)
+                linear(x, m.weight, m.weight_first_rows)
         timing = self.time(chain, mode)
         weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
         s = timing["median_ms"] / 1e3
@@ -3542,13 +3664,16 @@ def decode_row(bench, ceilings, batch, context, mode):
     if reason:
         row["skipped"] = reason
         return row
+    moe = [m for m in bench.model.modules() if isinstance(m, MoE)]
+    for layer in moe:
+        layer.touched_sum = layer.calls = 0
     row = timed_or_skipped(row, lambda: roofline_row(
         bench.cfg, ceilings, bench.time_decode(batch, context, mode), batch, 1, context,
         bench.device.type == "cuda"))
-    if bench.cfg.experts and "skipped" not in row:  # (the last timed step's, layers' mean)
-        moe = [b.moe.touched for b in bench.model.blocks if b.moe is not None]
-        row.update(experts_touched=sum(moe) / len(moe),
-                   experts_expected=experts_touched(bench.cfg, batch))
+    if moe and "skipped" not in row:  # (every timed step's mean, and the bytes it read)
+        touched = sum(m.touched_sum for m in moe) / sum(m.calls for m in moe)
+        row.update(experts_touched=touched, experts_expected=experts_touched(bench.cfg, batch),
+                   bytes_read=moe_step_bytes(bench.cfg, batch, context, touched))
     return row
 
 
@@ -3578,6 +3703,8 @@ def run_decode_sweep(bench, ceilings, log):
                 if base:
                     r["throughput_vs_1"] = r["tokens_per_s"] / base["tokens_per_s"]
                     r["wait_vs_1"] = r["step_ms"] / base["step_ms"]
+                if base and "bytes_read" in r:  # (a mixture of experts: the bytes it read)
+                    r["bytes_vs_1"] = r["bytes_read"] / base["bytes_read"]
     crossover = {str(c): kv_crossover_batch(bench.cfg, c) for c in run.contexts}
     largest = max(measured(rows), key=lambda r: r["batch"] * r["context"], default=None)
     twin = dense_twin_sweep(bench, ceilings, rows, log) if bench.cfg.experts else {}
@@ -3772,7 +3899,7 @@ def step_costs(run, results):
         return measured_costs(run.model, results)  # (run_config refuses it without A)
     if run.gpu and not (run.peak_bandwidth_gbs or run.peak_tflops):
         return card_costs(run.model, GPUS[run.gpu], ENGINE_PROFILES[run.engine_profile],
-                          run.tp)
+                          run.tp, run.ep)
     ceil = results["environment"].get("ceilings", {})
     return analytic_costs(run.model, run.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
                           or REFERENCE_BANDWIDTH_GBS,
@@ -5134,7 +5261,7 @@ def format_tables(results, lang="en"):
                 ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
         if results["config"]["model"].get("experts"):  # (measured, and uniform routing's)
             cols += [("experts_touched", ".1f"), ("experts_expected", ".1f"),
-                     ("dense_twin_ms", ".3f")]
+                     ("bytes_vs_1", ".2f"), ("dense_twin_ms", ".3f")]
         rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]
                 if r["context"] == A["context"]]
         post = results["config"]["model"].get("arch") == "post"
@@ -5173,7 +5300,7 @@ def format_tables(results, lang="en"):
 
 
 # -----------------------------------------------------------------------------
-# figures: drawn from the results dictionary alone
+# figures: A's and B's, and what every figure shares (drawn from the results dictionary alone)
 
 
 # one palette for every figure: static red and continuous blue (as in the post), chunked green;
@@ -5222,18 +5349,6 @@ def plot_slot_panels(results, path, slots, panels, xlabel, title):
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     save_figure(fig, results, path)
-
-
-def plot_occupancy(results, path):
-    C = results["C"]
-    if "static" not in C:  # a trace run has no step-count table
-        return NO_ROWS
-    panels = [(np.arange(len(C[p]["occupied"])) * C[p].get("occupied_bin_steps", 1),
-               C[p]["occupied"], "post", f"{p} batching: {C[p]['steps']:,} steps, "
-               f"{100 * C[p]['occupancy']:.1f}% occupancy") for p in ("static", "continuous")]
-    plot_slot_panels(results, path, C["slots"], panels, "decode step",
-                     f"{C['requests']} requests, {C['slots']} slots: continuous batching is "
-                     f"{C['speedup']:.2f}x faster")
 
 
 def plot_decode_batch(results, path):
@@ -5305,6 +5420,43 @@ def plot_moe_batching(results, path):
     ax.set_title("A: the same active parameters, dense and routed", fontsize=10)
     ax2.set_title(f"experts read grow with the batch, up to all {cfg['experts']}", fontsize=10)
     fig.tight_layout()
+    save_figure(fig, results, path)
+
+
+def plot_phases(results, path, decode_steps=24):
+    """One request to scale: a prefill block, then a train of decode steps; beneath, the same
+    steps shared by a batch. Widths, rates and bounds are this run's measured B rows."""
+    import matplotlib.pyplot as plt
+    rows = measured(results["B"]["rows"])
+    prefills = [r for r in rows if r["phase"] == "prefill"]
+    decodes = [r for r in rows if r["phase"] == "decode"]
+    mode = decodes[-1]["mode"] if decodes else None
+    alone = next((r for r in decodes if r["batch"] == 1 and r["mode"] == mode), None)
+    shared = max((r for r in decodes if r["mode"] == mode), key=lambda r: r["batch"],
+                 default=None)
+    if not prefills or not alone:
+        return NO_ROWS
+    pre = prefills[-1]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    lanes = [(1.0, alone, "one user")]
+    if shared and shared["batch"] > 1:
+        lanes.append((0.0, shared, f"batch of {shared['batch']}"))
+    for y, dec, label in lanes:
+        ax.broken_barh([(0, pre["step_ms"])], (y + 0.1, 0.8), color=PREFILL)
+        ax.broken_barh([(pre["step_ms"] + i * dec["step_ms"], dec["step_ms"] * 0.85)
+                        for i in range(decode_steps)], (y + 0.1, 0.8), color=DECODE)
+        ax.text(pre["step_ms"] + decode_steps * dec["step_ms"], y + 0.5,
+                f"  {label}: {dec['us_per_token']:,.0f} µs/token, {dec['tflops']:.3g} TFLOP/s, "
+                f"{dec['bound']}-bound", va="center", fontsize=8)
+    ax.text(pre["step_ms"] / 2, 1.5, f"prefill {pre['tokens']} tokens\n{pre['tflops']:.3g} "
+            f"TFLOP/s\n{pre['bound']}-bound", ha="center", va="center", fontsize=8,
+            color="white")
+    ax.set_yticks([y + 0.5 for y, _, _ in lanes], [label for _, _, label in lanes])
+    longest = pre["step_ms"] + decode_steps * max(d["step_ms"] for _, d, _ in lanes)
+    ax.set_xlim(0, longest * 1.9)
+    ax.set_xlabel(f"time (ms): prefill, then {decode_steps} decode steps of one token each")
+    ax.set_title("two phases of one request, to scale (this run's B rows)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     save_figure(fig, results, path)
 
 
@@ -5401,6 +5553,22 @@ def plot_decode_context(results, path):
     save_figure(fig, results, path)
 
 
+# -----------------------------------------------------------------------------
+# figures of C and D: and the drawing of every figure (from the results dictionary alone)
+
+
+def plot_occupancy(results, path):
+    C = results["C"]
+    if "static" not in C:  # a trace run has no step-count table
+        return NO_ROWS
+    panels = [(np.arange(len(C[p]["occupied"])) * C[p].get("occupied_bin_steps", 1),
+               C[p]["occupied"], "post", f"{p} batching: {C[p]['steps']:,} steps, "
+               f"{100 * C[p]['occupancy']:.1f}% occupancy") for p in ("static", "continuous")]
+    plot_slot_panels(results, path, C["slots"], panels, "decode step",
+                     f"{C['requests']} requests, {C['slots']} slots: continuous batching is "
+                     f"{C['speedup']:.2f}x faster")
+
+
 SCHEDULER_COLORS = {"static": RED, "continuous": BLUE, "chunked": "#2ca02c"}
 
 
@@ -5443,43 +5611,6 @@ def plot_rate_sweep(results, path):
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
-    save_figure(fig, results, path)
-
-
-def plot_phases(results, path, decode_steps=24):
-    """One request to scale: a prefill block, then a train of decode steps; beneath, the same
-    steps shared by a batch. Widths, rates and bounds are this run's measured B rows."""
-    import matplotlib.pyplot as plt
-    rows = measured(results["B"]["rows"])
-    prefills = [r for r in rows if r["phase"] == "prefill"]
-    decodes = [r for r in rows if r["phase"] == "decode"]
-    mode = decodes[-1]["mode"] if decodes else None
-    alone = next((r for r in decodes if r["batch"] == 1 and r["mode"] == mode), None)
-    shared = max((r for r in decodes if r["mode"] == mode), key=lambda r: r["batch"],
-                 default=None)
-    if not prefills or not alone:
-        return NO_ROWS
-    pre = prefills[-1]
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    lanes = [(1.0, alone, "one user")]
-    if shared and shared["batch"] > 1:
-        lanes.append((0.0, shared, f"batch of {shared['batch']}"))
-    for y, dec, label in lanes:
-        ax.broken_barh([(0, pre["step_ms"])], (y + 0.1, 0.8), color=PREFILL)
-        ax.broken_barh([(pre["step_ms"] + i * dec["step_ms"], dec["step_ms"] * 0.85)
-                        for i in range(decode_steps)], (y + 0.1, 0.8), color=DECODE)
-        ax.text(pre["step_ms"] + decode_steps * dec["step_ms"], y + 0.5,
-                f"  {label}: {dec['us_per_token']:,.0f} µs/token, {dec['tflops']:.3g} TFLOP/s, "
-                f"{dec['bound']}-bound", va="center", fontsize=8)
-    ax.text(pre["step_ms"] / 2, 1.5, f"prefill {pre['tokens']} tokens\n{pre['tflops']:.3g} "
-            f"TFLOP/s\n{pre['bound']}-bound", ha="center", va="center", fontsize=8,
-            color="white")
-    ax.set_yticks([y + 0.5 for y, _, _ in lanes], [label for _, _, label in lanes])
-    longest = pre["step_ms"] + decode_steps * max(d["step_ms"] for _, d, _ in lanes)
-    ax.set_xlim(0, longest * 1.9)
-    ax.set_xlabel(f"time (ms): prefill, then {decode_steps} decode steps of one token each")
-    ax.set_title("two phases of one request, to scale (this run's B rows)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
     save_figure(fig, results, path)
 
 
@@ -5911,6 +6042,10 @@ def c_flags(p):
                   "RTX 5080)")
     add_flag(c, "--tp", type=integer(1, 64), help="tensor parallel: each replica's weights and "
              "KV cache split over this many --gpu cards, two all-reduces a layer over its link")
+    add_flag(c, "--ep", type=integer(1, 64), help="expert parallel with data-parallel attention: "
+             "each replica one --gpu card of a group of this many that spread a mixture's "
+             "experts, two all-to-alls an MoE layer over its link (vLLM's --data-parallel-size "
+             "N --enable-expert-parallel)")
     c.add_argument("--engine-profile", choices=list(ENGINE_PROFILES),
                    help=f"how close the engine comes to --gpu's spec (default {DEFAULT_PROFILE}"
                         "; roofline: 90%% and 80%% of its peaks, no fixed costs)")
@@ -6070,9 +6205,13 @@ def check_flags(args):
                          "--slo-tpot-ms)")
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
-    for flag, given in (("--tp", args.tp > 1), ("--engine-profile", args.engine_profile)):
+    for flag, given in (("--tp", args.tp > 1), ("--ep", args.ep > 1),
+                        ("--engine-profile", args.engine_profile)):
         if given and not args.gpu:
             raise UsageError(f"{flag} prices a named card: give --gpu")
+    if args.ep > 1 and args.tp > 1:
+        raise UsageError("--ep prices data-parallel attention beside expert parallelism: give "
+                         "--tp 1")
     if (args.weights or args.kv_dtype) and set(args.experiments or EXPERIMENTS) - {"C"}:
         raise UsageError("--weights and --kv-dtype price C only (A, B and D time --dtype for "
                          "real): add --experiments C")
@@ -6210,6 +6349,12 @@ def banner(results, T):
             times=", ".join(f"{d} " + " / ".join(f"{ms:.1f}" for ms in t["ms"])
                             + ("" if t["total_ms"] is not None else T["probe_dropped"])
                             for d, t in probe["times"].items())))
+    if "layout_probe" in env:
+        probe = env["layout_probe"]
+        lines.append(T["layout_probe"].format(
+            rows=probe["weight_first_rows"], counts="/".join(map(str, probe["rows"])),
+            linear=" / ".join(f"{ms:.1f}" for ms in probe["linear_ms"]),
+            first=" / ".join(f"{ms:.1f}" for ms in probe["weight_first_ms"])))
     if results["config"].get("gpu"):
         card = GPUS[results["config"]["gpu"]]
         profile = ENGINE_PROFILES[results["config"]["engine_profile"]]
@@ -6218,7 +6363,9 @@ def banner(results, T):
                                       link=card.link, tp=results["config"]["tp"],
                                       profile=profile.name,
                                       bandwidth_share=profile.bandwidth_share,
-                                      matmul_share=profile.matmul_share))
+                                      matmul_share=profile.matmul_share) +
+                     (T["card_ep"].format(ep=results["config"]["ep"])
+                      if results["config"].get("ep", 1) > 1 else ""))
     if env.get("device_type") == "cpu" and cfg["name"] != "post" and \
             cfg["weight_bytes"] > 2**30:
         lines.append(T["slow_cpu"].format(name=cfg["name"], gib=cfg["weight_bytes"] / 2**30))
@@ -6278,15 +6425,14 @@ def _main(argv):
         return results
     if args.validate:
         return run_validation(args)
-    run, device, inputs, dtype_probe = prepare_run(args)
+    run, device, inputs, probes = prepare_run(args)
     cfg = run.model
     results = {"environment": environment(run, device, argv),
                "config": {"model": {**dataclasses.asdict(cfg), "params": param_count(cfg),
                                     "weight_bytes": weight_bytes(cfg),
                                     "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn},
                           **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
-    if dtype_probe:
-        results["environment"]["dtype_probe"] = dtype_probe
+    results["environment"].update(probes)
     print(banner(results, TEXT[run.lang]), flush=True)
     interrupted = run_experiments(run, device, results, inputs)
     finish_run(run, results, interrupted)
@@ -6304,12 +6450,15 @@ class Inputs(NamedTuple):
 def prepare_run(args):
     """The run's config, device and inputs, each checked before anything long runs: C's
     input read once, D's requests against the positions, the model and D's cache against
-    the device's memory. -> (run, device, Inputs, the dtype probe or None)"""
+    the device's memory. -> (run, device, Inputs, the probes run: {name: probe})"""
     run = run_config(args)
     device = run.device and torch.device(run.device)
     if device and device.type == "cuda":
         check_cuda_arch(device)
     run, dtype_probe = with_probed_dtype(run)
+    run, layout_probe = with_probed_layout(run)
+    probes = {k: v for k, v in (("dtype_probe", dtype_probe), ("layout_probe", layout_probe))
+              if v}
     requests = kv = None
     if "C" in run.experiments:
         requests = make_requests(run)
@@ -6320,7 +6469,7 @@ def prepare_run(args):
     if device:  # the model (and D's cache) must fit, before anything is allocated
         check_memory(run, device, lengths)
     prepare_out_dir(run.out)
-    return run, device, Inputs(requests, kv, lengths, arrival), dtype_probe
+    return run, device, Inputs(requests, kv, lengths, arrival), probes
 
 
 def run_experiments(run, device, results, inputs):
@@ -6415,6 +6564,8 @@ TEXT_EN = {**SHARED_TEXT,
     "card": "card: {tp} x {name} ({bandwidth:,.0f} GB/s, {tflops:,.1f} TFLOP/s dense FP16/BF16, "
             "{memory:g} GB by its spec sheet, {link}); C prices it by the {profile} profile "
             "({bandwidth_share:.0%} of its bandwidth, up to {matmul_share:.0%} of its FLOP/s)",
+    "card_ep": "; each replica one card of {ep} that spread the experts between them "
+               "(attention data-parallel, two all-to-alls an MoE layer)",
     "slow_cpu": "note: {name} runs at its own size on this CPU ({gib:.1f} GiB of weights, all "
                 "read at every decode step): expect minutes per experiment; --experiments C "
                 "prices it without running it",
@@ -6426,6 +6577,8 @@ TEXT_EN = {**SHARED_TEXT,
                    "rows: {times}; a 2-byte type unless float32 is {preference:g}x "
                    "faster); --dtype to choose",
     "probe_dropped": " (out: over 4x the best)",
+    "layout_probe": "matmuls: W x^T up to {rows} rows, F.linear beyond (a probe, ms at {counts} "
+                    "rows: F.linear {linear}; W x^T {first})",
     "ceilings": "ceilings: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
                 "({matmul_source}); ridge {ridge:.0f} FLOP/byte",
     "cpu_graphs": "  (CPU: eager only; CUDA graphs need CUDA)",
@@ -6444,7 +6597,7 @@ TEXT_EN = {**SHARED_TEXT,
     "mode": "mode", "batch": "batch", "step_ms": "step ms (= wait)",
     "tokens_per_s": "tokens/s", "throughput_vs_1": "throughput vs 1", "wait_vs_1": "wait vs 1",
     "experts_touched": "experts read", "experts_expected": "experts expected",
-    "dense_twin_ms": "dense twin ms",
+    "dense_twin_ms": "dense twin ms", "bytes_vs_1": "bytes vs 1",
     "us_per_token": "µs / token", "tflops": "TFLOP/s", "intensity": "FLOP/byte",
     "bound": "bound",
     "eager": "eager", "graph": "graph", "memory": "memory", "compute": "compute",
@@ -6671,6 +6824,8 @@ TEXT_KO = {**SHARED_TEXT,
     "card": "카드: {tp} x {name} (사양서 기준 {bandwidth:,.0f} GB/s, 밀집 FP16/BF16 {tflops:,.1f} "
             "TFLOP/s, {memory:g} GB, {link}); C는 {profile} 프로파일로 값을 매긴다 (대역폭의 "
             "{bandwidth_share:.0%}, FLOP/s의 최대 {matmul_share:.0%})",
+    "card_ep": "; 레플리카마다 전문가를 나눠 가진 {ep}장 중 한 장 (어텐션은 데이터 병렬, MoE 층마다 "
+               "all-to-all 두 번)",
     "slow_cpu": "참고: {name}을(를) 이 CPU에서 원래 크기로 돌린다 (가중치 {gib:.1f} GiB, 디코드 "
                 "스텝마다 전부 읽음): 실험마다 몇 분씩 걸린다; --experiments C는 돌리지 않고 "
                 "값만 매긴다",
@@ -6682,6 +6837,8 @@ TEXT_KO = {**SHARED_TEXT,
                    "{times}; float32가 {preference:g}배보다 더 빠르지 않으면 2바이트 "
                    "형식); --dtype으로 고를 수 있다",
     "probe_dropped": " (탈락: 최고의 4배 넘음)",
+    "layout_probe": "행렬곱: {rows}행까지 W x^T, 그보다 많으면 F.linear (측정, {counts}행 ms: "
+                    "F.linear {linear}; W x^T {first})",
     "ceilings": "한계: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
                 "({matmul_source}); 능선 {ridge:.0f} FLOP/byte",
     "cpu_graphs": "  (CPU: 즉시 실행만; CUDA 그래프는 CUDA에서만)",
@@ -6699,7 +6856,7 @@ TEXT_KO = {**SHARED_TEXT,
     "mode": "방식", "batch": "배치 크기", "step_ms": "한 스텝 ms (= 대기)",
     "tokens_per_s": "처리량 (토큰/초)", "throughput_vs_1": "처리량 배율",
     "wait_vs_1": "대기 배율", "experts_touched": "읽은 전문가", "experts_expected": "기대 전문가",
-    "dense_twin_ms": "밀집 쌍둥이 ms",
+    "dense_twin_ms": "밀집 쌍둥이 ms", "bytes_vs_1": "바이트 배율",
     "us_per_token": "토큰당 µs", "tflops": "실제 성능 TFLOP/s",
     "intensity": "산술 강도", "bound": "병목",
     "eager": "즉시 실행", "graph": "CUDA 그래프", "memory": "메모리", "compute": "계산",

@@ -31,7 +31,7 @@ FLAGS = {
     "--kv-heads": "A", "--ffn-hidden": "A", "--engine-slots": "D", "--engine-shrink": "D",
     "--replicas": "C", "--slo-attainment": "C", "--target-rate": "C", "--tp": "C on a card",
     "--kv-tokens": "C", "--head-dim": "A", "--experts": "C", "--experts-per-token": "C",
-    "--expert-ffn": "A", "--expert-skew": "C, experts",
+    "--expert-ffn": "A", "--expert-skew": "C, experts", "--ep": "C, experts",
 }
 
 

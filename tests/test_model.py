@@ -249,8 +249,8 @@ def test_the_moe_layer_reads_only_the_experts_its_tokens_chose():
     for t in range(5):
         logits = moe.router(x[t])
         top = logits.topk(2)
-        want = sum(w * (torch.nn.functional.silu(x[t] @ moe.gate_up[e][:, :32])
-                        * (x[t] @ moe.gate_up[e][:, 32:])) @ moe.down[e]
+        want = sum(w * (torch.nn.functional.silu(x[t] @ moe.gate_up[e][:32].T)
+                        * (x[t] @ moe.gate_up[e][32:].T)) @ moe.down[e].T
                    for w, e in zip(top.values.softmax(0), top.indices))
         torch.testing.assert_close(out[t], want, rtol=1e-5, atol=1e-6)
 

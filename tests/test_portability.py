@@ -1,6 +1,7 @@
 """Runs first time on any machine: the dtype probe, portable memory facts, bounded timing,
 failures that keep what finished, and the CUDA control flow under stand-ins for torch.cuda."""
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -454,3 +455,62 @@ def test_rows_that_do_not_fit_the_gpu_are_skipped_before_allocating(fake_cuda, m
     reason = S.Bench.skip_reason(bench, 256, 4097, 1)
     assert reason["kind"] == "does_not_fit" and reason["free_gib"] == 1.0
     assert S.Bench.skip_reason(bench, 1, 129, 1) is None
+
+
+# --- the matmul layout: W x^T where F.linear is slow at a few rows ----------------------------
+
+@torch.inference_mode()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_first_linear_equals_f_linear(dtype):
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(48, 32, generator=g).to(dtype)
+    for shape in [(1, 32), (3, 32), (2, 3, 32), (5, 1, 32), (70, 32)]:
+        x = torch.randn(*shape, generator=g).to(dtype)
+        got = S.linear(x, w, weight_first_rows=64)
+        assert got.shape == (*shape[:-1], 48)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, w))
+
+
+@torch.inference_mode()
+def test_a_model_in_either_layout_computes_the_same():
+    cfg = S.ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, vocab=97, max_positions=64,
+                        dtype="float32", mlp="gated", ffn_hidden=96, norm="rms",
+                        positions="rope", experts=8, experts_per_token=2, expert_ffn=32)
+    tokens = torch.randint(0, 97, (3, 9), generator=torch.Generator().manual_seed(2))
+    logits = []
+    for rows in (0, 64):
+        model = S.build_model(cfg, "cpu", seed=4, weight_first_rows=rows)
+        assert all(m.weight_first_rows == rows for m in model.modules()
+                   if isinstance(m, (S.Linear, S.MoE)))
+        cache = S.new_kv_cache(cfg, 3, 10, "cpu")
+        S.prefill(model, cache, tokens)
+        logits.append(S.decode_step(model, cache, tokens[:, 0], 9))
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_layout_probe_keeps_w_xt_up_to_the_rows_it_wins(monkeypatch):
+    # F.linear 1 ms at 1 row, then 2 ms; W x^T 1.1 ms at 1 row, 1 ms to 8, then 3 ms: W x^T
+    # up to 8 rows makes the least total (1.1 + 3 x 1 + 3 x 2 = 10.1 ms against 13)
+    times = iter([1, 1.1] + [2, 1] * 3 + [2, 3] * 3)
+    monkeypatch.setattr(S, "probe_ms", lambda fn, budget_s: next(times))
+    probe = S.probe_layouts.__wrapped__(64, "float32")
+    assert probe["linear_ms"] == [1, 2, 2, 2, 2, 2, 2]
+    assert probe["weight_first_rows"] == 8
+    # where W x^T never wins, F.linear throughout; where it always does, up to 64 rows
+    for linear_ms, first_ms, rows in ((1, 1, 0), (2, 1, 64)):
+        times = iter([linear_ms, first_ms] * 7)
+        assert S.probe_layouts.__wrapped__(64, "float32")["weight_first_rows"] == rows
+
+
+def test_the_layout_probe_runs_on_cpu_where_a_model_is_built(monkeypatch, tiny_args, capsys):
+    probe = {"rows": [1, 2], "linear_ms": [1.0, 2.0], "weight_first_ms": [1.0, 1.0],
+             "weight_first_rows": 2}
+    monkeypatch.setattr(S, "probe_layouts", lambda width, dtype: probe)
+    run = S.parse_args(["--device", "cpu", "--experiments", "A"])
+    assert S.with_probed_layout(run) == (dataclasses.replace(run, weight_first_rows=2), probe)
+    alone = S.parse_args(["--experiments", "C"])
+    assert S.with_probed_layout(alone) == (alone, None)
+    results = S.main(tiny_args + ["--experiments", "A", "--no-figures"])
+    assert results["environment"]["layout_probe"] == probe
+    assert "matmuls: W x^T up to 2 rows, F.linear beyond" in capsys.readouterr().out
+    assert results["config"]["weight_first_rows"] == 2

@@ -628,3 +628,70 @@ def _write(path, data):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return path
+
+
+def test_expert_parallel_card_cost_by_hand():
+    cfg = S.MODELS["qwen3-30b-a3b"]  # 128 experts of 3 x 2048 x 768, 8 a token, 48 layers
+    expert = 3 * 2048 * 768 * 2  # bytes in bf16
+    own = S.step_cost(cfg, 4, 1, 0)
+    ep = S.ep_card_cost(cfg, 4, 2)
+    # each card holds 64 experts and reads those the group's 8 tokens touch: 64 (1 - (1 -
+    # 8/128)^8), in place of the 128 (1 - (1 - 8/128)^4) its own 4 tokens would touch
+    read = 64 * (1 - (1 - 1 / 16) ** 8)
+    assert ep["weight_bytes"] - own["weight_bytes"] == pytest.approx(
+        48 * (read - S.experts_touched(cfg, 4)) * expert)
+    assert ep["matmul_flops"] == pytest.approx(own["matmul_flops"])  # (balanced routes)
+    assert ep["kv_read_bytes"] == own["kv_read_bytes"]
+    # two all-to-alls an MoE layer, each sending half of its 4 x 8 routes of 2048 x 2 bytes
+    assert ep["collectives"] == 96
+    assert ep["collective_bytes"] == 96 * 4 * 8 * 2048 * 2 / 2
+    # a card holds every weight but the experts, and half of those
+    experts = 48 * 128 * expert
+    assert S.card_weight_bytes(cfg, ep=2) == pytest.approx(S.weight_bytes(cfg) - experts / 2)
+    # skewed routing: the card with the favourite experts reads more and computes more
+    skewed = dataclasses.replace(cfg, expert_skew=1.0)
+    busiest, routes = S.card_experts(skewed, 8, 2)
+    q = S.expert_inclusion(skewed)
+    assert busiest == pytest.approx(max(np.sum(1 - (1 - q[c::2]) ** 8) for c in (0, 1)))
+    assert routes == pytest.approx(q[0::2].sum() / 8) and routes > 0.5
+    assert S.ep_card_cost(skewed, 4, 2)["matmul_flops"] > S.step_cost(skewed, 4, 1, 0)[
+        "matmul_flops"]
+
+
+def test_expert_parallel_prices_all_to_alls_over_the_link():
+    cfg, card = S.MODELS["qwen3-30b-a3b"], S.GPUS["rtx-pro-6000"]
+    profile = S.EngineProfile("hand", 0.5, 0.5, allreduce_s=1e-5, link_share=0.5)
+    cost = S.pass_cost(cfg, 1, 16, 2)
+    alone = dataclasses.replace(profile, allreduce_s=0.0, link_share=1e9)  # (free links)
+    got = S.pass_seconds(cfg, card, profile, 1, 16, 2) - S.pass_seconds(cfg, card, alone, 1, 16, 2)
+    want = 96 * 1e-5 + cost["collective_bytes"] / (card.link_gbs * 1e9 * 0.5)
+    assert got == pytest.approx(want, rel=1e-6)
+
+
+def test_ep_flag_checks(tmp_path, capsys):
+    base = ["--experiments", "C", "--requests", "50", "--no-figures", "--out", str(tmp_path)]
+    assert "give --gpu" in expect_usage_error(base + ["--ep", "2"], capsys)
+    assert "give --tp 1" in expect_usage_error(
+        base + ["--gpu", "h100", "--model", "qwen3-30b-a3b", "--ep", "2", "--tp", "2"], capsys)
+    assert "must divide over the cards" in expect_usage_error(
+        base + ["--gpu", "h100", "--model", "llama-3.1-8b", "--ep", "2"], capsys)
+    results, out = run_main(base + ["--gpu", "h100", "--model", "qwen3-30b-a3b", "--ep", "2",
+                                    "--replicas", "2", "--rates", "5"], capsys)
+    assert "each replica one card of 2 that spread the experts" in out.out
+    assert results["C"]["cost_model"]["source"]["ep"] == 2
+
+
+def test_a_mixtures_dense_twin_runs_its_active_parameters_by_hand():
+    cfg = S.MODELS["deepseek-v3"]  # 8 routed and 1 shared expert of 2,048 a token
+    twin = S.dense_twin(cfg)
+    assert twin.ffn == 9 * 2048 and not twin.experts and twin.mlp == "gated"
+    # every layer's MLP is the active experts' width: the twin's parameters are the MoE's
+    # active ones with the three dense layers' wider MLPs and the routers taken out
+    h, dense = 7168, 3 * 3 * 7168 * (18432 - 9 * 2048)
+    routers = 58 * h * 256
+    assert S.param_count(twin) == S.active_param_count(cfg) - dense - routers
+    # a measured step's bytes: the experts it read in place of the routing's expectation
+    assert S.moe_step_bytes(cfg, 4, 100, S.experts_touched(cfg, 4)) == \
+        S.step_cost(cfg, 4, 1, 100)["bytes"]
+    assert S.moe_step_bytes(cfg, 4, 100, 10) - S.moe_step_bytes(cfg, 4, 100, 9) == \
+        pytest.approx(58 * 3 * h * 2048 * 1)  # (one more expert a layer, in fp8)
