@@ -276,3 +276,33 @@ def test_a_times_an_moe_model_and_counts_the_experts_read(tmp_path, capsys):
     assert twin["params"] == S.param_count(S.dense_twin(cfg))
     assert S.active_param_count(cfg) - twin["params"] == 2 * 64 * 8  # (the routers)
     assert all(r["dense_twin_ms"] > 0 for r in rows.values())
+
+
+@pytest.mark.parametrize("shape", ["moe-shared-dense", "gqa-2"])
+def test_every_matmul_weight_is_drawn_at_its_fan_in(shape):
+    # (out, in) for a Linear, (experts, out, in) for an expert stack: std in^-1/2, so a
+    # matmul's output stays the size of its input whatever the widths
+    model = S.build_model(SHAPES[shape], "cpu", seed=2)
+    for name, p in model.named_parameters():
+        if p.dim() >= 2 and "embed" not in name:
+            assert p.std().item() == pytest.approx(p.shape[-1] ** -0.5, rel=0.15), name
+
+
+@torch.inference_mode()
+def test_a_row_counts_the_experts_read_over_every_timed_step():
+    run = S.parse_args(["--device", "cpu", "--experiments", "A", "--layers", "2", "--hidden",
+                        "64", "--heads", "4", "--vocab", "128", "--dtype", "float32", "--mlp",
+                        "gated", "--experts", "16", "--experts-per-token", "2", "--expert-ffn",
+                        "32", "--context", "8", "--contexts", "8", "--warmup", "1", "--reps",
+                        "6"])
+    bench = S.Bench(run, torch.device("cpu"))
+    ceilings = {"bandwidth_gbs": 10.0, "matmul_tflops": 0.1, "ridge_flop_per_byte": 10.0}
+    S.decode_row(bench, ceilings, 1, 8, "eager")  # (counts from a batch before are dropped)
+    row = S.decode_row(bench, ceilings, 4, 8, "eager")
+    moe = [m for m in bench.model.modules() if isinstance(m, S.MoE)]
+    assert [m.calls for m in moe] == [7, 7]  # 1 warm-up and 6 timed steps, this row's alone
+    mean = sum(m.touched_sum for m in moe) / 14
+    assert row["experts_touched"] == pytest.approx(mean)
+    # (the 4 tokens of each of the 7 steps, fresh each, do not all reach as many experts)
+    assert mean != pytest.approx(sum(m.touched for m in moe) / 2)
+    assert row["bytes_read"] == S.moe_step_bytes(bench.cfg, 4, 8, row["experts_touched"])

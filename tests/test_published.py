@@ -648,6 +648,7 @@ def test_expert_parallel_card_cost_by_hand():
     # a card holds every weight but the experts, and half of those
     experts = 48 * 128 * expert
     assert S.card_weight_bytes(cfg, ep=2) == pytest.approx(S.weight_bytes(cfg) - experts / 2)
+    assert S.card_weight_bytes(cfg, ep=4) == pytest.approx(S.weight_bytes(cfg) - experts * 3 / 4)
     # skewed routing: the card with the favourite experts reads more and computes more
     skewed = dataclasses.replace(cfg, expert_skew=1.0)
     busiest, routes = S.card_experts(skewed, 8, 2)
