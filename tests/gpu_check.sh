@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The reference run on a lent GPU, in one call well inside 10 minutes:
 #   versions and capability; the CUDA-only tests; the attention probe (tests/gpu_probe.py);
-#   --quick, the default run and --arch post --experiments AB, each into its own folder;
+#   --quick, the default run, --arch post --experiments AB and A on a mixture of experts, each
+#   into its own folder;
 #   then at most 8 files copied flat into $OUT to bring back.
 #
 #   OUT=somewhere bash tests/gpu_check.sh            # on the GPU machine
@@ -43,11 +44,15 @@ step attention-probe 45 "$PY" tests/gpu_probe.py --device cuda
 step quick 60 "$PY" NN_40_serving.py --quick --out "$WORK/quick"
 step default 240 "$PY" NN_40_serving.py --out "$WORK/default"
 step post-proxy 45 "$PY" NN_40_serving.py --arch post --experiments AB --out "$WORK/post"
+# a mixture of experts beside its dense twin (a quarter of Qwen3-30B-A3B's layers, 15 GB): the
+# curve C prices for a GPU, measured
+step moe 30 "$PY" NN_40_serving.py --experiments A --model qwen3-30b-a3b --layers 12 \
+  --batch-sizes 1,4,16,64,256 --contexts 512 --context 512 --reps 20 --out "$WORK/moe"
 
-# what comes back: the three results.json, the log, four figures of the default run
+# what comes back: the four results.json, the log, three figures of the default run
 BRING=("quick/results.json:quick_results.json" "default/results.json:default_results.json"
-       "post/results.json:post_results.json" "default/decode_batch.png:decode_batch.png"
-       "default/roofline.png:roofline.png" "default/prefill_decode.png:prefill_decode.png"
+       "post/results.json:post_results.json" "moe/results.json:moe_results.json"
+       "default/decode_batch.png:decode_batch.png" "default/roofline.png:roofline.png"
        "default/engine.png:engine.png")
 echo "== bring back (with the log, $(( ${#BRING[@]} + 1 )) files): ${BRING[*]}" | tee -a "$LOG"
 echo "== steps' timeouts add up to ${BUDGET} s" | tee -a "$LOG"

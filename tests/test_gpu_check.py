@@ -21,11 +21,11 @@ def test_the_gpu_check_plan_fits_one_call(tmp_path):
     assert log == done.stdout
     steps = re.findall(r"^== (\S+) \(timeout (\d+) s\): (.*)$", log, re.M)
     assert [name for name, _, _ in steps] == ["versions", "cuda-tests", "attention-probe",
-                                              "quick", "default", "post-proxy"]
+                                              "quick", "default", "post-proxy", "moe"]
     total = sum(int(limit) for _, limit, _ in steps)
     assert total <= 540 and f"timeouts add up to {total} s" in log  # (the device's 600 s)
     outs = [re.search(r"--out (\S+)", cmd).group(1) for _, _, cmd in steps if "--out" in cmd]
-    assert len(set(outs)) == 3  # each run into its own folder
+    assert len(set(outs)) == 4  # each run into its own folder
     assert "--arch post --experiments AB" in log and "--quick" in log
     bring = re.search(r"^== bring back \(with the log, (\d+) files\): (.*)$", log, re.M)
     assert int(bring.group(1)) <= 8 == len(bring.group(2).split()) + 1
