@@ -647,6 +647,12 @@ def expert_weights(cfg):
     return 3 * cfg.hidden * cfg.expert_width
 
 
+def routed_expert_bytes(cfg):
+    """The bytes of one routed expert in every MoE layer: what each expert a pass touches
+    a layer adds to its reads."""
+    return cfg.moe_layers * expert_weights(cfg) * cfg.expert_element_bytes
+
+
 def dense_matmul_weights(cfg):
     """Every matmul weight a step reads whatever the routing: attention, the dense MLPs, and in
     each MoE layer the router (h x experts) and the shared experts."""
@@ -690,8 +696,7 @@ def moe_step_bytes(cfg, batch, context, touched):
     """A decode step's bytes (step_cost's) with `touched` experts read a layer in place of
     the routing's expectation: what a measured step read."""
     cost = step_cost(cfg, batch, 1, context)
-    expert = expert_weights(cfg) * cfg.expert_element_bytes * cfg.moe_layers
-    return cost["bytes"] + (touched - experts_touched(cfg, batch)) * expert
+    return cost["bytes"] + (touched - experts_touched(cfg, batch)) * routed_expert_bytes(cfg)
 
 
 def dense_twin(cfg):
@@ -773,7 +778,7 @@ def step_cost(cfg, batch, new_tokens, context):
     attention_flops = attention_flops_per_key(cfg) * L * batch * keys_seen
     looked_up = (2 if cfg.positions == "learned" else 1) * tokens * h  # embedding rows
     weights_read = dense * cfg.weight_element_bytes + \
-        moe * experts_touched(cfg, tokens) * expert * cfg.expert_element_bytes + \
+        experts_touched(cfg, tokens) * routed_expert_bytes(cfg) + \
         (h * cfg.vocab + norm_weights(cfg) + looked_up) * e
     kv_read_bytes = batch * context * kv_bytes_per_token(cfg)
     kv_write_bytes = tokens * kv_bytes_per_token(cfg)
@@ -833,15 +838,14 @@ def card_weight_bytes(cfg, tp=1, ep=1):
 
 
 def all_expert_bytes(cfg):
-    return cfg.moe_layers * cfg.experts * expert_weights(cfg) * cfg.expert_element_bytes
+    return cfg.experts * routed_expert_bytes(cfg)
 
 
 def card_experts(cfg, tokens, ep):
     """The busiest of `ep` cards, expert i on card i mod ep, when `tokens` tokens are routed:
     (distinct experts it reads a layer, its share of the routes). Uniformly: (E/ep) (1 - (1 -
     k/E)^tokens) and 1/ep."""
-    q = expert_inclusion(cfg) if cfg.expert_skew else \
-        np.full(cfg.experts, cfg.experts_per_token / cfg.experts)
+    q = expert_inclusion(cfg)  # (k/E each, uniformly)
     read = [float(np.sum(1 - (1 - q[c::ep]) ** tokens)) for c in range(ep)]
     busiest = int(np.argmax(read))
     return read[busiest], float(q[busiest::ep].sum()) / cfg.experts_per_token
@@ -856,12 +860,11 @@ def ep_card_cost(cfg, tokens, ep):
     layer dispatches every token to its experts' cards and combines their outputs back: two
     all-to-alls, each sending the (ep - 1)/ep of its routes that leave the card."""
     own = step_cost(cfg, tokens, 1, 0)
-    expert = expert_weights(cfg) * cfg.moe_layers
     read, routes = card_experts(cfg, tokens * ep, ep)
-    expert_flops = 2 * tokens * cfg.experts_per_token * expert
+    expert_flops = 2 * tokens * cfg.experts_per_token * cfg.moe_layers * expert_weights(cfg)
     flops = expert_flops * (routes * ep - 1)  # (the busiest card's routes past its own tokens')
-    weights = own["weight_bytes"] + (read - experts_touched(cfg, tokens)) * expert * \
-        cfg.expert_element_bytes
+    weights = own["weight_bytes"] + (read - experts_touched(cfg, tokens)) * \
+        routed_expert_bytes(cfg)
     routed = tokens * cfg.experts_per_token * cfg.hidden * cfg.dtype_bytes * (ep - 1) / ep
     return {**own, "flops": own["flops"] + flops, "matmul_flops": own["matmul_flops"] + flops,
             "weight_bytes": weights, "bytes": own["bytes"] - own["weight_bytes"] + weights,
@@ -882,10 +885,11 @@ def card_share(cfg, cost, tp):
     """One card's part of a step's cost under tensor parallelism over `tp` cards (Megatron's
     split: q, K, V and the MLP's first matmuls by columns, the output projections by rows,
     the LM head and token table by vocabulary; norms and activations on every card). -> the
-    cost with the FLOPs, matmul weights and KV traffic of one card, and `allreduce_bytes`:
-    what each card sends (and receives) for the step's two all-reduces per layer."""
+    cost with the FLOPs, matmul weights and KV traffic of one card, its `collectives` (the
+    step's two all-reduces per layer) and `collective_bytes`: what each card sends (and
+    receives) for them."""
     if tp == 1:
-        return {**cost, "allreduce_bytes": 0, "collectives": 0, "collective_bytes": 0}
+        return {**cost, "collectives": 0, "collective_bytes": 0}
     kv_share = card_kv_share(cfg, tp)
     weights = cost["weight_bytes"] - cost["replicated_weight_bytes"]
     share = {"flops": cost["flops"] / tp, "matmul_flops": cost["matmul_flops"] / tp,
@@ -895,8 +899,8 @@ def card_share(cfg, cost, tp):
              "kv_write_bytes": cost["kv_write_bytes"] * kv_share,
              "activation_bytes": cost["activation_bytes"]}
     # ring all-reduce of the step's activations (tokens x hidden): 2 (tp - 1) / tp of them
-    share["allreduce_bytes"] = share["collective_bytes"] = 2 * cfg.layers * cost["tokens"] * \
-        cfg.hidden * cfg.dtype_bytes * 2 * (tp - 1) / tp
+    share["collective_bytes"] = 2 * cfg.layers * cost["tokens"] * cfg.hidden * \
+        cfg.dtype_bytes * 2 * (tp - 1) / tp
     share["collectives"] = 2 * cfg.layers
     share["bytes"] = sum(share[k] for k in ("weight_bytes", "kv_read_bytes", "kv_write_bytes",
                                             "activation_bytes"))
@@ -1233,13 +1237,16 @@ def analytic_costs(cfg, bandwidth_gbs, tflops):
 class EngineProfile:
     """How close an engine comes to a card's spec sheet, and its batch limits.
 
-    A pass of T tokens on one of tp cards costs
+    A pass of T tokens on one of tp cards (or one rank of an expert-parallel group) costs
         step_s + layers x layer_s
         + max(matmul FLOPs / (rate x matmul_share x T / (T + half_tokens)),
               (weights + activations) / (bandwidth x bandwidth_share))
         + (KV written + activation_passes x activations) / (bandwidth x bandwidth_share)
-        + 2 layers x (allreduce_s + all-reduce bytes / (link x link_share))     (tp > 1)
-    and each cached token it reads K and V of costs their bytes / (bandwidth x bandwidth_share):
+        + collectives x allreduce_s + their bytes / (link x link_share)
+    (collectives: two all-reduces a layer under tp, two all-to-alls an MoE layer under ep);
+    each cached token a decode reads costs its K and V bytes / (bandwidth x bandwidth_share),
+    or its attention FLOPs where those take longer, and each (query, key) pair of a prompt's
+    attention its FLOPs / (the 16-bit rate x matmul_share):
     the matmuls, the elementwise kernels (norms, rotary, activations: their traffic past the
     lower bound step_cost counts) and attention each at their own bound, summed; fixed costs
     per pass (schedule, sample) and per layer (kernel launches); and matmuls that reach less
@@ -2782,11 +2789,10 @@ class MoE(nn.Module):
         order = chosen.argsort()
         token = order // self.k                                      # each slot's token
         counts = torch.bincount(chosen, minlength=len(self.down)).tolist()
-        out, start = torch.zeros_like(x), 0
+        out, start, first = torch.zeros_like(x), 0, self.weight_first_rows
         for e, n in enumerate(counts):
             if n:
                 rows, slots = token[start:start + n], order[start:start + n]
-                first = self.weight_first_rows
                 gate, up = linear(x[rows], self.gate_up[e], first).chunk(2, dim=-1)
                 y = linear(F.silu(gate) * up, self.down[e], first)
                 out.index_add_(0, rows, y * weight[slots, None].to(y.dtype))
@@ -5259,7 +5265,7 @@ def format_tables(results, lang="en"):
         A = results["A"]
         cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
                 ("throughput_vs_1", ".1f"), ("wait_vs_1", ".2f")] + ROOFLINE_COLUMNS
-        if results["config"]["model"].get("experts"):  # (measured, and uniform routing's)
+        if results["config"]["model"].get("experts"):  # (measured, and the routing's law)
             cols += [("experts_touched", ".1f"), ("experts_expected", ".1f"),
                      ("bytes_vs_1", ".2f"), ("dense_twin_ms", ".3f")]
         rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]

@@ -56,7 +56,7 @@ def test_tensor_parallel_shards_by_hand():
     assert share["matmul_flops"] == cost["matmul_flops"] / 4
     assert share["kv_read_bytes"] == cost["kv_read_bytes"] / 4
     assert share["weight_bytes"] == pytest.approx((cost["weight_bytes"] - norms) / 4 + norms)
-    assert S.card_share(cfg, cost, 1)["allreduce_bytes"] == 0
+    assert S.card_share(cfg, cost, 1)["collective_bytes"] == 0
 
 
 def test_all_reduce_bytes_by_hand():
@@ -64,7 +64,7 @@ def test_all_reduce_bytes_by_hand():
     # of it: Llama-3.1-8B, 10 tokens on 4 cards: 2 x 32 x 10 x 4,096 x 2 x 2 x 3/4 = 7,864,320
     cfg = S.MODELS["llama-3.1-8b"]
     share = S.card_share(cfg, S.step_cost(cfg, 10, 1, 0), 4)
-    assert share["allreduce_bytes"] == 7_864_320
+    assert share["collective_bytes"] == 7_864_320
 
 
 def test_a_pass_price_by_hand():
@@ -80,7 +80,7 @@ def test_a_pass_price_by_hand():
         want = 1e-3 + 32 * 2e-5 + matmul + (cost["kv_write_bytes"]
                                             + 0.5 * cost["activation_bytes"]) / bandwidth
         if tp > 1:
-            want += 2 * 32 * 1e-5 + cost["allreduce_bytes"] / (450e9 * 0.5)
+            want += 2 * 32 * 1e-5 + cost["collective_bytes"] / (450e9 * 0.5)
         assert S.pass_seconds(cfg, card, profile, tp, tokens) == pytest.approx(want, rel=1e-12)
     costs = S.card_costs(cfg, card, profile, 2)
     assert costs.kv_token_s == pytest.approx(131_072 / 2 / bandwidth)
