@@ -2375,27 +2375,37 @@ class ServingSim:
         unpacked at every event cost the loop 5-10%; a tuple subclass is built in Python and
         unpacked without 3.11's fast path.) A chunk of c tokens over x cached ones computes
         c x + c (c + 1) / 2 attention pairs, c^2 more at each step of a run."""
-        n, tokens, cached_pre, pairs, pair_growth = self.num_decoding, 0, 0, 0, 0
+        n, tokens, cached_pre = self.num_decoding, 0, 0
         for s, c in plan:
             tokens += c
             cached_pre += s.num_cached
-            pairs += c * s.num_cached + c * (c + 1) // 2
-            pair_growth += c * c
-        pair_s = self.costs.pair_s
+        pair_first_s, pair_growth_s = self.pair_seconds(plan)
         if self.fused and tokens and n:  # one pass of both: its time split by their tokens
             f, kv_s = self.costs.rates(tokens + n)
             first = f + kv_s * (cached_pre + self.decode_base_sum + n * self.steps) + \
-                pair_s * pairs
-            growth = kv_s * (tokens + n) + pair_s * pair_growth
+                pair_first_s
+            growth = kv_s * (tokens + n) + pair_growth_s
             run_s, share = first * k + growth * k * (k - 1) / 2, tokens / (tokens + n)
             return run_s * share, run_s * (1 - share), first, growth, tokens
         (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.costs.rates(tokens), self.costs.rates(n)
-        first_pre = f_pre + kv_s_pre * cached_pre + pair_s * pairs if tokens else 0.0
+        first_pre = f_pre + kv_s_pre * cached_pre + pair_first_s if tokens else 0.0
         first_dec = f_dec + kv_s_dec * (self.decode_base_sum + n * self.steps) if n else 0.0
-        growth_pre, growth_dec = kv_s_pre * tokens + pair_s * pair_growth, kv_s_dec * n
+        growth_pre, growth_dec = kv_s_pre * tokens + pair_growth_s, kv_s_dec * n
         return (first_pre * k + growth_pre * k * (k - 1) / 2,
                 first_dec * k + growth_dec * k * (k - 1) / 2,
                 first_pre + first_dec, growth_pre + growth_dec, tokens)
+
+    def pair_seconds(self, plan):
+        """(seconds of the first step's prompt attention pairs, their growth a step), or
+        nothing where the prices do not count pairs (prices timed on whole prompts)."""
+        pair_s = self.costs.pair_s
+        if not pair_s:
+            return 0.0, 0.0
+        pairs = growth = 0
+        for s, c in plan:
+            pairs += c * s.num_cached + c * (c + 1) // 2
+            growth += c * c
+        return pair_s * pairs, pair_s * growth
 
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
