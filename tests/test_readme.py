@@ -1,0 +1,140 @@
+"""The READMEs' sample output and quoted numbers are the committed figures/results.json,
+rendered the way a run prints it, so they cannot go stale.
+
+Two kinds of marks, both invisible in rendered Markdown:
+- a block of output between `<!-- output: all -->` (the whole run: banner, ceilings, every
+  table) or `<!-- output: from "PREFIX" lines N -->` (the N lines from the first line that
+  starts with PREFIX) and `<!-- output: end -->`, its fence lines aside;
+- a number followed at once by `<!--= PATH FORMAT -->`: the value at PATH in results.json
+  (dots between keys; `rows[batch=32,context=128]` is the row of a list with those fields),
+  formatted as a table cell is (a format() spec or a unit of the script's UNITS).
+
+After the committed results change, `python tests/test_readme.py` rewrites every block and
+number in place from figures/results.json; the test below then passes again.
+"""
+import json
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import NN_40_serving as S  # noqa: E402
+
+READMES = [ROOT / "README.md", ROOT / "figures" / "README.md", ROOT / "tests" / "README.md"]
+RESULTS = ROOT / "figures" / "results.json"
+BLOCK = re.compile(r"^<!-- output: (all|from \"(?P<prefix>[^\"]+)\" lines (?P<n>\d+)) -->\n"
+                   r"(?P<body>.*?)^<!-- output: end -->$", re.S | re.M)
+VALUE = re.compile(r"(?P<number>[-+]?[\d,]*\.?\d+%?)<!--= (?P<path>\S+) (?P<fmt>\S+) -->")
+
+
+def sample_output(results, lang="en"):
+    """What a run prints on stdout before its last line ("wrote ..."): the banner, the
+    ceilings (when A or B ran) and every table, from the results dictionary alone."""
+    T = S.TEXT[lang]
+    lines = [S.banner(results, T)]
+    if "ceilings" in results["environment"]:
+        lines.append(S.ceilings_line(T, results["environment"]["ceilings"],
+                                     results["environment"].get("device_type")))
+    return "\n".join(lines) + "\n\n" + S.format_tables(results, lang)
+
+
+def excerpt(output, prefix, n):
+    lines = output.split("\n")
+    start = next((i for i, line in enumerate(lines) if line.startswith(prefix)), None)
+    if start is None:
+        raise KeyError(f"no line of the output starts with {prefix!r}")
+    return "\n".join(lines[start:start + n])
+
+
+def lookup(results, path):
+    """The value at a dotted path; `key[field=value,...]` picks a list's row by its fields."""
+    value = results
+    for part in path.split("."):
+        key, _, select = part.partition("[")
+        value = value[key] if key else value
+        if select:
+            wanted = dict(kv.split("=", 1) for kv in select.rstrip("]").split(","))
+            value = next(r for r in value if all(str(r[k]) == v for k, v in wanted.items()))
+    return value
+
+
+def expected_block(output, match):
+    text = output if match.group(1) == "all" else excerpt(output, match["prefix"], int(match["n"]))
+    return "```\n" + text.rstrip("\n") + "\n```\n"
+
+
+def stale(text, results, output):
+    """[(what, README's text, the results' text)] for every block and number that differs."""
+    found = []
+    for m in BLOCK.finditer(text):
+        want = expected_block(output, m)
+        if [line.rstrip() for line in m["body"].split("\n")] != want.split("\n"):
+            found.append((m.group(1), m["body"], want))
+    for m in VALUE.finditer(text):
+        want = S.render(lookup(results, m["path"]), m["fmt"])
+        if m["number"] != want:
+            found.append((m["path"], m["number"], want))
+    return found
+
+
+def refreshed(text, results, output):
+    """The text with every block and number rendered again from the results."""
+    text = BLOCK.sub(lambda m: m.group(0).replace(m["body"], expected_block(output, m)), text)
+    return VALUE.sub(lambda m: S.render(lookup(results, m["path"]), m["fmt"])
+                     + m.group(0)[len(m["number"]):], text)
+
+
+def committed():
+    results = json.loads(RESULTS.read_text(encoding="utf-8"))
+    return results, sample_output(results)
+
+
+def test_the_readmes_output_and_numbers_are_the_committed_results():
+    results, output = committed()
+    marks = 0
+    for path in READMES:
+        if not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8")
+        marks += len(BLOCK.findall(text)) + len(VALUE.findall(text))
+        assert not stale(text, results, output), (
+            f"{path.relative_to(ROOT)} differs from figures/results.json; "
+            "run `python tests/test_readme.py` to render it again")
+    assert marks >= 10  # the front page's excerpts and claims, and the full reference output
+
+
+def test_the_check_fails_when_a_block_or_a_number_is_edited():
+    results, output = committed()
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = BLOCK.search(text)
+    body = block["body"]
+    digit = next(i for i, c in enumerate(body) if c.isdigit() and i > body.index("\n"))
+    edited = body[:digit] + str((int(body[digit]) + 1) % 10) + body[digit + 1:]
+    assert stale(text.replace(body, edited, 1), results, output)
+    value = VALUE.search(text)
+    wrong = text[:value.start()] + "9" + text[value.start():]  # 3.93 -> 93.93
+    assert stale(wrong, results, output)
+    assert not stale(refreshed(wrong, results, output), results, output)
+
+
+def test_the_rendering_is_what_a_run_prints(tiny_args, capsys):
+    """sample_output, applied to a run's results, gives that run's stdout line for line."""
+    results = S.main(tiny_args + ["--experiments", "ABCD", "--engine-requests", "8",
+                                  "--no-figures"])
+    printed = capsys.readouterr().out.rstrip("\n").split("\n")
+    assert printed[-1].startswith("wrote ")
+    saved = json.loads((pathlib.Path(tiny_args[-1]) / "results.json").read_text())
+    assert sample_output(saved).rstrip("\n") == "\n".join(printed[:-1]).rstrip("\n")
+    assert results["environment"]["date"] == saved["environment"]["date"]
+
+
+if __name__ == "__main__":  # render every README's marks again from figures/results.json
+    results, output = committed()
+    for path in READMES:
+        if path.exists():
+            text = path.read_text(encoding="utf-8")
+            new = refreshed(text, results, output)
+            if new != text:
+                path.write_text(new, encoding="utf-8")
+                print(f"rendered {path.relative_to(ROOT)} again from figures/results.json")
