@@ -117,6 +117,8 @@ def expect_usage_error(args, capsys, *fragments):
         S.main(args)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
+    err = "\n".join(line for line in err.splitlines()  # (a search's progress, logged before)
+                     if not re.match(r" *\[\d\d:\d\d:\d\d\] C capacity: ", line))
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     for fragment in fragments:
         assert fragment in err
