@@ -4957,6 +4957,48 @@ def chain_text(T, B):
     return "\n".join(lines)
 
 
+CEILINGS_MOVED = 0.25  # ceilings measured again that moved more than this share: a busy machine
+
+RIDGE_MIN = 1.0  # FLOP/byte: a matmul slower than a copy of its bytes, which no quiet chip is
+
+
+def moved(before, after):
+    """How far each ceiling moved between two measurements, as a signed share."""
+    return {k: after[k] / before[k] - 1 for k in ("bandwidth_gbs", "matmul_tflops")
+            if before[k] > 0}
+
+
+def machine_warnings(results):
+    """When the machine lied: the ceilings moved over the run (or around D) by more than
+    CEILINGS_MOVED, a ridge under RIDGE_MIN, MBU or MFU over 100% in A's or B's rows.
+    -> [a description dict each (see describe)], what to re-run named in its template"""
+    env, out = results.get("environment", {}), []
+    start, end = env.get("ceilings"), env.get("ceilings_end")
+    if start and end and any(abs(v) > CEILINGS_MOVED for v in moved(start, end).values()):
+        out.append({"kind": "warn_moved", **ceilings_moved(start, end)})
+    if start and start["ridge_flop_per_byte"] < RIDGE_MIN:
+        out.append({"kind": "warn_ridge", "ridge": start["ridge_flop_per_byte"],
+                    "least": RIDGE_MIN})
+    above = sorted({k.upper() for e in "AB" for r in results.get(e, {}).get("rows", [])
+                    for k in r.get("above_ceiling", ())})
+    if above:
+        rows = sum("above_ceiling" in r for e in "AB" for r in results.get(e, {}).get("rows", []))
+        out.append({"kind": "warn_above", "shares": " and ".join(above), "rows": rows})
+    machine = results.get("D", {}).get("machine")
+    if machine and any(abs(v) > CEILINGS_MOVED
+                       for v in moved(machine["before"], machine["after"]).values()):
+        out.append({"kind": "warn_engine", **ceilings_moved(machine["before"], machine["after"])})
+    return out
+
+
+def ceilings_moved(before, after):
+    change = moved(before, after)
+    return {"bandwidth": before["bandwidth_gbs"], "bandwidth_end": after["bandwidth_gbs"],
+            "tflops": before["matmul_tflops"], "tflops_end": after["matmul_tflops"],
+            "bandwidth_moved": change.get("bandwidth_gbs", 0.0),
+            "tflops_moved": change.get("matmul_tflops", 0.0), "share": CEILINGS_MOVED}
+
+
 def summary_text(T, results):
     """The post's three claims as this run measured them, one line each (those it ran)."""
     lines = []
@@ -5266,7 +5308,17 @@ def engine_table(T, D):
                                         steps=D["continuous"]["decode_steps"])
            if D["continuous"]["padded_decode_steps"] else T["attention_spans"]),
         *kernels_text(T, D),
-        "", request_table(T, D), verdict_text(T, D["verdict"])])
+        "", request_table(T, D), verdict_text(T, D["verdict"])] + engine_machine_text(T, D))
+
+
+def engine_machine_text(T, D):
+    """Whether the machine's speed held between D's pricing and its run (its ceilings
+    measured on either side of D)."""
+    if "machine" not in D:
+        return []
+    change = ceilings_moved(D["machine"]["before"], D["machine"]["after"])
+    held = all(abs(change[k]) <= CEILINGS_MOVED for k in ("bandwidth_moved", "tflops_moved"))
+    return [T["verdict_machine_held" if held else "verdict_machine_moved"].format(**change)]
 
 
 REQUEST_COLUMNS = [("policy", "label", "text"), ("latency", "latency", "text"),
@@ -5435,6 +5487,9 @@ def format_tables(results, lang="en"):
     if "D" in results:
         out += [engine_table(T, results["D"])]
     out += [text for text in (summary_text(T, results),) if text]
+    warnings = machine_warnings(results)
+    if warnings:
+        out.append("\n".join(describe(T, w) for w in warnings))
     return fit_lines("\n\n".join(out))
 
 
@@ -5901,6 +5956,9 @@ FIGURES = {"phases.png": ("B", plot_phases),
            "decode_context.png": ("A", plot_decode_context)}
 
 
+FORMATS = ("png", "svg")
+
+
 def draw_figures(results, out_dir, dpi=100, fmt="png", jobs=1):
     """Every figure the results support -> (written, missing: {name: why not}), drawn in up to
     `jobs` worker processes. A plot returns None, or why it could not draw."""
@@ -6294,7 +6352,7 @@ def output_flags(p):
     add_flag(o, "-h", "--help", action="help", help="show this and exit")
     add_flag(o, "--out", metavar="DIR", help="results.json and the figures")
     add_flag(o, "--no-figures", dest="figures", action="store_false", help="draw none")
-    add_flag(o, "--format", choices=["png", "svg"], help="the figures' format")
+    add_flag(o, "--format", choices=FORMATS, help="the figures' format")
     add_flag(o, "--dpi", type=integer(20, 1000), help="figures: 100 is 800 px wide")
     add_flag(o, "--lang", choices=list(TEXT), help="what is printed: en, or ko")
     add_flag(o, "--save-requests", metavar="CSV", shown="none", help="every request's times")
@@ -6652,6 +6710,7 @@ def run_experiments(run, device, results, inputs):
         with torch.inference_mode(), sdpa_policy():
             for stage in run.experiments:
                 run_experiment(stage, run, device, results, benches, inputs)
+            remeasure_ceilings(run, device, results)
     except KeyboardInterrupt:
         results["interrupted"] = True
         return True
@@ -6664,13 +6723,22 @@ def run_experiments(run, device, results, inputs):
 
 def finish_run(run, results, interrupted):
     """The tables, results.json and (unless interrupted) the figures; then the exit status:
-    130 after Ctrl-C, 1 after a late failure."""
+    130 after Ctrl-C, 1 after a late failure (a figure's among them)."""
     T = TEXT[run.lang]
+    results["machine_warnings"] = machine_warnings(results)
     print("\n" + format_tables(results, run.lang) + "\n", flush=True)
     json_path = os.path.join(run.out, "results.json")
     write_atomic(json_path, to_json(results))
+    written = []
     if run.figures and not interrupted:
-        written, _ = draw_figures(results, run.out, run.dpi, run.format, run.jobs)
+        try:
+            written, missing = draw_figures(results, run.out, run.dpi, run.format, run.jobs)
+            results["figures"] = {"written": written, "not_drawn": missing}
+        except Exception as e:  # (a worker's too: a figure failed late, like an experiment)
+            results["failed"] = {"experiment": "figures", "error": one_line(e)}
+        write_atomic(json_path, to_json(results))
+    remove_stale_figures(run.out, written)
+    if written:
         print(fit_lines(T["wrote"].format(json=json_path, figures=", ".join(written))))
     else:
         print(T["wrote_json"].format(json=json_path))
@@ -6679,10 +6747,20 @@ def finish_run(run, results, interrupted):
         raise SystemExit(130)
     if "failed" in results:
         failed = results["failed"]
-        print(f"NN_40_serving.py: error: experiment {failed['experiment']} failed "
+        stage = "the" if failed["experiment"] == "figures" else "experiment"
+        print(f"NN_40_serving.py: error: {stage} {failed['experiment']} failed "
               f"({failed['error']}); results.json keeps what finished before it",
               file=sys.stderr)
         raise SystemExit(1)
+
+
+def remove_stale_figures(out_dir, written):
+    """The figures in out_dir that this run did not draw, removed (only the file names the
+    script gives its figures, in either format): an output folder never mixes two runs."""
+    for name in FIGURES:
+        for path in (os.path.join(out_dir, name.replace(".png", "." + f)) for f in FORMATS):
+            if os.path.basename(path) not in written and os.path.isfile(path):
+                os.remove(path)
 
 
 def run_experiment(name, run, device, results, benches, inputs):
@@ -6705,7 +6783,18 @@ def run_experiment(name, run, device, results, benches, inputs):
         if device and "peak" in results["C"].get("kv", {}):  # the budget is real
             results["C"]["kv"]["device_check"] = kv_device_check(bench, results["C"]["kv"])
     elif name == "D":
+        before = measure_ceilings(run, device, log)
         results["D"] = run_serving_engine(bench, inputs.lengths, inputs.arrival, log)
+        results["D"]["machine"] = {"before": before, "after": measure_ceilings(run, device, log)}
+
+
+def remeasure_ceilings(run, device, results):
+    """The ceilings measured again at the end of the run (after D, D's own): a busy machine's
+    speed moves, and A's, B's and D's numbers with it (see machine_warnings)."""
+    env = results["environment"]
+    if "ceilings" in env and not (run.peak_bandwidth_gbs and run.peak_tflops):
+        after = results.get("D", {}).get("machine", {}).get("after")
+        env["ceilings_end"] = after or measure_ceilings(run, device, log)
 
 
 # -----------------------------------------------------------------------------
@@ -6875,6 +6964,31 @@ TEXT_EN = {**SHARED_TEXT,
     "replicas_col": "replicas", "attained_col": "SLO met at that count",
     "below_col": "with one fewer", "too_many": "more than {n:,}",
     "answer": "answer: {replicas} ({gpus}), with {router}{tie}",
+    "warn_moved": "warning: the machine's speed moved during this run: its ceilings, measured "
+                  "again at the end, went from {bandwidth:,.1f} to {bandwidth_end:,.1f} GB/s "
+                  "({bandwidth_moved:+.0%}) and from {tflops:.3g} to {tflops_end:.3g} TFLOP/s "
+                  "({tflops_moved:+.0%}), more than {share:.0%}: something else was running. "
+                  "A's, B's and D's times are suspect: re-run on a quiet machine, or give "
+                  "--peak-bandwidth-gbs and --peak-tflops",
+    "warn_ridge": "warning: the ridge is {ridge:.2g} FLOP/byte, under {least:g}: the matmul "
+                  "ceiling ran slower than a copy of its bytes, which no idle CPU or GPU does, "
+                  "so the bound column is wrong: re-run --experiments AB on a quiet machine, "
+                  "or give --peak-tflops",
+    "warn_above": "warning: {shares} over 100% in {rows} of A's and B's rows: a ceiling was "
+                  "measured while the machine was slower than when the steps ran: re-run "
+                  "--experiments AB on a quiet machine, or give --peak-bandwidth-gbs and "
+                  "--peak-tflops",
+    "warn_engine": "warning: the machine's speed moved while D ran: {bandwidth:,.1f} to "
+                   "{bandwidth_end:,.1f} GB/s ({bandwidth_moved:+.0%}), {tflops:.3g} to "
+                   "{tflops_end:.3g} TFLOP/s ({tflops_moved:+.0%}): D's verdict compares a run "
+                   "with prices timed on a machine of another speed: re-run --experiments D on "
+                   "a quiet machine",
+    "verdict_machine_held": "the machine's speed held around D: ceilings {bandwidth_moved:+.0%} "
+                            "(bandwidth) and {tflops_moved:+.0%} (matmul) from before its "
+                            "pricing to after its run",
+    "verdict_machine_moved": "the machine's speed moved between D's pricing and its run: "
+                             "ceilings {bandwidth_moved:+.0%} (bandwidth) and {tflops_moved:+.0%}"
+                             " (matmul), past {share:.0%}: the verdict is the machine's, not C's",
     "summary": "in short, as measured in this run:",
     "summary_decode": "  1. decode is bound by bytes, so batching is nearly free: batch {batch} "
                       "decodes {throughput:.1f}x batch 1's tokens/s for {wait:.2f}x its wait "
@@ -7154,6 +7268,27 @@ TEXT_KO = {**SHARED_TEXT,
     "replicas_col": "복제본", "attained_col": "그 개수에서 SLO 충족",
     "below_col": "하나 적을 때", "too_many": "{n:,}개 넘게",
     "answer": "답: 복제본 {replicas} (GPU {gpus}), 라우터 {router}{tie}",
+    "warn_moved": "경고: 이번 실행 동안 기계의 속도가 바뀌었다: 끝에서 다시 잰 천장이 "
+                  "{bandwidth:,.1f}에서 {bandwidth_end:,.1f} GB/s로 ({bandwidth_moved:+.0%}), "
+                  "{tflops:.3g}에서 {tflops_end:.3g} TFLOP/s로 ({tflops_moved:+.0%}), {share:.0%}"
+                  "보다 크게 움직였다: 다른 무언가가 돌고 있었다. A, B, D의 시간은 믿을 수 없다: "
+                  "조용한 기계에서 다시 돌리거나 --peak-bandwidth-gbs와 --peak-tflops를 주라",
+    "warn_ridge": "경고: 능선이 {ridge:.2g} FLOP/byte로 {least:g} 아래다: 행렬곱 천장이 그 바이트의 "
+                  "복사보다 느렸다. 쉬는 CPU나 GPU에서는 없는 일이라 한계 열이 틀렸다: 조용한 "
+                  "기계에서 --experiments AB를 다시 돌리거나 --peak-tflops를 주라",
+    "warn_above": "경고: A와 B의 {rows}개 행에서 {shares}가 100%를 넘는다: 천장을 잴 때 기계가 "
+                  "스텝을 돌릴 때보다 느렸다: 조용한 기계에서 --experiments AB를 다시 돌리거나 "
+                  "--peak-bandwidth-gbs와 --peak-tflops를 주라",
+    "warn_engine": "경고: D가 도는 동안 기계의 속도가 바뀌었다: {bandwidth:,.1f}에서 "
+                   "{bandwidth_end:,.1f} GB/s ({bandwidth_moved:+.0%}), {tflops:.3g}에서 "
+                   "{tflops_end:.3g} TFLOP/s ({tflops_moved:+.0%}): D의 판정은 다른 속도의 "
+                   "기계에서 잰 비용과 실행을 비교한다: 조용한 기계에서 --experiments D를 다시 "
+                   "돌리라",
+    "verdict_machine_held": "D 동안 기계의 속도는 그대로였다: 비용을 재기 전부터 실행 뒤까지 "
+                            "천장 {bandwidth_moved:+.0%} (대역폭), {tflops_moved:+.0%} (행렬곱)",
+    "verdict_machine_moved": "D의 비용 측정과 실행 사이에 기계의 속도가 바뀌었다: 천장 "
+                             "{bandwidth_moved:+.0%} (대역폭), {tflops_moved:+.0%} (행렬곱), "
+                             "{share:.0%} 넘게: 이 판정은 C가 아니라 기계의 것이다",
     "summary": "요약, 이번 실행에서 잰 그대로:",
     "summary_decode": "  1. 디코드는 바이트에 묶여 배칭이 거의 공짜다: 배치 {batch}는 배치 1의 "
                       "{throughput:.1f}배 토큰/s를 {wait:.2f}배 대기로 디코드한다 (배치 1: "
