@@ -3285,11 +3285,22 @@ def check_card_fits(run):
         raise UsageError(f"--tp {run.tp} must divide the model's {run.model.heads} heads (each "
                          "card holds whole heads)")
     if weights > card.memory_bytes:
-        least = math.ceil(weight_bytes(run.model) / card.memory_bytes)
         raise UsageError(f"{run.model.name} in {run.model.weight_format} needs "
                          f"{weights / 1e9:,.1f} GB of weights on each of {run.tp * run.ep} x "
-                         f"{card.name} ({card.memory_bytes / 1e9:,.1f} GB): give --tp {least} "
-                         "or more, or smaller --weights")
+                         f"{card.name} ({card.memory_bytes / 1e9:,.1f} GB): "
+                         + fitting_split(run.model, card, run.ep))
+
+
+def fitting_split(cfg, card, ep):
+    """What to give when the weights do not fit: the fewest cards (--tp, or --ep with --ep)
+    that the check above then accepts, or smaller weights when no count up to 64 does."""
+    flag, parts = ("--ep", cfg.experts) if ep > 1 else ("--tp", cfg.heads)
+    for n in range(2, 65):
+        split = (1, n) if ep > 1 else (n, 1)
+        if parts % n == 0 and card_weight_bytes(cfg, *split) <= card.memory_bytes:
+            return f"give {flag} {n} (it divides the {parts} {'experts' if ep > 1 else 'heads'}" \
+                   "), or smaller --weights"
+    return f"no {flag} up to 64 fits it: give smaller --weights"
 
 
 def kv_budget_bytes(run, device):
