@@ -6186,31 +6186,6 @@ def add_flag(group, *flags, shown=None, **kw):
     return group.add_argument(*flags, **kw)
 
 
-USAGE = "NN_40_serving.py [--quick] [--experiments ABCD] [--model NAME] [--gpu CARD] [flags]"
-
-DESCRIPTION = """\
-Measures the post's three claims on this machine, then checks its simulation:
-  A  decode batch sweep   decode is bound by reading the weights, so batching is nearly free
-  B  prefill vs decode    prefill is bound by arithmetic, decode far below it
-  C  static vs continuous continuous batching fills the seats static batching leaves empty
-                          (a pure simulation in seconds; the capacity planner)
-  D  a real engine        both policies run on the model, against C's prediction
-vLLM's flag names work too: --request-rate, --num-prompts, --max-num-seqs, --goodput, ..."""
-
-EPILOG = """\
-recipes:
-  NN_40_serving.py --quick                       a smoke run of A-D (about 15 s on a CPU)
-  NN_40_serving.py --experiments C               the simulation alone (touches no device)
-  NN_40_serving.py --catalog                     every named model on every named card
-  NN_40_serving.py --model llama-3-8b --gpu h100 --request-rate 20 --target-rate 20 \\
-      --goodput ttft:1000 --slo-attainment p99   H100s for 20 requests/s at p99 TTFT < 1 s
-  NN_40_serving.py --model-config config.json --gpu a100-80gb --experiments C   your model
-  NN_40_serving.py --trace trace.csv --rate trace --experiments C       replay a trace
-  NN_40_serving.py --model llama-3.1-70b --gpu h100 --tensor-parallel-size 4 --weights fp8 \\
-      --kv-cache-dtype fp8 --experiments C       tensor parallel, FP8 weights and KV cache
-  NN_40_serving.py --replot figures/results.json --out /tmp/figs   redraw the figures"""
-
-
 def build_parser():
     p = ArgumentParser(prog="NN_40_serving.py", usage=USAGE, description=DESCRIPTION,
                        epilog=EPILOG, formatter_class=HelpFormatter, add_help=False)
@@ -6810,6 +6785,32 @@ def remeasure_ceilings(run, device, results):
 
 # -----------------------------------------------------------------------------
 # text: every string printed, in English (TEXT_KO below is the same in Korean)
+
+
+# --help (in English alone, as argparse writes the rest of it)
+USAGE = "NN_40_serving.py [--quick] [--experiments ABCD] [--model NAME] [--gpu CARD] [flags]"
+
+DESCRIPTION = """\
+Measures the post's three claims on this machine, then checks its simulation:
+  A  decode batch sweep   decode is bound by reading the weights, so batching is nearly free
+  B  prefill vs decode    prefill is bound by arithmetic, decode far below it
+  C  static vs continuous continuous batching fills the seats static batching leaves empty
+                          (a pure simulation in seconds; the capacity planner)
+  D  a real engine        both policies run on the model, against C's prediction
+vLLM's flag names work too: --request-rate, --num-prompts, --max-num-seqs, --goodput, ..."""
+
+EPILOG = """\
+recipes:
+  NN_40_serving.py --quick                       a smoke run of A-D (about 15 s on a CPU)
+  NN_40_serving.py --experiments C               the simulation alone (touches no device)
+  NN_40_serving.py --catalog                     every named model on every named card
+  NN_40_serving.py --model llama-3-8b --gpu h100 --request-rate 20 --target-rate 20 \\
+      --goodput ttft:1000 --slo-attainment p99   H100s for 20 requests/s at p99 TTFT < 1 s
+  NN_40_serving.py --model-config config.json --gpu a100-80gb --experiments C   your model
+  NN_40_serving.py --trace trace.csv --rate trace --experiments C       replay a trace
+  NN_40_serving.py --model llama-3.1-70b --gpu h100 --tensor-parallel-size 4 --weights fp8 \\
+      --kv-cache-dtype fp8 --experiments C       tensor parallel, FP8 weights and KV cache
+  NN_40_serving.py --replot figures/results.json --out /tmp/figs   redraw the figures"""
 
 
 SHARED_TEXT = {  # the same in every language: units, acronyms, names
