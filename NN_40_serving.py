@@ -5252,7 +5252,7 @@ def capacity_text(T, cap):
 
 def counted(T, n, noun):
     """"1 replica", "2 replicas": a count and its noun in T's language."""
-    one, many = T["noun_" + noun]
+    one, many = T["noun_" + noun].split("|")
     return (one if n == 1 else many).format(n=n)
 
 
@@ -7013,7 +7013,7 @@ TEXT_EN = {**SHARED_TEXT,
                         "empty: {continuous:.0%} of slot-steps filled against {static:.0%}, "
                         "{speedup:.2f}x fewer steps{engine}",
     "summary_engine": "; a real engine here {measured:.2f}x faster (C predicted {predicted:.2f}x)",
-    "noun_replica": ("{n:,} replica", "{n:,} replicas"), "noun_gpu": ("{n:,} GPU", "{n:,} GPUs"),
+    "noun_replica": "{n:,} replica|{n:,} replicas", "noun_gpu": "{n:,} GPU|{n:,} GPUs",
     "answer_one": "answer: one replica of {model} on {card} serves {one} requests/s with "
                   "{slo} for {attainment:.0%} of requests",
     "answer_fleet": "answer: {rate:g} requests/s of {model} with {slo} for {attainment:.0%} "
@@ -7312,7 +7312,7 @@ TEXT_KO = {**SHARED_TEXT,
     "summary_batching": "  3. 연속 배칭은 정적 배칭이 비워 두는 자리를 채운다: 슬롯-스텝의 "
                         "{continuous:.0%} 채움 대 {static:.0%}, 스텝 {speedup:.2f}배 적음{engine}",
     "summary_engine": "; 실제 엔진에서 {measured:.2f}배 빠름 (C의 예측 {predicted:.2f}배)",
-    "noun_replica": ("{n:,}개", "{n:,}개"), "noun_gpu": ("{n:,}장", "{n:,}장"),
+    "noun_replica": "{n:,}개|{n:,}개", "noun_gpu": "{n:,}장|{n:,}장",
     "answer_one": "답: {card}의 {model} 복제본 하나가 요청의 {attainment:.0%}에 {slo}를 "
                   "지키며 초당 {one}개 요청을 처리한다",
     "answer_fleet": "답: {card}의 {model} 복제본 {replicas} (GPU {gpus})가 요청의 "

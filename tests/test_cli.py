@@ -75,6 +75,15 @@ def english_phrases(template):
     return re.findall(r"[A-Za-z][A-Za-z ']{3,}[A-Za-z]", literals)
 
 
+def between_banner_and_files(printed):
+    """What a run printed less the date, the command line, the versions and the files written
+    (each maybe wrapped over lines)."""
+    lines = printed.strip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("python ")) + 1
+    end = max(i for i, line in enumerate(lines) if line.startswith("저장: "))
+    return "\n".join(lines[start:end])
+
+
 def assert_no_english(printed):
     """No English phrase of any template in what was printed (flag names are names: kept)."""
     printed = re.sub(r"--[a-z-]+", "", printed)
@@ -86,10 +95,10 @@ def assert_no_english(printed):
 
 def test_every_printed_line_is_korean_under_ko(tiny_args, tmp_path, capsys):
     _, out = run_main(tiny_args + ["--lang", "ko", "--engine-requests", "6", "--max-positions",
-                                   "4096", "--slo-ttft-ms", "100"], capsys)
+                                   "4096", "--slo-ttft-ms", "100", "--experiments", "ABCD"], capsys)
     assert "정적 배칭" in out.out and "슬롯 점유율" in out.out and "속도 향상" in out.out
     # all but the date, the command line, the versions and the files written
-    assert_no_english("\n".join(out.out.strip().splitlines()[3:-1]))
+    assert_no_english(between_banner_and_files(out.out))
     assert english_phrases("static batching (batch {batch})") == ["static batching", "batch"]
 
 
@@ -98,7 +107,7 @@ def test_a_named_model_on_a_card_and_the_catalog_in_korean(tmp_path, capsys):
                        "rtx-5080", "--requests", "60", "--rates", "5", "--rate", "20",
                        "--no-figures", "--out", str(tmp_path)], capsys)
     assert "카드: 1 x RTX 5080" in out.out and "들어가지 않아" in out.out
-    assert_no_english("\n".join(out.out.strip().splitlines()[2:-1]))
+    assert_no_english(between_banner_and_files(out.out))
     _, out = run_main(["--catalog", "--lang", "ko"], capsys)
     assert "들어가지 않음" in out.out
     assert_no_english(out.out)
