@@ -46,7 +46,8 @@ def test_mfu_or_mbu_over_100_percent_warns(share, warned):
     c["bandwidth_gbs"] = cost["bytes"] / 0.010 / 1e9 / share  # (MBU = share)
     row = S.roofline_row(cfg, c, timing, 1, 1, 8)
     assert ("mbu" in row.get("above_ceiling", ())) == warned
-    results = {"environment": {"ceilings": {**c, "ridge_flop_per_byte": 10.0}}, "A": {"rows": [row]}}
+    results = {"environment": {"ceilings": {**c, "ridge_flop_per_byte": 10.0}},
+               "A": {"rows": [row]}}
     assert ("warn_above" in kinds(results)) == warned
     if warned:
         text = S.describe(S.TEXT["en"], S.machine_warnings(results)[0])
