@@ -5264,7 +5264,9 @@ def capacity_answer(T, results):
     slo = ", ".join(T[key].format(ms=1e3 * cap[f"{key}_s"]) for key in ("slo_ttft", "slo_tpot")
                     if cap[f"{key}_s"])
     one = cap["one_replica"]["rate_rps"]
-    fields = {"slo": slo, "attainment": cap["attainment"], "model": cfg["model"]["name"],
+    name = cfg["model"]["name"]
+    fields = {"slo": slo, "attainment": cap["attainment"],
+              "model": T["answer_post"] if name == "post" else name,
               "one": f"{one:,.3g}" if math.isfinite(one) else T["capacity_all"].format(
                   rate=max(rate for rate, _ in cap["one_replica"]["tried"]))}
     fields["card"] = price["card"] if price["kind"] == "pricing_card" else describe(T, price)
@@ -7025,7 +7027,7 @@ TEXT_EN = {**SHARED_TEXT,
                       "median {output:,.0f}, max {longest:,} ({source}); {slots} slots a "
                       "replica{vllm}; chunks of {chunk:,} tokens; continuous batching, "
                       "{kv} KV cache (details below)",
-    "answer_arrivals_poisson": "Poisson arrivals",
+    "answer_arrivals_poisson": "Poisson arrivals", "answer_post": "the post's model",
     "answer_arrivals_gamma": "gamma arrivals of shape {burstiness:g}",
     "answer_vllm_slots": " (vLLM's --max-num-seqs defaults to {n}: --slots {n} to match)",
     "answer_tie": " (as few as any router needs)",
@@ -7324,7 +7326,7 @@ TEXT_KO = {**SHARED_TEXT,
     "answer_assumes": "  가정: {arrivals}; 프롬프트 {prompt:,.0f} 토큰, 출력 중앙값 "
                       "{output:,.0f}, 최대 {longest:,} ({source}); 복제본마다 슬롯 {slots}개"
                       "{vllm}; 청크 {chunk:,} 토큰; 연속 배칭, KV 캐시 {kv} (자세한 표는 아래)",
-    "answer_arrivals_poisson": "포아송 도착",
+    "answer_arrivals_poisson": "포아송 도착", "answer_post": "글의 모델",
     "answer_arrivals_gamma": "형상 {burstiness:g}의 감마 도착",
     "answer_vllm_slots": " (vLLM의 --max-num-seqs 기본값은 {n}: 맞추려면 --slots {n})",
     "answer_tie": " (어느 라우터보다 적거나 같다)",
