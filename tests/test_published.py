@@ -339,7 +339,7 @@ def test_c_runs_a_tensor_parallel_replica_in_fp8(tmp_path, capsys):
     assert results["C"]["kv"]["budget_tokens"] == tokens
     assert results["C"]["kv"]["bytes_per_token"] == 80 * 2 * 8 * 128  # fp8: a byte each
     # one card cannot hold the bf16 model: a clear line, not a traceback
-    assert "give --tp 2 or more" in expect_usage_error(argv, capsys)
+    assert "give --tp 2 (it divides the 64 heads)" in expect_usage_error(argv, capsys)
 
 
 @pytest.mark.parametrize("argv, says", [
