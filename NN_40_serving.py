@@ -40,6 +40,7 @@ import os
 import platform
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -435,6 +436,8 @@ CAPACITY_SEEDS = 5        # independent arrival draws of one replica's capacity
 # GPU's stays flat past 100; and outputs an eighth as long keep D within about half a minute.
 ENGINE_CPU = {"requests": 96, "shrink": 8, "prompt_len": 16, "slots": 8}
 
+VLLM_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs, beside --slots' 32 (the post's)
+
 ENGINE_QUICK = {"requests": 16, "shrink": 16, "prompt_len": 8, "slots": 4}
 
 
@@ -514,6 +517,23 @@ class RunConfig:
 
 def log(message):
     print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+OUTPUT_WIDTH = 100  # the widest line printed to stdout (tables split, prose wrapped to it)
+
+
+def fit_lines(text, width=OUTPUT_WIDTH):
+    """Every line of text at most `width` columns: a longer one wrapped at spaces, its
+    continuation indented two past its own indent (tables arrive already split)."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()))
+        out += textwrap.wrap(line, width, subsequent_indent=indent + "  ",
+                             break_long_words=False, break_on_hyphens=False)
+    return "\n".join(out)
 
 
 def log_labelled(label, message):
@@ -3265,11 +3285,22 @@ def check_card_fits(run):
         raise UsageError(f"--tp {run.tp} must divide the model's {run.model.heads} heads (each "
                          "card holds whole heads)")
     if weights > card.memory_bytes:
-        least = math.ceil(weight_bytes(run.model) / card.memory_bytes)
         raise UsageError(f"{run.model.name} in {run.model.weight_format} needs "
                          f"{weights / 1e9:,.1f} GB of weights on each of {run.tp * run.ep} x "
-                         f"{card.name} ({card.memory_bytes / 1e9:,.1f} GB): give --tp {least} "
-                         "or more, or smaller --weights")
+                         f"{card.name} ({card.memory_bytes / 1e9:,.1f} GB): "
+                         + fitting_split(run.model, card, run.ep))
+
+
+def fitting_split(cfg, card, ep):
+    """What to give when the weights do not fit: the fewest cards (--tp, or --ep with --ep)
+    that the check above then accepts, or smaller weights when no count up to 64 does."""
+    flag, parts = ("--ep", cfg.experts) if ep > 1 else ("--tp", cfg.heads)
+    for n in range(2, 65):
+        split = (1, n) if ep > 1 else (n, 1)
+        if parts % n == 0 and card_weight_bytes(cfg, *split) <= card.memory_bytes:
+            return f"give {flag} {n} (it divides the {parts} {'experts' if ep > 1 else 'heads'}" \
+                   "), or smaller --weights"
+    return f"no {flag} up to 64 fits it: give smaller --weights"
 
 
 def kv_budget_bytes(run, device):
@@ -4392,10 +4423,14 @@ def capacity_study(run, req, replica):
     m = max(CAPACITY_REQUESTS, len(req.output))
     draws = [unit_rate(run, req, m, run.seed + SEED_OFFSET["capacity"] + s)
              for s in range(CAPACITY_SEEDS)]
+    log(f"C capacity: bisecting one replica's rate at the SLO, {CAPACITY_SEEDS} draws of "
+        f"{m:,} arrivals on {min(run.jobs, CAPACITY_SEEDS)} worker processes")
     searches = run_parallel([(capacity_one, (r, dataclasses.replace(replica, order=o), slo))
                              for r, o in draws], run.jobs)
     rates = sorted(rate for rate, _ in searches)
     one = rates[len(rates) // 2]
+    log(f"C capacity: one replica serves {one:,.3g} requests/s (draws {rates[0]:,.3g}-"
+        f"{rates[-1]:,.3g})")
     result = {"slo_ttft_s": run.slo_ttft_s, "slo_tpot_s": run.slo_tpot_s,
               "attainment": slo.attainment, "requests": m, "seeds": CAPACITY_SEEDS,
               "gpus_per_replica": run.tp, "scheduler": "continuous",
@@ -4424,6 +4459,8 @@ def fleet_capacity(run, req, replica, slo, one, m):
     seed = run.seed + SEED_OFFSET["replicas"]
     base, order = unit_rate(run, req, n, seed)
     replica, routers = dataclasses.replace(replica, order=order), run_routers(run)
+    log(f"C capacity: the fewest replicas for {run.target_rate:g} requests/s under "
+        f"{len(routers)} routers, from {start:,} up")
     found = run_parallel([(fewest_replicas, (base, replica, slo, Fleet(start, router, seed),
                                              run.target_rate, start)) for router in routers],
                          run.jobs)
@@ -4830,10 +4867,26 @@ ROOFLINE_COLUMNS = [("gbs", ",.1f"), ("mbu", ".0%"), ("mfu", ".1%"), ("bound", "
 
 def table(T, rows, headers, **fields):
     """Rows under the headers named (TEXT keys, formatted with `fields`, or a metric's
-    (metric, statistic, unit)), right-aligned."""
+    (metric, statistic, unit)), right-aligned; wider than OUTPUT_WIDTH, split into tables of
+    the columns that fit, each led by the row's labels (its leading columns of words)."""
     from tabulate import tabulate
-    return tabulate(rows, [header_text(T, h).format(**fields) for h in headers],
-                    stralign="right", disable_numparse=True)
+    heads = [header_text(T, h).format(**fields) for h in headers]
+    rows = [list(map(str, r)) for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)]
+    labels = next((i for i in range(len(heads)) if not all(any(c.isalpha() for c in r[i])
+                                                           for r in rows)), len(heads))
+    labels = min(max(labels, 1), len(heads) - 1)
+    parts, start = [], labels
+    while start < len(heads) or not parts:
+        end = start + 1
+        while end < len(heads) and sum(widths[:labels] + widths[start:end + 1]) + \
+                2 * (labels + end - start) <= OUTPUT_WIDTH:
+            end += 1
+        cols = list(range(labels)) + list(range(start, end))
+        parts.append(tabulate([[r[i] for i in cols] for r in rows], [heads[i] for i in cols],
+                              stralign="right", disable_numparse=True))
+        start = end
+    return "\n\n".join(parts)
 
 
 def header_text(T, header):
@@ -4847,7 +4900,6 @@ def header_text(T, header):
 # a format() spec or a unit below, the one place where units are converted for the tables.
 UNITS = {
     "ms": lambda v: f"{1e3 * v:,.1f}",           # seconds shown in milliseconds
-    "ms0": lambda v: f"{1e3 * v:,.0f}",          # (to the millisecond)
     "pct": lambda v: f"{100 * v:.1f}%",          # a share in per cent
     "spct": lambda v: f"{100 * v:+.1f}%",        # a signed error in per cent
     "s": lambda v: f"{v:,.2f}" if v >= 1 else f"{v:.3f}",  # seconds, to 3 figures below 1
@@ -4916,12 +4968,90 @@ def chain_text(T, B):
     return "\n".join(lines)
 
 
+CEILINGS_MOVED = 0.25  # ceilings measured again that moved more than this share: a busy machine
+
+RIDGE_MIN = 1.0  # FLOP/byte: a matmul slower than a copy of its bytes, which no quiet chip is
+
+
+def moved(before, after):
+    """How far each ceiling moved between two measurements, as a signed share."""
+    return {k: after[k] / before[k] - 1 for k in ("bandwidth_gbs", "matmul_tflops")
+            if before[k] > 0}
+
+
+def machine_warnings(results):
+    """When the machine lied: the ceilings moved over the run (or around D) by more than
+    CEILINGS_MOVED, a ridge under RIDGE_MIN, MBU or MFU over 100% in A's or B's rows.
+    -> [a description dict each (see describe)], what to re-run named in its template"""
+    env, out = results.get("environment", {}), []
+    start, end = env.get("ceilings"), env.get("ceilings_end")
+    if start and end and any(abs(v) > CEILINGS_MOVED for v in moved(start, end).values()):
+        out.append({"kind": "warn_moved", **ceilings_moved(start, end)})
+    if start and start["ridge_flop_per_byte"] < RIDGE_MIN:
+        out.append({"kind": "warn_ridge", "ridge": start["ridge_flop_per_byte"],
+                    "least": RIDGE_MIN})
+    above = sorted({k.upper() for e in "AB" for r in results.get(e, {}).get("rows", [])
+                    for k in r.get("above_ceiling", ())})
+    if above:
+        rows = sum("above_ceiling" in r for e in "AB" for r in results.get(e, {}).get("rows", []))
+        out.append({"kind": "warn_above", "shares": " and ".join(above), "rows": rows})
+    machine = results.get("D", {}).get("machine")
+    if machine and any(abs(v) > CEILINGS_MOVED
+                       for v in moved(machine["before"], machine["after"]).values()):
+        out.append({"kind": "warn_engine", **ceilings_moved(machine["before"], machine["after"])})
+    return out
+
+
+def ceilings_moved(before, after):
+    change = moved(before, after)
+    return {"bandwidth": before["bandwidth_gbs"], "bandwidth_end": after["bandwidth_gbs"],
+            "tflops": before["matmul_tflops"], "tflops_end": after["matmul_tflops"],
+            "bandwidth_moved": change.get("bandwidth_gbs", 0.0),
+            "tflops_moved": change.get("matmul_tflops", 0.0), "share": CEILINGS_MOVED}
+
+
+def summary_text(T, results):
+    """The post's three claims as this run measured them, one line each (those it ran)."""
+    lines = []
+    if "A" in results:
+        A = results["A"]
+        rows = [r for r in measured(A["rows"]) if r["context"] == A["context"]
+                and r["mode"] == A["modes"][-1]]
+        by_bytes = [r for r in rows if r["batch"] > 1 and r.get("bound") == "memory"] or \
+            [r for r in rows if r["batch"] > 1]
+        first = next((r for r in rows if r["batch"] == 1), None)
+        if by_bytes and first:
+            r = by_bytes[-1]
+            turn = next((s["batch"] for s in rows if s.get("bound") == "compute"), None)
+            lines.append(T["summary_decode"].format(
+                batch=r["batch"], throughput=r["throughput_vs_1"], wait=r["wait_vs_1"],
+                bound=T[first.get("bound", "memory")], turn=T["summary_turn"].format(
+                    batch=turn) if turn and turn > 1 else ""))
+    if "B" in results:
+        rows = measured(results["B"]["rows"])
+        prefill = [r for r in rows if r["phase"] == "prefill"]
+        decode = next((r for r in rows if r["phase"] == "decode" and r["batch"] == 1), None)
+        if prefill and decode:
+            p = max(prefill, key=lambda r: r["tokens"])
+            lines.append(T["summary_prefill"].format(
+                tokens=p["tokens"], intensity=p["intensity"], bound=T[p.get("bound", "compute")],
+                ratio=p["tflops"] / max(decode["tflops"], 1e-30),
+                decode=decode["intensity"]))
+    C = results.get("C", {})
+    if "static" in C:
+        D = results.get("D", {}).get("verdict")
+        lines.append(T["summary_batching"].format(
+            static=C["static"]["occupancy"], continuous=C["continuous"]["occupancy"],
+            speedup=C["speedup"], engine=T["summary_engine"].format(**D) if D else ""))
+    return "\n".join([T["summary"]] + lines) if lines else ""
+
+
 def ceilings_line(T, ceilings, device_type):
-    return T["ceilings"].format(
+    return fit_lines(T["ceilings"].format(
         bandwidth=ceilings["bandwidth_gbs"], tflops=ceilings["matmul_tflops"],
         bandwidth_source=describe(T, ceilings["bandwidth_source"]),
         matmul_source=describe(T, ceilings["matmul_source"]),
-        ridge=ceilings["ridge_flop_per_byte"]) + ("" if device_type == "cuda" else T["cpu_graphs"])
+        ridge=ceilings["ridge_flop_per_byte"]) + ("" if device_type == "cuda" else T["cpu_graphs"]))
 
 
 # -----------------------------------------------------------------------------
@@ -5003,8 +5133,8 @@ KV_COLUMNS = [("allocation", "allocation", "text"), ("policy", "label", "text"),
               ("kv_used", "utilization", ".1%"), ("never_used", "fragmentation", ".1%"),
               ("max_allocated", "max_allocated_tokens", ","), ("preempted", "preemptions", ","),
               ("recomputed", "recomputed_tokens", ","),
-              (("ttft", "p99", "ms"), "ttft_s.p99", "ms0"),
-              (("e2e", "p99", "ms"), "e2e_s.p99", "ms0")]
+              (("ttft", "p99", "ms"), "ttft_s.p99", "ms"),
+              (("e2e", "p99", "ms"), "e2e_s.p99", "ms")]
 
 
 def kv_table(T, kv):
@@ -5041,12 +5171,12 @@ def device_check_text(T, check):
 
 WHO_WAITS_COLUMNS = [("order", "label", "text"), ("seconds", "makespan_s", "s"),
                      ("req_s", "throughput_rps", ",.2f")] + \
-    latency_columns("mean", "p99", keys=("ttft", "e2e"), unit="s") + [
+    latency_columns("mean", "p99", keys=("ttft", "e2e")) + [
                      ("per_token_ms", "normalized_s_per_token", "ms"),
                      ("longest_wait", "max_wait_s", "s")]
 BY_LENGTH_COLUMNS = [("order", "label", "text"), ("output_tokens", "bucket", "text"),
                      ("count", "count", ",")] + \
-    latency_columns("p50", "p99", keys=("ttft", "e2e"), unit="s") + [
+    latency_columns("p50", "p99", keys=("ttft", "e2e")) + [
                      ("per_token_ms", "normalized_s_per_token", "ms"),
                      ("longest_wait", "max_wait_s", "s")]
 
@@ -5114,8 +5244,52 @@ def capacity_text(T, cap):
         router = min(found, key=lambda k: (found[k]["replicas"], -found[k]["attainment"]))
         fewest = found[router]["replicas"]
         tie = T["answer_tie"] if sum(r["replicas"] == fewest for r in found.values()) > 1 else ""
-        lines.append(T["answer"].format(replicas=fewest, router=router, tie=tie,
-                                        gpus=fewest * cap.get("gpus_per_replica", 1)))
+        lines.append(T["answer"].format(replicas=counted(T, fewest, "replica"), router=router,
+                                        tie=tie, gpus=counted(T, fewest * cap.get(
+                                            "gpus_per_replica", 1), "gpu")))
+    return "\n".join(lines)
+
+
+def counted(T, n, noun):
+    """"1 replica", "2 replicas": a count and its noun in T's language."""
+    one, many = T["noun_" + noun].split("|")
+    return (one if n == 1 else many).format(n=n)
+
+
+def capacity_answer(T, results):
+    """The capacity question answered first, in words, with the workload and limits the
+    answer assumes (what a reader changes to ask it of their own deployment)."""
+    C, cfg = results["C"], results["config"]
+    cap, price = C["capacity"], C["cost_model"]["source"]
+    slo = ", ".join(T[key].format(ms=1e3 * cap[f"{key}_s"]) for key in ("slo_ttft", "slo_tpot")
+                    if cap[f"{key}_s"])
+    one = cap["one_replica"]["rate_rps"]
+    name = cfg["model"]["name"]
+    fields = {"slo": slo, "attainment": cap["attainment"],
+              "model": T["answer_post"] if name == "post" else name,
+              "one": f"{one:,.3g}" if math.isfinite(one) else T["capacity_all"].format(
+                  rate=max(rate for rate, _ in cap["one_replica"]["tried"]))}
+    fields["card"] = price["card"] if price["kind"] == "pricing_card" else describe(T, price)
+    found = {k: r["replicas"] for k, r in cap.get("routers", {}).items() if r["replicas"]}
+    if "routers" not in cap:
+        lines = [T["answer_one"].format(**fields)]
+    elif not found:
+        lines = [T["answer_fleet_none"].format(rate=cap["target_rate"], n=REPLICAS_MAX, **fields)]
+    else:
+        router = min(found, key=found.get)
+        lines = [T["answer_fleet"].format(
+            rate=cap["target_rate"], router=router, **fields,
+            replicas=counted(T, found[router], "replica"),
+            gpus=counted(T, found[router] * cap.get("gpus_per_replica", 1), "gpu"))]
+    arrivals = {"kind": "arrivals_poisson" if cfg["burstiness"] == 1 else "arrivals_gamma",
+                "rate": 1.0, "burstiness": cfg["burstiness"]}
+    lines.append(T["answer_assumes"].format(
+        arrivals=T["answer_arrivals_" + arrivals["kind"][9:]].format(**arrivals),
+        prompt=C["prompt_tokens"]["p50"], output=C["output_tokens"]["p50"],
+        longest=C["lengths"]["max"], source=describe(T, C["source"]), slots=C["slots"],
+        chunk=cfg["chunk_tokens"], kv=T[cap["kv_policy"]] if cap["kv_policy"] else "-",
+        vllm="" if C["slots"] == VLLM_MAX_NUM_SEQS else T["answer_vllm_slots"].format(
+            n=VLLM_MAX_NUM_SEQS)))
     return "\n".join(lines)
 
 
@@ -5147,12 +5321,22 @@ def engine_table(T, D):
                                         steps=D["continuous"]["decode_steps"])
            if D["continuous"]["padded_decode_steps"] else T["attention_spans"]),
         *kernels_text(T, D),
-        "", request_table(T, D), verdict_text(T, D["verdict"])])
+        "", request_table(T, D), verdict_text(T, D["verdict"])] + engine_machine_text(T, D))
+
+
+def engine_machine_text(T, D):
+    """Whether the machine's speed held between D's pricing and its run (its ceilings
+    measured on either side of D)."""
+    if "machine" not in D:
+        return []
+    change = ceilings_moved(D["machine"]["before"], D["machine"]["after"])
+    held = all(abs(change[k]) <= CEILINGS_MOVED for k in ("bandwidth_moved", "tflops_moved"))
+    return [T["verdict_machine_held" if held else "verdict_machine_moved"].format(**change)]
 
 
 REQUEST_COLUMNS = [("policy", "label", "text"), ("latency", "latency", "text"),
-                   ("measured_col", "measured", "s"), ("passes_col", "passes.s", "s"),
-                   ("off_col", "passes.off", "+.0%"), ("priced_col", "priced.s", "s"),
+                   ("measured_col", "measured", "text"), ("passes_col", "passes.s", "text"),
+                   ("off_col", "passes.off", "+.0%"), ("priced_col", "priced.s", "text"),
                    ("off_col", "priced.off", "+.0%")]
 
 
@@ -5162,9 +5346,10 @@ def request_table(T, D):
     for policy in ("static", "continuous"):
         lat = D[policy]["latency"]
         for metric in LATENCIES:
-            m = lat["measured"][metric]
-            rows.append({"label": T[policy], "latency": T["lat_" + metric], "measured": m, **{
-                pricing: {"s": lat[pricing][metric],
+            m, unit = lat["measured"][metric], "s" if metric == "makespan_s" else "ms"
+            rows.append({"label": T[policy], "latency": f"{T['lat_' + metric]} {T['unit_' + unit]}",
+                         "measured": render(m, unit), **{
+                pricing: {"s": render(lat[pricing][metric], unit),
                           "off": m / max(lat[pricing][metric], 1e-12) - 1}
                 for pricing in ("passes", "priced")}})
     lines.append(spec_table(T, rows, REQUEST_COLUMNS))
@@ -5271,6 +5456,8 @@ def format_tables(results, lang="en"):
     """The tables of every finished experiment, as one string."""
     T = TEXT[lang]
     out = []
+    if "capacity" in results.get("C", {}):  # (the question asked: its answer first)
+        out.append(capacity_answer(T, results))
     if "A" in results:
         A = results["A"]
         cols = [("mode", "s"), ("batch", "d"), ("step_ms", ".3f"), ("tokens_per_s", ",.0f"),
@@ -5312,7 +5499,11 @@ def format_tables(results, lang="en"):
             out += [capacity_text(T, results["C"]["capacity"])]
     if "D" in results:
         out += [engine_table(T, results["D"])]
-    return "\n\n".join(out)
+    out += [text for text in (summary_text(T, results),) if text]
+    warnings = machine_warnings(results)
+    if warnings:
+        out.append("\n".join(describe(T, w) for w in warnings))
+    return fit_lines("\n\n".join(out))
 
 
 # -----------------------------------------------------------------------------
@@ -5778,6 +5969,9 @@ FIGURES = {"phases.png": ("B", plot_phases),
            "decode_context.png": ("A", plot_decode_context)}
 
 
+FORMATS = ("png", "svg")
+
+
 def draw_figures(results, out_dir, dpi=100, fmt="png", jobs=1):
     """Every figure the results support -> (written, missing: {name: why not}), drawn in up to
     `jobs` worker processes. A plot returns None, or why it could not draw."""
@@ -5829,6 +6023,7 @@ def integer(low=1, high=COUNT_MAX):
             raise argparse.ArgumentTypeError(f"expected {kind} up to {high:,}, got {text!r}")
         return value
     parse.bounds = (low, high)
+    parse.maker = integer
     return parse
 
 
@@ -5856,6 +6051,7 @@ def number(low, high):
                                              f"{text!r}")
         return value
     parse.bounds = (low, high)
+    parse.maker = number
     return parse
 
 
@@ -5868,6 +6064,7 @@ def numbers(low, high):
             raise argparse.ArgumentTypeError(f"expected comma-separated numbers from {low:g} to "
                                              f"{high:g}, got {text!r}")
     parse.bounds = (low, high)
+    parse.maker = numbers
     return parse
 
 
@@ -5878,6 +6075,7 @@ def milliseconds(low, high):
     def parse(text):
         return in_ms(text) / 1e3
     parse.bounds = in_ms.bounds
+    parse.maker = milliseconds
     return parse
 
 
@@ -5907,12 +6105,62 @@ def experiment_letters(text):
     return "".join(e for e in EXPERIMENTS if e in letters)
 
 
+def attainment(text):
+    """An argparse type: the share of requests that must meet the SLOs, as a share (0.99), a
+    percentile (p99) or a per cent (99%)."""
+    spelled = text.strip().lower()
+    scale = 100 if spelled.startswith("p") or spelled.endswith("%") else 1
+    try:
+        value = float(spelled.strip("p%")) / scale
+    except ValueError:
+        value = math.nan
+    if not 0.01 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share from 0.01 to 1, a percentile (p99) "
+                                         f"or a per cent (99%), got {text!r}")
+    return value
+
+
+attainment.bounds = (0.01, 1.0)
+
+
+class Goodput(argparse.Action):
+    """vLLM's --goodput KEY:MS ...: ttft and tpot onto --slo-ttft-ms and --slo-tpot-ms."""
+    def __call__(self, parser, namespace, values, option_string=None):
+        in_s = milliseconds(1e-6, 1e12)
+        for value in values:
+            key, _, ms = value.partition(":")
+            if key not in ("ttft", "tpot"):
+                parser.error(f"--goodput {value}: C's SLOs are ttft:MS and tpot:MS")
+            try:
+                setattr(namespace, f"slo_{key}_s", in_s(ms))
+            except argparse.ArgumentTypeError as e:
+                parser.error(f"--goodput {value}: {e}")
+
+
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
         raise UsageError(message)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help at a fixed width (the same in every terminal), a flag's spellings before its
+    one metavar: "--slots, --max-num-seqs N"."""
+    def __init__(self, prog):
+        super().__init__(prog, width=HELP_WIDTH, max_help_position=30)
+
+    def _format_action_invocation(self, action):
+        if not action.option_strings or action.nargs == 0:
+            return super()._format_action_invocation(action)
+        return ", ".join(action.option_strings) + " " + self._format_args(
+            action, self._get_default_metavar_for_optional(action))
+
+
+HELP_WIDTH = 100
+
 RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+METAVARS = {integer: "N", integers: "N,..", number: "X", numbers: "X,..",
+            milliseconds: "MS", attainment: "P", fraction: "X", rate_value: "RATE"}
 
 
 def field_default(name):
@@ -5921,244 +6169,188 @@ def field_default(name):
     return ",".join(map(str, value)) if isinstance(value, tuple) else f"{value}"
 
 
-def add_flag(group, flag, **kw):
-    """A flag whose destination is the RunConfig field of its name (or `dest`), its default
-    that field's unless given: each flag and its default declared once."""
-    dest = kw.setdefault("dest", flag[2:].replace("-", "_"))
+def add_flag(group, *flags, shown=None, **kw):
+    """A flag (and its vLLM spellings) whose destination is the RunConfig field of its name
+    (or `dest`), its default that field's unless given, its help ending in "(default: ...)":
+    `shown`, else the default itself. Each flag and its default declared once."""
+    dest = kw.setdefault("dest", flags[0][2:].replace("-", "_"))
     if dest in RUN_FIELDS and "default" not in kw:
         kw["default"] = RUN_FIELDS[dest].default
-    return group.add_argument(flag, **kw)
+    if kw.get("action") not in ("store_true", "store_false", "help"):
+        shown = kw.get("default") if shown is None else shown
+        if isinstance(shown, tuple):
+            shown = ",".join(map(str, shown))
+        assert shown is not None, f"{flags[0]}: its help must say its default"
+        kw["help"] = f"{kw['help']} (default: {shown})"
+        maker = getattr(kw.get("type"), "maker", kw.get("type"))
+        if maker in METAVARS and "metavar" not in kw:
+            kw["metavar"] = METAVARS[maker]
+    return group.add_argument(*flags, **kw)
 
 
 def build_parser():
-    p = ArgumentParser(prog="NN_40_serving.py",
-                       description="\n\n".join(__doc__.split("\n\n")[1:4]),  # with A-D
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--experiments", type=experiment_letters,
-                   help="which experiments to run, e.g. AB or C (default: ABCD; AB with "
-                        "--arch post)")
-    p.add_argument("--arch", choices=["transformer", "post"], default="transformer",
-                   help="the model A and B time: a real decoder-only transformer (default), "
-                        "or the post's proxy, `layers` square h x h matmuls per token and "
-                        "nothing else, which is what the post's A and B figures measure")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    p.add_argument("--catalog", action="store_true",
-                   help="print every named model on every named card (weights, KV bytes per "
-                        "token, KV tokens that fit, where KV reads pass weight reads, priced "
-                        "decode steps) and exit; touches no device")
-    p.add_argument("--validate", nargs="?", const=PUBLISHED_CSV, metavar="CSV",
-                   help="predict published measurements of real engines (default: the "
-                        "project's tests/data/published.csv) and the calibration file's rows, "
-                        "print predicted against published by source, and exit")
-    p.add_argument("--calibration", metavar="CSV", default=CALIBRATION_CSV,
-                   help="the published rows the engine profiles were fitted on (default: "
-                        "../shared/published/calibration.csv beside the project; skipped when "
-                        "absent)")
-    for flags in (model_flags, ab_flags, c_flags, fleet_flags, kv_flags, d_flags, output_flags):
+    p = ArgumentParser(prog="NN_40_serving.py", usage=USAGE, description=DESCRIPTION,
+                       epilog=EPILOG, formatter_class=HelpFormatter, add_help=False)
+    for flags in (workload_flags, model_flags, scheduler_flags, slo_flags, measurement_flags,
+                  d_flags, output_flags):
         flags(p)
     return p
 
 
-def model_flags(p):
-    """The model's shape: each flag a ModelConfig field, unset unless given (the preset's)."""
-    m = p.add_argument_group("model (the flags below override the --model preset's fields; on "
-                             "CPU, the post's model takes unset fields from the CPU preset: 4 "
-                             "layers, hidden 1024, 8 heads, vocab 8192, bfloat16)")
-    m.add_argument("--model-config", metavar="CONFIG_JSON", help="a Hugging Face config.json "
-                   "(Llama, Mistral, Qwen2/3, Mixtral, Qwen3-MoE, DeepSeek-V3): its shape, in "
-                   "place of --model's")
-    m.add_argument("--model", choices=list(MODELS), default="post",
-                   help="a named shape (random weights, nothing downloaded): the post's "
-                        "(default) or an open model's, which runs at its own size")
-    m.add_argument("--layers", type=integer(), help=f"default {ModelConfig.layers}")
-    m.add_argument("--hidden", type=integer(), help=f"default {ModelConfig.hidden}")
-    m.add_argument("--heads", type=integer(), help=f"default {ModelConfig.heads}")
-    m.add_argument("--head-dim", dest="head_width", type=integer(),
-                   help="a head's width (default: hidden / heads; Qwen3's is 128 whatever its "
-                        "width)")
-    m.add_argument("--experts", type=integer(), help="a mixture of experts: routed experts a "
-                   "layer (gated MLPs; default: none, a dense MLP)")
-    m.add_argument("--experts-per-token", type=integer(), help="experts each token is routed to")
-    m.add_argument("--expert-ffn", type=integer(), help="each expert's width (default: "
-                   "--ffn-hidden)")
-    m.add_argument("--expert-skew", type=number(0.0, 10.0), help="the routing's skew in the "
-                   "accounting: expert i drawn in proportion to i^-S (default 0: uniformly)")
-    m.add_argument("--kv-heads", type=integer(),
-                   help="K/V heads (grouped-query attention; 1: multi-query; default: --heads)")
-    m.add_argument("--mlp", choices=["gelu", "gated"],
-                   help="the MLP: gelu (fc, GELU, out; the post's) or gated (SiLU(gate) x up, "
-                        "then down; Llama's)")
-    m.add_argument("--ffn-hidden", type=integer(),
-                   help="the MLP's width (default: 4 x hidden for gelu, 8/3 x hidden for gated)")
-    m.add_argument("--vocab", type=integer(), help=f"default {ModelConfig.vocab}")
-    m.add_argument("--max-positions", type=integer(), help="longest sequence (default "
-                   f"{ModelConfig.max_positions})")
-    m.add_argument("--dtype", choices=list(DTYPES), help=f"default {ModelConfig.dtype}")
-    m.add_argument("--weights", choices=[w for w in WEIGHT_FORMATS if w != "fp32"],
-                   help="C's weight format: bf16, fp16, fp8 (W8A8 at the card's FP8 rate), "
-                        "int8 or int4 (weight-only, their scales counted; default: --dtype's). "
-                        "A, B and D time --dtype for real")
-    m.add_argument("--kv-dtype", choices=KV_DTYPES,
-                   help="C's KV-cache elements: auto (--dtype's; default) or fp8")
-
-
-def ab_flags(p):
-    a = p.add_argument_group("A and B")
-    add_flag(a, "--batch-sizes", type=integers,
-             help=f"A: decode batch sizes (default {field_default('batch_sizes')})")
-    add_flag(a, "--context", type=integer(), help="tokens already in each row's KV cache at a "
-             f"decode step (default {field_default('context')})")
-    add_flag(a, "--contexts", type=integers, default=None,
-             help="A: contexts to sweep (default: --context and 1024, 4096 on CUDA; "
-                  "--context and 1024 on CPU)")
-    add_flag(a, "--graphs", choices=["on", "off", "both"], default=None,
-             help="decode steps replayed from CUDA graphs (on), eager (off) or both side by "
-                  "side (default: both on CUDA, off on CPU)")
-    add_flag(a, "--peak-bandwidth-gbs", type=number(1e-3, 1e7),
-             help="use this memory bandwidth instead of measuring a copy")
-    add_flag(a, "--peak-tflops", type=number(1e-6, 1e7),
-             help="use this matmul throughput instead of measuring one")
-    add_flag(a, "--prefill-lengths", type=integers,
-             help=f"B: prompt lengths (default {field_default('prefill_lengths')})")
-    add_flag(a, "--decode-batches", type=integers,
-             help=f"B: decode batch sizes (default {field_default('decode_batches')})")
-    add_flag(a, "--warmup", type=integer(0), help="untimed calls per shape")
-    add_flag(a, "--reps", type=integer(), help="timed calls per shape (at most)")
-
-
-def c_flags(p):
-    c = p.add_argument_group("C")
-    add_flag(c, "--requests", type=integer())
-    add_flag(c, "--slots", type=integer())
-    add_flag(c, "--seed", type=integer(0, 2**32 - 1),
-             help="draw of the length law, the model's weights and D's prompts (default "
-                  f"{field_default('seed')}: the post's lengths)")
-    add_flag(c, "--lengths-file", metavar="PATH",
-             help="generated lengths, one positive integer per line ('#' comments)")
-    add_flag(c, "--prompt-len", type=integer(), default=None,
-             help="prompt tokens of each generated request (default "
-                  f"{field_default('prompt_len')}; D on CPU: {ENGINE_CPU['prompt_len']})")
-    add_flag(c, "--trace", metavar="CSV", help="a request trace: columns num_prefill_tokens,"
+def workload_flags(p):
+    w = p.add_argument_group("workload: the requests C (and D) serve")
+    add_flag(w, "--requests", "--num-prompts", type=integer(), help="requests generated")
+    add_flag(w, "--seed", type=integer(0, 2**32 - 1),
+             help="lengths' draw, weights, D's prompts; 3: the post's")
+    add_flag(w, "--prompt-len", type=integer(), default=None, help="prompt tokens a request",
+             shown=f"{field_default('prompt_len')}; D on CPU: {ENGINE_CPU['prompt_len']}")
+    add_flag(w, "--lengths-file", metavar="PATH", shown="the post's law",
+             help="output lengths, one a line ('#' comments)")
+    add_flag(w, "--trace", metavar="CSV", shown="none", help="a trace: num_prefill_tokens,"
              "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
-    add_flag(c, "--trace-limit", type=integer(), metavar="N", help="first N trace rows")
-    add_flag(c, "--rate", type=rate_value, help="arrivals per second (Poisson, or gamma with "
-             "--burstiness), or 'trace' for the trace's timestamps (default: all at t=0)")
-    add_flag(c, "--burstiness", type=number(1e-3, 1e3),
-             help="gamma shape of the gaps: 1 = Poisson, below 1 burstier")
-    add_flag(c, "--rates", type=numbers(*RATES), help="rate sweep, requests/s (default: "
-             "0.2-1.2x the continuous scheduler's capacity)")
-    add_flag(c, "--chunk-tokens", type=integer(), help="chunked prefill: tokens per step, "
-             f"decodes included (default {field_default('chunk_tokens')})")
-    add_flag(c, "--cost", choices=["measured", "analytic"],
-             help="price steps from this run's A/B rows or from a roofline (default: measured "
-                  "when A runs and no --gpu is named)")
-    add_flag(c, "--gpu", choices=list(GPUS),
-             help="the card C plans for: its spec sheet priced by --engine-profile and its "
-                  "memory for the KV budget (default: this run's measurements, else the post's "
-                  "RTX 5080)")
-    add_flag(c, "--tp", type=integer(1, 64), help="tensor parallel: each replica's weights and "
-             "KV cache split over this many --gpu cards, two all-reduces a layer over its link")
-    add_flag(c, "--ep", type=integer(1, 64), help="expert parallel with data-parallel attention: "
-             "each replica one --gpu card of a group of this many that spread a mixture's "
-             "experts, two all-to-alls an MoE layer over its link (vLLM's --data-parallel-size "
-             "N --enable-expert-parallel)")
-    c.add_argument("--engine-profile", choices=list(ENGINE_PROFILES),
-                   help=f"how close the engine comes to --gpu's spec (default {DEFAULT_PROFILE}"
-                        "; roofline: 90%% and 80%% of its peaks, no fixed costs)")
-    add_flag(c, "--order", choices=ORDERS,
-             help="who takes a free seat first, in every scheduler of C (and D): fcfs (first "
-                  "come, first served; default), sjf (shortest output first, by the true "
-                  "lengths), predicted (shortest predicted output first), longest (longest "
-                  "output first); preempted requests always go first")
-    add_flag(c, "--predict-sigma", type=number(0.0, 10.0),
-             help="predicted: each length times e^N(0, s^2) (default "
-                  f"{field_default('predict_sigma')}: Kendall's tau about 0.55 against the truth "
-                  "on the post's law)")
-    add_flag(c, "--max-wait-s", type=number(1e-6, 1e12),
-             help="starvation guard: a request that has waited this long goes first (default: "
-                  "off; the who-waits study uses FCFS's 99th-percentile wait)")
-    add_flag(c, "--slo-ttft-ms", dest="slo_ttft_s", metavar="MS", type=milliseconds(1e-6, 1e12),
-             help="goodput: TTFT bound")
-    add_flag(c, "--slo-tpot-ms", dest="slo_tpot_s", metavar="MS", type=milliseconds(1e-6, 1e12),
-             help="goodput: TPOT bound")
-    add_flag(c, "--save-requests", metavar="CSV", help="write every request's times")
-    add_flag(c, "--jobs", type=integer(1, 1024), default=os.cpu_count() or 1,
-             help="worker processes for C's simulations (default: the machine's cores, "
-                  f"{os.cpu_count()} here)")
+    add_flag(w, "--trace-limit", type=integer(), shown="all", help="the trace's first N rows")
+    add_flag(w, "--rate", "--request-rate", type=rate_value, shown="all at t=0",
+             help="arrivals a second (Poisson), or 'trace': its timestamps")
+    add_flag(w, "--burstiness", type=number(1e-3, 1e3),
+             help="the gaps' gamma shape: 1 Poisson, below 1 burstier")
+    add_flag(w, "--rates", type=numbers(*RATES), shown="0.2-1.2x capacity",
+             help="the rate sweep, requests/s")
 
 
-def fleet_flags(p):
-    f = p.add_argument_group("C's fleets and capacity")
-    add_flag(f, "--replicas", type=integer(1, REPLICAS_MAX),
-             help="identical replicas behind a router; C's single-replica tables then show one "
-                  "replica's share (every N-th request), and a table compares the routers over "
-                  f"the whole load (default {field_default('replicas')})")
-    add_flag(f, "--router", choices=("all",) + ROUTERS,
-             help="which routers the replica and capacity studies run: round-robin, "
-                  "least-requests (fewest queued + running), power-of-two (the less loaded of "
-                  "two drawn at random), least-kv (fewest KV tokens committed); default all")
-    add_flag(f, "--slo-attainment", type=number(0.01, 1.0),
-             help="the share of requests that must meet the SLOs (default "
-                  f"{field_default('slo_attainment')}); with an SLO, C finds the highest rate one "
-                  "replica serves at it")
-    add_flag(f, "--target-rate", type=number(*RATES),
-             help="requests/s to serve: C finds the fewest replicas under each router that "
-                  "meet the SLOs at it (needs --slo-ttft-ms or --slo-tpot-ms)")
+def model_flags(p):
+    """The model's shape (each flag a ModelConfig field, unset unless given: the preset's),
+    and the hardware it runs on or is planned for."""
+    m = p.add_argument_group(
+        f"model and hardware (on CPU the post's model is a preset: {CPU_PRESET.layers} layers, "
+        f"hidden {CPU_PRESET.hidden}, dtype by a probe)")
+    add_flag(m, "--model", metavar="NAME", choices=list(MODELS), default="post",
+             help="a named shape, random weights (list: --catalog)")
+    add_flag(m, "--model-config", metavar="JSON", shown="none",
+             help="a Hugging Face config.json's shape")
+    add_flag(m, "--arch", choices=["transformer", "post"], default="transformer",
+             help="A and B: a transformer, or the post's bare matmuls")
+    for field in ("layers", "hidden", "heads", "vocab", "max_positions"):
+        add_flag(m, "--" + field.replace("_", "-"), type=integer(), default=None,
+                 help=field.replace("_", " "), shown=getattr(ModelConfig, field))
+    add_flag(m, "--head-dim", dest="head_width", type=integer(), shown="hidden / heads",
+             help="a head's width")
+    add_flag(m, "--kv-heads", type=integer(), shown="--heads", help="K/V heads (GQA; 1: MQA)")
+    add_flag(m, "--mlp", choices=["gelu", "gated"], shown="the preset's",
+             help="gelu (the post's) or gated (Llama's)")
+    add_flag(m, "--ffn-hidden", type=integer(), shown="4h gelu, 8h/3 gated", help="MLP width")
+    add_flag(m, "--experts", type=integer(), shown="none", help="routed experts a layer (MoE)")
+    add_flag(m, "--experts-per-token", type=integer(), shown="none", help="experts a token")
+    add_flag(m, "--expert-ffn", type=integer(), shown="--ffn-hidden", help="an expert's width")
+    add_flag(m, "--expert-skew", type=number(0.0, 10.0), shown="0",
+             help="routing skew: expert i drawn as i^-S")
+    add_flag(m, "--dtype", choices=list(DTYPES), shown=f"{ModelConfig.dtype}; CPU: a probe's",
+             help="A, B, D's type")
+    add_flag(m, "--weights", choices=[w for w in WEIGHT_FORMATS if w != "fp32"],
+             shown="--dtype's", help="C's weight format (fp8 W8A8; int: weight-only)")
+    add_flag(m, "--kv-dtype", "--kv-cache-dtype", choices=KV_DTYPES, default=None,
+             shown="auto: --dtype's", help="C's KV-cache type")
+    add_flag(m, "--device", choices=["auto", "cuda", "cpu"], default="auto",
+             help="A, B and D's device")
+    add_flag(m, "--gpu", metavar="CARD", choices=list(GPUS), shown="measured, or RTX 5080",
+             help="the card C plans for (list: --catalog)")
+    add_flag(m, "--tp", "--tensor-parallel-size", type=integer(1, 64),
+             help="--gpu cards a replica spans")
+    add_flag(m, "--ep", type=integer(1, 64), help="expert parallel: --gpu cards a group")
+    add_flag(m, "--engine-profile", choices=list(ENGINE_PROFILES), default=None,
+             shown=DEFAULT_PROFILE, help="how near the engine gets to --gpu's peaks")
+    add_flag(m, "--cost", choices=["measured", "analytic"], shown="measured when A runs",
+             help="C's prices: A/B's rows or a roofline")
 
 
-def kv_flags(p):
-    k = p.add_argument_group("C's KV cache")
-    add_flag(k, "--kv-policy", choices=["reserve", "paged", "both"],
-             help="KV-cache allocation: a contiguous reservation of prompt + max output, or "
-                  "blocks allocated as a sequence grows (default: both)")
-    add_flag(k, "--kv-memory-gb", type=number(1e-6, 1e6), help="memory for the KV cache, GB "
-             f"(default: {KV_MEMORY_FRACTION:g} x CUDA memory - weights; {CPU_KV_MEMORY_GB:g} "
-             f"on CPU; {KV_MEMORY_FRACTION:g} x {REFERENCE_MEMORY_GB:g} - weights, the post's "
-             "RTX 5080, with no device)")
-    add_flag(k, "--kv-tokens", type=integer(), help="the KV cache's size in tokens (replaces "
-             "--kv-memory-gb; a real engine's log states it: vLLM's num_gpu_blocks x block "
-             "size)")
-    add_flag(k, "--block-tokens", type=integer(),
-             help=f"paged: tokens per KV block (default {field_default('block_tokens')})")
-    add_flag(k, "--watermark", type=fraction,
-             help="paged: admit as vLLM does, when the whole prompt's blocks fit and this share "
-                  f"of the blocks stays free (default {field_default('watermark')}); 0 admits on "
-                  "the first step's blocks alone")
-    add_flag(k, "--max-output", type=integer(), help="reserve: output tokens reserved per "
-             f"request (default: the trace's or lengths file's longest; {LENGTH_MAX} for the "
-             "log-normal law)")
+def scheduler_flags(p):
+    s = p.add_argument_group("scheduler and KV cache (C; D takes --order)")
+    add_flag(s, "--slots", "--max-num-seqs", type=integer(),
+             help="requests a replica runs at once (vLLM's: 256)")
+    add_flag(s, "--chunk-tokens", "--max-num-batched-tokens", type=integer(),
+             help="tokens a step, chunked prefill")
+    add_flag(s, "--order", choices=ORDERS, help="who takes a free seat first")
+    add_flag(s, "--predict-sigma", type=number(0.0, 10.0),
+             help="predicted order: lengths x e^N(0, s^2)")
+    add_flag(s, "--max-wait-s", type=number(1e-6, 1e12), shown="off",
+             help="waited this long: goes first")
+    add_flag(s, "--replicas", type=integer(1, REPLICAS_MAX), help="replicas behind a router")
+    add_flag(s, "--router", choices=("all",) + ROUTERS, help="routers compared")
+    add_flag(s, "--kv-policy", choices=["reserve", "paged", "both"],
+             help="prompt + max output reserved, or paged blocks")
+    add_flag(s, "--kv-memory-gb", type=number(1e-6, 1e6), help="KV cache, GB",
+             shown=f"{KV_MEMORY_FRACTION:g} x memory - weights; CPU {CPU_KV_MEMORY_GB:g}")
+    add_flag(s, "--kv-tokens", type=integer(), shown="from GB", help="KV cache, tokens")
+    add_flag(s, "--block-tokens", "--block-size", type=integer(), help="paged: tokens a block")
+    add_flag(s, "--watermark", type=fraction, help="paged: share of blocks kept free")
+    add_flag(s, "--max-output", type=integer(), shown=f"longest; law: {LENGTH_MAX}",
+             help="reserve: output tokens held")
+
+
+def slo_flags(p):
+    s = p.add_argument_group("SLOs and capacity (these run C alone unless --experiments)")
+    add_flag(s, "--slo-ttft-ms", dest="slo_ttft_s", type=milliseconds(1e-6, 1e12),
+             shown="none", help="TTFT bound: goodput and capacity")
+    add_flag(s, "--slo-tpot-ms", dest="slo_tpot_s", type=milliseconds(1e-6, 1e12),
+             shown="none", help="TPOT bound")
+    s.add_argument("--goodput", nargs="+", action=Goodput, metavar="KEY:MS",
+                   help="vLLM's form: ttft:1000 tpot:50 (default: none)")
+    add_flag(s, "--slo-attainment", type=attainment,
+             help="requests meeting the SLOs: 0.99, p99 or 99%%")
+    add_flag(s, "--target-rate", type=number(*RATES), shown="none",
+             help="requests/s: fewest replicas for it")
+
+
+def measurement_flags(p):
+    m = p.add_argument_group("measurement: what runs and how it is timed")
+    add_flag(m, "--experiments", type=experiment_letters, metavar="ABCD", default=None,
+             shown="ABCD; C with an SLO", help="which of A, B, C, D run")
+    add_flag(m, "--quick", action="store_true", help="shrink every experiment (a smoke run)")
+    add_flag(m, "--batch-sizes", type=integers, help="A's decode batches")
+    add_flag(m, "--context", type=integer(), help="KV tokens at a decode")
+    add_flag(m, "--contexts", type=integers, default=None, shown="--context,1024[,4096 CUDA]",
+             help="A's contexts")
+    add_flag(m, "--graphs", choices=["on", "off", "both"], default=None,
+             shown="both on CUDA", help="CUDA graphs for decode")
+    add_flag(m, "--prefill-lengths", type=integers, help="B's prompt lengths")
+    add_flag(m, "--decode-batches", type=integers, help="B's decode batches")
+    add_flag(m, "--warmup", type=integer(0), help="untimed calls a shape")
+    add_flag(m, "--reps", type=integer(), help="timed calls a shape, at most")
+    add_flag(m, "--peak-bandwidth-gbs", type=number(1e-3, 1e7), shown="measured",
+             help="bandwidth to use instead")
+    add_flag(m, "--peak-tflops", type=number(1e-6, 1e7), shown="measured",
+             help="matmul TFLOP/s to use instead")
+    add_flag(m, "--jobs", type=integer(1, 1024), default=os.cpu_count() or 1,
+             shown=f"the cores: {os.cpu_count()}", help="C's worker processes")
 
 
 def d_flags(p):
-    d = p.add_argument_group("D (takes --seed, --order and --rate from C; on CUDA also its "
-                             "--requests, --slots and --prompt-len)")
+    d = p.add_argument_group("engine check (D; on CUDA its defaults are C's flags)")
+    add_flag(d, "--engine-requests", type=integer(), default=None,
+             shown=f"CPU {ENGINE_CPU['requests']}, CUDA --requests", help="requests served")
+    add_flag(d, "--engine-slots", type=integer(), default=None,
+             shown=f"CPU {ENGINE_CPU['slots']}, CUDA --slots", help="the engine's slots")
+    add_flag(d, "--engine-shrink", type=integer(), default=None,
+             shown=f"CPU {ENGINE_CPU['shrink']}, CUDA 1", help="output lengths divided by")
     add_flag(d, "--engine-attention", choices=["auto", "spans", "padded"],
-             help="how D's engine attends when its rows sit at several positions: a call per "
-                  "span of rows at one position, or one call padded to the longest row "
-                  "(default: padded on CUDA, spans elsewhere); each is priced as it runs")
-    add_flag(d, "--engine-requests", type=integer(), default=None, help="requests the engine "
-             f"serves (default: {ENGINE_CPU['requests']} on CPU, --requests on CUDA)")
-    add_flag(d, "--engine-slots", type=integer(), default=None, help="the engine's slots "
-             f"(default: {ENGINE_CPU['slots']} on CPU, where a decode step stays flat in the "
-             "batch only that far; --slots on CUDA)")
-    add_flag(d, "--engine-shrink", type=integer(), default=None, help="divide each output "
-             f"length by this (default: {ENGINE_CPU['shrink']} on CPU, 1 on CUDA); D's prompts "
-             f"are --prompt-len tokens, by default {ENGINE_CPU['prompt_len']} on CPU")
+             shown="CUDA padded, else spans", help="rows at mixed positions")
 
 
 def output_flags(p):
     o = p.add_argument_group("output")
-    add_flag(o, "--out", help="directory for results.json and figures")
-    add_flag(o, "--no-figures", dest="figures", action="store_false")
-    o.add_argument("--replot", metavar="RESULTS_JSON", help="redraw the figures of a saved "
-                   "results.json into --out; runs nothing, touches no device")
-    add_flag(o, "--dpi", type=integer(20, 1000),
-             help="figure resolution: 100 = 800 px wide, one blog column; 200 for 2x")
-    add_flag(o, "--format", choices=["png", "svg"])
-    add_flag(o, "--lang", choices=list(TEXT),
-             help="the language of what is printed: en, or ko (the post's Korean; the figures "
-                  "stay in English)")
-    add_flag(o, "--quick", action="store_true", help="shrink every experiment (smoke run)")
+    add_flag(o, "-h", "--help", action="help", help="show this and exit")
+    add_flag(o, "--out", metavar="DIR", help="results.json and the figures")
+    add_flag(o, "--no-figures", dest="figures", action="store_false", help="draw none")
+    add_flag(o, "--format", choices=FORMATS, help="the figures' format")
+    add_flag(o, "--dpi", type=integer(20, 1000), help="figures: 100 is 800 px wide")
+    add_flag(o, "--lang", choices=list(TEXT), help="what is printed: en, or ko")
+    add_flag(o, "--save-requests", metavar="CSV", shown="none", help="every request's times")
+    add_flag(o, "--catalog", action="store_true", help="every named model on every named card")
+    add_flag(o, "--validate", nargs="?", const=PUBLISHED_CSV, metavar="CSV", default=None,
+             shown="off", help="predict published measurements, exit")
+    add_flag(o, "--calibration", metavar="CSV", default=CALIBRATION_CSV,
+             shown="../shared/published", help="rows profiles were fitted on")
+    add_flag(o, "--replot", metavar="JSON", default=None, shown="off",
+             help="redraw a results.json's figures")
 
 
 def parse_args(argv):
@@ -6170,7 +6362,7 @@ def run_config(args):
     """Parsed flags -> RunConfig: every field its flag's, then what depends on the device
     (resolved when A, B or D runs), the CPU preset, --quick and D's engine."""
     check_flags(args)
-    experiments = args.experiments or ("AB" if args.arch == "post" else EXPERIMENTS)
+    experiments = chosen_experiments(args)
     if args.cost == "measured" and "A" not in experiments:
         raise UsageError("--cost measured needs experiment A in the same run")
     device = resolve_device(args.device) if set("ABD") & set(experiments) else None
@@ -6208,6 +6400,16 @@ def run_config(args):
                                engine_shrink=args.engine_shrink or engine["shrink"])
 
 
+def chosen_experiments(args):
+    """--experiments, else AB for the post's proxy, C alone for a capacity question (an SLO
+    or a target rate: the simulation answers it in seconds), else all four."""
+    if args.experiments:
+        return args.experiments
+    if args.arch == "post":
+        return "AB"
+    return "C" if args.target_rate or args.slo_ttft_s or args.slo_tpot_s else EXPERIMENTS
+
+
 def check_flags(args):
     """Flags that contradict each other: one line each."""
     if args.arch == "post" and set(args.experiments or "") - set("AB"):
@@ -6228,7 +6430,7 @@ def check_flags(args):
     if args.ep > 1 and args.tp > 1:
         raise UsageError("--ep prices data-parallel attention beside expert parallelism: give "
                          "--tp 1")
-    if (args.weights or args.kv_dtype) and set(args.experiments or EXPERIMENTS) - {"C"}:
+    if (args.weights or args.kv_dtype) and set(chosen_experiments(args)) - {"C"}:
         raise UsageError("--weights and --kv-dtype price C only (A, B and D time --dtype for "
                          "real): add --experiments C")
 
@@ -6385,7 +6587,7 @@ def banner(results, T):
     if env.get("device_type") == "cpu" and cfg["name"] != "post" and \
             cfg["weight_bytes"] > 2**30:
         lines.append(T["slow_cpu"].format(name=cfg["name"], gib=cfg["weight_bytes"] / 2**30))
-    return "\n".join(lines)
+    return fit_lines("\n".join(lines))
 
 
 def replot(args):
@@ -6496,6 +6698,7 @@ def run_experiments(run, device, results, inputs):
         with torch.inference_mode(), sdpa_policy():
             for stage in run.experiments:
                 run_experiment(stage, run, device, results, benches, inputs)
+            remeasure_ceilings(run, device, results)
     except KeyboardInterrupt:
         results["interrupted"] = True
         return True
@@ -6508,14 +6711,23 @@ def run_experiments(run, device, results, inputs):
 
 def finish_run(run, results, interrupted):
     """The tables, results.json and (unless interrupted) the figures; then the exit status:
-    130 after Ctrl-C, 1 after a late failure."""
+    130 after Ctrl-C, 1 after a late failure (a figure's among them)."""
     T = TEXT[run.lang]
+    results["machine_warnings"] = machine_warnings(results)
     print("\n" + format_tables(results, run.lang) + "\n", flush=True)
     json_path = os.path.join(run.out, "results.json")
     write_atomic(json_path, to_json(results))
+    written = []
     if run.figures and not interrupted:
-        written, _ = draw_figures(results, run.out, run.dpi, run.format, run.jobs)
-        print(T["wrote"].format(json=json_path, figures=", ".join(written)))
+        try:
+            written, missing = draw_figures(results, run.out, run.dpi, run.format, run.jobs)
+            results["figures"] = {"written": written, "not_drawn": missing}
+        except Exception as e:  # (a worker's too: a figure failed late, like an experiment)
+            results["failed"] = {"experiment": "figures", "error": one_line(e)}
+        write_atomic(json_path, to_json(results))
+    remove_stale_figures(run.out, written)
+    if written:
+        print(fit_lines(T["wrote"].format(json=json_path, figures=", ".join(written))))
     else:
         print(T["wrote_json"].format(json=json_path))
     if interrupted:
@@ -6523,10 +6735,20 @@ def finish_run(run, results, interrupted):
         raise SystemExit(130)
     if "failed" in results:
         failed = results["failed"]
-        print(f"NN_40_serving.py: error: experiment {failed['experiment']} failed "
+        stage = "the" if failed["experiment"] == "figures" else "experiment"
+        print(f"NN_40_serving.py: error: {stage} {failed['experiment']} failed "
               f"({failed['error']}); results.json keeps what finished before it",
               file=sys.stderr)
         raise SystemExit(1)
+
+
+def remove_stale_figures(out_dir, written):
+    """The figures in out_dir that this run did not draw, removed (only the file names the
+    script gives its figures, in either format): an output folder never mixes two runs."""
+    for name in FIGURES:
+        for path in (os.path.join(out_dir, name.replace(".png", "." + f)) for f in FORMATS):
+            if os.path.basename(path) not in written and os.path.isfile(path):
+                os.remove(path)
 
 
 def run_experiment(name, run, device, results, benches, inputs):
@@ -6549,11 +6771,48 @@ def run_experiment(name, run, device, results, benches, inputs):
         if device and "peak" in results["C"].get("kv", {}):  # the budget is real
             results["C"]["kv"]["device_check"] = kv_device_check(bench, results["C"]["kv"])
     elif name == "D":
+        before = measure_ceilings(run, device, log)
         results["D"] = run_serving_engine(bench, inputs.lengths, inputs.arrival, log)
+        results["D"]["machine"] = {"before": before, "after": measure_ceilings(run, device, log)}
+
+
+def remeasure_ceilings(run, device, results):
+    """The ceilings measured again at the end of the run (after D, D's own): a busy machine's
+    speed moves, and A's, B's and D's numbers with it (see machine_warnings)."""
+    env = results["environment"]
+    if "ceilings" in env and not (run.peak_bandwidth_gbs and run.peak_tflops):
+        after = results.get("D", {}).get("machine", {}).get("after")
+        env["ceilings_end"] = after or measure_ceilings(run, device, log)
 
 
 # -----------------------------------------------------------------------------
 # text: every string printed, in English (TEXT_KO below is the same in Korean)
+
+
+# --help (in English alone, as argparse writes the rest of it)
+USAGE = "NN_40_serving.py [--quick] [--experiments ABCD] [--model NAME] [--gpu CARD] [flags]"
+
+DESCRIPTION = """\
+Measures the post's three claims on this machine, then checks its simulation:
+  A  decode batch sweep   decode is bound by reading the weights, so batching is nearly free
+  B  prefill vs decode    prefill is bound by arithmetic, decode far below it
+  C  static vs continuous continuous batching fills the seats static batching leaves empty
+                          (a pure simulation in seconds; the capacity planner)
+  D  a real engine        both policies run on the model, against C's prediction
+vLLM's flag names work too: --request-rate, --num-prompts, --max-num-seqs, --goodput, ..."""
+
+EPILOG = """\
+recipes:
+  NN_40_serving.py --quick                       a smoke run of A-D (about 15 s on a CPU)
+  NN_40_serving.py --experiments C               the simulation alone (touches no device)
+  NN_40_serving.py --catalog                     every named model on every named card
+  NN_40_serving.py --model llama-3-8b --gpu h100 --request-rate 20 --target-rate 20 \\
+      --goodput ttft:1000 --slo-attainment p99   H100s for 20 requests/s at p99 TTFT < 1 s
+  NN_40_serving.py --model-config config.json --gpu a100-80gb --experiments C   your model
+  NN_40_serving.py --trace trace.csv --rate trace --experiments C       replay a trace
+  NN_40_serving.py --model llama-3.1-70b --gpu h100 --tensor-parallel-size 4 --weights fp8 \\
+      --kv-cache-dtype fp8 --experiments C       tensor parallel, FP8 weights and KV cache
+  NN_40_serving.py --replot figures/results.json --out /tmp/figs   redraw the figures"""
 
 
 SHARED_TEXT = {  # the same in every language: units, acronyms, names
@@ -6718,7 +6977,59 @@ TEXT_EN = {**SHARED_TEXT,
                        "Poisson arrivals per count tried)",
     "replicas_col": "replicas", "attained_col": "SLO met at that count",
     "below_col": "with one fewer", "too_many": "more than {n:,}",
-    "answer": "answer: {replicas} replicas ({gpus} GPUs), with {router}{tie}",
+    "answer": "answer: {replicas} ({gpus}), with {router}{tie}",
+    "warn_moved": "warning: the machine's speed moved during this run: its ceilings, measured "
+                  "again at the end, went from {bandwidth:,.1f} to {bandwidth_end:,.1f} GB/s "
+                  "({bandwidth_moved:+.0%}) and from {tflops:.3g} to {tflops_end:.3g} TFLOP/s "
+                  "({tflops_moved:+.0%}), more than {share:.0%}: something else was running. "
+                  "A's, B's and D's times are suspect: re-run on a quiet machine, or give "
+                  "--peak-bandwidth-gbs and --peak-tflops",
+    "warn_ridge": "warning: the ridge is {ridge:.2g} FLOP/byte, under {least:g}: the matmul "
+                  "ceiling ran slower than a copy of its bytes, which no idle CPU or GPU does, "
+                  "so the bound column is wrong: re-run --experiments AB on a quiet machine, "
+                  "or give --peak-tflops",
+    "warn_above": "warning: {shares} over 100% in {rows} of A's and B's rows: a ceiling was "
+                  "measured while the machine was slower than when the steps ran: re-run "
+                  "--experiments AB on a quiet machine, or give --peak-bandwidth-gbs and "
+                  "--peak-tflops",
+    "warn_engine": "warning: the machine's speed moved while D ran: {bandwidth:,.1f} to "
+                   "{bandwidth_end:,.1f} GB/s ({bandwidth_moved:+.0%}), {tflops:.3g} to "
+                   "{tflops_end:.3g} TFLOP/s ({tflops_moved:+.0%}): D's verdict compares a run "
+                   "with prices timed on a machine of another speed: re-run --experiments D on "
+                   "a quiet machine",
+    "verdict_machine_held": "the machine's speed held around D: ceilings {bandwidth_moved:+.0%} "
+                            "(bandwidth) and {tflops_moved:+.0%} (matmul) from before its "
+                            "pricing to after its run",
+    "verdict_machine_moved": "the machine's speed moved between D's pricing and its run: "
+                             "ceilings {bandwidth_moved:+.0%} (bandwidth) and {tflops_moved:+.0%}"
+                             " (matmul), past {share:.0%}: the verdict is the machine's, not C's",
+    "summary": "in short, as measured in this run:",
+    "summary_decode": "  1. decode is bound by bytes, so batching is nearly free: batch {batch} "
+                      "decodes {throughput:.1f}x batch 1's tokens/s for {wait:.2f}x its wait "
+                      "(batch 1: {bound}-bound{turn})",
+    "summary_turn": "; compute-bound from batch {batch}",
+    "summary_prefill": "  2. prefill is bound by arithmetic: {tokens:,} prompt tokens at "
+                       "{intensity:.0f} FLOP/byte ({bound}-bound) ran {ratio:.0f}x the FLOP/s "
+                       "of decode at batch 1 ({decode:.1f} FLOP/byte)",
+    "summary_batching": "  3. continuous batching fills the seats static batching leaves "
+                        "empty: {continuous:.0%} of slot-steps filled against {static:.0%}, "
+                        "{speedup:.2f}x fewer steps{engine}",
+    "summary_engine": "; a real engine here {measured:.2f}x faster (C predicted {predicted:.2f}x)",
+    "noun_replica": "{n:,} replica|{n:,} replicas", "noun_gpu": "{n:,} GPU|{n:,} GPUs",
+    "answer_one": "answer: one replica of {model} on {card} serves {one} requests/s with "
+                  "{slo} for {attainment:.0%} of requests",
+    "answer_fleet": "answer: {rate:g} requests/s of {model} with {slo} for {attainment:.0%} "
+                    "of requests need {replicas} ({gpus}) on {card}, routed {router} (one "
+                    "replica serves {one} requests/s)",
+    "answer_fleet_none": "answer: no count up to {n:,} replicas of {model} on {card} serves "
+                         "{rate:g} requests/s with {slo} for {attainment:.0%} of requests",
+    "answer_assumes": "  assuming {arrivals}; prompts of {prompt:,.0f} tokens and outputs of "
+                      "median {output:,.0f}, max {longest:,} ({source}); {slots} slots a "
+                      "replica{vllm}; chunks of {chunk:,} tokens; continuous batching, "
+                      "{kv} KV cache (details below)",
+    "answer_arrivals_poisson": "Poisson arrivals", "answer_post": "the post's model",
+    "answer_arrivals_gamma": "gamma arrivals of shape {burstiness:g}",
+    "answer_vllm_slots": " (vLLM's --max-num-seqs defaults to {n}: --slots {n} to match)",
     "answer_tie": " (as few as any router needs)",
     "answer_none": "answer: no count up to {n:,} replicas serves it",
     # C: the KV cache
@@ -6753,8 +7064,8 @@ TEXT_EN = {**SHARED_TEXT,
              "run short (--engine-requests, --engine-slots, --engine-shrink)",
     "D_requests": "D  request by request: C's simulation of the same requests, priced with "
                   "the run's own passes and with the step costs timed beforehand",
-    "latency": "latency", "measured_col": "measured s", "passes_col": "own passes s",
-    "priced_col": "timed beforehand s", "off_col": "off",
+    "latency": "latency", "measured_col": "measured", "passes_col": "own passes",
+    "priced_col": "timed beforehand", "off_col": "off",
     "lat_makespan_s": "makespan", "lat_ttft_p50_s": "TTFT p50", "lat_ttft_p90_s": "TTFT p90",
     "lat_e2e_p50_s": "E2E p50", "lat_e2e_p90_s": "E2E p90",
     "D_steps": "steps: {static} requests (static) and {continuous} (continuous) emit their "
@@ -6970,7 +7281,54 @@ TEXT_KO = {**SHARED_TEXT,
                        "포아송 도착 {requests:,}개)",
     "replicas_col": "복제본", "attained_col": "그 개수에서 SLO 충족",
     "below_col": "하나 적을 때", "too_many": "{n:,}개 넘게",
-    "answer": "답: 복제본 {replicas}개 (GPU {gpus}장), 라우터 {router}{tie}",
+    "answer": "답: 복제본 {replicas} (GPU {gpus}), 라우터 {router}{tie}",
+    "warn_moved": "경고: 이번 실행 동안 기계의 속도가 바뀌었다: 끝에서 다시 잰 천장이 "
+                  "{bandwidth:,.1f}에서 {bandwidth_end:,.1f} GB/s로 ({bandwidth_moved:+.0%}), "
+                  "{tflops:.3g}에서 {tflops_end:.3g} TFLOP/s로 ({tflops_moved:+.0%}), {share:.0%}"
+                  "보다 크게 움직였다: 다른 무언가가 돌고 있었다. A, B, D의 시간은 믿을 수 없다: "
+                  "조용한 기계에서 다시 돌리거나 --peak-bandwidth-gbs와 --peak-tflops를 주라",
+    "warn_ridge": "경고: 능선이 {ridge:.2g} FLOP/byte로 {least:g} 아래다: 행렬곱 천장이 그 바이트의 "
+                  "복사보다 느렸다. 쉬는 CPU나 GPU에서는 없는 일이라 한계 열이 틀렸다: 조용한 "
+                  "기계에서 --experiments AB를 다시 돌리거나 --peak-tflops를 주라",
+    "warn_above": "경고: A와 B의 {rows}개 행에서 {shares}가 100%를 넘는다: 천장을 잴 때 기계가 "
+                  "스텝을 돌릴 때보다 느렸다: 조용한 기계에서 --experiments AB를 다시 돌리거나 "
+                  "--peak-bandwidth-gbs와 --peak-tflops를 주라",
+    "warn_engine": "경고: D가 도는 동안 기계의 속도가 바뀌었다: {bandwidth:,.1f}에서 "
+                   "{bandwidth_end:,.1f} GB/s ({bandwidth_moved:+.0%}), {tflops:.3g}에서 "
+                   "{tflops_end:.3g} TFLOP/s ({tflops_moved:+.0%}): D의 판정은 다른 속도의 "
+                   "기계에서 잰 비용과 실행을 비교한다: 조용한 기계에서 --experiments D를 다시 "
+                   "돌리라",
+    "verdict_machine_held": "D 동안 기계의 속도는 그대로였다: 비용을 재기 전부터 실행 뒤까지 "
+                            "천장 {bandwidth_moved:+.0%} (대역폭), {tflops_moved:+.0%} (행렬곱)",
+    "verdict_machine_moved": "D의 비용 측정과 실행 사이에 기계의 속도가 바뀌었다: 천장 "
+                             "{bandwidth_moved:+.0%} (대역폭), {tflops_moved:+.0%} (행렬곱), "
+                             "{share:.0%} 넘게: 이 판정은 C가 아니라 기계의 것이다",
+    "summary": "요약, 이번 실행에서 잰 그대로:",
+    "summary_decode": "  1. 디코드는 바이트에 묶여 배칭이 거의 공짜다: 배치 {batch}는 배치 1의 "
+                      "{throughput:.1f}배 토큰/s를 {wait:.2f}배 대기로 디코드한다 (배치 1: "
+                      "{bound} 한계{turn})",
+    "summary_turn": "; 배치 {batch}부터 연산 한계",
+    "summary_prefill": "  2. 프리필은 연산에 묶인다: 프롬프트 {tokens:,} 토큰, {intensity:.0f} "
+                       "FLOP/byte ({bound} 한계)가 배치 1 디코드({decode:.1f} FLOP/byte)의 "
+                       "{ratio:.0f}배 FLOP/s로 돌았다",
+    "summary_batching": "  3. 연속 배칭은 정적 배칭이 비워 두는 자리를 채운다: 슬롯-스텝의 "
+                        "{continuous:.0%} 채움 대 {static:.0%}, 스텝 {speedup:.2f}배 적음{engine}",
+    "summary_engine": "; 실제 엔진에서 {measured:.2f}배 빠름 (C의 예측 {predicted:.2f}배)",
+    "noun_replica": "{n:,}개|{n:,}개", "noun_gpu": "{n:,}장|{n:,}장",
+    "answer_one": "답: {card}의 {model} 복제본 하나가 요청의 {attainment:.0%}에 {slo}를 "
+                  "지키며 초당 {one}개 요청을 처리한다",
+    "answer_fleet": "답: {card}의 {model} 복제본 {replicas} (GPU {gpus})가 요청의 "
+                    "{attainment:.0%}에 {slo}를 지키며 초당 {rate:g}개 요청을 처리한다, 라우터 "
+                    "{router} (복제본 하나는 초당 {one}개)",
+    "answer_fleet_none": "답: {card}의 {model} 복제본 {n:,}개까지 어느 개수로도 요청의 "
+                         "{attainment:.0%}에 {slo}를 지키며 초당 {rate:g}개 요청을 처리하지 "
+                         "못한다",
+    "answer_assumes": "  가정: {arrivals}; 프롬프트 {prompt:,.0f} 토큰, 출력 중앙값 "
+                      "{output:,.0f}, 최대 {longest:,} ({source}); 복제본마다 슬롯 {slots}개"
+                      "{vllm}; 청크 {chunk:,} 토큰; 연속 배칭, KV 캐시 {kv} (자세한 표는 아래)",
+    "answer_arrivals_poisson": "포아송 도착", "answer_post": "글의 모델",
+    "answer_arrivals_gamma": "형상 {burstiness:g}의 감마 도착",
+    "answer_vllm_slots": " (vLLM의 --max-num-seqs 기본값은 {n}: 맞추려면 --slots {n})",
     "answer_tie": " (어느 라우터보다 적거나 같다)",
     "answer_none": "답: 복제본 {n:,}개까지 어느 개수로도 감당하지 못한다",
     "kv": "C  KV 캐시: {gb:,.2f} GB ({memory_source}) = 토큰 {tokens:,}개 (토큰당 "
@@ -7002,8 +7360,8 @@ TEXT_KO = {**SHARED_TEXT,
              "--engine-slots, --engine-shrink)",
     "D_requests": "D  요청 하나하나: 같은 요청에 대한 C의 모의실험, 실행 자신의 패스로 값을 매긴 "
                   "것과 미리 잰 스텝 비용으로 매긴 것",
-    "latency": "지연", "measured_col": "실측 초", "passes_col": "자신의 패스 초",
-    "priced_col": "미리 잰 비용 초", "off_col": "차이",
+    "latency": "지연", "measured_col": "실측", "passes_col": "자신의 패스",
+    "priced_col": "미리 잰 비용", "off_col": "차이",
     "lat_makespan_s": "전체 시간", "lat_ttft_p50_s": "TTFT p50", "lat_ttft_p90_s": "TTFT p90",
     "lat_e2e_p50_s": "E2E p50", "lat_e2e_p90_s": "E2E p90",
     "D_steps": "스텝: 첫 토큰과 마지막 토큰을 엔진과 C의 모의실험에서 같은 스텝에 내는 요청 "

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import NN_40_serving as S
-from test_cli import expect_usage_error, run_main
+from test_cli import expect_usage_error, run_main, said
 
 TINY = S.ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, dtype="float32")
 
@@ -208,7 +208,7 @@ def test_a_mispriced_cost_model_fails_the_seconds(tiny_args, capsys, monkeypatch
     v = results["D"]["verdict"]
     assert v["steps_exact"] is True and v["priced"]["within"] < v["priced"]["checked"]
     assert v["priced"]["worst"]["off"] > 1.0  # measured over twice the price
-    assert "priced beforehand (worst" in out.out
+    assert said("priced beforehand (worst", out.out)
 
 
 def test_d_end_to_end(tiny_args, tmp_path, capsys):
@@ -225,8 +225,8 @@ def test_d_end_to_end(tiny_args, tmp_path, capsys):
         assert per["engine_finish_step"] == list(per["simulated_finish_step"])
     assert D["verdict"]["steps_exact"] is True
     assert D["speedup_measured"] > 0 and D["speedup_predicted"] > 0
-    assert "D  a real engine on the model" in out.out and "speedup: measured" in out.out
-    assert "12 of 12 requests (static)" in out.out and "D  request by request" in out.out
+    assert said("D  a real engine on the model", out.out) and said("speedup: measured", out.out)
+    assert said("12 of 12 requests (static)", out.out) and said("D  request by request", out.out)
     assert (tmp_path / "engine.png").stat().st_size > 10_000
 
 
@@ -269,7 +269,7 @@ def test_forced_padding_is_priced_as_it_runs(tiny_args, capsys):
     assert D["continuous"]["padded_decode_steps"] > 0 == D["static"]["padded_decode_steps"]
     assert D["continuous"]["predicted"]["cost_model"] == "spread"
     assert D["static"]["predicted"]["cost_model"] == "one_span"  # a static batch never pads
-    assert "decode steps padded to their longest row" in out.out
+    assert said("decode steps padded to their longest row", out.out)
     assert D["sdpa_backends"] == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
 
 
@@ -294,4 +294,4 @@ def test_d_with_arrivals_and_an_order(tiny_args, capsys):
     D = results["D"]
     assert D["order"]["name"] == "sjf" and D["arrivals"]["kind"] == "arrivals_poisson"
     assert D["static"]["steps_check"] is None and D["verdict"]["steps_exact"] is None
-    assert "steps: not compared" in out.out and "queue: shortest first" in out.out
+    assert said("steps: not compared", out.out) and said("queue: shortest first", out.out)

@@ -36,7 +36,7 @@ FLAGS = {
 
 
 def test_every_numeric_flag_is_listed():
-    numeric = {a.option_strings[-1] for a in S.build_parser()._actions
+    numeric = {a.option_strings[0] for a in S.build_parser()._actions
                if a.type not in (None, str, S.experiment_letters) and not a.choices}
     assert numeric == set(FLAGS)
 
@@ -45,7 +45,7 @@ def bounds():
     """(flag, value) at each end of every numeric flag's range: these are accepted, so each
     must run or be refused later, by a check of memory or of the clock."""
     for action in S.build_parser()._actions:
-        flag = action.option_strings[-1]
+        flag = action.option_strings[0]
         if flag in FLAGS and flag != "--rate":  # (--rate's type also takes "trace")
             yield from ((flag, f"{v:g}" if isinstance(v, float) else str(v))
                         for v in action.type.bounds)

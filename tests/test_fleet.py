@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
-from test_cli import expect_usage_error, run_main
+from test_cli import expect_usage_error, run_main, said
 
 COSTS = S.analytic_costs(S.ModelConfig(), 960.0, 105.5)
 UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
@@ -192,7 +192,15 @@ def test_replicas_and_capacity_end_to_end(tmp_path, capsys):
         assert r["replicas"] >= 1
     for text in ("C  3 replicas of 32 slots behind each router", "C  capacity at the SLO",
                  "C  replicas needed for 300 requests/s", "answer: "):
-        assert text in out.out
+        assert said(text, out.out)
+    # the question's answer first, in words, with the workload and limits it assumes
+    fewest = min(r["replicas"] for r in cap["routers"].values())
+    T, first = S.TEXT["en"], out.out.split("C  static vs continuous")[0]
+    assert said(f"answer: 300 requests/s of the post's model with TTFT <= 500 ms, TPOT <= 20 ms "
+                f"for 90% of requests need {S.counted(T, fewest, 'replica')} "
+                f"({S.counted(T, fewest, 'gpu')})", first)
+    assert said("assuming Poisson arrivals; prompts of 128 tokens", first)
+    assert said("32 slots a replica (vLLM's --max-num-seqs defaults to 256", first)
     assert (tmp_path / "capacity.png").stat().st_size > 10_000
 
 

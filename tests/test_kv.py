@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
-from test_cli import run_main
+from test_cli import run_main, said
 
 COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
                     source="test")
@@ -135,8 +135,9 @@ def test_a_budget_below_a_prompt_marks_the_kv_rows_and_keeps_the_rest(tmp_path, 
     assert set(C["kv"]["unfit"]) == {"reserve", "paged"} and "paged" not in C["kv"]
     assert C["kv"]["unfit"]["paged"]["needs"] > C["kv"]["budget_tokens"] == 101
     # (the longest request is named: the post's 1,327 tokens, request 9)
-    assert "paged: does not fit, so not simulated: request 9 alone needs 1,456 tokens" in out.out
-    assert "static batching" in out.out and C["schedulers"]["continuous"]["steps"] > 0
+    assert said("paged: does not fit, so not simulated: request 9 alone needs 1,456 tokens",
+                out.out)
+    assert said("static batching", out.out) and C["schedulers"]["continuous"]["steps"] > 0
     assert C["who_waits"]["kv_policy"] is None  # (it runs unlimited instead)
 
 
@@ -153,7 +154,7 @@ def test_a_lengths_file_with_one_huge_request_loses_only_the_kv_rows(tmp_path, c
     # (a reservation holds the longest output for every request: the first is named)
     assert (C["kv"]["unfit"]["reserve"]["request"], C["kv"]["unfit"]["reserve"]["output"]) == \
         (0, 175208)
-    assert "C  who waits" in out.out and "does not fit" in out.out
+    assert said("C  who waits", out.out) and said("does not fit", out.out)
 
 
 def test_kv_results_and_figure(tmp_path, capsys):
@@ -167,7 +168,7 @@ def test_kv_results_and_figure(tmp_path, capsys):
             assert {"utilization", "peak_concurrency", "mean_concurrency", "preemptions",
                     "max_allocated_tokens", "throughput_rps"} <= set(m)
             assert m["max_allocated_tokens"] <= kv["budget_tokens"]
-    assert "C  KV cache: 1.00 GB (--kv-memory-gb)" in out.out
+    assert said("C  KV cache: 1.00 GB (--kv-memory-gb)", out.out)
     assert (tmp_path / "kv_memory.png").stat().st_size > 10_000
 
 
@@ -175,7 +176,7 @@ def test_the_budget_is_allocated_on_the_device(tiny_args, capsys):
     results, out = run_main(tiny_args + ["--experiments", "AC", "--no-figures"], capsys)
     check = results["C"]["kv"]["device_check"]
     assert check["batch"] == len(results["C"]["kv"]["peak"]["contexts"]) <= 4
-    assert check["step_ms"] > 0 and "allocated the budget's KV cache" in out.out
+    assert check["step_ms"] > 0 and said("allocated the budget's KV cache", out.out)
 
 
 def test_a_budget_the_device_cannot_hold_is_marked(tiny_args, capsys, monkeypatch):
@@ -184,7 +185,7 @@ def test_a_budget_the_device_cannot_hold_is_marked(tiny_args, capsys, monkeypatc
                                          "--no-figures"], capsys)
     check = results["C"]["kv"]["device_check"]
     assert check["bytes"] > 4e9 and check["skipped"]["kind"] == "does_not_fit"
-    assert "does not fit" in out.out
+    assert said("does not fit", out.out)
 
 
 def test_memory_averages_by_hand():

@@ -6,6 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import NN_40_serving as S
+from test_cli import said
 
 TINY = S.ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, dtype="float32")
 # the open models' kind, small: grouped K/V heads (8 query heads on 1, 2 or all 8), a gated SiLU
@@ -256,7 +257,7 @@ def test_the_moe_layer_reads_only_the_experts_its_tokens_chose():
 
 
 def test_a_times_an_moe_model_and_counts_the_experts_read(tmp_path, capsys):
-    from test_cli import run_main
+    from test_cli import run_main, said
     results, out = run_main(["--device", "cpu", "--experiments", "A", "--layers", "2",
                              "--hidden", "64", "--heads", "4", "--vocab", "128", "--dtype",
                              "float32", "--mlp", "gated", "--experts", "8",
@@ -267,7 +268,7 @@ def test_a_times_an_moe_model_and_counts_the_experts_read(tmp_path, capsys):
     assert rows[1]["experts_touched"] == 2 and rows[1]["experts_expected"] == pytest.approx(2)
     assert 2 < rows[16]["experts_touched"] <= 8
     assert rows[16]["experts_expected"] == pytest.approx(8 * (1 - 0.75**16))
-    assert "experts read" in out.out and "dense twin ms" in out.out
+    assert said("experts read", out.out) and said("dense twin ms", out.out)
     # beside it, its dense twin: one gated MLP of 2 x 32 in both layers, timed at each batch
     twin = results["A"]["dense_twin"]
     assert twin["ffn"] == 64 and [r["batch"] for r in twin["rows"]] == [1, 16]

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
-from test_cli import run_main
+from test_cli import run_main, said
 
 UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
 
@@ -180,7 +180,7 @@ def test_who_waits_end_to_end(tmp_path, capsys):
     assert C["orders"]["sjf_guarded"]["max_wait_s"] <= C["orders"]["sjf"]["max_wait_s"]
     for text in ("C  the same table in each order of the queue", "C  who waits:",
                  "shortest predicted + guard", "queue: shortest predicted first"):
-        assert text in out.out
+        assert said(text, out.out)
     assert (tmp_path / "who_waits.png").stat().st_size > 10_000
 
 
@@ -190,7 +190,7 @@ def test_a_guard_given_is_used(tmp_path, capsys):
                             capsys)
     assert results["C"]["who_waits"]["guard_s"] == 0.25
     assert results["C"]["order"] == {"name": "fcfs", "max_wait_s": 0.25}
-    assert "goes first (--max-wait-s)" in out.out
+    assert said("goes first (--max-wait-s)", out.out)
 
 
 def test_a_request_exactly_at_the_guard_goes_first():

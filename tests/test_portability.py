@@ -102,7 +102,7 @@ def test_the_probe_is_printed_and_recorded(tiny_args, tmp_path, capsys, monkeypa
     monkeypatch.setattr(S, "probe_dtypes", lambda width: scores(40.0, None, 2.0))
     args = [a for a in tiny_args if a not in ("--dtype", "float32")]
     results = S.main(args + ["--experiments", "A", "--no-figures"])
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # (lines wrapped at 100 columns)
     assert results["config"]["model"]["dtype"] == "float32"
     assert results["environment"]["dtype_probe"]["chosen"] == "float32"
     assert "dtype: float32, the fastest here by a probe" in out and "bfloat16 40.0," in out

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
-from test_cli import expect_usage_error, run_main
+from test_cli import expect_usage_error, run_main, said
 
 LLAMA2_7B_MATMULS = 32 * (2 * 4096 * 4096 + 2 * 4096 * 4096 + 3 * 4096 * 11008)  # 6,476,005,376
 LLAMA2_7B_REST = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096  # LM head, token table, norms (16-bit)
@@ -268,7 +268,7 @@ def test_validate_on_a_three_row_file(tmp_path, capsys):
     assert summary["validation", "gptfast_hand"]["rows"] == 2
     saved = json.loads((tmp_path / "results.json").read_text())
     assert len(saved["validation"]["rows"]) == 3
-    assert "Falcon-180B" in out.out and "gptfast_hand" in out.out
+    assert said("Falcon-180B", out.out) and said("gptfast_hand", out.out)
 
 
 def test_validate_refuses_a_file_that_is_not_published_rows(tmp_path, capsys):
@@ -333,13 +333,13 @@ def test_c_runs_a_tensor_parallel_replica_in_fp8(tmp_path, capsys):
                             capsys)
     source = results["C"]["cost_model"]["source"]
     assert (source["tp"], source["weights"], source["kv_dtype"]) == (4, "fp8", "fp8")
-    assert source["profile"] == "tensorrt-llm" and "4 x H100 SXM" in out.out
+    assert source["profile"] == "tensorrt-llm" and said("4 x H100 SXM", out.out)
     cfg = with_format("llama-3.1-70b", weights="fp8", kv_dtype="fp8")
     tokens = S.card_kv_tokens(cfg, S.GPUS["h100"], S.ENGINE_PROFILES["tensorrt-llm"], 4)
     assert results["C"]["kv"]["budget_tokens"] == tokens
     assert results["C"]["kv"]["bytes_per_token"] == 80 * 2 * 8 * 128  # fp8: a byte each
     # one card cannot hold the bf16 model: a clear line, not a traceback
-    assert "give --tp 2 or more" in expect_usage_error(argv, capsys)
+    assert "give --tp 2 (it divides the 64 heads)" in expect_usage_error(argv, capsys)
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -452,7 +452,7 @@ def test_c_replays_an_engines_run_beside_its_measurements(tmp_path, capsys):
     assert chunked["error"]["e2e_s"]["p50"] == pytest.approx(
         chunked["e2e_s"]["p50"] / 0.5 - 1)
     assert results["C"]["kv"]["budget_tokens"] == 4096
-    assert "C against the engine's own run" in out.out and "max_num_seqs 4" not in out.out
+    assert said("C against the engine's own run", out.out) and "max_num_seqs 4" not in out.out
 
 
 def test_the_capacity_answer_counts_gpus_as_replicas_times_tp():
@@ -678,7 +678,7 @@ def test_ep_flag_checks(tmp_path, capsys):
         base + ["--gpu", "h100", "--model", "llama-3.1-8b", "--ep", "2"], capsys)
     results, out = run_main(base + ["--gpu", "h100", "--model", "qwen3-30b-a3b", "--ep", "2",
                                     "--replicas", "2", "--rates", "5"], capsys)
-    assert "each replica one card of 2 that spread the experts" in out.out
+    assert said("each replica one card of 2 that spread the experts", out.out)
     assert results["C"]["cost_model"]["source"]["ep"] == 2
 
 

@@ -1,0 +1,100 @@
+"""--help by task, one style of default, vLLM's spellings as aliases of the same flags."""
+import argparse
+
+import pytest
+
+import NN_40_serving as S
+
+C = ["--experiments", "C", "--gpu", "h100"]
+ALIASES = [  # (ours, vLLM's): the same RunConfig field from either
+    (["--rate", "7"], ["--request-rate", "7"]),
+    (["--requests", "90"], ["--num-prompts", "90"]),
+    (["--slots", "256"], ["--max-num-seqs", "256"]),
+    (["--chunk-tokens", "2048"], ["--max-num-batched-tokens", "2048"]),
+    (["--block-tokens", "32"], ["--block-size", "32"]),
+    (["--kv-dtype", "fp8"], ["--kv-cache-dtype", "fp8"]),
+    (["--tp", "2"], ["--tensor-parallel-size", "2"]),
+    (["--slo-ttft-ms", "1000", "--slo-tpot-ms", "50"], ["--goodput", "ttft:1000", "tpot:50"]),
+    (["--slo-attainment", "0.99"], ["--slo-attainment", "p99"]),
+    (["--slo-attainment", "0.99"], ["--slo-attainment", "99%"]),
+]
+
+
+@pytest.mark.parametrize("ours, theirs", ALIASES)
+def test_every_vllm_alias_parses_to_the_same_setting(ours, theirs):
+    plain, alias = S.parse_args(C + ours), S.parse_args(C + theirs)
+    assert alias == plain
+    assert alias != S.parse_args(C)  # (the flag changed something)
+
+
+def test_help_fits_a_page_in_groups_by_task(capsys):
+    with pytest.raises(SystemExit) as e:
+        S.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert len(lines) <= 150 and max(map(len, lines)) <= S.HELP_WIDTH
+    for group in ("workload", "model and hardware", "scheduler and KV cache",
+                  "SLOs and capacity", "measurement", "engine check (D", "output", "recipes"):
+        assert f"\n{group}" in text, group
+    assert "llama-3-8b,llama" not in text and "rtx-3090,rtx" not in text  # (see --catalog)
+    model = next(line for line in lines if line.startswith("model and hardware"))
+    assert "probe" in model and "bfloat16" not in model  # (on CPU a probe decides)
+
+
+def test_every_flag_has_help_and_every_value_its_default():
+    for action in S.build_parser()._actions:
+        assert action.help, action.option_strings
+        if action.nargs != 0:
+            assert action.help.endswith(")") and "(default: " in action.help, \
+                action.option_strings
+
+
+def test_capacity_flags_run_the_simulation_alone():
+    assert S.parse_args(["--slo-ttft-ms", "500"]).experiments == "C"
+    assert S.parse_args(["--goodput", "tpot:50", "--target-rate", "9"]).experiments == "C"
+    assert S.parse_args(["--slo-ttft-ms", "500", "--experiments", "CD",
+                         "--device", "cpu"]).experiments == "CD"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--goodput", "e2el:500"], "C's SLOs are ttft:MS and tpot:MS"),
+    (["--goodput", "ttft:-3"], "--goodput ttft:-3"),
+    (["--slo-attainment", "p0"], "a percentile (p99)"),
+    (["--slo-attainment", "101%"], "a percentile (p99)"),
+])
+def test_bad_vllm_spellings_are_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        S.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_quick_run_fits_a_terminal_and_ends_in_the_three_claims(tmp_path, capsys):
+    S.main(["--quick", "--out", str(tmp_path), "--no-figures", "--jobs", "1"])
+    out = capsys.readouterr().out
+    wide = [line for line in out.splitlines() if len(line) > S.OUTPUT_WIDTH]
+    assert not wide, wide[:3]
+    summary = out.split(S.TEXT["en"]["summary"])[1]
+    for claim in ("1. decode is bound by bytes", "2. prefill is bound by arithmetic",
+                  "3. continuous batching fills the seats"):
+        assert claim in summary
+    assert "TTFT p99 s" not in out and "TTFT mean s" not in out  # (TTFT in ms everywhere)
+
+
+def test_a_wide_table_splits_under_its_labels():
+    T = S.TEXT["en"]
+    rows = [["static batching", "x" * 40, "1.0", "y" * 40], ["continuous", "2", "3", "4"]]
+    text = S.table(T, rows, ["policy", "steps", "seconds", "req_s"])
+    assert max(map(len, text.splitlines())) <= S.OUTPUT_WIDTH
+    parts = text.split("\n\n")
+    assert len(parts) == 2 and all("policy" in p and "continuous" in p for p in parts)
+    wrapped = S.fit_lines("  word" * 60).splitlines()
+    assert len(wrapped) == 4 and max(map(len, wrapped)) <= S.OUTPUT_WIDTH
+    assert all(line.startswith("    word") for line in wrapped[1:])  # (two past its indent)
+    assert " ".join(wrapped).split() == ["word"] * 60
+
+
+def test_plurals_in_the_capacity_answer():
+    T = S.TEXT["en"]
+    assert S.counted(T, 1, "replica") == "1 replica" and S.counted(T, 2, "gpu") == "2 GPUs"
