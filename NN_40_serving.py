@@ -6725,11 +6725,16 @@ def finish_run(run, results, interrupted):
         except Exception as e:  # (a worker's too: a figure failed late, like an experiment)
             results["failed"] = {"experiment": "figures", "error": one_line(e)}
         write_atomic(json_path, to_json(results))
-    remove_stale_figures(run.out, written)
+    older = tidy_figures(run.out, written)
+    if older:
+        results["figures"] = {**results.get("figures", {}), "older": older}
+        write_atomic(json_path, to_json(results))
     if written:
         print(fit_lines(T["wrote"].format(json=json_path, figures=", ".join(written))))
     else:
         print(T["wrote_json"].format(json=json_path))
+    if older:
+        print(fit_lines(T["older_figures"].format(figures=", ".join(older))))
     if interrupted:
         print(T["interrupted"], file=sys.stderr)
         raise SystemExit(130)
@@ -6742,13 +6747,19 @@ def finish_run(run, results, interrupted):
         raise SystemExit(1)
 
 
-def remove_stale_figures(out_dir, written):
-    """The figures in out_dir that this run did not draw, removed (only the file names the
-    script gives its figures, in either format): an output folder never mixes two runs."""
-    for name in FIGURES:
-        for path in (os.path.join(out_dir, name.replace(".png", "." + f)) for f in FORMATS):
-            if os.path.basename(path) not in written and os.path.isfile(path):
-                os.remove(path)
+def tidy_figures(out_dir, written):
+    """The figures in out_dir that this run did not draw (only the file names the script gives
+    its figures, in either format). After a run that drew figures they are removed, so an
+    output folder never mixes two runs; after one that drew none (--no-figures, Ctrl-C) they
+    are kept, since nothing replaces them. -> the names of those kept, older than results.json."""
+    stale = [path for name in FIGURES
+             for path in (os.path.join(out_dir, name.replace(".png", "." + f)) for f in FORMATS)
+             if os.path.basename(path) not in written and os.path.isfile(path)]
+    if not written:
+        return [os.path.basename(path) for path in stale]
+    for path in stale:
+        os.remove(path)
+    return []
 
 
 def run_experiment(name, run, device, results, benches, inputs):
@@ -7130,6 +7141,7 @@ TEXT_EN = {**SHARED_TEXT,
     "validation_left": "rows C cannot express: {left}",
     # the end
     "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
+    "older_figures": "kept from an older run (this one drew none): {figures}",
     "interrupted": "interrupted: the tables above are the experiments that finished",
 }
 
@@ -7415,6 +7427,7 @@ TEXT_KO = {**SHARED_TEXT,
     "validation_worst": "C가 가장 많이 틀린 {n}개 행:",
     "validation_left": "C가 표현하지 못하는 행: {left}",
     "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",
+    "older_figures": "이전 실행의 그림 유지 (이번 실행은 그리지 않음): {figures}",
     "interrupted": "중단됨: 위의 표는 끝난 실험들이다",
 }
 

@@ -92,3 +92,15 @@ def test_a_run_removes_the_figures_it_did_not_draw(tmp_path, capsys):
     assert "occupancy.png" in saved["figures"]["written"]
     assert saved["figures"]["not_drawn"]["capacity.png"].startswith("needs an SLO")
     assert saved["figures"]["not_drawn"]["engine.png"] == "needs experiment D"
+
+
+def test_a_run_that_draws_no_figures_keeps_the_older_ones_and_names_them(tmp_path, capsys):
+    import json
+    older = tmp_path / "occupancy.png"
+    older.write_bytes(b"old")
+    S.main(["--experiments", "C", "--requests", "60", "--slots", "4", "--no-figures",
+            "--out", str(tmp_path)])
+    assert older.read_bytes() == b"old"
+    assert "kept from an older run (this one drew none): occupancy.png" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["figures"]["older"] == ["occupancy.png"]
