@@ -1338,19 +1338,12 @@ class EngineProfile:
         return dataclasses.asdict(self)
 
 
-FIT_FIELDS = ("bandwidth_share", "matmul_share", "half_tokens", "step_s", "layer_s",
-              "allreduce_s", "reserved_gb", "dequant_flops", "activation_passes")
-# What each engine's rows can tell: gpt-fast's are all batch-1 decodes of one model, which
-# see neither the FLOP rate, the memory reserve nor the activations' traffic apart from the
-# weights' (fitting those too overfits its 6 rows: its validation rows' error trebles)
-FITTED = {"tensorrt-llm": FIT_FIELDS,
-          "gpt-fast": ("bandwidth_share", "layer_s", "allreduce_s", "dequant_flops")}
-
 # `roofline` is C's pricing before it was checked against any engine (90% and 80% of a card's
 # spec: an H200 in this workplace copied at about 4.3 of its 4.8 TB/s and ran a large bf16
 # matmul at 769-798 of its 989 TFLOP/s; the post's RTX 5080 reached 105.5 of its 112.6). The
-# others are fitted by fit_profile on their engine's rows of the published calibration file
-# (../shared/published/calibration.csv) and on nothing else; README gives the fit's errors.
+# others are fitted by tests/fit_profiles.py on their engine's rows of the published
+# calibration file (../shared/published/calibration.csv) and on nothing else (a test refits
+# them and finds these values); README gives the fit's errors.
 # vLLM has no calibration rows: its profile takes TensorRT-LLM's efficiencies and vLLM's own
 # defaults (max_num_seqs 256; the batch's token budget), and is checked on real vLLM runs.
 ENGINE_PROFILES = {
@@ -1363,14 +1356,12 @@ ENGINE_PROFILES = {
                                   max_batch=2048, max_tokens=8192,
                                   fitted_on="TensorRT-LLM's 48 dense calibration rows"),
     # 6 rows: Llama-2-7B at batch 1 in bf16, int8 and int4, and bf16 on 2, 4 and 8 cards; the
-    # fields they cannot tell (see FITTED) keep FIT_START's values. 82% of the A100's 2,039
+    # fields they cannot tell keep the fit's start (tests/fit_profiles.py). 82% of the A100's 2,039
     # GB/s is 1,672 GB/s: gpt-fast's README finds "about 1700 GB/s" on its power-capped cards
     "gpt-fast": EngineProfile("gpt-fast", bandwidth_share=0.82, matmul_share=0.8,
                               layer_s=52.5e-6, allreduce_s=5e-6, dequant_flops=35.0,
                               max_batch=1, fitted_on="gpt-fast's 6 calibration rows"),
 }
-# Where each profile's fit starts (and what a field the rows cannot tell keeps)
-FIT_START = EngineProfile("fit start", 0.9, 0.8)
 ENGINE_PROFILES["vllm"] = dataclasses.replace(
     ENGINE_PROFILES["tensorrt-llm"], name="vllm", max_batch=256, max_tokens=8192,
     kv_of_total=True, fitted_on="none (TensorRT-LLM's efficiencies)")
@@ -1508,8 +1499,8 @@ def fit_passes(passes, source):
 # Each row of a published table (an engine, a model, a card, a precision, TP, a workload and
 # what was measured) is predicted from C's prices: a batch-1 decode rate, a first token, a
 # static batch's throughput, or an in-flight batch's steady state under all-queued load. The
-# profiles' constants are fitted on the calibration file's rows alone (fit_profile); every
-# other row is validation. Calls the accounting and the step costs.
+# profiles' constants are fitted on the calibration file's rows alone (tests/fit_profiles.py);
+# every other row is validation. Calls the accounting and the step costs.
 
 PUBLISHED_MODELS = {"GPT-J-6B": "gpt-j-6b", "Llama-2-7B": "llama-2-7b",
                     "Llama-2-70B": "llama-2-70b", "Llama-3.1-8B": "llama-3.1-8b",
@@ -1638,52 +1629,6 @@ def published_errors(rows, profiles):
         got = predict_published(row, profiles[row.engine])
         out.append((row, got, None if got is None else got / row.value - 1))
     return out
-
-
-def fit_loss(rows, profile):
-    """Mean squared log error of a profile on rows (a row it cannot fit counts as 100% off)."""
-    errors = [math.log(got / row.value) if got else math.log(2.0)
-              for row, got, _ in published_errors(rows, {row.engine: profile for row in rows})]
-    return float(np.mean(np.square(errors)))
-
-
-FIT_GRID = {"bandwidth_share": np.linspace(0.5, 1.0, 51), "matmul_share": np.linspace(0.3, 1.0, 36),
-            "half_tokens": np.array([0, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048]),
-            "step_s": np.linspace(0, 5e-3, 101), "layer_s": np.linspace(0, 150e-6, 61),
-            "allreduce_s": np.linspace(0, 300e-6, 61),
-            "reserved_gb": np.linspace(0, 12, 25), "dequant_flops": np.linspace(0, 300, 61),
-            "activation_passes": np.linspace(0, 20, 41)}
-
-
-def fit_rows(rows, engine):
-    """The rows a profile is fitted on: its engine's calibration rows of dense models (the
-    profiles were fitted before C priced experts; MoE rows are checked, not fitted)."""
-    return [r for r in rows if r.role == "calibration" and r.engine == engine
-            and not MODELS[r.model].experts]
-
-
-def fit_start(profile):
-    """Where a profile's fit starts: FIT_START's fields, the profile's batch limits."""
-    return dataclasses.replace(profile, **{f: getattr(FIT_START, f) for f in FIT_FIELDS})
-
-
-def fit_profile(rows, profile, fields=FIT_FIELDS, rounds=12):
-    """The profile's FIT_FIELDS fitted to `rows` (calibration rows only: the caller's
-    contract, checked by a test) by coordinate search over FIT_GRID: each field in turn
-    takes the grid value of least fit_loss, until a round changes nothing. A field the rows
-    cannot tell (the FLOP rate, from batch-1 rows) keeps its value."""
-    best = fit_loss(rows, profile)
-    for _ in range(rounds):
-        changed = False
-        for field in fields:
-            for value in FIT_GRID[field]:
-                trial = dataclasses.replace(profile, **{field: float(value)})
-                loss = fit_loss(rows, trial)
-                if loss < best - 1e-12:
-                    best, profile, changed = loss, trial, True
-        if not changed:
-            break
-    return profile, best
 
 
 def error_summary(errors):

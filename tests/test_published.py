@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
+import fit_profiles as F
 from test_cli import expect_usage_error, run_main
 
 LLAMA2_7B_MATMULS = 32 * (2 * 4096 * 4096 + 2 * 4096 * 4096 + 3 * 4096 * 11008)  # 6,476,005,376
@@ -308,14 +309,13 @@ def test_the_committed_profiles_are_the_fit_on_calibration_rows_alone(monkeypatc
         return real(row, profile)
     monkeypatch.setattr(S, "predict_published", recording)
     for engine in ("gpt-fast", "tensorrt-llm"):
-        committed = S.ENGINE_PROFILES[engine]
-        fitted, _ = S.fit_profile(S.fit_rows(cal, engine), S.fit_start(committed),
-                                  S.FITTED[engine])
-        for field in S.FIT_FIELDS:
-            assert getattr(fitted, field) == pytest.approx(getattr(committed, field)), field
+        fitted, _ = F.refit(engine, cal)
+        for field in F.FIT_FIELDS:
+            committed = getattr(S.ENGINE_PROFILES[engine], field)
+            assert getattr(fitted, field) == pytest.approx(committed), field
     assert seen and {r.role for r in seen} == {"calibration"}
     assert not {r.model for r in seen} & {"mixtral-8x7b", "mixtral-8x22b"}  # (checked, not fit)
-    assert len(S.fit_rows(cal, "tensorrt-llm")) == 48 and len(S.fit_rows(cal, "gpt-fast")) == 6
+    assert len(F.fit_rows(cal, "tensorrt-llm")) == 48 and len(F.fit_rows(cal, "gpt-fast")) == 6
 
 
 @needs_calibration
