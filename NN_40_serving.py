@@ -2186,12 +2186,12 @@ def waiting_queue(ledger, ids, order=None):
 SCHEDULERS = ("static", "continuous", "chunked")
 
 
-def schedule_prefill(prefilling, num_decoding, chunk_tokens):
+def schedule_prefill(prefilling, decode_tokens, chunk_tokens):
     """This step's prefill: [(request, tokens)], oldest first. Whole prompts, or (chunked)
-    what the step's token budget leaves after one token for each decoding request."""
+    what the step's token budget leaves after the decodes' tokens."""
     if chunk_tokens is None:
         return [(s, s.prompt_left) for s in prefilling]
-    room, plan = chunk_tokens - num_decoding, []
+    room, plan = chunk_tokens - decode_tokens, []
     for s in prefilling:
         if room <= 0:
             break
@@ -2259,6 +2259,11 @@ class DecodeBatch:
     def cached(self, steps):
         """Tokens the decoders hold at step `steps`."""
         return self.base_sum + self.size * steps
+
+    def tokens(self):
+        """Tokens a step adds to the decoders' cache, one a decoder (what they take of a
+        chunked step's budget)."""
+        return self.size
 
     def next_end(self, steps):
         """Steps from `steps` to the next decoder's last (math.inf: none decodes)."""
@@ -2413,7 +2418,7 @@ class ServingSim:
         self.iterations += 1
         taken = self.make_room() if self.preempts else self.kv.planned(self.steps, ())
         blocked = self.admit(taken)
-        plan = schedule_prefill(self.prefill.seqs, self.decode.size, self.chunk_tokens)
+        plan = schedule_prefill(self.prefill.seqs, self.decode.tokens(), self.chunk_tokens)
         if not plan and not self.decode.size:
             if not (self.waiting or self.retry):
                 return False
@@ -2439,7 +2444,7 @@ class ServingSim:
         ledger, kv = self.ledger, self.kv
         while True:
             taken = kv.planned(self.steps, schedule_prefill(
-                self.prefill.seqs, self.decode.size, self.chunk_tokens))
+                self.prefill.seqs, self.decode.tokens(), self.chunk_tokens))
             if not self.running or taken <= kv.capacity:
                 return taken
             seq = self.running[next(reversed(self.running))]
@@ -2494,7 +2499,7 @@ class ServingSim:
         """Prompt tokens this step could still take in (chunked: its token budget)."""
         if self.chunk_tokens is None:
             return math.inf
-        return self.chunk_tokens - self.decode.size - self.prefill.left
+        return self.chunk_tokens - self.decode.tokens() - self.prefill.left
 
     def could_join(self, blocked):
         """Whether a request arriving now could be admitted at the next step."""
@@ -2607,7 +2612,7 @@ class ServingSim:
         """Memory integrals over the k steps just priced (step j: a + e (j - 1) s); `emitted`
         prefills end with the run. -> tokens held after the last step."""
         prefill_s, decode_s, a, e, tokens = price
-        held = self.memory.run(self.held(), tokens + self.decode.size, k, a, e, emitted)
+        held = self.memory.run(self.held(), tokens + self.decode.tokens(), k, a, e, emitted)
         self.memory.totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
         self.memory.totals["running_s"] += (prefill_s + decode_s) * len(self.running)
         return held

@@ -1,5 +1,7 @@
 """C's KV-cache study: reservation vs paged blocks against a memory budget."""
+import ast
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -329,3 +331,26 @@ def test_a_request_prefilled_elsewhere_decodes_from_its_first_step():
     assert sim["steps"] == 9 and sim["finish_step"][0] == 9 and sim["first_token"][0] == -1.0
     assert sim["kv"]["max_alloc"] == 112 and sim["generated"][0] == 9
     assert sim["finish"][0] == pytest.approx(sum(COSTS.pass_s(1, 101 + j) for j in range(9)))
+
+
+def kind_tests(source):
+    """Lines of `source` that compare with a KV policy's name or isinstance a manager class."""
+    names, classes = set(S.KV_MANAGERS), {c.__name__ for c in S.KV_MANAGERS.values()}
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            named = [node.left, *node.comparators]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+            named = list(ast.walk(node.args[1]))
+        else:
+            continue
+        if any(isinstance(x, ast.Constant) and x.value in names or
+               isinstance(x, ast.Name) and x.id in classes for x in named):
+            out.append(node.lineno)
+    return out
+
+
+def test_no_code_asks_which_kv_manager_it_holds():
+    assert kind_tests(pathlib.Path(S.__file__).read_text(encoding="utf-8")) == []
+    # (the check sees both ways of asking)
+    assert kind_tests("if kv.policy == 'paged': pass\nisinstance(a, (Reservation, int))") == [1, 2]
