@@ -507,7 +507,7 @@ class RunConfig:
 
     @property
     def kv_policies(self):
-        return ("reserve", "paged") if self.kv_policy == "both" else (self.kv_policy,)
+        return tuple(KV_MANAGERS) if self.kv_policy == "both" else (self.kv_policy,)
 
 
 # -----------------------------------------------------------------------------
@@ -1003,12 +1003,14 @@ class Requests:
     arrival_s: np.ndarray  # (n,) sorted
     prompt: np.ndarray     # (n,) prompt tokens
     output: np.ndarray     # (n,) generated tokens (>= 1)
+    cached: np.ndarray = None  # (n,) prompt tokens already cached on arrival (None: none)
 
     def take(self, index=slice(None), arrival_s=None):
         """The requests at `index` (a slice or an index array), arriving at `arrival_s`
         instead of their own times when it is given."""
         return Requests(self.arrival_s[index] if arrival_s is None else arrival_s,
-                        self.prompt[index], self.output[index])
+                        self.prompt[index], self.output[index],
+                        None if self.cached is None else self.cached[index])
 
 
 TRACE_COLUMNS = [  # (prompt column, output column, timestamp column or None)
@@ -1232,6 +1234,63 @@ class StepCosts:
         return steps * self.pass_s(tokens, kv_tokens) + \
             self.kv_s(tokens) * tokens * steps * (steps - 1) / 2
 
+    def run_price(self, plan, decoders, cached, k, fused=False):
+        """The k steps of a run, a prefill pass (of the chunks in `plan`, [(Seq, tokens)]) and a
+        decode pass (of `decoders` rows holding `cached` tokens) each (fused: one pass of
+        both), whose caches grow: step j takes first_s + growth_s (j - 1) seconds. ->
+        (prefill_s, decode_s: each pass summed over the run, first_s, growth_s, prompt tokens
+        per step). (A plain tuple, as plan's: a NamedTuple made and unpacked at every event
+        cost the loop 5-10%; a tuple subclass is built in Python and unpacked without 3.11's
+        fast path.) A chunk of c tokens over x cached ones computes c x + c (c + 1) / 2
+        attention pairs, c^2 more at each step of a run."""
+        n, tokens, cached_pre = decoders, 0, 0
+        for s, c in plan:
+            tokens += c
+            cached_pre += s.num_cached
+        pair_first_s, pair_growth_s = self.pair_run_s(plan)
+        if fused and tokens and n:  # one pass of both: its time split by their tokens
+            f, kv_s = self.rates(tokens + n)
+            first = f + kv_s * (cached_pre + cached) + pair_first_s
+            growth = kv_s * (tokens + n) + pair_growth_s
+            run_s, share = first * k + growth * k * (k - 1) / 2, tokens / (tokens + n)
+            return run_s * share, run_s * (1 - share), first, growth, tokens
+        (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.rates(tokens), self.rates(n)
+        first_pre = f_pre + kv_s_pre * cached_pre + pair_first_s if tokens else 0.0
+        first_dec = f_dec + kv_s_dec * cached if n else 0.0
+        growth_pre, growth_dec = kv_s_pre * tokens + pair_growth_s, kv_s_dec * n
+        return (first_pre * k + growth_pre * k * (k - 1) / 2,
+                first_dec * k + growth_dec * k * (k - 1) / 2,
+                first_pre + first_dec, growth_pre + growth_dec, tokens)
+
+    def pair_run_s(self, plan):
+        """(seconds of the first step's prompt attention pairs, their growth a step), or
+        nothing where the prices do not count pairs (prices timed on whole prompts)."""
+        pair_s = self.pair_s
+        if not pair_s:
+            return 0.0, 0.0
+        pairs = growth = 0
+        for s, c in plan:
+            pairs += c * s.num_cached + c * (c + 1) // 2
+            growth += c * c
+        return pair_s * pairs, pair_s * growth
+
+    def decode_steps_to(self, n, cached, t, when, k):
+        """The first step count in 1..k whose decode run of n rows holding `cached` tokens,
+        started at t, ends at or after `when` (else k)."""
+        run_s = self.run_s
+        a, e = self.pass_s(n, cached), self.kv_s(n) * n
+        gap = when - t  # solve a x + e x (x - 1) / 2 = gap, then settle on integers
+        if e > 0:
+            x = ((e / 2 - a) + math.sqrt((a - e / 2) ** 2 + 2 * e * max(gap, 0))) / e
+        else:
+            x = gap / a if a > 0 else k
+        x = min(max(1, math.ceil(x)), k)
+        while x > 1 and t + run_s(n, cached, x - 1) >= when:
+            x -= 1
+        while x < k and t + run_s(n, cached, x) < when:
+            x += 1
+        return x
+
     def as_dict(self):
         """The model's numbers, for results.json."""
         return {"source": self.source, "tokens": list(self.tokens),
@@ -1299,19 +1358,12 @@ class EngineProfile:
         return dataclasses.asdict(self)
 
 
-FIT_FIELDS = ("bandwidth_share", "matmul_share", "half_tokens", "step_s", "layer_s",
-              "allreduce_s", "reserved_gb", "dequant_flops", "activation_passes")
-# What each engine's rows can tell: gpt-fast's are all batch-1 decodes of one model, which
-# see neither the FLOP rate, the memory reserve nor the activations' traffic apart from the
-# weights' (fitting those too overfits its 6 rows: its validation rows' error trebles)
-FITTED = {"tensorrt-llm": FIT_FIELDS,
-          "gpt-fast": ("bandwidth_share", "layer_s", "allreduce_s", "dequant_flops")}
-
 # `roofline` is C's pricing before it was checked against any engine (90% and 80% of a card's
 # spec: an H200 in this workplace copied at about 4.3 of its 4.8 TB/s and ran a large bf16
 # matmul at 769-798 of its 989 TFLOP/s; the post's RTX 5080 reached 105.5 of its 112.6). The
-# others are fitted by fit_profile on their engine's rows of the published calibration file
-# (../shared/published/calibration.csv) and on nothing else; README gives the fit's errors.
+# others are fitted by tests/fit_profiles.py on their engine's rows of the published
+# calibration file (../shared/published/calibration.csv) and on nothing else (a test refits
+# them and finds these values); README gives the fit's errors.
 # vLLM has no calibration rows: its profile takes TensorRT-LLM's efficiencies and vLLM's own
 # defaults (max_num_seqs 256; the batch's token budget), and is checked on real vLLM runs.
 ENGINE_PROFILES = {
@@ -1324,14 +1376,12 @@ ENGINE_PROFILES = {
                                   max_batch=2048, max_tokens=8192,
                                   fitted_on="TensorRT-LLM's 48 dense calibration rows"),
     # 6 rows: Llama-2-7B at batch 1 in bf16, int8 and int4, and bf16 on 2, 4 and 8 cards; the
-    # fields they cannot tell (see FITTED) keep FIT_START's values. 82% of the A100's 2,039
+    # fields they cannot tell keep the fit's start (tests/fit_profiles.py). 82% of the A100's 2,039
     # GB/s is 1,672 GB/s: gpt-fast's README finds "about 1700 GB/s" on its power-capped cards
     "gpt-fast": EngineProfile("gpt-fast", bandwidth_share=0.82, matmul_share=0.8,
                               layer_s=52.5e-6, allreduce_s=5e-6, dequant_flops=35.0,
                               max_batch=1, fitted_on="gpt-fast's 6 calibration rows"),
 }
-# Where each profile's fit starts (and what a field the rows cannot tell keeps)
-FIT_START = EngineProfile("fit start", 0.9, 0.8)
 ENGINE_PROFILES["vllm"] = dataclasses.replace(
     ENGINE_PROFILES["tensorrt-llm"], name="vllm", max_batch=256, max_tokens=8192,
     kv_of_total=True, fitted_on="none (TensorRT-LLM's efficiencies)")
@@ -1469,8 +1519,8 @@ def fit_passes(passes, source):
 # Each row of a published table (an engine, a model, a card, a precision, TP, a workload and
 # what was measured) is predicted from C's prices: a batch-1 decode rate, a first token, a
 # static batch's throughput, or an in-flight batch's steady state under all-queued load. The
-# profiles' constants are fitted on the calibration file's rows alone (fit_profile); every
-# other row is validation. Calls the accounting and the step costs.
+# profiles' constants are fitted on the calibration file's rows alone (tests/fit_profiles.py);
+# every other row is validation. Calls the accounting and the step costs.
 
 PUBLISHED_MODELS = {"GPT-J-6B": "gpt-j-6b", "Llama-2-7B": "llama-2-7b",
                     "Llama-2-70B": "llama-2-70b", "Llama-3.1-8B": "llama-3.1-8b",
@@ -1601,52 +1651,6 @@ def published_errors(rows, profiles):
     return out
 
 
-def fit_loss(rows, profile):
-    """Mean squared log error of a profile on rows (a row it cannot fit counts as 100% off)."""
-    errors = [math.log(got / row.value) if got else math.log(2.0)
-              for row, got, _ in published_errors(rows, {row.engine: profile for row in rows})]
-    return float(np.mean(np.square(errors)))
-
-
-FIT_GRID = {"bandwidth_share": np.linspace(0.5, 1.0, 51), "matmul_share": np.linspace(0.3, 1.0, 36),
-            "half_tokens": np.array([0, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048]),
-            "step_s": np.linspace(0, 5e-3, 101), "layer_s": np.linspace(0, 150e-6, 61),
-            "allreduce_s": np.linspace(0, 300e-6, 61),
-            "reserved_gb": np.linspace(0, 12, 25), "dequant_flops": np.linspace(0, 300, 61),
-            "activation_passes": np.linspace(0, 20, 41)}
-
-
-def fit_rows(rows, engine):
-    """The rows a profile is fitted on: its engine's calibration rows of dense models (the
-    profiles were fitted before C priced experts; MoE rows are checked, not fitted)."""
-    return [r for r in rows if r.role == "calibration" and r.engine == engine
-            and not MODELS[r.model].experts]
-
-
-def fit_start(profile):
-    """Where a profile's fit starts: FIT_START's fields, the profile's batch limits."""
-    return dataclasses.replace(profile, **{f: getattr(FIT_START, f) for f in FIT_FIELDS})
-
-
-def fit_profile(rows, profile, fields=FIT_FIELDS, rounds=12):
-    """The profile's FIT_FIELDS fitted to `rows` (calibration rows only: the caller's
-    contract, checked by a test) by coordinate search over FIT_GRID: each field in turn
-    takes the grid value of least fit_loss, until a round changes nothing. A field the rows
-    cannot tell (the FLOP rate, from batch-1 rows) keeps its value."""
-    best = fit_loss(rows, profile)
-    for _ in range(rounds):
-        changed = False
-        for field in fields:
-            for value in FIT_GRID[field]:
-                trial = dataclasses.replace(profile, **{field: float(value)})
-                loss = fit_loss(rows, trial)
-                if loss < best - 1e-12:
-                    best, profile, changed = loss, trial, True
-        if not changed:
-            break
-    return profile, best
-
-
 def error_summary(errors):
     """Rows, median absolute and signed error, and the worst row of a list of errors."""
     e = np.array([x for x in errors if x is not None])
@@ -1740,45 +1744,21 @@ def simulate_slots(lengths, slots, policy, max_points=None):
 
 # -----------------------------------------------------------------------------
 # KV allocators: the cache's memory counted in tokens, reserved or paged (pure Python)
-# What a request needs to be admitted, what each run of steps allocates, and the integrals of
-# memory held and allocated over time. The event loop calls them; they call nothing later.
+# What the scheduler asks of the cache: can this request be admitted, can this step grow, what
+# to free, what a lone request needs, what is held. One KV manager per policy answers, by name
+# in KV_MANAGERS; the event loop, the routers and the studies never ask which one they hold.
 
 
 @dataclass(frozen=True)
 class KVBudget:
-    """The KV cache's memory in the serving simulation, counted in tokens.
-
-    reserve  on admission a request reserves prompt + max_output tokens, contiguously, until it
-             finishes (FasterTransformer, Orca); admission waits while that does not fit
-    paged    blocks of block_tokens are allocated as a sequence grows (PagedAttention). When a
-             step needs a block and none is free, the most recently admitted request is
-             preempted: its blocks are freed, and when it is readmitted its prompt and the
-             tokens it had generated are prefilled again (recompute, vLLM's default).
-             Admission (vLLM's can_allocate) needs free blocks for the whole prompt and leaves
-             `watermark` of the budget's blocks free besides, so that a newcomer does not
-             take the blocks the running requests are about to grow into; a watermark of 0
-             admits on the first step's blocks alone (the naive rule: under chunked prefill a
-             prompt admitted on its first chunk is preempted by its own next one)
-    A request holds one token of KV for every token it has prefilled or generated.
-    """
+    """The KV cache's memory in the serving simulation, counted in tokens: a policy (a name in
+    KV_MANAGERS, whose classes say what each does) and its sizes. A request holds one token of
+    KV for every token it has prefilled or generated."""
     policy: str                # "reserve" or "paged"
     capacity_tokens: float     # math.inf: unlimited
     block_tokens: int = 16
     max_output: int = 0        # reserve: output tokens reserved for every request
     watermark: float = 0.0     # paged: share of the blocks admission keeps free
-
-    def whole_blocks(self, tokens):
-        """Tokens rounded up to whole blocks (paged); unchanged for a reservation."""
-        b = self.block_tokens if self.policy == "paged" else 1
-        return -(-tokens // b) * b
-
-    @property
-    def watermark_tokens(self):
-        """Tokens of the blocks paged admission keeps free."""
-        if self.policy != "paged" or math.isinf(self.capacity_tokens):
-            return 0
-        return int(self.watermark * (self.capacity_tokens // self.block_tokens)) \
-            * self.block_tokens
 
 
 class KVUnfit(UsageError):
@@ -1792,118 +1772,195 @@ class KVUnfit(UsageError):
 def check_kv_budget(req, kv):
     """Every request must fit alone, or the simulation could never finish it. -> None, or why
     not (a description for the tables)."""
-    if kv.policy == "reserve" and req.output.max() > kv.max_output:
-        return {"kind": "kv_max_output", "max_output": kv.max_output,
-                "longest": int(req.output.max())}
-    alone = req.prompt + (kv.max_output if kv.policy == "reserve" else req.output)
-    worst = int(np.argmax(kv.whole_blocks(alone)))
-    if kv.whole_blocks(alone[worst]) + kv.watermark_tokens > kv.capacity_tokens:
-        return {"kind": "kv_too_long", "request": worst,
-                "needs": int(kv.whole_blocks(alone[worst])) + kv.watermark_tokens,
-                "prompt": int(req.prompt[worst]),
-                "output": int(kv.max_output if kv.policy == "reserve" else req.output[worst]),
-                "holds": int(kv.capacity_tokens)}
-    return None
+    return kv_manager(kv).unfit(req)
 
 
 class Seq:
     """A request while it holds a slot (nano-vllm's Sequence).
 
     While it prefills, `prompt_left` prompt tokens are still to run and `num_cached` tokens are
-    cached. Once it decodes it gains one cached token and emits one token every step, so only
-    its start is kept: it holds decode_base + steps tokens at the simulation's step `steps`,
-    and its last token comes at step `end_step`.
+    cached (admitted part-way: some cached already, or, with none left, all of it prefilled
+    elsewhere). Once it decodes its DecodeBatch keeps only its start: decode_base, and the step
+    `end_step` of its last token.
     """
     __slots__ = ("id", "admitted", "prompt_left", "num_cached", "to_emit", "to_emit_admitted",
                  "decode_base", "end_step", "allocated")
 
-    def __init__(self, rid, admitted, prompt_left, to_emit):
+    def __init__(self, rid, admitted, prompt_left, to_emit, num_cached=0):
         self.id, self.admitted = rid, admitted  # (admitted: its place in admission order)
-        self.prompt_left, self.num_cached = prompt_left, 0
+        self.prompt_left, self.num_cached = prompt_left, num_cached
         self.to_emit = self.to_emit_admitted = to_emit  # tokens still to emit (at admission)
         self.decode_base = self.end_step = None  # set when it starts to decode
         self.allocated = 0  # KV tokens allocated to it (a reservation; paged: its prefill's)
 
 
-class Reservation:
-    """KV allocator: prompt + max_output tokens reserved at admission, held to the finish."""
-    preempts, watermark = False, 0
+class KVManager:
+    """What the event loop asks of the KV cache, and the null object: memory unlimited and not
+    tracked (no KVBudget). Every policy answers the same calls.
+
+    tracks     memory is accounted (the run's result has "kv")
+    preempts   a step may need memory that is not free: max_steps bounds a run, and the newest
+               request is preempted while the planned step does not fit
+    served     the policy the serving engines run: a study takes it where every request fits
+    block      tokens per block (1: token-exact); capacity: tokens the cache holds; watermark:
+               tokens admission keeps free; total: tokens allocated now
+    A step's plan is [(Seq, prompt tokens it prefills)]; step j of a run of k takes
+    a + e (j - 1) seconds.
+    """
+    tracks = preempts = served = False
+    block, capacity, watermark, total = 1, math.inf, 0, 0
+
+    def blocks(self, tokens):
+        """Tokens rounded up to whole blocks (a number or an array): the one rounding."""
+        return -(-tokens // self.block) * self.block
+
+    def output_held(self, output):
+        """The output tokens a request's memory covers at its longest."""
+        return output
+
+    def unfit(self, req):
+        """-> None when every request fits alone, else why the longest one does not."""
+        alone = self.blocks(req.prompt + self.output_held(req.output))
+        worst = int(np.argmax(alone))
+        needs = int(alone[worst]) + self.watermark
+        if needs <= self.capacity:
+            return None
+        return {"kind": "kv_too_long", "request": worst, "needs": needs,
+                "prompt": int(req.prompt[worst]),
+                "output": int(self.output_held(req.output[worst])), "holds": int(self.capacity)}
+
+    def need(self, prompt, cached, chunk, to_prefill):
+        """Tokens of free memory a newcomer needs to be admitted: its `cached` tokens held,
+        `to_prefill` still to run, `chunk` of them in its first step."""
+        return 0
+
+    def admit(self, seq, need):
+        """Seq is admitted on `need` (its num_cached tokens already computed)."""
+
+    def planned(self, steps, plan):
+        """Tokens allocated once the planned step has run (can this step grow)."""
+        return self.total
+
+    def max_steps(self, steps, plan, k):
+        """The most steps, up to k, whose memory fits (the first always does)."""
+        return k
+
+    def join(self, seq):
+        """Seq starts to decode."""
+
+    def release(self, seq, ctx):
+        """Seq, holding ctx tokens, leaves (finished or preempted): what it held is freed."""
+
+    def advance(self, steps, plan, k, a, e):
+        """Allocate for k steps; -> the integral of tokens allocated x seconds."""
+        return self.total * (a * k + e * k * (k - 1) / 2)
+
+    def committed(self, held, prompt_left):
+        """Tokens allocated (else `held`) plus the admitted prompts' `prompt_left` tokens still
+        to prefill, where the allocation does not cover them yet: what least-kv compares."""
+        return held + prompt_left
+
+    def fragmentation(self, req, sim, utilization):
+        """The share of the allocated memory x time never used."""
+        return 1.0 - utilization
+
+
+class Reservation(KVManager):
+    """reserve: on admission a request reserves prompt + max_output tokens, contiguously, until
+    it finishes (FasterTransformer, Orca); admission waits while that does not fit."""
+    tracks = True
 
     def __init__(self, kv):
-        self.capacity, self.max_output, self.total = kv.capacity_tokens, kv.max_output, 0
+        self.capacity, self.max_output = kv.capacity_tokens, kv.max_output
 
-    def need(self, prompt, chunk, to_prefill):
+    def output_held(self, output):
+        return self.max_output
+
+    def unfit(self, req):
+        if req.output.max() > self.max_output:
+            return {"kind": "kv_max_output", "max_output": self.max_output,
+                    "longest": int(req.output.max())}
+        return super().unfit(req)
+
+    def need(self, prompt, cached, chunk, to_prefill):
         return prompt + self.max_output
 
     def admit(self, seq, need):
         seq.allocated = need
         self.total += need
 
-    def planned(self, steps, plan):
-        """Tokens allocated once the planned step has run."""
-        return self.total
-
-    def join(self, seq):
-        pass
-
     def release(self, seq, ctx):
         self.total -= seq.allocated
 
-    def advance(self, steps, plan, k, a, e):
-        """Allocate for k steps (step j takes a + e (j - 1) s); -> integral of tokens x s."""
-        return self.total * (a * k + e * k * (k - 1) / 2)
+    def committed(self, held, prompt_left):
+        return self.total  # (a reservation holds its prompt already)
+
+    def fragmentation(self, req, sim, utilization):
+        """Reserved for output the request never produced."""
+        alloc_s = sim["kv"]["alloc_s"]
+        unused = (self.max_output - req.output) * (sim["finish"] - sim["start"])
+        return float(unused.sum()) / alloc_s if alloc_s else 0.0
 
 
-class PagedBlocks:
-    """KV allocator: blocks of b tokens taken as a request grows; the newest is preempted when
-    a step needs a block that is not free.
+class PagedBlocks(KVManager):
+    """paged: blocks of `block` tokens allocated as a sequence grows (PagedAttention). When a
+    step needs a block and none is free, the most recently admitted request is preempted: its
+    blocks are freed, and when it is readmitted its prompt and the tokens it had generated are
+    prefilled again (recompute, vLLM's default). Admission (vLLM's can_allocate) needs free
+    blocks for the whole prompt and leaves `watermark` of the budget's blocks free besides, so
+    that a newcomer does not take the blocks the running requests are about to grow into; a
+    watermark of 0 admits on the first step's blocks alone (the naive rule: under chunked
+    prefill a prompt admitted on its first chunk is preempted by its own next one).
 
     A decoder holding base + s tokens at step s takes a new block at every step s with
-    s = 1 - base (mod b), so the decoders are kept as counts by that phase, and a run of k steps
-    costs O(phases) whatever k is.
+    s = 1 - base (mod block), so the decoders are kept as counts by that phase, and a run of k
+    steps costs O(phases) whatever k is.
     """
-    preempts = True
+    tracks = preempts = served = True
 
     def __init__(self, kv):
-        self.b, self.capacity, self.watermark = kv.block_tokens, kv.capacity_tokens, \
-            kv.watermark_tokens
-        self.total = 0    # tokens in allocated blocks
-        self.phase = {}   # step (mod b) at which decoders take a block -> how many do
+        b, self.capacity = kv.block_tokens, kv.capacity_tokens
+        self.block, self.total = b, 0  # (total: tokens in allocated blocks)
+        self.watermark = 0 if math.isinf(self.capacity) else \
+            int(kv.watermark * (self.capacity // b)) * b
+        self.phase = {}   # step (mod block) at which decoders take a block -> how many do
 
-    def blocks(self, tokens):
-        return -(-tokens // self.b) * self.b
-
-    def need(self, prompt, chunk, to_prefill):
-        """Tokens of free blocks a newcomer needs. With a watermark, vLLM's rule: blocks for
-        all it will prefill (and its first token), so that chunked prefill does not admit a
-        prompt whose next chunks would preempt it again; with none, only its first step's."""
+    def need(self, prompt, cached, chunk, to_prefill):
+        """With a watermark, vLLM's rule: blocks for all it will prefill (and its first token),
+        so that chunked prefill does not admit a prompt whose next chunks would preempt it
+        again; with none, only its first step's."""
         if self.watermark:
-            return self.blocks(to_prefill + 1)
-        return self.blocks(chunk + (chunk == to_prefill))
+            return self.blocks(cached + to_prefill + 1)
+        return self.blocks(cached + chunk + (chunk == to_prefill))
 
-    def admit(self, seq, need):
-        pass  # blocks are taken by the steps
+    def admit(self, seq, need):  # blocks are taken by the steps, but for what it holds already
+        if seq.num_cached:
+            seq.allocated = self.blocks(seq.num_cached)
+            self.total += seq.allocated
 
     def planned(self, steps, plan):
         grow = sum(self.blocks(s.num_cached + c + (c == s.prompt_left)) - s.allocated
                    for s, c in plan)
-        return self.total + self.b * self.phase.get((steps + 1) % self.b, 0) + grow
+        return self.total + self.block * self.phase.get((steps + 1) % self.block, 0) + grow
 
-    def join(self, seq):  # a request starts to decode
-        key = (1 - seq.decode_base) % self.b
+    def join(self, seq):
+        key = (1 - seq.decode_base) % self.block
         self.phase[key] = self.phase.get(key, 0) + 1
 
     def release(self, seq, ctx):
         self.total -= self.blocks(ctx)
         if seq.decode_base is not None:
-            key = (1 - seq.decode_base) % self.b
+            key = (1 - seq.decode_base) % self.block
             self.phase[key] -= 1
             if not self.phase[key]:
                 del self.phase[key]
 
+    def committed(self, held, prompt_left):
+        return self.total + prompt_left
+
     def crossings(self, s0, k):
         """The decoders' new blocks in steps s0+1..s0+k: [(first step j, times, rows)]."""
-        b, phase = self.b, self.phase
+        b, phase = self.block, self.phase
         if k < len(phase):  # fewer steps than phases: look each step up
             return [(j, 1, phase[(s0 + j) % b]) for j in range(1, k + 1)
                     if (s0 + j) % b in phase]
@@ -1915,23 +1972,22 @@ class PagedBlocks:
         return out
 
     def max_steps(self, steps, plan, k):
-        """The most steps, up to k, whose blocks fit (the first always does)."""
-        free = self.capacity - self.total
+        free, b = self.capacity - self.total, self.block
         if not plan:  # decoders only: the block that does not fit, found by its period
-            if self.b * sum(m * rows for _, m, rows in self.crossings(steps, k)) <= free:
+            if b * sum(m * rows for _, m, rows in self.crossings(steps, k)) <= free:
                 return k
-            fit = int(free // self.b)  # blocks that still fit
+            fit = int(free // b)  # blocks that still fit
             periods, rest = divmod(fit, sum(self.phase.values()))  # (every decoder's block)
-            for j, rows in sorted(((key - steps - 1) % self.b + 1, rows)
+            for j, rows in sorted(((key - steps - 1) % b + 1, rows)
                                   for key, rows in self.phase.items()):
                 if rest < rows:
-                    return min(k, periods * self.b + j - 1)
+                    return min(k, periods * b + j - 1)
                 rest -= rows
         (seq, c), = plan  # one prompt's chunks beside the decoders: bisect
 
         def fits(n):
             grown = sum(m * rows for _, m, rows in self.crossings(steps, n))
-            return self.b * grown + self.blocks(seq.num_cached + c * n) - seq.allocated <= free
+            return b * grown + self.blocks(seq.num_cached + c * n) - seq.allocated <= free
         lo, hi = 1, k
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -1939,8 +1995,7 @@ class PagedBlocks:
         return lo
 
     def advance(self, steps, plan, k, a, e):
-        """Allocate for k steps (step j takes a + e (j - 1) s); -> integral of tokens x s."""
-        b = self.b
+        b = self.block
         elapsed = a * k + e * k * (k - 1) / 2
         integral, grown = self.total * elapsed, 0
         for j0, m, rows in self.crossings(steps, k):
@@ -1963,6 +2018,14 @@ class PagedBlocks:
             seq.allocated = new
         self.total += grown
         return integral
+
+
+KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks}  # KVBudget.policy -> its manager
+
+
+def kv_manager(kv):
+    """The KV manager of a KVBudget (None: the null object, memory unlimited)."""
+    return KVManager() if kv is None else KV_MANAGERS[kv.policy](kv)
 
 
 # -----------------------------------------------------------------------------
@@ -2036,6 +2099,7 @@ class Ledger:
         self.start, self.first, self.finish = [math.nan] * n, [math.nan] * n, [math.nan] * n
         self.first_step, self.finish_step = [0] * n, [0] * n  # (in the serving simulation's steps)
         self.to_prefill, self.remaining = list(self.prompt), list(self.output)
+        self.cached = [0] * n if req.cached is None else req.cached.tolist()  # (at admission)
         self.generated = [0] * n  # tokens each request has emitted
         self.taken = bytearray(n)  # taken out of a waiting queue (see PriorityQueue)
 
@@ -2133,26 +2197,107 @@ def waiting_queue(ledger, ids, order=None):
 
 
 # -----------------------------------------------------------------------------
-# replicas and schedulers: what one replica is, and what a step prefills (pure Python)
+# replicas and schedulers: what one replica is, what a step prefills, who decodes (pure Python)
 # A Replica is the spec every simulation and study is given (its seats, prices, scheduler,
 # KV budget and queue order); a study reads as what it varies: replace(replica, scheduler=s).
+# The running requests are a PrefillQueue and a DecodeBatch, each keeping its own aggregates.
 
 
 SCHEDULERS = ("static", "continuous", "chunked")
 
 
-def schedule_prefill(prefilling, num_decoding, chunk_tokens):
+def schedule_prefill(prefilling, decode_tokens, chunk_tokens):
     """This step's prefill: [(request, tokens)], oldest first. Whole prompts, or (chunked)
-    what the step's token budget leaves after one token for each decoding request."""
+    what the step's token budget leaves after the decodes' tokens."""
     if chunk_tokens is None:
         return [(s, s.prompt_left) for s in prefilling]
-    room, plan = chunk_tokens - num_decoding, []
+    room, plan = chunk_tokens - decode_tokens, []
     for s in prefilling:
         if room <= 0:
             break
         plan.append((s, min(s.prompt_left, room)))
         room -= plan[-1][1]
     return plan
+
+
+class PrefillQueue:
+    """The running requests with prompt left, oldest first, and what they add up to: the
+    prompt tokens `left` to prefill and the tokens `cached` so far."""
+    __slots__ = ("seqs", "left", "cached")
+
+    def __init__(self):
+        self.seqs, self.left, self.cached = [], 0, 0
+
+    def join(self, seq):
+        self.seqs.append(seq)
+        self.left += seq.prompt_left
+        self.cached += seq.num_cached
+
+    def leave(self, seq):
+        self.seqs.remove(seq)
+        self.left -= seq.prompt_left
+        self.cached -= seq.num_cached
+
+    def advance(self, plan, k, tokens):
+        """The plan's chunks (`tokens` a step) ran k steps."""
+        for s, c in plan:
+            s.prompt_left -= c * k
+            s.num_cached += c * k
+        self.left -= tokens * k
+        self.cached += tokens * k
+
+    def done(self, emitted):
+        """The oldest requests' prefills have ended (chunks go oldest first)."""
+        del self.seqs[:len(emitted)]
+        for s in emitted:
+            self.cached -= s.num_cached
+
+
+class DecodeBatch:
+    """The decoding requests, kept as aggregates: how many (`size`), the sum of their bases,
+    and a heap of the steps at which they end. A decoder gains one cached token and emits one
+    token every step (the rule lives here alone), so only its start is kept: joining at step s
+    with c tokens cached, it holds decode_base + s' = c + (s' - s) tokens at step s'."""
+    __slots__ = ("size", "base_sum", "ends")
+
+    def __init__(self):
+        self.size = self.base_sum = 0
+        self.ends = []  # heap of (end step, admitted); a preempted decoder's entry stays behind
+
+    def join(self, seq, steps):
+        seq.decode_base, seq.end_step = seq.num_cached - steps, steps + seq.to_emit
+        self.size += 1
+        self.base_sum += seq.decode_base
+        heapq.heappush(self.ends, (seq.end_step, seq.admitted))
+
+    def leave(self, seq, steps):
+        """-> (tokens it has still to emit, tokens it has cached) at step `steps`."""
+        self.size -= 1
+        self.base_sum -= seq.decode_base
+        return seq.end_step - steps, seq.decode_base + steps
+
+    def cached(self, steps):
+        """Tokens the decoders hold at step `steps`."""
+        return self.base_sum + self.size * steps
+
+    def tokens(self):
+        """Tokens a step adds to the decoders' cache, one a decoder (what they take of a
+        chunked step's budget)."""
+        return self.size
+
+    def next_end(self, steps):
+        """Steps from `steps` to the next decoder's last (math.inf: none decodes)."""
+        return self.ends[0][0] - steps if self.size else math.inf
+
+    def due(self, steps, running):
+        """The decoders whose last step has run by `steps`, in the order they end (running:
+        admission order -> Seq, where a preempted decoder's entry is no longer)."""
+        ends, out = self.ends, []
+        while ends and (ends[0][0] <= steps or ends[0][1] not in running):
+            admitted = heapq.heappop(ends)[1]
+            if admitted in running:  # (else preempted since it was pushed)
+                out.append(running[admitted])
+        return out
 
 
 class SimulationStalled(RuntimeError):
@@ -2197,8 +2342,49 @@ class Replica:
 # a finish, a preemption, or, when memory binds, the block boundary the cache cannot pass.
 # Between two events the batch is fixed and every step is alike but for its growing caches,
 # so a run of k steps is priced in closed form: step j takes a + e (j - 1) seconds. Nothing is
-# done per step or per slot: the decoding requests are kept as aggregates (how many, their
-# cached tokens, a heap of the steps at which they end), so an event costs O(log slots).
+# done per step or per slot: the decoding requests are kept as aggregates (a DecodeBatch: how
+# many, their cached tokens, a heap of the steps at which they end), so an event costs
+# O(log slots).
+
+
+class MemoryRecord:
+    """A run's KV memory over time: the integrals of tokens held and allocated and of requests
+    running over seconds, peaks, preemptions, and a series of points (t, held, allocated,
+    running) at every stride-th iteration, thinned to at most 4,096."""
+    __slots__ = ("totals", "stride")
+
+    def __init__(self):
+        self.totals = {"held_s": 0.0, "alloc_s": 0.0, "running_s": 0.0, "peak_running": 0,
+                       "max_alloc": 0, "preemptions": 0, "recomputed_tokens": 0, "series": [],
+                       "peak_held": 0, "peak_contexts": []}
+        self.stride = 1
+
+    def run(self, held0, growth, k, a, e, emitted):
+        """k steps (step j: a + e (j - 1) s) from held0 tokens held, `growth` more after each
+        step, and `emitted` first tokens at the last: the tokens held after each step weighted
+        by its seconds. -> tokens held after the last step."""
+        self.totals["held_s"] += a * (k * held0 + growth * k * (k + 1) // 2) + e * (
+            held0 * k * (k - 1) // 2 + growth * (k - 1) * k * (k + 1) // 3) \
+            + emitted * (a + e * (k - 1))
+        return held0 + growth * k + emitted
+
+    def preempted(self, cached):
+        self.totals["preemptions"] += 1
+        self.totals["recomputed_tokens"] += cached
+
+    def point(self, t, iteration, held, allocated, running, contexts):
+        """Peaks, and a point of the series; contexts(): the tokens each request holds."""
+        mem = self.totals
+        mem["peak_running"] = max(mem["peak_running"], running)
+        mem["max_alloc"] = max(mem["max_alloc"], allocated)
+        if held > mem["peak_held"]:
+            mem["peak_held"] = held
+            mem["peak_contexts"] = contexts()
+        if iteration % self.stride == 0:
+            mem["series"].append((t, held, allocated, running))
+            if len(mem["series"]) >= 4096:  # every other point, and half as often from now on
+                del mem["series"][1::2]
+                self.stride *= 2
 
 
 class ServingSim:
@@ -2210,37 +2396,25 @@ class ServingSim:
     """
 
     def __init__(self, req, replica, progress=None, ledger=None, ids=None):
-        ledger = ledger or Ledger(req)
-        kv, scheduler = replica.kv, replica.scheduler
-        self.ledger = ledger
-        for name in ("arrival", "prompt", "output", "start", "first", "finish", "first_step",
-                     "finish_step", "to_prefill", "remaining", "generated"):
-            setattr(self, name, getattr(ledger, name))
-        ids = range(len(self.output)) if ids is None else ids
+        self.ledger = ledger = ledger or Ledger(req)
+        ids = range(len(ledger.output)) if ids is None else ids
         self.waiting = waiting_queue(ledger, ids, replica.order)  # requests not yet admitted
         self.n, self.slots, self.costs, self.scheduler = len(ids), replica.slots, \
-            replica.costs, scheduler
-        self.chunk_tokens = replica.chunk_tokens if scheduler == "chunked" else None
+            replica.costs, replica.scheduler
+        self.chunk_tokens = replica.chunk_tokens if replica.scheduler == "chunked" else None
         self.fused = replica.fused
-        self.allocator = None if kv is None else (PagedBlocks if kv.policy == "paged"
-                                                  else Reservation)(kv)
-        self.capacity = kv.capacity_tokens if kv else math.inf
+        self.kv = kv = kv_manager(replica.kv)
+        self.tracks, self.preempts = kv.tracks, kv.preempts
         self.progress = progress
         self.retry = []                  # preempted ids (a heap: the oldest first)
         self.pending = None              # the planned run: (chunks, steps, blocked), see plan
         self.end_s = None                # when it ends, once asked (see pending_end)
         self.running = {}                # admission order -> Seq, oldest first
-        self.prefilling = []             # running requests with prompt left, oldest first
-        self.prompt_left_total = self.prefill_cached = 0  # their prompt left, and cached
-        self.num_decoding = self.decode_base_sum = 0  # decoding requests, their bases' sum
-        self.ends = []                   # heap of (end step, admitted) of the decoders
+        self.prefill, self.decode = PrefillQueue(), DecodeBatch()  # the running, by phase
         self.t, self.steps, self.busy, self.done = 0.0, 0, 0, 0
         self.iterations = self.admissions = 0
         self.prefill_s = self.decode_s = self.longest_step_s = 0.0
-        self.mem = {"held_s": 0.0, "alloc_s": 0.0, "running_s": 0.0, "peak_running": 0,
-                    "max_alloc": 0, "preemptions": 0, "recomputed_tokens": 0, "series": [],
-                    "peak_held": 0, "peak_contexts": []}
-        self.series_stride = 1
+        self.memory = MemoryRecord()     # (where kv.tracks)
 
     # the loop: plan (admit at the clock, choose a run of identical steps), then commit
 
@@ -2262,12 +2436,10 @@ class ServingSim:
         line waits for memory). -> False when there is nothing left to run (nothing running,
         waiting or preempted)."""
         self.iterations += 1
-        allocator = self.allocator
-        taken = 0 if allocator is None else \
-            self.make_room() if allocator.preempts else allocator.planned(self.steps, ())
+        taken = self.make_room() if self.preempts else self.kv.planned(self.steps, ())
         blocked = self.admit(taken)
-        plan = schedule_prefill(self.prefilling, self.num_decoding, self.chunk_tokens)
-        if not plan and not self.num_decoding:
+        plan = schedule_prefill(self.prefill.seqs, self.decode.tokens(), self.chunk_tokens)
+        if not plan and not self.decode.size:
             if not (self.waiting or self.retry):
                 return False
             raise SimulationStalled(
@@ -2287,59 +2459,59 @@ class ServingSim:
     # admission: who takes a free seat, and who is preempted to make room
 
     def make_room(self):
-        """Preempt the newest request while the planned step needs more blocks than exist.
+        """Preempt the newest request while the planned step needs more memory than exists.
         -> the KV tokens the planned step then takes."""
+        ledger, kv = self.ledger, self.kv
         while True:
-            taken = self.allocator.planned(self.steps, schedule_prefill(
-                self.prefilling, self.num_decoding, self.chunk_tokens))
-            if not self.running or taken <= self.capacity:
+            taken = kv.planned(self.steps, schedule_prefill(
+                self.prefill.seqs, self.decode.tokens(), self.chunk_tokens))
+            if not self.running or taken <= kv.capacity:
                 return taken
             seq = self.running[next(reversed(self.running))]
             to_emit, cached = self.leave(seq)
-            r = seq.id
-            self.to_prefill[r] = self.prompt[r] + self.output[r] - to_emit  # prompt + generated
-            self.remaining[r] = to_emit
-            self.mem["preemptions"] += 1
-            self.mem["recomputed_tokens"] += cached
+            r = seq.id  # readmitted, it prefills its prompt and what it generated again
+            ledger.to_prefill[r] = ledger.prompt[r] + ledger.output[r] - to_emit
+            ledger.remaining[r], ledger.cached[r] = to_emit, 0
+            self.memory.preempted(cached)
             heapq.heappush(self.retry, r)
 
     def admit(self, taken):
         """Admit waiting requests (preempted first, then in the queue's order) into free
         slots, into the KV memory the planned step leaves (`taken`: what it takes); nobody
-        overtakes the head of the line. -> True when the head of the line waits for memory."""
+        overtakes the head of the line. A request may come part-way: ledger.cached of it
+        computed already (all of it: it decodes at once). -> True when the head of the line
+        waits for memory."""
         if self.running:
             if self.scheduler == "static":
                 return False
         elif not self.retry and self.waiting.head(self.t) is None and self.waiting:
             self.t = self.waiting.next_arrival()  # idle until the next request arrives
-        free, spare, kv = self.slots - len(self.running), self.spare(), self.allocator  # (kv:
-        # the allocator)
-        room = self.capacity - taken
-        watermark = 0 if kv is None else kv.watermark
-        retry, to_prefill, start, t = self.retry, self.to_prefill, self.start, self.t
-        head, pop = self.waiting.head, self.waiting.pop
+        free, spare, kv, t = self.slots - len(self.running), self.spare(), self.kv, self.t
+        room, watermark = kv.capacity - taken, kv.watermark
+        ledger, retry, head, pop = self.ledger, self.retry, self.waiting.head, self.waiting.pop
         while free and spare > 0:
             r = retry[0] if retry else head(t)
             if r is None:
                 return False
-            prompt_left = to_prefill[r]
-            need = 0 if kv is None else kv.need(self.prompt[r], min(prompt_left, spare),
-                                                prompt_left)
+            cached = ledger.cached[r]
+            prompt_left = ledger.to_prefill[r] - cached
+            need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
             if need + watermark > room:
                 return True
             if retry:
                 heapq.heappop(retry)
             else:
                 pop()
-            seq = Seq(r, self.admissions, prompt_left, self.remaining[r])
+            seq = Seq(r, self.admissions, prompt_left, ledger.remaining[r], cached)
             self.admissions += 1
-            if start[r] != start[r]:  # (nan: its first admission)
-                start[r] = t
-            if kv is not None:
-                kv.admit(seq, need)
+            if ledger.start[r] != ledger.start[r]:  # (nan: its first admission)
+                ledger.start[r] = t
+            kv.admit(seq, need)
             self.running[seq.admitted] = seq
-            self.prefilling.append(seq)
-            self.prompt_left_total += prompt_left
+            if prompt_left:
+                self.prefill.join(seq)
+            else:  # (its prefill ran elsewhere: it decodes from the next step)
+                self.start_decoding(seq)
             spare, room, free = spare - prompt_left, room - need, free - 1
         return False
 
@@ -2347,7 +2519,7 @@ class ServingSim:
         """Prompt tokens this step could still take in (chunked: its token budget)."""
         if self.chunk_tokens is None:
             return math.inf
-        return self.chunk_tokens - self.num_decoding - self.prompt_left_total
+        return self.chunk_tokens - self.decode.tokens() - self.prefill.left
 
     def could_join(self, blocked):
         """Whether a request arriving now could be admitted at the next step."""
@@ -2358,7 +2530,7 @@ class ServingSim:
 
     def steps_until_event(self, plan, blocked):
         """How many identical steps run before the next event can change the batch."""
-        k = self.ends[0][0] - self.steps if self.num_decoding else math.inf  # the next finish
+        k = self.decode.next_end(self.steps)  # the next finish
         if plan:
             seq, chunk = plan[0]
             if len(plan) > 1 or chunk == seq.prompt_left:
@@ -2366,130 +2538,74 @@ class ServingSim:
             k = min(k, (seq.prompt_left - 1) // chunk)  # one prompt's chunks, short of its last
         elif self.could_join(blocked) and self.waiting:
             k = self.steps_to_reach(self.waiting.next_arrival(), k)  # a newcomer could join
-        if self.allocator is not None and self.allocator.preempts and k > 1:
-            k = self.allocator.max_steps(self.steps, plan, k)
+        if self.preempts and k > 1:
+            k = self.kv.max_steps(self.steps, plan, k)
         return k
 
     def steps_to_reach(self, when, k):
         """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
-        n, cached = self.num_decoding, self.decode_base_sum + self.num_decoding * self.steps
-        run_s = self.costs.run_s
-        a, e = self.costs.pass_s(n, cached), self.costs.kv_s(n) * n
-        gap = when - self.t  # solve a x + e x (x - 1) / 2 = gap, then settle on integers
-        if e > 0:
-            x = ((e / 2 - a) + math.sqrt((a - e / 2) ** 2 + 2 * e * max(gap, 0))) / e
-        else:
-            x = gap / a if a > 0 else k
-        x = min(max(1, math.ceil(x)), k)
-        while x > 1 and self.t + run_s(n, cached, x - 1) >= when:
-            x -= 1
-        while x < k and self.t + run_s(n, cached, x) < when:
-            x += 1
-        return x
+        return self.costs.decode_steps_to(self.decode.size, self.decode.cached(self.steps),
+                                          self.t, when, k)
 
     def price(self, plan, k):
-        """The k steps of a run, a prefill pass (of the chunks in `plan`) and a decode pass
-        each (fused: one pass of both), whose caches grow: step j takes first_s + growth_s
-        (j - 1) seconds. -> (prefill_s, decode_s: each pass summed over the run, first_s,
-        growth_s, prompt tokens per step). (A plain tuple, as plan's: a NamedTuple made and
-        unpacked at every event cost the loop 5-10%; a tuple subclass is built in Python and
-        unpacked without 3.11's fast path.) A chunk of c tokens over x cached ones computes
-        c x + c (c + 1) / 2 attention pairs, c^2 more at each step of a run."""
-        n, tokens, cached_pre = self.num_decoding, 0, 0
-        for s, c in plan:
-            tokens += c
-            cached_pre += s.num_cached
-        pair_first_s, pair_growth_s = self.pair_seconds(plan)
-        if self.fused and tokens and n:  # one pass of both: its time split by their tokens
-            f, kv_s = self.costs.rates(tokens + n)
-            first = f + kv_s * (cached_pre + self.decode_base_sum + n * self.steps) + \
-                pair_first_s
-            growth = kv_s * (tokens + n) + pair_growth_s
-            run_s, share = first * k + growth * k * (k - 1) / 2, tokens / (tokens + n)
-            return run_s * share, run_s * (1 - share), first, growth, tokens
-        (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.costs.rates(tokens), self.costs.rates(n)
-        first_pre = f_pre + kv_s_pre * cached_pre + pair_first_s if tokens else 0.0
-        first_dec = f_dec + kv_s_dec * (self.decode_base_sum + n * self.steps) if n else 0.0
-        growth_pre, growth_dec = kv_s_pre * tokens + pair_growth_s, kv_s_dec * n
-        return (first_pre * k + growth_pre * k * (k - 1) / 2,
-                first_dec * k + growth_dec * k * (k - 1) / 2,
-                first_pre + first_dec, growth_pre + growth_dec, tokens)
-
-    def pair_seconds(self, plan):
-        """(seconds of the first step's prompt attention pairs, their growth a step), or
-        nothing where the prices do not count pairs (prices timed on whole prompts)."""
-        pair_s = self.costs.pair_s
-        if not pair_s:
-            return 0.0, 0.0
-        pairs = growth = 0
-        for s, c in plan:
-            pairs += c * s.num_cached + c * (c + 1) // 2
-            growth += c * c
-        return pair_s * pairs, pair_s * growth
+        """The k steps of a run: StepCosts.run_price's (prefill_s, decode_s, first_s, growth_s,
+        prompt tokens per step)."""
+        return self.costs.run_price(plan, self.decode.size, self.decode.cached(self.steps), k,
+                                    self.fused)
 
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
         emitted = [s for s, c in plan if c == s.prompt_left]  # a finished prefill emits a token
         price = self.price(plan, k)
         prefill_s, decode_s, first_s, growth_s, tokens = price
-        step_s = prefill_s + decode_s
-        running = len(self.running)
-        if self.allocator is not None:  # (before the clock moves: it reads the run's start)
+        running, held = len(self.running), 0
+        if self.tracks:  # (before the clock moves: it reads the run's start)
             held = self.account(plan, k, price, len(emitted))
-        self.t += step_s
+        self.t += prefill_s + decode_s
         self.prefill_s += prefill_s
         self.decode_s += decode_s
         self.longest_step_s = max(self.longest_step_s, first_s + growth_s * (k - 1))
         self.steps += k
         self.busy += k * running
-        for s, c in plan:
-            s.prompt_left -= c * k
-            s.num_cached += c * k
-        self.prompt_left_total -= tokens * k
-        self.prefill_cached += tokens * k
+        self.prefill.advance(plan, k, tokens)
         if emitted:
-            self.emit_first_tokens(emitted, held if self.allocator is not None else 0, running)
-        elif self.allocator is not None:
+            self.emit_first_tokens(emitted, held, running)
+        elif self.tracks:
             self.record(held, running)
 
     def emit_first_tokens(self, emitted, held, running):
         """The requests whose prefill has just ended emit a token; each then decodes (or,
         with nothing left to emit, finishes)."""
-        del self.prefilling[:len(emitted)]  # (the oldest: chunks go oldest first)
-        first, steps = self.first, self.steps
+        self.prefill.done(emitted)
+        first, steps = self.ledger.first, self.steps
         for s in emitted:
-            self.prefill_cached -= s.num_cached
             if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
                 first[s.id] = self.t
-                self.first_step[s.id] = steps
+                self.ledger.first_step[s.id] = steps
             s.to_emit -= 1
             s.num_cached += 1
-        if self.allocator is not None:
+        if self.tracks:
             self.record(held, running)
         for s in emitted:
             if s.to_emit == 0:
                 self.retire(s)
             else:
-                s.decode_base, s.end_step = s.num_cached - steps, steps + s.to_emit
-                self.num_decoding += 1
-                self.decode_base_sum += s.decode_base
-                heapq.heappush(self.ends, (s.end_step, s.admitted))
-                if self.allocator is not None:
-                    self.allocator.join(s)
+                self.start_decoding(s)
+
+    def start_decoding(self, seq):
+        self.decode.join(seq, self.steps)
+        self.kv.join(seq)  # (after the join: it reads the decoder's start)
 
     def finish_due(self):
         """Retire the decoding requests whose last step has run."""
-        ends, running = self.ends, self.running
-        while ends and (ends[0][0] <= self.steps or ends[0][1] not in running):
-            admitted = heapq.heappop(ends)[1]
-            if admitted in running:  # (else preempted since it was pushed)
-                self.retire(running[admitted])
+        for seq in self.decode.due(self.steps, self.running):
+            self.retire(seq)
 
     def retire(self, seq):
         """A request's last token has come: it leaves its slot, finished."""
         self.leave(seq)
-        self.finish[seq.id] = self.t
-        self.finish_step[seq.id] = self.steps
+        self.ledger.finish[seq.id] = self.t
+        self.ledger.finish_step[seq.id] = self.steps
         self.done += 1
 
     def leave(self, seq):
@@ -2498,65 +2614,54 @@ class ServingSim:
         del self.running[seq.admitted]
         if seq.decode_base is None:  # prefilling (or a prefill that emitted its last token)
             if seq.prompt_left:
-                self.prefilling.remove(seq)
-                self.prompt_left_total -= seq.prompt_left
-                self.prefill_cached -= seq.num_cached
+                self.prefill.leave(seq)
             to_emit, cached = seq.to_emit, seq.num_cached
         else:
-            self.num_decoding -= 1
-            self.decode_base_sum -= seq.decode_base
-            to_emit, cached = seq.end_step - self.steps, seq.decode_base + self.steps
-        if self.allocator is not None:
-            self.allocator.release(seq, cached)
-        self.generated[seq.id] += seq.to_emit_admitted - to_emit
+            to_emit, cached = self.decode.leave(seq, self.steps)
+        self.kv.release(seq, cached)
+        self.ledger.generated[seq.id] += seq.to_emit_admitted - to_emit
         return to_emit, cached
 
     # accounting: memory over time, and the result
 
+    def held(self):
+        """KV tokens the running requests hold."""
+        return self.decode.cached(self.steps) + self.prefill.cached
+
     def account(self, plan, k, price, emitted):
-        """Memory integrals over the k steps just priced (step j: a + e (j - 1) s), the
-        tokens held and allocated after each step weighted by its seconds; `emitted` prefills
-        end with the run. -> tokens held after the last step."""
-        mem, (prefill_s, decode_s, a, e, tokens) = self.mem, price
-        growth = tokens + self.num_decoding  # tokens cached per step
-        held0 = self.decode_base_sum + self.num_decoding * self.steps + self.prefill_cached
-        mem["held_s"] += a * (k * held0 + growth * k * (k + 1) // 2) + e * (
-            held0 * k * (k - 1) // 2 + growth * (k - 1) * k * (k + 1) // 3) \
-            + emitted * (a + e * (k - 1))
-        mem["alloc_s"] += self.allocator.advance(self.steps, plan, k, a, e)
-        mem["running_s"] += (prefill_s + decode_s) * len(self.running)
-        return held0 + growth * k + emitted
+        """Memory integrals over the k steps just priced (step j: a + e (j - 1) s); `emitted`
+        prefills end with the run. -> tokens held after the last step."""
+        prefill_s, decode_s, a, e, tokens = price
+        held = self.memory.run(self.held(), tokens + self.decode.tokens(), k, a, e, emitted)
+        self.memory.totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
+        self.memory.totals["running_s"] += (prefill_s + decode_s) * len(self.running)
+        return held
 
     def record(self, held, running):
-        """Peaks, and a point of the memory series (every stride-th iteration, at most 4,096)."""
-        mem = self.mem
-        mem["peak_running"] = max(mem["peak_running"], running)
-        mem["max_alloc"] = max(mem["max_alloc"], self.allocator.total)
-        if held > mem["peak_held"]:
-            mem["peak_held"] = held
-            mem["peak_contexts"] = [s.num_cached if s.decode_base is None
-                                    else s.decode_base + self.steps
-                                    for s in self.running.values()]
-        if self.iterations % self.series_stride == 0:
-            mem["series"].append((self.t, held, self.allocator.total, running))
-            if len(mem["series"]) >= 4096:  # every other point, and half as often from now on
-                del mem["series"][1::2]
-                self.series_stride *= 2
+        self.memory.point(self.t, self.iterations, held, self.kv.total, running, self.contexts)
+
+    def contexts(self):
+        """The tokens each running request holds."""
+        return [s.num_cached if s.decode_base is None else s.decode_base + self.steps
+                for s in self.running.values()]
 
     def result(self):
-        sim = {"start": np.array(self.start), "first_token": np.array(self.first),
-               "finish": np.array(self.finish), "first_step": np.array(self.first_step),
-               "finish_step": np.array(self.finish_step), "steps": self.steps,
+        ledger = self.ledger
+        sim = {"start": np.array(ledger.start), "first_token": np.array(ledger.first),
+               "finish": np.array(ledger.finish), "first_step": np.array(ledger.first_step),
+               "finish_step": np.array(ledger.finish_step), "steps": self.steps,
                "occupancy": self.busy / (self.steps * self.slots) if self.steps else 0.0,
                "longest_step_s": self.longest_step_s, "prefill_s": self.prefill_s,
                "decode_s": self.decode_s, "iterations": self.iterations}
-        if self.allocator is not None:
-            sim["kv"], sim["generated"] = self.mem, np.array(self.generated)
+        if self.tracks:
+            sim["kv"], sim["generated"] = self.memory.totals, np.array(ledger.generated)
         return sim
 
-    # fleet hooks: a fleet runs each replica up to every arrival and routes by its load; a
-    # request routed to it can cut the planned run short, as the next arrival bounds a run
-    # when the replica runs alone
+
+class FleetReplica(ServingSim):
+    """A replica of a fleet, and what its router asks and tells it: a fleet runs each replica
+    up to every arrival and routes by its load; a request routed to it can cut the planned
+    run short, as the next arrival bounds a run when the replica runs alone."""
 
     def pending_end(self):
         """When the planned run ends (the clock it will set, to the bit), priced once per
@@ -2595,12 +2700,9 @@ class ServingSim:
 
     def committed_kv(self):
         """KV tokens allocated (else held), the prompt tokens admitted but not yet prefilled
-        (a reservation holds them already) and the prompts waiting: what least-kv compares."""
-        if isinstance(self.allocator, Reservation):
-            return self.allocator.total + self.waiting.tokens
-        held = self.allocator.total if self.allocator is not None else \
-            self.decode_base_sum + self.num_decoding * self.steps + self.prefill_cached
-        return held + self.prompt_left_total + self.waiting.tokens
+        (where the allocation does not cover them) and the prompts waiting: what least-kv
+        compares."""
+        return self.kv.committed(self.held(), self.prefill.left) + self.waiting.tokens
 
 
 def simulate_serving(req, replica, progress=None):
@@ -2661,7 +2763,7 @@ def simulate_fleet(req, replica, fleet, progress=None):
     if unfit:
         raise KVUnfit(kv.policy, unfit)
     ledger, n = Ledger(req), len(req.output)
-    servers = [ServingSim(req, replica, None, ledger, ids=[]) for _ in range(replicas)]
+    servers = [FleetReplica(req, replica, None, ledger, ids=[]) for _ in range(replicas)]
     rng, rng_second = (np.random.default_rng(fleet.seed + i) for i in (0, 1))
     first = rng.integers(replicas, size=n)  # (power-of-two's draws)
     second = (first + 1 + rng_second.integers(max(replicas - 1, 1), size=n)) % replicas
@@ -4125,7 +4227,7 @@ def kv_setup(run, req, device):
     budgets = []
     for policy in run.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output,
-                      run.watermark if policy == "paged" else 0.0)
+                      run.watermark)
         why = check_kv_budget(req, kv) if info["budget_tokens"] else {"kind": "kv_no_memory"}
         if why:
             info["unfit"][policy] = why
@@ -4138,11 +4240,7 @@ def kv_metrics(req, sim, kv):
     """Memory use of one simulated run: time averages over the makespan, and its latencies."""
     m, mem = serving_metrics(req, sim), sim["kv"]
     utilization = mem["held_s"] / mem["alloc_s"] if mem["alloc_s"] else 0.0
-    if kv.policy == "reserve":  # reserved for output the request never produced
-        unused = (kv.max_output - req.output) * (sim["finish"] - sim["start"])
-        fragmentation = float(unused.sum()) / mem["alloc_s"] if mem["alloc_s"] else 0.0
-    else:  # the empty tails of the last blocks
-        fragmentation = 1.0 - utilization
+    fragmentation = kv_manager(kv).fragmentation(req, sim, utilization)
     return {"utilization": utilization, "fragmentation": fragmentation,
             "peak_concurrency": mem["peak_running"],
             "mean_concurrency": mem["running_s"] / m["makespan_s"],
@@ -4171,9 +4269,10 @@ def kv_study(req, sims, info, budgets):
 
 
 def study_budget(budgets):
-    """The KV budget a study runs under: paged where every request fits it, else the other
-    policy, else none (memory unlimited)."""
-    return next((b for b in budgets if b.policy == "paged"), budgets[0] if budgets else None)
+    """The KV budget a study runs under: the policy serving engines run (paged) where every
+    request fits it, else another, else none (memory unlimited)."""
+    return next((b for b in budgets if KV_MANAGERS[b.policy].served),
+                budgets[0] if budgets else None)
 
 
 def who_waits(run, req, replica, budgets):
@@ -5139,9 +5238,9 @@ KV_COLUMNS = [("allocation", "allocation", "text"), ("policy", "label", "text"),
 
 def kv_table(T, kv):
     """C's KV-cache study: memory use, concurrency and latency of each policy and scheduler."""
-    rows = [{"allocation": T[policy], "label": T[name], **m, "concurrency":
+    rows = [{"allocation": T.get(policy, policy), "label": T[name], **m, "concurrency":
              f"{m['peak_concurrency']} / {m['mean_concurrency']:.1f}"}
-            for policy in ("reserve", "paged") for name, m in kv.get(policy, {}).items()]
+            for policy in KV_MANAGERS for name, m in kv.get(policy, {}).items()]
     admission = (T["admit_watermark"].format(share=kv["watermark"]) if kv.get("watermark")
                  else T["admit_naive"])
     lines = [T["kv"].format(gb=max(kv["memory_bytes"], 0) / 1e9,
@@ -5150,7 +5249,7 @@ def kv_table(T, kv):
                             max_output=kv["max_output"], block=kv["block_tokens"],
                             admission=admission)] + ([spec_table(T, rows, KV_COLUMNS)]
                                                      if rows else [])
-    lines += [T["kv_unfit_row"].format(policy=T[policy], why=describe(T, why))
+    lines += [T["kv_unfit_row"].format(policy=T.get(policy, policy), why=describe(T, why))
               for policy, why in kv.get("unfit", {}).items()]
     if kv.get("device_check"):
         lines.append(device_check_text(T, kv["device_check"]))
@@ -5899,7 +5998,8 @@ def plot_capacity(results, path):
     save_figure(fig, results, path)
 
 
-KV_COLORS = {"reserve": "#8c564b", "paged": "#17becf"}
+KV_STYLES = {"reserve": ("#8c564b", 3), "paged": ("#17becf", 1.5)}  # (color, held line's
+# width: reserve's stays visible under paged's; a policy not named here takes the cycle's color)
 
 
 def plot_kv_memory(results, path):
@@ -5910,12 +6010,12 @@ def plot_kv_memory(results, path):
     if not kv or not kv["series"]:
         return NO_ROWS
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5.4), sharex=True)
-    for policy, series in kv["series"].items():
-        color, m = KV_COLORS[policy], kv[policy]["continuous"]
+    for i, (policy, series) in enumerate(kv["series"].items()):
+        (color, width), m = KV_STYLES.get(policy, (f"C{i}", 1.5)), kv[policy]["continuous"]
         ax1.plot(series["t_s"], series["allocated_tokens"], color=color, linestyle="--",
                  label=f"{policy}: allocated")
         ax1.plot(series["t_s"], series["held_tokens"], color=color,
-                 linewidth=3 if policy == "reserve" else 1.5,  # visible under paged
+                 linewidth=width,
                  label=f"{policy}: held ({m['utilization']:.0%} of allocated)")
         ax2.plot(series["t_s"], series["running"], color=color, drawstyle="steps-post",
                  label=f"{policy}: peak {m['peak_concurrency']}, mean "

@@ -1,5 +1,7 @@
 """C's KV-cache study: reservation vs paged blocks against a memory budget."""
+import ast
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -19,19 +21,24 @@ def requests(n=300, seed=0, prompt=64, rate=None):
 
 
 def test_whole_blocks_by_hand():
-    paged = S.KVBudget("paged", 100, block_tokens=4)
-    assert paged.whole_blocks(np.array([1, 4, 5, 8, 9])).tolist() == [4, 4, 8, 8, 12]
-    assert S.KVBudget("reserve", 100).whole_blocks(7) == 7
-    assert S.KVBudget("paged", 1000, 16, watermark=0.01).watermark_tokens == 0 * 16
-    assert S.KVBudget("paged", 16_000, 16, watermark=0.01).watermark_tokens == 10 * 16
+    paged = S.kv_manager(S.KVBudget("paged", 100, block_tokens=4))
+    assert paged.blocks(np.array([1, 4, 5, 8, 9])).tolist() == [4, 4, 8, 8, 12]
+    assert S.kv_manager(S.KVBudget("reserve", 100)).blocks(7) == 7
+    assert S.kv_manager(S.KVBudget("paged", 1000, 16, watermark=0.01)).watermark == 0 * 16
+    assert S.kv_manager(S.KVBudget("paged", 16_000, 16, watermark=0.01)).watermark == 10 * 16
+    assert S.kv_manager(S.KVBudget("reserve", 16_000, 16, watermark=0.01)).watermark == 0
 
 
-def decoders(steps, contexts):
-    """Decoding requests holding these contexts at the simulation's step `steps`."""
-    seqs = [S.Seq(0, 0, 0, 1) for _ in contexts]
-    for seq, ctx in zip(seqs, contexts):
-        seq.decode_base = ctx - steps
-    return seqs
+def paged_decoders(b, steps, contexts, capacity=10**6):
+    """A paged cache whose decoders hold these contexts at the simulation's step `steps`, each
+    admitted with its context cached and joining a DecodeBatch there."""
+    paged, batch = S.kv_manager(S.KVBudget("paged", capacity, b)), S.DecodeBatch()
+    for i, ctx in enumerate(contexts):
+        seq = S.Seq(i, i, 0, 1, num_cached=ctx)
+        paged.admit(seq, paged.need(ctx, ctx, 0, 0))
+        batch.join(seq, steps)
+        paged.join(seq)
+    return paged
 
 
 @pytest.mark.parametrize("b", [1, 3, 16])
@@ -40,22 +47,17 @@ def test_paged_runs_against_step_by_step(b, k):
     # decoders holding these contexts run k steps, step j taking a + e (j - 1) s: the blocks
     # they take and the integral of allocated tokens against summing every step
     contexts, s0, a, e = [1, 2, 3, 15, 16, 17, 100, 100], 7, 0.5, 0.01
-    paged = S.PagedBlocks(S.KVBudget("paged", 10**6, b))  # (alone: no simulation around it)
-    for seq, ctx in zip(decoders(s0, contexts), contexts):
-        paged.total += paged.blocks(ctx)
-        paged.join(seq)
-    before = paged.total
+    paged = paged_decoders(b, s0, contexts)
+    assert paged.total == sum(paged.blocks(c) for c in contexts)
     integral = paged.advance(s0, [], k, a, e)
     by_step = [sum(paged.blocks(c + j) for c in contexts) for j in range(1, k + 1)]
     assert paged.total == by_step[-1]
     assert integral == pytest.approx(sum((a + e * (j - 1)) * x
                                          for j, x in enumerate(by_step, 1)), rel=1e-12)
     # the most steps that fit a budget: every budget between the first and the last step's
-    paged.total = before
     for capacity in range(by_step[0], by_step[-1] + 1):
-        paged.capacity = capacity
         want = max(j for j, x in enumerate(by_step, 1) if x <= capacity)
-        assert paged.max_steps(s0, [], k) == want, capacity
+        assert paged_decoders(b, s0, contexts, capacity).max_steps(s0, [], k) == want, capacity
 
 
 @pytest.mark.parametrize("scheduler", S.SCHEDULERS)
@@ -257,3 +259,99 @@ def test_the_watermark_stops_chunked_prefill_thrashing():
     assert runs[0.01]["finish"].max() < runs[0.0]["finish"].max()
     for sim in runs.values():
         assert sim["iterations"] <= 6 * 200 + 3 * sim["kv"]["preemptions"]
+
+
+class StaticRows(S.KVManager):
+    """A static cache (gpt-fast's, D's engine's): each request takes a row of block_tokens."""
+    tracks = True
+
+    def __init__(self, kv):
+        self.capacity, self.block = kv.capacity_tokens, kv.block_tokens
+
+    def need(self, prompt, cached, chunk, to_prefill):
+        return self.block
+
+    def admit(self, seq, need):
+        seq.allocated = need
+        self.total += need
+
+    def release(self, seq, ctx):
+        self.total -= seq.allocated
+
+
+@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+def test_a_new_kv_manager_is_one_class_and_one_registry_line(monkeypatch, scheduler):
+    monkeypatch.setitem(S.KV_MANAGERS, "rows", StaticRows)
+    rng = np.random.default_rng(0)
+    req = S.Requests(S.arrival_times(60, 50.0, 1.0, rng), np.full(60, 64), rng.integers(1, 100, 60))
+    kv = S.KVBudget("rows", 3 * 200, block_tokens=200)
+    replica = S.Replica(8, COSTS, scheduler, 128, kv=kv)
+    sim = S.simulate_serving(req, replica)
+    assert sim["kv"]["peak_running"] == 3 and sim["kv"]["max_alloc"] == 600  # three rows
+    np.testing.assert_array_equal(sim["generated"], req.output)
+    t, held, alloc, running = np.array(sim["kv"]["series"]).T
+    assert (held <= alloc).all() and (alloc == 200 * running).all()
+    assert 0 < S.kv_metrics(req, sim, kv)["utilization"] < 1
+    fleet = S.simulate_fleet(req, replica, S.Fleet(2, "least-kv"))
+    assert set(fleet["replica"].tolist()) == {0, 1} and not np.isnan(fleet["finish"]).any()
+
+
+@pytest.mark.parametrize("policy", ["reserve", "paged"])
+def test_a_request_admitted_part_way_holds_its_cache_and_prefills_the_rest(policy):
+    # alone: 64 prompt tokens at 20 a step take 4 steps; with 48 cached, the other 16 take one,
+    # priced over the 48 cached; paged, its blocks for the 48 are taken at admission
+    kv = S.KVBudget(policy, 10**6, 16, 8)
+    one, part = (S.Requests(np.zeros(1), np.array([64]), np.array([8]), cached=c)
+                 for c in (None, np.array([48])))
+    cold, warm = (S.simulate_serving(r, S.Replica(8, COSTS, "chunked", 20, kv=kv))
+                  for r in (one, part))
+    assert (cold["first_step"][0], warm["first_step"][0]) == (4, 1)
+    assert warm["first_token"][0] == pytest.approx(COSTS.pass_s(16, 48))
+    assert warm["steps"] == cold["steps"] - 3 and warm["generated"][0] == 8
+    assert warm["kv"]["max_alloc"] == cold["kv"]["max_alloc"] == (80 if policy == "paged" else 72)
+    # many, arriving over time: every token emitted, and less held than computing it all
+    req = requests(n=40, prompt=64, rate=20.0)
+    part = S.Requests(req.arrival_s, req.prompt, req.output, cached=np.full(40, 48))
+    kv = S.KVBudget(policy, 10**6, 16, 2048)
+    cold, warm = (S.simulate_serving(r, S.Replica(8, COSTS, "chunked", 20, kv=kv))
+                  for r in (req, part))
+    np.testing.assert_array_equal(warm["generated"], req.output)
+    assert np.mean(warm["first_token"] - req.arrival_s) < np.mean(cold["first_token"]
+                                                                  - req.arrival_s)
+
+
+def test_a_request_prefilled_elsewhere_decodes_from_its_first_step():
+    # its prompt (100) and first token prefilled elsewhere: it arrives holding 101 tokens and
+    # decodes its other 9, one a step, in blocks of 16 that grow to hold 110
+    req = S.Requests(np.zeros(1), np.array([100]), np.array([10]))
+    ledger = S.Ledger(req)
+    ledger.to_prefill[0] = ledger.cached[0] = 101
+    ledger.remaining[0], ledger.first[0] = 9, -1.0
+    sim = S.ServingSim(req, S.Replica(4, COSTS, "continuous", kv=S.KVBudget("paged", 512, 16)),
+                       ledger=ledger).serve()
+    assert sim["steps"] == 9 and sim["finish_step"][0] == 9 and sim["first_token"][0] == -1.0
+    assert sim["kv"]["max_alloc"] == 112 and sim["generated"][0] == 9
+    assert sim["finish"][0] == pytest.approx(sum(COSTS.pass_s(1, 101 + j) for j in range(9)))
+
+
+def kind_tests(source):
+    """Lines of `source` that compare with a KV policy's name or isinstance a manager class."""
+    names, classes = set(S.KV_MANAGERS), {c.__name__ for c in S.KV_MANAGERS.values()}
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            named = [node.left, *node.comparators]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+            named = list(ast.walk(node.args[1]))
+        else:
+            continue
+        if any(isinstance(x, ast.Constant) and x.value in names or
+               isinstance(x, ast.Name) and x.id in classes for x in named):
+            out.append(node.lineno)
+    return out
+
+
+def test_no_code_asks_which_kv_manager_it_holds():
+    assert kind_tests(pathlib.Path(S.__file__).read_text(encoding="utf-8")) == []
+    # (the check sees both ways of asking)
+    assert kind_tests("if kv.policy == 'paged': pass\nisinstance(a, (Reservation, int))") == [1, 2]

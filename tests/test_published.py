@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
+import fit_profiles as F
 from test_cli import expect_usage_error, run_main, said
 
 LLAMA2_7B_MATMULS = 32 * (2 * 4096 * 4096 + 2 * 4096 * 4096 + 3 * 4096 * 11008)  # 6,476,005,376
@@ -308,14 +309,13 @@ def test_the_committed_profiles_are_the_fit_on_calibration_rows_alone(monkeypatc
         return real(row, profile)
     monkeypatch.setattr(S, "predict_published", recording)
     for engine in ("gpt-fast", "tensorrt-llm"):
-        committed = S.ENGINE_PROFILES[engine]
-        fitted, _ = S.fit_profile(S.fit_rows(cal, engine), S.fit_start(committed),
-                                  S.FITTED[engine])
-        for field in S.FIT_FIELDS:
-            assert getattr(fitted, field) == pytest.approx(getattr(committed, field)), field
+        fitted, _ = F.refit(engine, cal)
+        for field in F.FIT_FIELDS:
+            committed = getattr(S.ENGINE_PROFILES[engine], field)
+            assert getattr(fitted, field) == pytest.approx(committed), field
     assert seen and {r.role for r in seen} == {"calibration"}
     assert not {r.model for r in seen} & {"mixtral-8x7b", "mixtral-8x22b"}  # (checked, not fit)
-    assert len(S.fit_rows(cal, "tensorrt-llm")) == 48 and len(S.fit_rows(cal, "gpt-fast")) == 6
+    assert len(F.fit_rows(cal, "tensorrt-llm")) == 48 and len(F.fit_rows(cal, "gpt-fast")) == 6
 
 
 @needs_calibration
@@ -373,18 +373,20 @@ def test_a_fused_step_reads_the_weights_once():
 
 
 def test_the_fused_price_of_one_step_by_hand():
+    # three prompts of 99 prefill in step 1 (one pass of 297 tokens, nothing cached); a fourth,
+    # arriving meanwhile with 30 of its 70 prompt tokens cached, prefills its other 40 in
+    # step 2 beside the three decodes, each holding 100 tokens: one pass of 43 tokens
     costs = S.StepCosts((1, 1000), (0.01, 0.02), 2e-6, {"kind": "hand"})
-    sim = S.ServingSim(S.Requests(S.np.zeros(1), S.np.array([1]), S.np.array([1])),
-                       S.Replica(4, costs, "chunked", 64, fused=True))
-    seq = S.Seq.__new__(S.Seq)
-    seq.num_cached = 30
-    sim.num_decoding, sim.decode_base_sum, sim.steps = 3, 300, 0
-    prefill_s, decode_s, first_s, growth_s, tokens = sim.price([(seq, 40)], 3)
-    f = 0.01 + 0.01 * (43 - 1) / 999  # the pass of 40 + 3 tokens, interpolated
-    assert first_s == pytest.approx(f + 2e-6 * (30 + 300))
-    assert growth_s == pytest.approx(2e-6 * 43)  # every pass caches its 43 tokens more
-    assert prefill_s + decode_s == pytest.approx(3 * first_s + 3 * growth_s) and tokens == 40
-    assert prefill_s / (prefill_s + decode_s) == pytest.approx(40 / 43)
+    req = S.Requests(S.np.array([0, 0, 0, 0.001]), S.np.array([99, 99, 99, 70]),
+                     S.np.array([5, 5, 5, 2]), cached=S.np.array([0, 0, 0, 30]))
+    sim = S.simulate_serving(req, S.Replica(4, costs, "continuous", fused=True))
+
+    def f(tokens):  # the pass of this many tokens, interpolated
+        return 0.01 + 0.01 * (tokens - 1) / 999
+    step1, step2 = f(297), f(43) + 2e-6 * (30 + 300)
+    assert sim["first_token"].tolist() == pytest.approx([step1] * 3 + [step1 + step2])
+    # the fused step's seconds split by its tokens: 40 of 43 to the prefill
+    assert sim["prefill_s"] == pytest.approx(step1 + step2 * 40 / 43)
 
 
 def test_vllms_kv_cache_is_a_share_of_the_whole_card():

@@ -1,0 +1,86 @@
+"""The engine profiles' fit: where NN_40_serving.ENGINE_PROFILES' constants come from.
+
+`python tests/fit_profiles.py` fits each calibrated engine's profile on its rows of the
+published calibration file (../shared/published/calibration.csv beside the project) and on
+nothing else, and prints the fitted fields beside the committed ones; test_published.py refits
+them and checks that the committed values are what the fit finds.
+"""
+import dataclasses
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import NN_40_serving as S  # noqa: E402
+
+FIT_FIELDS = ("bandwidth_share", "matmul_share", "half_tokens", "step_s", "layer_s",
+              "allreduce_s", "reserved_gb", "dequant_flops", "activation_passes")
+# What each engine's rows can tell: gpt-fast's are all batch-1 decodes of one model, which
+# see neither the FLOP rate, the memory reserve nor the activations' traffic apart from the
+# weights' (fitting those too overfits its 6 rows: its validation rows' error trebles)
+FITTED = {"tensorrt-llm": FIT_FIELDS,
+          "gpt-fast": ("bandwidth_share", "layer_s", "allreduce_s", "dequant_flops")}
+# Where each profile's fit starts (and what a field the rows cannot tell keeps)
+FIT_START = S.EngineProfile("fit start", 0.9, 0.8)
+FIT_GRID = {"bandwidth_share": np.linspace(0.5, 1.0, 51), "matmul_share": np.linspace(0.3, 1.0, 36),
+            "half_tokens": np.array([0, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048]),
+            "step_s": np.linspace(0, 5e-3, 101), "layer_s": np.linspace(0, 150e-6, 61),
+            "allreduce_s": np.linspace(0, 300e-6, 61),
+            "reserved_gb": np.linspace(0, 12, 25), "dequant_flops": np.linspace(0, 300, 61),
+            "activation_passes": np.linspace(0, 20, 41)}
+
+
+def fit_loss(rows, profile):
+    """Mean squared log error of a profile on rows (a row it cannot fit counts as 100% off)."""
+    errors = [math.log(got / row.value) if got else math.log(2.0)
+              for row, got, _ in S.published_errors(rows, {row.engine: profile for row in rows})]
+    return float(np.mean(np.square(errors)))
+
+
+def fit_rows(rows, engine):
+    """The rows a profile is fitted on: its engine's calibration rows of dense models (the
+    profiles were fitted before C priced experts; MoE rows are checked, not fitted)."""
+    return [r for r in rows if r.role == "calibration" and r.engine == engine
+            and not S.MODELS[r.model].experts]
+
+
+def fit_start(profile):
+    """Where a profile's fit starts: FIT_START's fields, the profile's batch limits."""
+    return dataclasses.replace(profile, **{f: getattr(FIT_START, f) for f in FIT_FIELDS})
+
+
+def fit_profile(rows, profile, fields=FIT_FIELDS, rounds=12):
+    """The profile's FIT_FIELDS fitted to `rows` (calibration rows only: the caller's
+    contract, checked by a test) by coordinate search over FIT_GRID: each field in turn
+    takes the grid value of least fit_loss, until a round changes nothing. A field the rows
+    cannot tell (the FLOP rate, from batch-1 rows) keeps its value."""
+    best = fit_loss(rows, profile)
+    for _ in range(rounds):
+        changed = False
+        for field in fields:
+            for value in FIT_GRID[field]:
+                trial = dataclasses.replace(profile, **{field: float(value)})
+                loss = fit_loss(rows, trial)
+                if loss < best - 1e-12:
+                    best, profile, changed = loss, trial, True
+        if not changed:
+            break
+    return profile, best
+
+
+def refit(engine, calibration_rows):
+    """-> (the fitted profile, its loss) of a committed engine profile, from the fit's start."""
+    committed = S.ENGINE_PROFILES[engine]
+    return fit_profile(fit_rows(calibration_rows, engine), fit_start(committed), FITTED[engine])
+
+
+if __name__ == "__main__":
+    cal, _ = S.read_published(S.CALIBRATION_CSV, "calibration")
+    for engine in FITTED:
+        fitted, loss = refit(engine, cal)
+        print(f"{engine}: {len(fit_rows(cal, engine))} rows, loss {loss:.4g}")
+        for field in FIT_FIELDS:
+            print(f"  {field:18s} fitted {getattr(fitted, field):<12.6g} "
+                  f"committed {getattr(S.ENGINE_PROFILES[engine], field):.6g}")
