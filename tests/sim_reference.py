@@ -2,8 +2,9 @@
 
 `python tests/sim_reference.py` records the summaries into tests/data/sim_reference.json;
 test_sim_reference.py checks that the simulation still computes them. They were recorded
-from the step-by-step simulator before it was rebuilt around events, so the rebuilt one is
-held to the same results: counts exactly, seconds and memory integrals to 1e-9 relative.
+by a simulator that took one step at a time, so the event loop is held to a plain reference:
+counts exactly, seconds and memory integrals to 1e-9 relative (re-recording them would record
+the event loop itself; tests/step_reference.py is the live step-by-step reference).
 """
 import json
 import math

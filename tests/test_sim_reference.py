@@ -1,4 +1,4 @@
-"""The serving simulation against results recorded before it was rebuilt around events."""
+"""The serving simulation against results a step-by-step simulator recorded on fixed inputs."""
 import json
 import math
 
