@@ -127,7 +127,7 @@ def weight_bytes_of(model):
     return whole
 
 
-@torch.inference_mode()
+@torch.no_grad()  # (FlopCounterMode under inference_mode misses matmuls in torch 2.3)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_flop_model_equals_counted_matmul_flops(shape):
     cfg = SHAPES[shape]
@@ -218,7 +218,7 @@ def test_padded_decode_equals_one_call_per_span(shape):
 POST = S.ModelConfig(layers=3, hidden=64, heads=4, vocab=97, dtype="float32", arch="post")
 
 
-@torch.inference_mode()
+@torch.no_grad()  # (FlopCounterMode under inference_mode misses matmuls in torch 2.3)
 def test_the_posts_proxy_counts_2_l_h_squared_per_token():
     model = S.build_model(POST, "cpu")
     assert isinstance(model, S.PostProxy) and len(model.layers) == 3

@@ -265,7 +265,7 @@ def test_a_row_out_of_memory_is_skipped_and_the_rest_run(tiny_args, capsys, monk
 
     def time_decode(self, batch, context, *args, **kwargs):
         if batch == 4:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(self, batch, context, *args, **kwargs)
     monkeypatch.setattr(S.Bench, "time_decode", time_decode)
     results = S.main(tiny_args + ["--experiments", "A", "--no-figures"])
@@ -278,7 +278,7 @@ def test_a_row_out_of_memory_is_skipped_and_the_rest_run(tiny_args, capsys, monk
 def test_host_allocation_failure_counts_as_out_of_memory():
     assert S.out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you "
                                         "tried to allocate 1000 bytes"))
-    assert S.out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert S.out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory"))
     assert not S.out_of_memory(RuntimeError("shape mismatch"))
 
 
