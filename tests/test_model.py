@@ -255,6 +255,34 @@ def test_the_moe_layer_reads_only_the_experts_its_tokens_chose():
         torch.testing.assert_close(out[t], want, rtol=1e-5, atol=1e-6)
 
 
+def grouped_moe_runs_here():
+    return S.grouped_mm_works(torch.device("cpu"), torch.float32)
+
+
+@torch.inference_mode()
+@pytest.mark.skipif(not grouped_moe_runs_here(), reason="torch._grouped_mm does not run here")
+@pytest.mark.parametrize("shape", ["moe", "moe-shared-dense"])
+def test_the_grouped_moe_layer_computes_what_the_loop_does(shape):
+    # the formulation a CUDA graph can capture against the loop over touched experts: the same
+    # logits at a prefill, at a decode at one position and at several, and the same experts read
+    cfg = SHAPES[shape]
+    tokens = torch.randint(cfg.vocab, (5, 9), generator=torch.Generator().manual_seed(4))
+    logits, tallies = [], []
+    for grouped in (False, True):
+        model = S.build_model(cfg, "cpu", seed=6)
+        moe = [m for m in model.modules() if isinstance(m, S.MoE)]
+        for m in moe:
+            m.set_grouped(grouped)
+        cache = S.new_kv_cache(cfg, 5, 12, "cpu")
+        logits.append([S.prefill(model, cache, tokens),
+                       S.decode_step(model, cache, tokens[:, 1], 9),
+                       S.decode_step(model, cache, tokens[:, 2], [10, 10, 9, 10, 9])])
+        tallies.append([m.tallies() for m in moe])
+    for loop, grouped in zip(*logits):
+        torch.testing.assert_close(grouped, loop, rtol=1e-5, atol=1e-5)
+    assert tallies[0] == tallies[1] and tallies[0][0][1] == 3  # (3 calls of each layer)
+
+
 def test_a_times_an_moe_model_and_counts_the_experts_read(tmp_path, capsys):
     from test_cli import run_main
     results, out = run_main(["--device", "cpu", "--experiments", "A", "--layers", "2",
