@@ -3673,14 +3673,15 @@ class Bench:
                 "p10_ms": timing["p10_ms"], "p90_ms": timing["p90_ms"], "reps": timing["n"],
                 "bytes": weight_bytes, "gbs": weight_bytes / s / 1e9}
 
-    def skip_reason(self, batch, cache_len, new_tokens, margin=0.9):
+    def skip_reason(self, batch, cache_len, new_tokens, margin=0.9, view=None):
         """None when the step fits the device's memory and its attention's views index in 32
-        bits, else why not."""
+        bits, else why not. view: the (rows, keys) the step's attention views, where fewer
+        than the cache holds (default: all `batch` rows at `cache_len`)."""
         ok, needed, free = fits(self.cfg, self.device, batch, cache_len, new_tokens, margin)
         if not ok:
             return {"kind": "does_not_fit", "needed_gib": needed / 2**30,
                     "free_gib": free / 2**30}
-        elements = kv_view_elements(self.cfg, batch, cache_len)
+        elements = kv_view_elements(self.cfg, *(view or (batch, cache_len)))
         if elements > VIEW_ELEMENTS_MAX:
             return {"kind": "view_too_large", "elements": elements, "limit": VIEW_ELEMENTS_MAX}
         return None
@@ -3940,7 +3941,9 @@ def kv_device_check(bench, kv):
     check = {"device": device_name(bench.device), "rows": n_rows, "batch": batch,
              "row_tokens": row_tokens, "bytes": n_rows * row_tokens * kv_bytes_per_token(cfg),
              "clamped_rows": clamped, "max_context": max(contexts)}
-    reason = bench.skip_reason(n_rows, row_tokens, 1, margin=1.0)  # the budget has its margin
+    # the whole cache must fit (the budget has its margin); the step's views span its first
+    # `batch` rows (each view's strides run over a whole row of row_tokens)
+    reason = bench.skip_reason(n_rows, row_tokens, 1, margin=1.0, view=(batch, row_tokens))
     if reason:
         check["skipped"] = reason
         return check

@@ -542,6 +542,24 @@ def test_rows_that_do_not_fit_the_gpu_are_skipped_before_allocating(fake_cuda, m
     assert S.Bench.skip_reason(bench, 1, 129, 1) is None
 
 
+@torch.inference_mode()
+def test_the_kv_device_check_counts_the_view_its_decode_reads(monkeypatch):
+    # a budget of 40 M tokens as 625,000 rows of 64: the whole cache is 2.56e9 elements of K
+    # a layer, past 32 bits, but the decode of the peak's 3 rows views 3 rows alone
+    bench = S.Bench(S.RunConfig(model=TINY, device="cpu", warmup=1, reps=3,
+                                time_budget_s=1.0), CPU)
+    kv = {"budget_tokens": 40_000_000, "peak": {"contexts": [20, 30, 40]}}
+    monkeypatch.setattr(S, "free_memory_bytes", lambda device: math.inf)
+    real = S.new_kv_cache  # (the check's 625,000 rows as the 3 the step reads)
+    monkeypatch.setattr(S, "new_kv_cache", lambda cfg, rows, n, device: real(cfg, 3, n, device))
+    check = S.kv_device_check(bench, kv)
+    assert (check["rows"], check["row_tokens"]) == (625_000, 64)
+    assert S.kv_view_elements(TINY, check["rows"], 64) > S.VIEW_ELEMENTS_MAX
+    assert "skipped" not in check and check["step_ms"] > 0
+    monkeypatch.setattr(S, "VIEW_ELEMENTS_MAX", S.kv_view_elements(TINY, 3, 64) - 1)
+    assert S.kv_device_check(bench, kv)["skipped"]["kind"] == "view_too_large"
+
+
 # --- the matmul layout: W x^T where F.linear is slow at a few rows ----------------------------
 
 @torch.inference_mode()
