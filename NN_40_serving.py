@@ -38,8 +38,10 @@ import json
 import math
 import os
 import platform
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -3738,11 +3740,11 @@ def measure_ceilings(run, device, log):
     if run.peak_tflops:
         ceilings.update(matmul_tflops=run.peak_tflops, matmul_source={"kind": "given"})
     else:
-        g = torch.Generator(device="cpu").manual_seed(2)
+        g = torch.Generator(device=device).manual_seed(2)  # (drawn where they are multiplied)
         n, largest = CEILING_MATMUL_N[device.type]
         best = (0.0, n)
         while True:
-            a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
+            a, b = (torch.randn(n, n, generator=g, device=device).to(dtype) for _ in range(2))
             timing = time_region(lambda: a @ b, device, run.warmup, run.reps,
                                  run.time_budget_s / 2)
             best = max(best, (2 * n**3 / (timing["median_ms"] / 1e3) / 1e12, n))
@@ -6625,7 +6627,7 @@ def run_experiments(run, device, results, inputs):
     itself in results["failed"]. -> whether Ctrl-C stopped them."""
     stage, benches = None, []
     try:
-        with torch.inference_mode(), sdpa_policy():
+        with interrupt_on_sigterm(), torch.inference_mode(), sdpa_policy():
             for stage in run.experiments:
                 run_experiment(stage, run, device, results, benches, inputs)
     except KeyboardInterrupt:
@@ -6636,6 +6638,23 @@ def run_experiments(run, device, results, inputs):
     except Exception as e:  # a late failure keeps what finished, and says so in one line
         results["failed"] = {"experiment": stage, "error": one_line(e)}
     return False
+
+
+@contextlib.contextmanager
+def interrupt_on_sigterm():
+    """SIGTERM (what `timeout` and job schedulers send) stops the block as Ctrl-C does, so a
+    run stopped either way keeps what finished in results.json."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def finish_run(run, results, interrupted):

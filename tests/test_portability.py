@@ -560,6 +560,19 @@ def test_the_kv_device_check_counts_the_view_its_decode_reads(monkeypatch):
     assert S.kv_device_check(bench, kv)["skipped"]["kind"] == "view_too_large"
 
 
+def test_the_ceilings_draw_their_operands_on_the_device(monkeypatch):
+    drawn, real = [], torch.randn
+
+    def randn(*shape, **kwargs):
+        drawn.append(kwargs.get("device"))
+        return real(*shape, **kwargs)
+    monkeypatch.setattr(S.torch, "randn", randn)
+    run = S.RunConfig(model=TINY, device="cpu", warmup=1, reps=3, time_budget_s=0.05,
+                      peak_bandwidth_gbs=10.0)
+    S.measure_ceilings(run, CPU, lambda line: None)
+    assert drawn and all(d == CPU for d in drawn)  # (no operand drawn elsewhere and moved)
+
+
 # --- the matmul layout: W x^T where F.linear is slow at a few rows ----------------------------
 
 @torch.inference_mode()
