@@ -4807,6 +4807,10 @@ def run_serving_engine(bench, lengths, arrival, log):
         per_token = ", ".join(f"{b}: {1e6 * v:.2f}" for b, v in costs.kv_by_batch)
         log(f"D step costs ({name}), ms by tokens per pass: {knots}; µs per cached token by "
             f"batch: {per_token}")
+    lengths, divisor, priced_s = bounded_lengths(run, lengths, arrival, one_span, spread)
+    if divisor > 1:
+        log(f"D: priced at {priced_s[0]:.0f} s for both runs, past D's bound of "
+            f"{ENGINE_BOUND_S:.0f} s: outputs divided by {divisor} more ({priced_s[1]:.0f} s)")
     g = torch.Generator(device="cpu").manual_seed(run.seed + SEED_OFFSET["prompts"])
     prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
     cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2), device)
@@ -4815,7 +4819,10 @@ def run_serving_engine(bench, lengths, arrival, log):
     at_zero = arrival is None
     req = Requests(np.zeros(n) if at_zero else arrival, np.full(n, P), lengths)
     replica = Replica(slots, one_span, order=run_order(run, lengths))
-    result = {"requests": n, "slots": slots, "prompt_tokens": P, "shrink": run.engine_shrink,
+    result = {"requests": n, "slots": slots, "prompt_tokens": P,
+              "shrink": run.engine_shrink * divisor,
+              "bound": {"bound_s": ENGINE_BOUND_S, "priced_s": priced_s[0],
+                        "shrunk_by": divisor, "priced_shrunk_s": priced_s[1]},
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
                           "max": int(lengths.max()), "total": int(lengths.sum())},
               "order": order_info(replica.order, lengths, run.seed),
@@ -4837,6 +4844,39 @@ def run_serving_engine(bench, lengths, arrival, log):
                                    / result["continuous"]["predicted"]["wall_s"])
     result["verdict"] = engine_verdict(result)
     return result
+
+
+# D's two runs together, priced beforehand with the step costs just timed, may take this long:
+# past it the outputs shrink (a mixture of experts run eagerly on CUDA: 0.4-0.6 s a step at
+# 48 layers, over an hour for the post's requests as they are)
+ENGINE_BOUND_S = 120.0
+
+
+def bounded_lengths(run, lengths, arrival, one_span, spread):
+    """D's output lengths within ENGINE_BOUND_S: both policies' runs priced by C's simulation
+    with the costs just timed (static one-span, continuous spread), the outputs divided until
+    they fit. -> (lengths, divisor, (priced s as given, priced s as run)); a one-line error
+    where outputs of a token each would still take longer."""
+    n, P = len(lengths), run.engine_prompt_len
+    arrival = np.zeros(n) if arrival is None else arrival
+
+    def priced(out):
+        req = Requests(arrival, np.full(n, P), out)
+        replica = Replica(run.engine_slots, one_span, order=run_order(run, out))
+        return sum(float(simulate_serving(req, dataclasses.replace(
+            replica, scheduler=policy, costs=costs))["finish"].max())
+            for policy, costs in (("static", one_span), ("continuous", spread)))
+    first = seconds = priced(lengths)
+    divisor, shrunk = 1, lengths
+    while seconds > ENGINE_BOUND_S:
+        if shrunk.max() == 1:
+            raise RuntimeError(f"D would take {seconds:.0f} s priced with its step costs even "
+                               f"with one-token outputs, past its bound of "
+                               f"{ENGINE_BOUND_S:.0f} s: give fewer --engine-requests")
+        divisor = max(2 * divisor, math.ceil(divisor * seconds / ENGINE_BOUND_S))
+        shrunk = np.maximum(lengths // divisor, 1)
+        seconds = priced(shrunk)
+    return shrunk, divisor, (first, seconds)
 
 
 def engine_against_simulation(req, elog, replica, spread, at_zero):
@@ -5270,7 +5310,9 @@ def engine_table(T, D):
         T["D"].format(requests=D["requests"], prompt=D["prompt_tokens"], slots=D["slots"],
                       source=source, order=order_text(T, D["order"]),
                       arrivals=describe(T, D["arrivals"]), **D["lengths"])]
-        + ([T["D_cpu"]] if shrink > 1 else []) + [
+        + ([T["D_cpu"]] if shrink > D.get("bound", {}).get("shrunk_by", 1) else [])
+        + ([T["D_bound"].format(**D["bound"])] if D.get("bound", {}).get("shrunk_by", 1) > 1
+           else []) + [
         T["D_predicted"].format(pricing=describe(T, D["cost_model"]["source"])),
         spec_table(T, rows, ENGINE_COLUMNS),
         T["attention_calls"].format(static=D["static"]["attention_calls_per_decode"],
@@ -6902,6 +6944,9 @@ TEXT_EN = {**SHARED_TEXT,
     "D_cpu": "   on CPU, D serves the post's law shrunk: a CPU's decode step stays flat in the "
              "batch only to about 8 rows (a GPU's past 100), and shorter outputs keep the "
              "run short (--engine-requests, --engine-slots, --engine-shrink)",
+    "D_bound": "   both runs priced at {priced_s:,.0f} s with the step costs timed beforehand, "
+               "past D's bound of {bound_s:.0f} s: outputs divided by {shrunk_by} more "
+               "({priced_shrunk_s:,.0f} s)",
     "D_requests": "D  request by request: C's simulation of the same requests, priced with "
                   "the run's own passes and with the step costs timed beforehand",
     "latency": "latency", "measured_col": "measured s", "passes_col": "own passes s",
@@ -7151,6 +7196,8 @@ TEXT_KO = {**SHARED_TEXT,
     "D_cpu": "   CPU에서 D는 글의 분포를 줄여서 쓴다: CPU의 디코드 스텝은 배치가 8행쯤까지만 "
              "평평하고 (GPU는 100행 넘게), 짧은 출력은 실행을 짧게 한다 (--engine-requests, "
              "--engine-slots, --engine-shrink)",
+    "D_bound": "   미리 잰 스텝 비용으로 두 실행에 {priced_s:,.0f}초로 값이 매겨져 D의 한도 "
+               "{bound_s:.0f}초를 넘는다: 출력을 {shrunk_by}로 더 나눈다 ({priced_shrunk_s:,.0f}초)",
     "D_requests": "D  요청 하나하나: 같은 요청에 대한 C의 모의실험, 실행 자신의 패스로 값을 매긴 "
                   "것과 미리 잰 스텝 비용으로 매긴 것",
     "latency": "지연", "measured_col": "실측 초", "passes_col": "자신의 패스 초",
