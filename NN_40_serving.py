@@ -3471,15 +3471,18 @@ def cuda_graph(fn):
 def capture_blocker(fn):
     """Why a CUDA graph cannot capture fn(), or None: one call under torch.cuda's sync debug
     mode "error" (a host sync raises, as it would break a capture), its ops logged (where a
-    stand-in for torch.cuda runs, the host syncs are seen there)."""
-    previous = torch.cuda.get_sync_debug_mode()
+    stand-in for torch.cuda runs, or none is available, the host syncs are seen there)."""
+    debug = torch.cuda.is_available()  # (the sync debug mode needs CUDA; the ops log does not)
+    previous = torch.cuda.get_sync_debug_mode() if debug else None
     try:
         with OpLog() as log:
-            torch.cuda.set_sync_debug_mode("error")
+            if debug:
+                torch.cuda.set_sync_debug_mode("error")
             try:
                 fn()
             finally:
-                torch.cuda.set_sync_debug_mode(previous)
+                if debug:
+                    torch.cuda.set_sync_debug_mode(previous)
     except RuntimeError as e:
         return one_line(e)
     syncs = sorted(set(log.host_syncs()))
