@@ -38,9 +38,11 @@ import json
 import math
 import os
 import platform
+import signal
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -2899,8 +2901,12 @@ class MoE(nn.Module):
     """Routed experts: each token's top-k of E gated MLPs, weighted by the softmax of its k
     router logits (Mixtral's), plus shared experts every token uses. Tokens are grouped by
     expert, so an expert computes only its own tokens and an expert no token chose is never
-    read; `touched` is how many distinct experts the last call read, `touched_sum` over how
-    many `calls` since they were last zeroed."""
+    read. Two formulations of the same sums: a loop over the touched experts (the host reads
+    their counts: what a CPU runs), or, where `grouped` (build_model sets it on CUDA where
+    grouped_mm_works), two grouped matmuls over the slots sorted by expert, each group's end
+    counted on the device: no host value is read, so a CUDA graph can capture the layer, and
+    an expert no slot chose is an empty group. tallies(): the experts read summed over the
+    calls since reset_tally(), and those calls."""
     weight_first_rows = 0  # (see linear; set by build_model)
 
     def __init__(self, cfg):
@@ -2913,6 +2919,22 @@ class MoE(nn.Module):
         n = cfg.shared_experts * f  # (the shared experts as one gated MLP of their widths)
         self.shared = nn.ModuleList([Linear(h, 2 * n), Linear(n, h)]) if n else None
         self.touched = self.touched_sum = self.calls = 0
+        self.grouped, self.tally = False, None
+
+    def set_grouped(self, grouped):
+        """The grouped formulation (True) or the loop; the grouped one tallies on the device."""
+        self.grouped = grouped
+        self.tally = torch.zeros(2, dtype=torch.long, device=self.down.device) if grouped \
+            else None
+
+    def reset_tally(self):
+        self.touched_sum = self.calls = 0
+        if self.tally is not None:
+            self.tally.zero_()
+
+    def tallies(self):
+        """(experts read, summed over the calls since reset_tally; those calls)."""
+        return tuple(self.tally.tolist()) if self.grouped else (self.touched_sum, self.calls)
 
     def forward(self, x):
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
@@ -2920,6 +2942,14 @@ class MoE(nn.Module):
         weight, chosen = top.softmax(dim=-1).reshape(-1), chosen.reshape(-1)
         order = chosen.argsort()
         token = order // self.k                                      # each slot's token
+        routed = self.grouped_experts if self.grouped else self.looped_experts
+        out = routed(x, chosen, order, token, weight)
+        if self.shared is not None:
+            gate, up = self.shared[0](x).chunk(2, dim=-1)
+            out = out + self.shared[1](F.silu(gate) * up)
+        return out.reshape(shape)
+
+    def looped_experts(self, x, chosen, order, token, weight):
         counts = torch.bincount(chosen, minlength=len(self.down)).tolist()
         out, start, first = torch.zeros_like(x), 0, self.weight_first_rows
         for e, n in enumerate(counts):
@@ -2931,10 +2961,17 @@ class MoE(nn.Module):
             start += n
         self.touched = sum(1 for n in counts if n)
         self.touched_sum, self.calls = self.touched_sum + self.touched, self.calls + 1
-        if self.shared is not None:
-            gate, up = self.shared[0](x).chunk(2, dim=-1)
-            out = out + self.shared[1](F.silu(gate) * up)
-        return out.reshape(shape)
+        return out
+
+    def grouped_experts(self, x, chosen, order, token, weight):
+        counts = torch.zeros(len(self.down), dtype=torch.long, device=x.device).scatter_add_(
+            0, chosen, torch.ones_like(chosen))  # (bincount reads its range on the host)
+        ends = counts.cumsum(0).to(torch.int32)  # each expert's slots end here, sorted
+        gate, up = torch._grouped_mm(x[token], self.gate_up.transpose(1, 2),
+                                     offs=ends).chunk(2, dim=-1)
+        y = torch._grouped_mm(F.silu(gate) * up, self.down.transpose(1, 2), offs=ends)
+        self.tally += torch.stack((counts.gt(0).sum(), torch.ones_like(counts[0])))
+        return torch.zeros_like(x).index_add_(0, token, y * weight[order, None].to(y.dtype))
 
 
 class Block(nn.Module):
@@ -3072,9 +3109,13 @@ def build_model(cfg, device, seed=0, weight_first_rows=0):
                 p.fill_(0.0 if name.endswith("bias") else 1.0)
         if hasattr(model, "inv_freq"):
             model.inv_freq = rope_frequencies(cfg).to(device)
+    grouped = cfg.experts and torch.device(device).type == "cuda" and grouped_mm_works(
+        torch.device(device), DTYPES[cfg.dtype])
     for module in model.modules():
         if isinstance(module, (Linear, MoE)):
             module.weight_first_rows = weight_first_rows
+        if isinstance(module, MoE):
+            module.set_grouped(bool(grouped))
     return model.eval()
 
 
@@ -3334,6 +3375,26 @@ def check_cuda_arch(device):
                          "the RTX 50 series, needs CUDA 12.8 or later)")
 
 
+@functools.lru_cache(maxsize=4)
+def grouped_mm_works(device, dtype):
+    """Whether torch._grouped_mm (the MoE layer's grouped formulation) runs here in this dtype
+    and agrees with a matmul per group over uneven groups, one of them empty: one tiny call.
+    (On CUDA it needs a recent torch, sm90 or later and bfloat16; some builds run it
+    elsewhere.)"""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    g = torch.Generator(device="cpu").manual_seed(3)
+    x = torch.randn(7, 32, generator=g).to(device, dtype)
+    w = torch.randn(3, 48, 32, generator=g).to(device, dtype)
+    try:
+        got = torch._grouped_mm(x, w.transpose(1, 2),
+                                offs=torch.tensor([3, 3, 7], dtype=torch.int32, device=device))
+    except Exception:  # (no kernel for this device or dtype: the loop runs instead)
+        return False
+    want = torch.cat((x[:3] @ w[0].T, x[3:] @ w[2].T))
+    return bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2))
+
+
 # A layer's K (or V) view over a batch: batch x kv_heads x cached tokens x head_dim elements.
 # Past 2^31 - 1 some attention kernels' 32-bit offsets overflow (A at batch 256 and 4,096
 # tokens of context reaches 2^31 with the post's model), so such a row is skipped, not run.
@@ -3519,34 +3580,68 @@ def time_region(fn, device, warmup, reps, budget_s):
 
 
 def cuda_graph(fn):
-    """Capture fn() into a CUDA graph (after warming it on a side stream); return a replay."""
+    """Capture fn() into a CUDA graph (after warming it on a side stream); return a replay.
+    The caller stream is current again afterwards whatever happens: torch.cuda.graph leaves
+    its capture stream current where ending the capture raises. (A failed capture can leave
+    the caching allocator mid-capture for the rest of the process on torch up to 2.11, so
+    Bench.time begins none that capture_blocker refuses.)"""
+    caller = torch.cuda.current_stream()
     stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
+    stream.wait_stream(caller)
     with torch.cuda.stream(stream):
         for _ in range(3):
             fn()
-    torch.cuda.current_stream().wait_stream(stream)
+    caller.wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    finally:
+        torch.cuda.set_stream(caller)
     return graph.replay  # the bound method keeps the graph (and its memory pool) alive
 
 
+def capture_blocker(fn):
+    """Why a CUDA graph cannot capture fn(), or None: one call under torch.cuda's sync debug
+    mode "error" (a host sync raises, as it would break a capture), its ops logged (where a
+    stand-in for torch.cuda runs, or none is available, the host syncs are seen there)."""
+    debug = torch.cuda.is_available()  # (the sync debug mode needs CUDA; the ops log does not)
+    previous = torch.cuda.get_sync_debug_mode() if debug else None
+    try:
+        with OpLog() as log:
+            if debug:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                fn()
+            finally:
+                if debug:
+                    torch.cuda.set_sync_debug_mode(previous)
+    except RuntimeError as e:
+        return one_line(e)
+    syncs = sorted(set(log.host_syncs()))
+    return f"host syncs: {', '.join(syncs)}" if syncs else None
+
+
 class OpLog:
-    """The aten ops run inside it, by name (PyTorch's profiler, CPU-side events only): which
-    attention kernel ran (PyTorch picks one per shape), and whether a step reads a device value
-    on the host."""
+    """The aten ops run inside it, by name (PyTorch's profiler, CPU-side events only), and the
+    tensor methods that read a value on the host (HostReads): which attention kernel ran
+    (PyTorch picks one per shape), and whether a step reads a device value on the host."""
 
     def __enter__(self):
-        self.profile = torch.autograd.profiler.profile()
+        self.profile, self.methods = torch.autograd.profiler.profile(), HostReads()
         with quiet_stderr():  # (recent builds print a line to fd 2 as a profile starts)
             self.profile.__enter__()
+        self.methods.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self.methods.__exit__(*exc)
         with quiet_stderr():  # (and as it stops)
             self.profile.__exit__(*exc)
-        self.ops = [e.name.removeprefix("aten::") for e in self.profile.function_events]
+        events = self.profile.function_events
+        self.ops = [e.name.removeprefix("aten::") for e in events] + self.methods.seen
+        self.host_ops = [e.name.removeprefix("aten::") for e in events
+                         if not device_side(e)] + self.methods.seen
 
     def attention(self):
         """The attention kernels that ran (those named *attention*, less the dispatcher)."""
@@ -3554,7 +3649,17 @@ class OpLog:
                        and op != "scaled_dot_product_attention"})
 
     def host_syncs(self):
-        return [op for op in self.ops if op in HOST_SYNC_OPS]
+        return [op for op in self.host_ops if op in HOST_SYNC_OPS]
+
+
+def device_side(event):
+    """Whether a profiled op runs inside one whose CUDA kernel reads its inputs on the device
+    (DEVICE_SIDE_OPS), where a CPU fallback reads them on the host."""
+    while event.cpu_parent is not None:
+        event = event.cpu_parent
+        if event.name.removeprefix("aten::") in DEVICE_SIDE_OPS:
+            return True
+    return False
 
 
 @contextlib.contextmanager
@@ -3571,10 +3676,29 @@ def quiet_stderr():
         os.close(null)
 
 
+class HostReads(torch.overrides.TorchFunctionMode):
+    """The tensor methods run inside it that hand a tensor's values to Python (.tolist(),
+    .item(), int(), bool(), ...): on a CPU they record no aten op, on CUDA each syncs."""
+    METHODS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in self.METHODS:
+            self.seen.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
 # ops that read a device value on the host (a CUDA graph cannot capture them; eagerly they stall
-# the stream): .item() and .tolist(), data-dependent shapes, a tensor made from host values
+# the stream): .item() and .tolist(), data-dependent shapes (bincount reads its input's range),
+# a tensor made from host values
 HOST_SYNC_OPS = {"item", "_local_scalar_dense", "nonzero", "masked_select", "unique",
-                 "_unique2", "lift_fresh", "lift_fresh_copy"}
+                 "_unique2", "lift_fresh", "lift_fresh_copy", "bincount",
+                 *HostReads.METHODS}
+
+DEVICE_SIDE_OPS = {"_grouped_mm"}  # (its CPU fallback reads the group ends with .item())
 
 
 def attention_kernel(device, dtype, batch, heads, queries, keys, head_dim, causal=False,
@@ -3613,9 +3737,10 @@ class Bench:
         before every call, outside any graph: a graph replays the copies it captured, from
         the tensors it captured, so inside one every replay would see the same input."""
         run, failed = step, None
-        if mode == "graph":  # (a capture that fails is timed eagerly, and says so)
+        if mode == "graph":  # (one that cannot be captured is timed eagerly, and says why)
+            failed = capture_blocker(step)
             try:
-                run = cuda_graph(step)
+                run = step if failed else cuda_graph(step)
             except RuntimeError as e:
                 failed = one_line(e)
 
@@ -3627,6 +3752,7 @@ class Bench:
                              budget_s or self.run.time_budget_s)
         if failed:
             timing["graph_failed"] = failed
+        timing["ran"] = "eager" if failed or mode == "eager" else "graph"  # (the mode it ran in)
         return timing
 
     def time_decode(self, batch, context, mode="eager", budget_s=None, low=None, pad=False):
@@ -3681,18 +3807,19 @@ class Bench:
         timing = self.time(chain, mode)
         weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
         s = timing["median_ms"] / 1e3
-        return {"mode": mode, "step_ms": timing["median_ms"], "p10_ms": timing["p10_ms"],
-                "p90_ms": timing["p90_ms"], "reps": timing["n"], "bytes": weight_bytes,
-                "gbs": weight_bytes / s / 1e9}
+        return {"mode": mode, "ran": timing["ran"], "step_ms": timing["median_ms"],
+                "p10_ms": timing["p10_ms"], "p90_ms": timing["p90_ms"], "reps": timing["n"],
+                "bytes": weight_bytes, "gbs": weight_bytes / s / 1e9}
 
-    def skip_reason(self, batch, cache_len, new_tokens, margin=0.9):
+    def skip_reason(self, batch, cache_len, new_tokens, margin=0.9, view=None):
         """None when the step fits the device's memory and its attention's views index in 32
-        bits, else why not."""
+        bits, else why not. view: the (rows, keys) the step's attention views, where fewer
+        than the cache holds (default: all `batch` rows at `cache_len`)."""
         ok, needed, free = fits(self.cfg, self.device, batch, cache_len, new_tokens, margin)
         if not ok:
             return {"kind": "does_not_fit", "needed_gib": needed / 2**30,
                     "free_gib": free / 2**30}
-        elements = kv_view_elements(self.cfg, batch, cache_len)
+        elements = kv_view_elements(self.cfg, *(view or (batch, cache_len)))
         if elements > VIEW_ELEMENTS_MAX:
             return {"kind": "view_too_large", "elements": elements, "limit": VIEW_ELEMENTS_MAX}
         return None
@@ -3749,11 +3876,11 @@ def measure_ceilings(run, device, log):
     if run.peak_tflops:
         ceilings.update(matmul_tflops=run.peak_tflops, matmul_source={"kind": "given"})
     else:
-        g = torch.Generator(device="cpu").manual_seed(2)
+        g = torch.Generator(device=device).manual_seed(2)  # (drawn where they are multiplied)
         n, largest = CEILING_MATMUL_N[device.type]
         best = (0.0, n)
         while True:
-            a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
+            a, b = (torch.randn(n, n, generator=g, device=device).to(dtype) for _ in range(2))
             timing = time_region(lambda: a @ b, device, run.warmup, run.reps,
                                  run.time_budget_s / 2)
             best = max(best, (2 * n**3 / (timing["median_ms"] / 1e3) / 1e12, n))
@@ -3802,8 +3929,9 @@ def roofline_row(cfg, ceilings, timing, batch, new_tokens, context, cuda=False):
     above = [k for k in ("mbu", "mfu") if row[k] > 1.0]
     if above:  # a ceiling measured too low, or an accounting that counts too much
         row["above_ceiling"] = above
-    if "graph_failed" in timing:
-        row["graph_failed"] = timing["graph_failed"]
+    for key in ("graph_failed", "ran"):
+        if key in timing:
+            row[key] = timing[key]
     return row
 
 
@@ -3815,12 +3943,13 @@ def decode_row(bench, ceilings, batch, context, mode):
         return row
     moe = [m for m in bench.model.modules() if isinstance(m, MoE)]
     for layer in moe:
-        layer.touched_sum = layer.calls = 0
+        layer.reset_tally()
     row = timed_or_skipped(row, lambda: roofline_row(
         bench.cfg, ceilings, bench.time_decode(batch, context, mode), batch, 1, context,
         bench.device.type == "cuda"))
     if moe and "skipped" not in row:  # (every timed step's mean, and the bytes it read)
-        touched = sum(m.touched_sum for m in moe) / sum(m.calls for m in moe)
+        read, calls = np.sum([m.tallies() for m in moe], axis=0)
+        touched = float(read / calls)
         row.update(experts_touched=touched, experts_expected=experts_touched(bench.cfg, batch),
                    bytes_read=moe_step_bytes(bench.cfg, batch, context, touched))
     return row
@@ -3864,16 +3993,20 @@ def run_decode_sweep(bench, ceilings, log):
 
 def dense_twin_sweep(bench, ceilings, rows, log):
     """A for a mixture of experts: its dense twin (see dense_twin) timed at the same batches,
-    at A's context in A's last mode, each time beside the MoE row's (dense_twin_ms)."""
+    at A's context in A's last mode, each in the mode the MoE row really ran in (eager where
+    the MoE step could not be captured), its time beside the MoE row's (dense_twin_ms) only
+    where both ran in one mode."""
     run, mode = bench.run, bench.modes[-1]
     twin = Bench(dataclasses.replace(run, model=dense_twin(bench.cfg)), bench.device)
+    moe_rows = {r["batch"]: r for r in rows if r["context"] == run.context and r["mode"] == mode}
     by_batch = {}
     for batch in run.batch_sizes:
-        row = by_batch[batch] = decode_row(twin, ceilings, batch, run.context, mode)
-        log(f"A dense twin batch {batch}: " + row_progress(row))
-    for r in rows:
+        ran = moe_rows.get(batch, {}).get("ran", mode)
+        row = by_batch[batch] = decode_row(twin, ceilings, batch, run.context, ran)
+        log(f"A dense twin {ran} batch {batch}: " + row_progress(row))
+    for r in moe_rows.values():
         twin_row = by_batch.get(r["batch"], {})
-        if r["context"] == run.context and r["mode"] == mode and "step_ms" in twin_row:
+        if "step_ms" in twin_row and twin_row.get("ran") == r.get("ran"):
             r["dense_twin_ms"] = twin_row["step_ms"]
     return {"dense_twin": {"model": twin.cfg.name, "ffn": twin.cfg.ffn,
                            "params": param_count(twin.cfg), "rows": list(by_batch.values())}}
@@ -3946,7 +4079,9 @@ def kv_device_check(bench, kv):
     check = {"device": device_name(bench.device), "rows": n_rows, "batch": batch,
              "row_tokens": row_tokens, "bytes": n_rows * row_tokens * kv_bytes_per_token(cfg),
              "clamped_rows": clamped, "max_context": max(contexts)}
-    reason = bench.skip_reason(n_rows, row_tokens, 1, margin=1.0)  # the budget has its margin
+    # the whole cache must fit (the budget has its margin); the step's views span its first
+    # `batch` rows (each view's strides run over a whole row of row_tokens)
+    reason = bench.skip_reason(n_rows, row_tokens, 1, margin=1.0, view=(batch, row_tokens))
     if reason:
         check["skipped"] = reason
         return check
@@ -4811,6 +4946,10 @@ def run_serving_engine(bench, lengths, arrival, log):
         per_token = ", ".join(f"{b}: {1e6 * v:.2f}" for b, v in costs.kv_by_batch)
         log(f"D step costs ({name}), ms by tokens per pass: {knots}; µs per cached token by "
             f"batch: {per_token}")
+    lengths, divisor, priced_s = bounded_lengths(run, lengths, arrival, one_span, spread)
+    if divisor > 1:
+        log(f"D: priced at {priced_s[0]:.0f} s for both runs, past D's bound of "
+            f"{ENGINE_BOUND_S:.0f} s: outputs divided by {divisor} more ({priced_s[1]:.0f} s)")
     g = torch.Generator(device="cpu").manual_seed(run.seed + SEED_OFFSET["prompts"])
     prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
     cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2), device)
@@ -4819,7 +4958,10 @@ def run_serving_engine(bench, lengths, arrival, log):
     at_zero = arrival is None
     req = Requests(np.zeros(n) if at_zero else arrival, np.full(n, P), lengths)
     replica = Replica(slots, one_span, order=run_order(run, lengths))
-    result = {"requests": n, "slots": slots, "prompt_tokens": P, "shrink": run.engine_shrink,
+    result = {"requests": n, "slots": slots, "prompt_tokens": P,
+              "shrink": run.engine_shrink * divisor,
+              "bound": {"bound_s": ENGINE_BOUND_S, "priced_s": priced_s[0],
+                        "shrunk_by": divisor, "priced_shrunk_s": priced_s[1]},
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
                           "max": int(lengths.max()), "total": int(lengths.sum())},
               "order": order_info(replica.order, lengths, run.seed),
@@ -4841,6 +4983,39 @@ def run_serving_engine(bench, lengths, arrival, log):
                                    / result["continuous"]["predicted"]["wall_s"])
     result["verdict"] = engine_verdict(result)
     return result
+
+
+# D's two runs together, priced beforehand with the step costs just timed, may take this long:
+# past it the outputs shrink (a mixture of experts run eagerly on CUDA: 0.4-0.6 s a step at
+# 48 layers, over an hour for the post's requests as they are)
+ENGINE_BOUND_S = 120.0
+
+
+def bounded_lengths(run, lengths, arrival, one_span, spread):
+    """D's output lengths within ENGINE_BOUND_S: both policies' runs priced by C's simulation
+    with the costs just timed (static one-span, continuous spread), the outputs divided until
+    they fit. -> (lengths, divisor, (priced s as given, priced s as run)); a one-line error
+    where outputs of a token each would still take longer."""
+    n, P = len(lengths), run.engine_prompt_len
+    arrival = np.zeros(n) if arrival is None else arrival
+
+    def priced(out):
+        req = Requests(arrival, np.full(n, P), out)
+        replica = Replica(run.engine_slots, one_span, order=run_order(run, out))
+        return sum(float(simulate_serving(req, dataclasses.replace(
+            replica, scheduler=policy, costs=costs))["finish"].max())
+            for policy, costs in (("static", one_span), ("continuous", spread)))
+    first = seconds = priced(lengths)
+    divisor, shrunk = 1, lengths
+    while seconds > ENGINE_BOUND_S:
+        if shrunk.max() == 1:
+            raise RuntimeError(f"D would take {seconds:.0f} s priced with its step costs even "
+                               f"with one-token outputs, past its bound of "
+                               f"{ENGINE_BOUND_S:.0f} s: give fewer --engine-requests")
+        divisor = max(2 * divisor, math.ceil(divisor * seconds / ENGINE_BOUND_S))
+        shrunk = np.maximum(lengths // divisor, 1)
+        seconds = priced(shrunk)
+    return shrunk, divisor, (first, seconds)
 
 
 def engine_against_simulation(req, elog, replica, spread, at_zero):
@@ -5411,7 +5586,9 @@ def engine_table(T, D):
         T["D"].format(requests=D["requests"], prompt=D["prompt_tokens"], slots=D["slots"],
                       source=source, order=order_text(T, D["order"]),
                       arrivals=describe(T, D["arrivals"]), **D["lengths"])]
-        + ([T["D_cpu"]] if shrink > 1 else []) + [
+        + ([T["D_cpu"]] if shrink > D.get("bound", {}).get("shrunk_by", 1) else [])
+        + ([T["D_bound"].format(**D["bound"])] if D.get("bound", {}).get("shrunk_by", 1) > 1
+           else []) + [
         T["D_predicted"].format(pricing=describe(T, D["cost_model"]["source"])),
         spec_table(T, rows, ENGINE_COLUMNS),
         T["attention_calls"].format(static=D["static"]["attention_calls_per_decode"],
@@ -5707,7 +5884,9 @@ def plot_moe_batching(results, path):
                                 f"{cfg['experts_per_token']} a token"),
                                (twin, DARK, f"dense twin (MLP {A['dense_twin']['ffn']:,} wide)")):
         batch = [r["batch"] for r in rows]
-        ax.plot(batch, [r["step_ms"] for r in rows], "o-", color=color, label=label)
+        ran = sorted({r.get("ran", r["mode"]) for r in rows})  # (the mode each row ran in)
+        ax.plot(batch, [r["step_ms"] for r in rows], "o-", color=color,
+                label=f"{label}, {'/'.join(ran)}")
         ax.fill_between(batch, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows],
                         color=color, alpha=0.15, linewidth=0)
     batch = [r["batch"] for r in moe]
@@ -6795,7 +6974,7 @@ def run_experiments(run, device, results, inputs):
     itself in results["failed"]. -> whether Ctrl-C stopped them."""
     stage, benches = None, []
     try:
-        with torch.inference_mode(), sdpa_policy():
+        with interrupt_on_sigterm(), torch.inference_mode(), sdpa_policy():
             for stage in run.experiments:
                 run_experiment(stage, run, device, results, benches, inputs)
             remeasure_ceilings(run, device, results)
@@ -6807,6 +6986,23 @@ def run_experiments(run, device, results, inputs):
     except Exception as e:  # a late failure keeps what finished, and says so in one line
         results["failed"] = {"experiment": stage, "error": one_line(e)}
     return False
+
+
+@contextlib.contextmanager
+def interrupt_on_sigterm():
+    """SIGTERM (what `timeout` and job schedulers send) stops the block as Ctrl-C does, so a
+    run stopped either way keeps what finished in results.json."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def finish_run(run, results, interrupted):
@@ -7173,6 +7369,9 @@ TEXT_EN = {**SHARED_TEXT,
     "D_cpu": "   on CPU, D serves the post's law shrunk: a CPU's decode step stays flat in the "
              "batch only to about 8 rows (a GPU's past 100), and shorter outputs keep the "
              "run short (--engine-requests, --engine-slots, --engine-shrink)",
+    "D_bound": "   both runs priced at {priced_s:,.0f} s with the step costs timed beforehand, "
+               "past D's bound of {bound_s:.0f} s: outputs divided by {shrunk_by} more "
+               "({priced_shrunk_s:,.0f} s)",
     "D_requests": "D  request by request: C's simulation of the same requests, priced with "
                   "the run's own passes and with the step costs timed beforehand",
     "latency": "latency", "measured_col": "measured", "passes_col": "own passes",
@@ -7470,6 +7669,8 @@ TEXT_KO = {**SHARED_TEXT,
     "D_cpu": "   CPU에서 D는 글의 분포를 줄여서 쓴다: CPU의 디코드 스텝은 배치가 8행쯤까지만 "
              "평평하고 (GPU는 100행 넘게), 짧은 출력은 실행을 짧게 한다 (--engine-requests, "
              "--engine-slots, --engine-shrink)",
+    "D_bound": "   미리 잰 스텝 비용으로 두 실행에 {priced_s:,.0f}초로 값이 매겨져 D의 한도 "
+               "{bound_s:.0f}초를 넘는다: 출력을 {shrunk_by}로 더 나눈다 ({priced_shrunk_s:,.0f}초)",
     "D_requests": "D  요청 하나하나: 같은 요청에 대한 C의 모의실험, 실행 자신의 패스로 값을 매긴 "
                   "것과 미리 잰 스텝 비용으로 매긴 것",
     "latency": "지연", "measured_col": "실측", "passes_col": "자신의 패스",

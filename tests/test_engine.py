@@ -295,3 +295,46 @@ def test_d_with_arrivals_and_an_order(tiny_args, capsys):
     assert D["order"]["name"] == "sjf" and D["arrivals"]["kind"] == "arrivals_poisson"
     assert D["static"]["steps_check"] is None and D["verdict"]["steps_exact"] is None
     assert said("steps: not compared", out.out) and said("queue: shortest first", out.out)
+
+
+UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, {"kind": "pricing_engine", "device": "unit"})
+
+
+def test_d_past_its_bound_shrinks_its_outputs_by_hand():
+    # every pass 1 s; 4 requests of 40 tokens on 2 slots: static, two batches of a prefill and
+    # 39 decodes (80 s); continuous the same (80 s): 160 s past 120, so outputs are halved
+    run = S.RunConfig(model=TINY, engine_slots=2, engine_prompt_len=4)
+    lengths = np.full(4, 40)
+    got, divisor, (first, shrunk) = S.bounded_lengths(run, lengths, None, UNIT, UNIT)
+    assert S.ENGINE_BOUND_S == 120 and (first, divisor, shrunk) == (160, 2, 80)
+    assert got.tolist() == [20] * 4
+    assert S.bounded_lengths(run, np.full(4, 10), None, UNIT, UNIT)[1:] == (1, (40, 40))
+    with pytest.raises(RuntimeError, match="even with one-token outputs"):
+        S.bounded_lengths(run, np.full(400, 3), None, UNIT, UNIT)  # (200 prefills alone)
+
+
+def test_d_whose_steps_take_it_past_its_bound_shrinks_before_running(tiny_args, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setattr(S, "engine_costs", lambda bench, prompt_len, pad: (UNIT, UNIT, []))
+    results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
+                                         "--max-positions", "4096", "--no-figures"], capsys)
+    D = results["D"]
+    assert D["bound"]["priced_s"] > 120 >= D["bound"]["priced_shrunk_s"]
+    run = S.parse_args(tiny_args + ["--experiments", "D", "--engine-requests", "12"])
+    lengths, _ = S.engine_requests(run)  # (the outputs as drawn: / 8 on CPU)
+    assert D["shrink"] == 8 * D["bound"]["shrunk_by"] > 8
+    assert D["lengths"]["total"] == np.maximum(lengths // D["bound"]["shrunk_by"], 1).sum()
+    assert D["static"]["steps_check"]["agree"] == 12  # (the run and its price, shrunk alike)
+    assert said("past D's bound of 120 s: outputs divided by", out.out)
+    assert said("past D's bound of 120 s: outputs divided by", out.err)  # (said before it runs)
+
+
+def test_d_that_cannot_fit_its_bound_is_refused_in_one_line(tiny_args, capsys, monkeypatch):
+    monkeypatch.setattr(S, "ENGINE_BOUND_S", 1.0)
+    monkeypatch.setattr(S, "engine_costs", lambda bench, prompt_len, pad: (UNIT, UNIT, []))
+    with pytest.raises(SystemExit) as stop:
+        S.main(tiny_args + ["--experiments", "D", "--engine-requests", "12", "--no-figures"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and "Traceback" not in err
+    line, = [e for e in err.splitlines() if "error:" in e]
+    assert "experiment D failed" in line and "even with one-token outputs" in line

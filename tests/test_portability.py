@@ -265,7 +265,7 @@ def test_a_row_out_of_memory_is_skipped_and_the_rest_run(tiny_args, capsys, monk
 
     def time_decode(self, batch, context, *args, **kwargs):
         if batch == 4:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(self, batch, context, *args, **kwargs)
     monkeypatch.setattr(S.Bench, "time_decode", time_decode)
     results = S.main(tiny_args + ["--experiments", "A", "--no-figures"])
@@ -278,7 +278,7 @@ def test_a_row_out_of_memory_is_skipped_and_the_rest_run(tiny_args, capsys, monk
 def test_host_allocation_failure_counts_as_out_of_memory():
     assert S.out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you "
                                         "tried to allocate 1000 bytes"))
-    assert S.out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert S.out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory"))
     assert not S.out_of_memory(RuntimeError("shape mismatch"))
 
 
@@ -318,8 +318,14 @@ def fake_capture(graph):
 
 
 class FakeStream:
+    current = []  # the streams torch.cuda.set_stream made current, in turn
+
     def wait_stream(self, other):
         pass
+
+    @staticmethod
+    def set_current(stream):
+        FakeStream.current.append(stream)
 
 
 def fake_mem_get_info(device=None):
@@ -333,7 +339,7 @@ def fake_mem_get_info(device=None):
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """Enough of torch.cuda to run the CUDA control flow on CPU tensors."""
-    FakeEvent.records, FakeGraph.captured = 0, []
+    FakeEvent.records, FakeGraph.captured, FakeStream.current = 0, [], []
     for name, value in {"is_available": lambda: True, "Event": FakeEvent,
                         "synchronize": lambda device=None: None, "Stream": FakeStream,
                         "stream": lambda s: contextlib.nullcontext(),
@@ -344,7 +350,10 @@ def fake_cuda(monkeypatch):
                         "memory_allocated": lambda device=None: 2 * 2**30,
                         "get_device_name": lambda device=None: "Stand-in GPU",
                         "get_device_capability": lambda device=None: (9, 0),
-                        "get_arch_list": lambda: ["sm_80", "sm_90"]}.items():
+                        "get_arch_list": lambda: ["sm_80", "sm_90"],
+                        "set_stream": FakeStream.set_current,
+                        "get_sync_debug_mode": lambda: 0,
+                        "set_sync_debug_mode": lambda mode: None}.items():
         monkeypatch.setattr(torch.cuda, name, value)
     return types.SimpleNamespace(type="cuda", index=None)
 
@@ -388,6 +397,82 @@ def test_a_graph_captured_decode_step_never_syncs_with_the_host(fake_cuda):
     # the check can fail: rows at several positions read their positions from the host
     S.cuda_graph(lambda: S.decode_step(model, cache, tokens, [3, 8, 8, 16]))
     assert FakeGraph.captured[-1].host_syncs()
+
+
+MOE = dataclasses.replace(TINY, layers=2, heads=4, kv_heads=2, mlp="gated", norm="rms",
+                          positions="rope", experts=8, experts_per_token=2, expert_ffn=32)
+
+
+def test_the_stand_in_sees_the_host_syncs_cuda_would():
+    # .tolist() and int() record no aten op on a CPU, and bincount reads its input's range on the
+    # host on CUDA: each is a host sync, as CUDA would see it
+    x = torch.tensor([3, 1, 1])
+    with S.OpLog() as log:
+        x.tolist(), int(x[0]), torch.bincount(x)
+    assert {"tolist", "__int__", "bincount"} <= set(log.host_syncs())
+    with S.OpLog() as log:
+        x[0].item()
+    assert log.host_syncs()
+
+
+@torch.inference_mode()
+def test_an_moe_step_is_captured_only_in_its_grouped_form(fake_cuda):
+    model = S.build_model(MOE, CPU, seed=2)
+    cache = S.new_kv_cache(MOE, 4, 17, CPU)
+    tokens = torch.randint(MOE.vocab, (4,))
+    step = lambda: S.decode_step(model, cache, tokens, 16)  # noqa: E731 (A's timed step)
+    why = S.capture_blocker(step)  # the loop reads each expert's count on the host
+    assert why.startswith("host syncs:") and "bincount" in why and "tolist" in why
+    if not S.grouped_mm_works(CPU, torch.float32):
+        pytest.skip("torch._grouped_mm does not run here")
+    for m in model.modules():
+        if isinstance(m, S.MoE):
+            m.set_grouped(True)
+    assert S.capture_blocker(step) is None
+    S.cuda_graph(step)
+    assert FakeGraph.captured[-1].host_syncs() == []
+
+
+def test_a_step_that_cannot_be_captured_is_never_captured_and_says_why(fake_cuda):
+    run = S.RunConfig(model=MOE, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
+    bench = S.Bench(run, CPU)
+    with torch.inference_mode():
+        timing = bench.time_decode(2, 8, mode="graph")
+        dense = S.Bench(dataclasses.replace(run, model=TINY), CPU).time_decode(2, 8, mode="graph")
+    assert FakeGraph.captured and len(FakeGraph.captured) == 1  # the dense step's alone
+    assert timing["ran"] == "eager" and "bincount" in timing["graph_failed"]
+    assert dense["ran"] == "graph" and "graph_failed" not in dense
+
+
+def test_a_capture_that_raises_leaves_the_caller_stream_current(fake_cuda, monkeypatch):
+    @contextlib.contextmanager
+    def failing_capture(graph):
+        yield
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    caller = FakeStream()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: caller)
+    monkeypatch.setattr(torch.cuda, "graph", failing_capture)
+    with pytest.raises(RuntimeError, match="operation not permitted"):
+        S.cuda_graph(lambda: None)
+    assert FakeStream.current[-1:] == [caller]
+
+
+@torch.inference_mode()
+def test_moe_rows_and_their_dense_twin_compare_in_the_mode_they_ran(fake_cuda, monkeypatch):
+    run = S.RunConfig(model=MOE, device="cpu", graphs="both", batch_sizes=(1, 4), context=8,
+                      contexts=(8,), warmup=1, reps=3, time_budget_s=5.0)
+    A = S.run_decode_sweep(S.Bench(run, CPU), CEILINGS, lambda line: None)
+    graph_rows = [r for r in A["rows"] if r["mode"] == "graph"]
+    assert all(r["ran"] == "eager" and "graph_failed" in r for r in graph_rows)
+    twin = A["dense_twin"]["rows"]
+    assert [(r["mode"], r["ran"]) for r in twin] == [("eager", "eager")] * 2
+    assert all(r["dense_twin_ms"] > 0 for r in graph_rows)
+    # where the twin ran in another mode than the MoE row, no ratio is taken
+    real = S.decode_row
+    monkeypatch.setattr(S, "decode_row", lambda bench, *a: {**real(bench, *a), "ran": "graph"}
+                        if not bench.cfg.experts else real(bench, *a))
+    A = S.run_decode_sweep(S.Bench(run, CPU), CEILINGS, lambda line: None)
+    assert not any("dense_twin_ms" in r for r in A["rows"])
 
 
 @torch.inference_mode()
@@ -455,6 +540,37 @@ def test_rows_that_do_not_fit_the_gpu_are_skipped_before_allocating(fake_cuda, m
     reason = S.Bench.skip_reason(bench, 256, 4097, 1)
     assert reason["kind"] == "does_not_fit" and reason["free_gib"] == 1.0
     assert S.Bench.skip_reason(bench, 1, 129, 1) is None
+
+
+@torch.inference_mode()
+def test_the_kv_device_check_counts_the_view_its_decode_reads(monkeypatch):
+    # a budget of 40 M tokens as 625,000 rows of 64: the whole cache is 2.56e9 elements of K
+    # a layer, past 32 bits, but the decode of the peak's 3 rows views 3 rows alone
+    bench = S.Bench(S.RunConfig(model=TINY, device="cpu", warmup=1, reps=3,
+                                time_budget_s=1.0), CPU)
+    kv = {"budget_tokens": 40_000_000, "peak": {"contexts": [20, 30, 40]}}
+    monkeypatch.setattr(S, "free_memory_bytes", lambda device: math.inf)
+    real = S.new_kv_cache  # (the check's 625,000 rows as the 3 the step reads)
+    monkeypatch.setattr(S, "new_kv_cache", lambda cfg, rows, n, device: real(cfg, 3, n, device))
+    check = S.kv_device_check(bench, kv)
+    assert (check["rows"], check["row_tokens"]) == (625_000, 64)
+    assert S.kv_view_elements(TINY, check["rows"], 64) > S.VIEW_ELEMENTS_MAX
+    assert "skipped" not in check and check["step_ms"] > 0
+    monkeypatch.setattr(S, "VIEW_ELEMENTS_MAX", S.kv_view_elements(TINY, 3, 64) - 1)
+    assert S.kv_device_check(bench, kv)["skipped"]["kind"] == "view_too_large"
+
+
+def test_the_ceilings_draw_their_operands_on_the_device(monkeypatch):
+    drawn, real = [], torch.randn
+
+    def randn(*shape, **kwargs):
+        drawn.append(kwargs.get("device"))
+        return real(*shape, **kwargs)
+    monkeypatch.setattr(S.torch, "randn", randn)
+    run = S.RunConfig(model=TINY, device="cpu", warmup=1, reps=3, time_budget_s=0.05,
+                      peak_bandwidth_gbs=10.0)
+    S.measure_ceilings(run, CPU, lambda line: None)
+    assert drawn and all(d == CPU for d in drawn)  # (no operand drawn elsewhere and moved)
 
 
 # --- the matmul layout: W x^T where F.linear is slow at a few rows ----------------------------

@@ -74,6 +74,41 @@ def test_cuda_graph_gives_the_eager_logits():
         torch.testing.assert_close(graphed_out, eager, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+@torch.inference_mode()
+def test_cuda_moe_step_refused_in_its_loop_form_captured_in_its_grouped_form():
+    # on the device: the loop's host syncs are caught before any capture begins (so a dense
+    # capture after it still works), and where grouped_mm_works the grouped form is captured
+    # and its replay gives the loop's logits
+    cfg = S.ModelConfig(layers=2, hidden=256, heads=4, kv_heads=2, vocab=1000,
+                        max_positions=128, dtype="bfloat16", mlp="gated", norm="rms",
+                        positions="rope", experts=8, experts_per_token=2, expert_ffn=128)
+    device = torch.device("cuda")
+    model = S.build_model(cfg, device, seed=3)
+    cache = S.new_kv_cache(cfg, 4, 33, device)
+    tokens = torch.randint(cfg.vocab, (4,), device=device)
+    moe = [m for m in model.modules() if isinstance(m, S.MoE)]
+    for m in moe:
+        m.set_grouped(False)
+    assert S.capture_blocker(lambda: S.decode_step(model, cache, tokens, 32)) is not None
+    dense = S.dataclasses.replace(cfg, experts=0, expert_ffn=None, ffn_hidden=512)
+    dense_model = S.build_model(dense, device)
+    S.cuda_graph(lambda: S.decode_step(dense_model, cache, tokens, 32))()  # (not poisoned)
+    loop = S.decode_step(model, cache, tokens, 32)
+    if not S.grouped_mm_works(device, torch.bfloat16):
+        pytest.skip("torch._grouped_mm does not run on this device in bfloat16")
+    for m in moe:
+        m.set_grouped(True)
+    out = {}
+
+    def step():
+        out["logits"] = S.decode_step(model, cache, tokens, 32)
+    assert S.capture_blocker(step) is None
+    S.cuda_graph(step)()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out["logits"].float(), loop.float(), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("arch", ["transformer", "post"])
 def test_a_graph_replays_on_fresh_inputs(arch, monkeypatch):
     # a CUDA graph replays the kernels it captured, copies included, from the tensors it
