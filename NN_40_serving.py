@@ -524,6 +524,16 @@ def log(message):
 OUTPUT_WIDTH = 100  # the widest line printed to stdout (tables split, prose wrapped to it)
 
 
+def columns(line):
+    """The columns a line takes in a terminal: Korean is two a character (wcwidth comes with
+    tabulate[widechars]; without it, one a character)."""
+    try:
+        from wcwidth import wcswidth
+    except ImportError:
+        return len(line)
+    return max(wcswidth(line), len(line))
+
+
 def fit_lines(text, width=OUTPUT_WIDTH):
     """Every line of text at most `width` columns: a longer one wrapped at spaces, its
     continuation indented two past its own indent (tables arrive already split)."""
@@ -5146,19 +5156,23 @@ def table(T, rows, headers, **fields):
     from tabulate import tabulate
     heads = [header_text(T, h).format(**fields) for h in headers]
     rows = [list(map(str, r)) for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)]
     labels = next((i for i in range(len(heads)) if not all(any(c.isalpha() for c in r[i])
                                                            for r in rows)), len(heads))
     labels = min(max(labels, 1), len(heads) - 1)
+
+    def render(start, end):
+        cols = list(range(labels)) + list(range(start, end))
+        return tabulate([[r[i] for i in cols] for r in rows], [heads[i] for i in cols],
+                        stralign="right", disable_numparse=True)
+
+    def fits(start, end):  # (as rendered: tabulate pads each header by two)
+        return max(map(columns, render(start, end).split("\n"))) <= OUTPUT_WIDTH
     parts, start = [], labels
     while start < len(heads) or not parts:
         end = start + 1
-        while end < len(heads) and sum(widths[:labels] + widths[start:end + 1]) + \
-                2 * (labels + end - start) <= OUTPUT_WIDTH:
+        while end < len(heads) and fits(start, end + 1):
             end += 1
-        cols = list(range(labels)) + list(range(start, end))
-        parts.append(tabulate([[r[i] for i in cols] for r in rows], [heads[i] for i in cols],
-                              stralign="right", disable_numparse=True))
+        parts.append(render(start, end))
         start = end
     return "\n\n".join(parts)
 
@@ -6887,7 +6901,7 @@ def replot(args):
     except (KeyError, TypeError, IndexError, ValueError) as e:
         raise UsageError(f"{args.replot}: lacks a field the figures need ({e!r}); it may come "
                          "from another version of the script")
-    print(f"redrew {', '.join(written) or 'nothing'} into {args.out}")
+    print(fit_lines(f"redrew {', '.join(written) or 'nothing'} into {args.out}"))
     for name, why in missing.items():
         print(f"could not draw {name}: {why}")
     return {"written": written, "missing": missing}

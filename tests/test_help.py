@@ -98,3 +98,16 @@ def test_a_wide_table_splits_under_its_labels():
 def test_plurals_in_the_capacity_answer():
     T = S.TEXT["en"]
     assert S.counted(T, 1, "replica") == "1 replica" and S.counted(T, 2, "gpu") == "2 GPUs"
+
+
+@pytest.mark.parametrize("lang", ["en", "ko"])
+def test_a_table_as_rendered_fits_before_any_wrapping(lang):
+    # A's columns at the reference run's widths: tabulate pads each header by two, so a split
+    # that sums the cells' widths alone leaves rows of 108 columns for the prose wrapper to break
+    T = S.TEXT[lang]
+    cols = ["mode", "batch", "step_ms", "tokens_per_s", "throughput_vs_1", "wait_vs_1", "gbs",
+            "mbu", "mfu", "bound"]
+    rows = [["eager", "128", "143.888", "890", "15.6", "8.22", "3.0", "17%", "44.1%", "compute"]]
+    text = S.table(T, rows, cols)
+    assert max(map(S.columns, text.splitlines())) <= S.OUTPUT_WIDTH
+    assert all(len(part.splitlines()) == 3 for part in text.split("\n\n"))  # (head, rule, row)
