@@ -6932,7 +6932,7 @@ def _main(argv):
         return replot(args)
     if args.catalog:
         results = {"catalog": catalog()}
-        print(catalog_table(TEXT[args.lang], results["catalog"]))
+        print(fit_lines(catalog_table(TEXT[args.lang], results["catalog"])))
         return results
     if args.validate:
         return run_validation(args)
