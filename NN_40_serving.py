@@ -282,7 +282,29 @@ MODELS = {
     "llama-3.1-405b": ModelConfig(layers=126, hidden=16384, heads=128, kv_heads=8,
                                   vocab=128256, max_positions=131072, ffn_hidden=53248,
                                   rope_theta=500000.0, name="llama-3.1-405b", **_LLAMA),
+    # the models people now publish serving numbers on, from their config.json: Llama-3.3-70B
+    # has Llama-3.1-70B's shape; Qwen3-235B-A22B is Qwen3-30B-A3B's design, wider and deeper
+    "llama-3.3-70b": ModelConfig(layers=80, hidden=8192, heads=64, kv_heads=8, vocab=128256,
+                                 max_positions=131072, ffn_hidden=28672, rope_theta=500000.0,
+                                 name="llama-3.3-70b", **_LLAMA),
+    "qwen3-235b-a22b": ModelConfig(layers=94, hidden=4096, heads=64, kv_heads=4,
+                                   head_width=128, vocab=151936, max_positions=40960,
+                                   ffn_hidden=12288, experts=128, experts_per_token=8,
+                                   expert_ffn=1536, rope_theta=1e6, name="qwen3-235b-a22b",
+                                   **_LLAMA),
+    # Llama 4 Maverick's text model: 48 layers alternating a dense MLP (intermediate_size_mlp
+    # 16384) and 128 routed experts (1 a token) beside a shared one, each 8192 wide; C counts
+    # layers, not their order, so 24 dense layers then 24 MoE layers cost what it runs. Its
+    # chunked attention (3 layers in 4 attend within 8,192-token chunks) is left out: past 8k
+    # tokens C prices more cache reads than it makes
+    "llama-4-maverick": ModelConfig(layers=48, hidden=5120, heads=40, kv_heads=8,
+                                    head_width=128, vocab=202048, max_positions=1048576,
+                                    ffn_hidden=16384, dense_layers=24, experts=128,
+                                    experts_per_token=1, shared_experts=1, expert_ffn=8192,
+                                    rope_theta=500000.0, name="llama-4-maverick", **_LLAMA),
 }
+# DeepSeek-R1 is DeepSeek-V3's shape (the same config.json), trained further
+MODELS["deepseek-r1"] = dataclasses.replace(MODELS["deepseek-v3"], name="deepseek-r1")
 
 
 # A Hugging Face config.json's fields, by model_type: ModelConfig field -> its key, read by
@@ -389,6 +411,105 @@ GPUS = {  # README cites the spec sheets; memory_mib: nvidia-smi's total (the RT
     "h200": _card("H200 SXM", 4800.0, 989.4, 141.0, 1978.9, _NVLINK4, 143771),
     "b200": _card("B200", 8000.0, 2250.0, 180.0, 4500.0, _NVLINK5, 183359),
 }
+
+
+# Names as people write them: vendors' spec sheets, benchmark tables, Hugging Face ids. One
+# table: each card and model C names, with the spellings it also answers to; name_key folds
+# case, hyphens, spaces, word order, an organisation prefix and the words that tell no two of
+# them apart ("NVIDIA", "GeForce", "HBM3", "Instruct"), so each spelling is listed once. A
+# card's form factor or memory left out means the one listed first (the A100: 80 GB, SXM).
+NAME_NOISE = frozenset({"nvidia", "geforce", "tesla", "hbm", "hbm2e", "hbm3", "hbm3e", "gddr6",
+                        "gddr6x", "gddr7", "blackwell", "server", "workstation", "edition",
+                        "instruct", "chat", "hf", "it", "base", "meta", "fp8", "bf16", "fp16"})
+
+
+def _spellings(base, *optional):
+    """`base` with every subset of the optional words: "H100", "H100 SXM", "H100 80GB", ..."""
+    return tuple(" ".join((base,) + extra) for n in range(len(optional) + 1)
+                 for extra in itertools.combinations(optional, n))
+
+
+NAME_ALIASES = {
+    "card": {
+        "rtx-3090": _spellings("RTX 3090", "24GB"), "rtx-4090": _spellings("RTX 4090", "24GB"),
+        "rtx-5080": _spellings("RTX 5080", "16GB"),
+        "rtx-pro-6000": _spellings("RTX PRO 6000", "96GB") + ("RTXPRO6000",),
+        "l40s": _spellings("L40S", "48GB"), "a100-40gb": _spellings("A100 40GB", "SXM"),
+        "a100-80gb": _spellings("A100", "SXM", "80GB"),
+        "a100-pcie-80gb": _spellings("A100 PCIe", "80GB"),
+        "h100-pcie": _spellings("H100 PCIe", "80GB"), "h100": _spellings("H100", "SXM", "80GB"),
+        "h200": _spellings("H200", "SXM", "141GB"), "b200": _spellings("B200", "SXM", "180GB"),
+    },
+    "model": {
+        "llama-3-8b": ("Meta-Llama-3-8B",), "llama-3.2-1b": ("Llama-3.2-1B",),
+        "mistral-7b": ("Mistral-7B", "Mistral-7B-v0.3", "Mistral-7B-Instruct-v0.3",
+                       "Mistral-7B-v0.1", "Mistral-7B-Instruct-v0.1"),
+        "qwen2.5-7b": ("Qwen2.5-7B",), "gpt-j-6b": ("GPT-J", "EleutherAI/gpt-j-6b"),
+        "qwen3-32b": ("Qwen3-32B",),
+        "mixtral-8x7b": ("Mixtral-8x7B-v0.1", "Mixtral-8x7B-Instruct-v0.1"),
+        "mixtral-8x22b": ("Mixtral-8x22B-v0.1", "Mixtral-8x22B-Instruct-v0.1"),
+        "qwen3-30b-a3b": ("Qwen3-30B-A3B-Instruct-2507", "Qwen3-30B-A3B-Thinking-2507"),
+        "qwen3-235b-a22b": ("Qwen3-235B-A22B-Instruct-2507", "Qwen3-235B-A22B-Thinking-2507",
+                            "Qwen3-235B"),
+        "deepseek-v3": ("DeepSeek-V3-0324", "DeepSeek V3"),
+        "deepseek-r1": ("DeepSeek-R1-0528", "DeepSeek R1"),
+        "gpt-oss-20b": ("openai/gpt-oss-20b",), "opt-13b": ("facebook/opt-13b",),
+        "llama-2-7b": ("Llama-2-7b-chat-hf",), "llama-2-70b": ("Llama-2-70b-chat-hf",),
+        "llama-3.1-8b": ("Meta-Llama-3.1-8B",), "llama-3.1-70b": ("Meta-Llama-3.1-70B",),
+        "llama-3.1-405b": ("Meta-Llama-3.1-405B",), "llama-3.3-70b": ("Llama-3.3-70B",),
+        "llama-4-maverick": ("Llama-4-Maverick-17B-128E", "Llama 4 Maverick", "Maverick",
+                             "Llama-4-Maverick-17B-128E-Instruct"),
+    },
+}
+
+
+def name_key(text):
+    """A name as a key: lower case, a Hugging Face id's organisation dropped, "SXM5" as "SXM"
+    and "PCIe Gen5" as "PCIe", then its words and numbers, less NAME_NOISE, in sorted order:
+    "NVIDIA A100-SXM4-80GB" and "A100 80GB SXM" are both "100 80 a gb sxm"."""
+    import re
+    text = re.sub(r"sxm\d", "sxm", str(text).lower().rsplit("/", 1)[-1])
+    text = re.sub(r"pci-?e(\s*gen\s*\d)?", "pcie", text)
+    words = [w for w in re.split(r"[\s_,()-]+", text) if w not in NAME_NOISE]
+    return " ".join(sorted(a for w in words for a in re.findall(r"\d+(?:\.\d+)?|[a-z]+", w)))
+
+
+def name_index(kind):
+    """{name_key(spelling): C's name} of every card or model: its own name, its display name,
+    and its aliases."""
+    named = GPUS if kind == "card" else MODELS
+    index = {}
+    for name in named:
+        shown = named[name].name
+        for spelling in (name, shown) + NAME_ALIASES[kind].get(name, ()):
+            index.setdefault(name_key(spelling), name)
+    return index
+
+
+def find_name(text, kind):
+    """C's name for a card or model as written (None: no spelling of one)."""
+    return name_index(kind).get(name_key(text))
+
+
+def closest_names(text, kind, n=3):
+    """The C names whose spellings are nearest `text` (difflib's ratio), nearest first."""
+    import difflib
+    spellings = {}
+    for name in (GPUS if kind == "card" else MODELS):
+        for spelling in (name,) + NAME_ALIASES[kind].get(name, ()):
+            spellings.setdefault(spelling.lower(), name)
+    near = difflib.get_close_matches(str(text).lower(), list(spellings), n=12, cutoff=0.4)
+    return list(dict.fromkeys(spellings[s] for s in near))[:n]
+
+
+def named(text, kind):
+    """C's name for a card or model as written, or one line naming the closest ones."""
+    name = find_name(text, kind)
+    if name is None:
+        near = closest_names(text, kind)
+        raise UsageError(f"unknown {kind} {text!r}" + (f"; closest: {', '.join(near)}" if near
+                                                      else "") + " (list: --catalog)")
+    return name
 
 EXPERIMENTS = "ABCD"
 
@@ -1534,16 +1655,12 @@ def fit_passes(passes, source):
 # profiles' constants are fitted on the calibration file's rows alone (tests/fit_profiles.py);
 # every other row is validation. Calls the accounting and the step costs.
 
-PUBLISHED_MODELS = {"GPT-J-6B": "gpt-j-6b", "Llama-2-7B": "llama-2-7b",
-                    "Llama-2-70B": "llama-2-70b", "Llama-3.1-8B": "llama-3.1-8b",
-                    "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-405B": "llama-3.1-405b",
-                    "Mistral-7B": "mistral-7b", "Mixtral-8x7B": "mixtral-8x7b",
-                    "Mixtral-8x22B": "mixtral-8x22b"}
-PUBLISHED_CARDS = {"H100 SXM 80GB HBM3": "h100", "H100 80GB HBM3": "h100",
-                   "H200 141GB HBM3": "h200", "L40S 48GB": "l40s", "L40S": "l40s",
-                   "A100 80GB": "a100-80gb", "A100-SXM4-80GB": "a100-80gb",
-                   "A100-PCIE-80GB": "a100-pcie-80gb"}
-PUBLISHED_ENGINES = {"trtllm": "tensorrt-llm", "gptfast": "gpt-fast"}
+# (cards and models by name_key and NAME_ALIASES; an engine by its source's prefix or its
+# engine_version's first word, letters alone)
+PUBLISHED_ENGINES = {"trtllm": "tensorrt-llm", "tensorrtllm": "tensorrt-llm",
+                     "gptfast": "gpt-fast", "vllm": "vllm"}
+# a metric per card, as the whole TP group's times its cards
+PUBLISHED_PER_GPU = {"output_tokens_per_s_per_gpu": "output_tokens_per_s"}
 GPT_FAST_OUTPUT = 200  # gpt-fast's generate.py default max_new_tokens (its README: none)
 PUBLISHED_METRICS = ("tokens_per_s_per_user", "ttft_ms", "output_tokens_per_s")
 
@@ -1576,16 +1693,18 @@ def published_weights(text):
 def published_row(r, role):
     """A CSV row (calibration.csv's columns or tests/data/published.csv's) -> Published, or
     the reason C cannot express it (a model or card it cannot name)."""
-    model, gpu = PUBLISHED_MODELS.get(r["model"]), PUBLISHED_CARDS.get(r["gpu"])
-    engine = PUBLISHED_ENGINES.get(r["source_id"].split("_")[0])
+    model, gpu = find_name(r["model"], "model"), find_name(r["gpu"], "card")
+    engine = published_engine(r)
     if model is None or gpu is None or engine is None:
         what, name = ("model", r["model"]) if model is None else ("card", r["gpu"]) \
             if gpu is None else ("engine", r["source_id"])
         return f"{what} {name}"
     batch = r.get("batch") or r.get("batch_or_concurrency")
-    if r["metric"] not in PUBLISHED_METRICS or not (batch == "max-load" or batch.isdigit()):
-        return f"metric {r['metric']}" if r["metric"] not in PUBLISHED_METRICS else \
-            f"batch {batch}"
+    metric, value = r["metric"], float(r["value"])
+    if metric in PUBLISHED_PER_GPU:  # (n_gpus where the file says, else the TP group's)
+        metric, value = PUBLISHED_PER_GPU[metric], value * int(r.get("n_gpus") or r["tp"])
+    if metric not in PUBLISHED_METRICS or not (batch == "max-load" or batch.isdigit()):
+        return f"metric {metric}" if metric not in PUBLISHED_METRICS else f"batch {batch}"
     weights = published_weights(r.get("weights") or r.get("weight_dtype"))
     kv = (r.get("kv_dtype") or "").lower()
     # (the L40S's KV type is not stated: TensorRT-LLM's FP8 builds take an FP8 cache)
@@ -1593,7 +1712,17 @@ def published_row(r, role):
     osl = int(r["osl"]) if r["osl"] else GPT_FAST_OUTPUT
     return Published(r["source_id"], engine, model, gpu, int(r["tp"]), weights, kv,
                      batch if batch == "max-load" else int(batch), int(r["isl"]), osl,
-                     r["metric"], float(r["value"]), role)
+                     metric, value, role)
+
+
+def published_engine(r):
+    """A published row's engine in C's names: its source's prefix ("trtllm_perf_v0.14.0"), or
+    its engine_version's first word ("TensorRT-LLM v0.14.0") (None: neither names one)."""
+    for text in (r["source_id"].split("_")[0], (r.get("engine_version") or "").split(" ")[0]):
+        engine = PUBLISHED_ENGINES.get("".join(c for c in text.lower() if c.isalpha()))
+        if engine:
+            return engine
+    return None
 
 
 def read_published(path, role):
@@ -6402,6 +6531,22 @@ def rate_value(text):
     return "trace" if text == "trace" else number(*RATES)(text)
 
 
+def model_name(text):
+    """An argparse type: a model as people write it (a Hugging Face id, any case) -> C's name."""
+    try:
+        return named(text, "model")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def card_name(text):
+    """An argparse type: a card as people write it ("NVIDIA H100 SXM5 80GB") -> C's name."""
+    try:
+        return named(text, "card")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
 def experiment_letters(text):
     letters = "".join(text.replace(",", "").upper().split())
     unknown = sorted(set(letters) - set(EXPERIMENTS))
@@ -6529,7 +6674,7 @@ def model_flags(p):
     m = p.add_argument_group(
         f"model and hardware (on CPU the post's model is a preset: {CPU_PRESET.layers} layers, "
         f"hidden {CPU_PRESET.hidden}, dtype by a probe)")
-    add_flag(m, "--model", metavar="NAME", choices=list(MODELS), default="post",
+    add_flag(m, "--model", metavar="NAME", type=model_name, default="post",
              help="a named shape, random weights (list: --catalog)")
     add_flag(m, "--model-config", metavar="JSON", shown="none",
              help="a Hugging Face config.json's shape")
@@ -6557,7 +6702,7 @@ def model_flags(p):
              shown="auto: --dtype's", help="C's KV-cache type")
     add_flag(m, "--device", choices=["auto", "cuda", "cpu"], default="auto",
              help="A, B and D's device")
-    add_flag(m, "--gpu", metavar="CARD", choices=list(GPUS), shown="measured, or RTX 5080",
+    add_flag(m, "--gpu", metavar="CARD", type=card_name, shown="measured, or RTX 5080",
              help="the card C plans for (list: --catalog)")
     add_flag(m, "--tp", "--tensor-parallel-size", type=integer(1, 64),
              help="--gpu cards a replica spans")
