@@ -413,104 +413,6 @@ GPUS = {  # README cites the spec sheets; memory_mib: nvidia-smi's total (the RT
 }
 
 
-# Names as people write them: vendors' spec sheets, benchmark tables, Hugging Face ids. One
-# table: each card and model C names, with the spellings it also answers to; name_key folds
-# case, hyphens, spaces, word order, an organisation prefix and the words that tell no two of
-# them apart ("NVIDIA", "GeForce", "HBM3", "Instruct"), so each spelling is listed once. A
-# card's form factor or memory left out means the one listed first (the A100: 80 GB, SXM).
-NAME_NOISE = frozenset({"nvidia", "geforce", "tesla", "hbm", "hbm2e", "hbm3", "hbm3e", "gddr6",
-                        "gddr6x", "gddr7", "blackwell", "server", "workstation", "edition",
-                        "instruct", "chat", "hf", "it", "base", "meta", "fp8", "bf16", "fp16"})
-
-
-def _spellings(base, *optional):
-    """`base` with every subset of the optional words: "H100", "H100 SXM", "H100 80GB", ..."""
-    return tuple(" ".join((base,) + extra) for n in range(len(optional) + 1)
-                 for extra in itertools.combinations(optional, n))
-
-
-NAME_ALIASES = {
-    "card": {
-        "rtx-3090": _spellings("RTX 3090", "24GB"), "rtx-4090": _spellings("RTX 4090", "24GB"),
-        "rtx-5080": _spellings("RTX 5080", "16GB"),
-        "rtx-pro-6000": _spellings("RTX PRO 6000", "96GB") + ("RTXPRO6000",),
-        "l40s": _spellings("L40S", "48GB"), "a100-40gb": _spellings("A100 40GB", "SXM"),
-        "a100-80gb": _spellings("A100", "SXM", "80GB"),
-        "a100-pcie-80gb": _spellings("A100 PCIe", "80GB"),
-        "h100-pcie": _spellings("H100 PCIe", "80GB"), "h100": _spellings("H100", "SXM", "80GB"),
-        "h200": _spellings("H200", "SXM", "141GB"), "b200": _spellings("B200", "SXM", "180GB"),
-    },
-    "model": {
-        "llama-3-8b": ("Meta-Llama-3-8B",), "llama-3.2-1b": ("Llama-3.2-1B",),
-        "mistral-7b": ("Mistral-7B", "Mistral-7B-v0.3", "Mistral-7B-Instruct-v0.3",
-                       "Mistral-7B-v0.1", "Mistral-7B-Instruct-v0.1"),
-        "qwen2.5-7b": ("Qwen2.5-7B",), "gpt-j-6b": ("GPT-J", "EleutherAI/gpt-j-6b"),
-        "qwen3-32b": ("Qwen3-32B",),
-        "mixtral-8x7b": ("Mixtral-8x7B-v0.1", "Mixtral-8x7B-Instruct-v0.1"),
-        "mixtral-8x22b": ("Mixtral-8x22B-v0.1", "Mixtral-8x22B-Instruct-v0.1"),
-        "qwen3-30b-a3b": ("Qwen3-30B-A3B-Instruct-2507", "Qwen3-30B-A3B-Thinking-2507"),
-        "qwen3-235b-a22b": ("Qwen3-235B-A22B-Instruct-2507", "Qwen3-235B-A22B-Thinking-2507",
-                            "Qwen3-235B"),
-        "deepseek-v3": ("DeepSeek-V3-0324", "DeepSeek V3"),
-        "deepseek-r1": ("DeepSeek-R1-0528", "DeepSeek R1"),
-        "gpt-oss-20b": ("openai/gpt-oss-20b",), "opt-13b": ("facebook/opt-13b",),
-        "llama-2-7b": ("Llama-2-7b-chat-hf",), "llama-2-70b": ("Llama-2-70b-chat-hf",),
-        "llama-3.1-8b": ("Meta-Llama-3.1-8B",), "llama-3.1-70b": ("Meta-Llama-3.1-70B",),
-        "llama-3.1-405b": ("Meta-Llama-3.1-405B",), "llama-3.3-70b": ("Llama-3.3-70B",),
-        "llama-4-maverick": ("Llama-4-Maverick-17B-128E", "Llama 4 Maverick", "Maverick",
-                             "Llama-4-Maverick-17B-128E-Instruct"),
-    },
-}
-
-
-def name_key(text):
-    """A name as a key: lower case, a Hugging Face id's organisation dropped, "SXM5" as "SXM"
-    and "PCIe Gen5" as "PCIe", then its words and numbers, less NAME_NOISE, in sorted order:
-    "NVIDIA A100-SXM4-80GB" and "A100 80GB SXM" are both "100 80 a gb sxm"."""
-    import re
-    text = re.sub(r"sxm\d", "sxm", str(text).lower().rsplit("/", 1)[-1])
-    text = re.sub(r"pci-?e(\s*gen\s*\d)?", "pcie", text)
-    words = [w for w in re.split(r"[\s_,()-]+", text) if w not in NAME_NOISE]
-    return " ".join(sorted(a for w in words for a in re.findall(r"\d+(?:\.\d+)?|[a-z]+", w)))
-
-
-def name_index(kind):
-    """{name_key(spelling): C's name} of every card or model: its own name, its display name,
-    and its aliases."""
-    named = GPUS if kind == "card" else MODELS
-    index = {}
-    for name in named:
-        shown = named[name].name
-        for spelling in (name, shown) + NAME_ALIASES[kind].get(name, ()):
-            index.setdefault(name_key(spelling), name)
-    return index
-
-
-def find_name(text, kind):
-    """C's name for a card or model as written (None: no spelling of one)."""
-    return name_index(kind).get(name_key(text))
-
-
-def closest_names(text, kind, n=3):
-    """The C names whose spellings are nearest `text` (difflib's ratio), nearest first."""
-    import difflib
-    spellings = {}
-    for name in (GPUS if kind == "card" else MODELS):
-        for spelling in (name,) + NAME_ALIASES[kind].get(name, ()):
-            spellings.setdefault(spelling.lower(), name)
-    near = difflib.get_close_matches(str(text).lower(), list(spellings), n=12, cutoff=0.4)
-    return list(dict.fromkeys(spellings[s] for s in near))[:n]
-
-
-def named(text, kind):
-    """C's name for a card or model as written, or one line naming the closest ones."""
-    name = find_name(text, kind)
-    if name is None:
-        near = closest_names(text, kind)
-        raise UsageError(f"unknown {kind} {text!r}" + (f"; closest: {', '.join(near)}" if near
-                                                      else "") + " (list: --catalog)")
-    return name
-
 EXPERIMENTS = "ABCD"
 
 # C prices steps in seconds with a roofline of these when no device was measured: the post's
@@ -1267,6 +1169,67 @@ def engine_settings(path):
             if v is not None}
 
 
+def read_bench_result(path, result, engine):
+    """A serving benchmark's saved result with its per-request detail -> its completed
+    requests (as read_engine_run's: prompt, output, arrival_s, ttft_s, tpot_s, e2e_s) and what
+    it says of the run. vLLM's `vllm bench serve --save-result --save-detailed` and SGLang's
+    `bench_serving --output-details` both keep input_lens, output_lens, ttfts (s) and itls (s,
+    a list a request), and errors ("" where a request completed); vLLM's newer versions keep
+    each request's start_times, else the arrivals are drawn again at the run's request_rate
+    and burstiness (seeded; "inf": all at once). TPOT and E2E as both tools define them:
+    the gaps after the first token over output - 1, and TTFT plus those gaps."""
+    n = len(result["input_lens"])
+    errors = result.get("errors") or [""] * n
+    done = [i for i in range(n) if result["output_lens"][i] > 0 and not errors[i]]
+    if not done:
+        raise UsageError(f"{path}: no completed requests in the run")
+    prompt = np.array([result["input_lens"][i] for i in done], dtype=np.int64)
+    output = np.array([result["output_lens"][i] for i in done], dtype=np.int64)
+    ttft = np.array([result["ttfts"][i] for i in done], dtype=np.float64)
+    decode = np.array([sum(result["itls"][i]) for i in done], dtype=np.float64)
+    rate, burstiness = result.get("request_rate", "inf"), result.get("burstiness") or 1.0
+    starts = result.get("start_times")
+    if starts:
+        arrival = np.array([starts[i] for i in done], dtype=np.float64)
+        arrival = arrival - arrival.min()
+    else:
+        arrival = arrival_times(len(done), None if rate in ("inf", None) else float(rate),
+                                float(burstiness), np.random.default_rng(0))
+    order = np.argsort(arrival, kind="stable")
+    multi = output[order] > 1
+    server = result.get("server_info") or {}
+    return {"prompt": np.maximum(prompt[order], 1), "output": output[order],
+            "arrival_s": arrival[order], "ttft_s": ttft[order],
+            "tpot_s": decode[order][multi] / (output[order][multi] - 1),
+            "e2e_s": ttft[order] + decode[order],
+            "settings": {"engine": engine, "model": result.get("model_id") or
+                         server.get("model_path"), "date": result.get("date"),
+                         "request_rate": rate, "arrivals": "logged" if starts else "drawn",
+                         "tp": server.get("tp_size"), "dp": server.get("dp_size"),
+                         "requests": n, "completed": len(done)}}
+
+
+def read_run_meta(path):
+    """What LLMServingSim's meta.json beside a requests.jsonl says of the run: the model, the
+    card (its hardware record, else the folder's first word: RTXPRO6000_...), the engine's
+    parallelism, batch limits and KV tokens, and the date (else {})."""
+    try:
+        with open(os.path.join(os.path.dirname(path), "meta.json"), encoding="utf-8") as f:
+            info = json.load(f)
+        kw, kv = info.get("engine_kwargs") or {}, info.get("kv_cache") or {}
+        hardware = info.get("hardware") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return {"engine": f"vLLM {info.get('vllm_version', '')}".strip(),
+            "model": info.get("model") or kw.get("model"),
+            "gpu": hardware.get("device_name") or folder.split("_")[0],
+            "tp": kw.get("tensor_parallel_size") or 1, "dp": kw.get("data_parallel_size") or 1,
+            "expert_parallel": bool(kw.get("enable_expert_parallel")),
+            "slots": kw.get("max_num_seqs"), "chunk_tokens": kw.get("max_num_batched_tokens"),
+            "kv_tokens": kv.get("num_kv_tokens"), "date": info.get("started_at")}
+
+
 def arrival_times(n, rate, burstiness, rng):
     """n arrival times: gamma-distributed gaps of mean 1/rate (shape = burstiness; 1 = Poisson,
     below 1 burstier); all at t=0 when rate is None."""
@@ -1802,6 +1765,36 @@ def error_summary(errors):
             "within_15": float(np.mean(np.abs(e) <= 0.15)), "unfit": len(errors) - len(e)}
 
 
+# The grid every profile fit searches (tests/fit_profiles.py on published rows, --calibrate on
+# a user's runs): each field's values, in its units
+PROFILE_GRID = {"bandwidth_share": np.linspace(0.5, 1.0, 51),
+                "matmul_share": np.linspace(0.3, 1.0, 36),
+                "half_tokens": np.array([0, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536,
+                                         2048]),
+                "step_s": np.linspace(0, 5e-3, 101), "layer_s": np.linspace(0, 150e-6, 61),
+                "allreduce_s": np.linspace(0, 300e-6, 61), "link_share": np.linspace(0.1, 1, 91),
+                "reserved_gb": np.linspace(0, 12, 25), "dequant_flops": np.linspace(0, 300, 61),
+                "activation_passes": np.linspace(0, 20, 41)}
+
+
+def coordinate_search(profile, loss, fields, rounds=12):
+    """A profile's `fields` fitted by coordinate search over PROFILE_GRID: each field in turn
+    takes the grid value of least loss(profile), until a round changes nothing. -> (the
+    profile, its loss, whether a round changed nothing before `rounds` ran out)."""
+    best = loss(profile)
+    for _ in range(rounds):
+        changed = False
+        for field in fields:
+            for value in PROFILE_GRID[field]:
+                trial = dataclasses.replace(profile, **{field: float(value)})
+                trial_loss = loss(trial)
+                if trial_loss < best - 1e-12:
+                    best, profile, changed = trial_loss, trial, True
+        if not changed:
+            return profile, best, True
+    return profile, best, False
+
+
 def validate(path, calibration_path=None, profiles=None):
     """--validate: every row of the published file (validation) and of the calibration file
     (where it exists) predicted by its engine's profile. -> the rows with their errors, a
@@ -1825,6 +1818,314 @@ def validate(path, calibration_path=None, profiles=None):
                         for (role, source), errs in sorted(by.items())],
             "left_out": left, "profiles": {k: p.fields() for k, p in profiles.items()},
             "files": {"validation": path, "calibration": calibration_path}}
+
+
+# -----------------------------------------------------------------------------
+# calibration: names as people write them, and profiles fitted to a user's runs (pure)
+# One table of the cards' and models' spellings; a measured run read, replayed through C's
+# simulation at its own arrivals, and the profile's constants fitted to it. Calls the
+# workload, the step costs, the published rows' search, and the event loop and metrics.
+
+
+# Names as people write them: vendors' spec sheets, benchmark tables, Hugging Face ids. One
+# table: each card and model C names, with the spellings it also answers to; name_key folds
+# case, hyphens, spaces, word order, an organisation prefix and the words that tell no two of
+# them apart ("NVIDIA", "GeForce", "HBM3", "Instruct"), so each spelling is listed once. A
+# card's form factor or memory left out means the one listed first (the A100: 80 GB, SXM).
+NAME_NOISE = frozenset({"nvidia", "geforce", "tesla", "hbm", "hbm2e", "hbm3", "hbm3e", "gddr6",
+                        "gddr6x", "gddr7", "blackwell", "server", "workstation", "edition",
+                        "instruct", "chat", "hf", "it", "base", "meta", "fp8", "bf16", "fp16"})
+
+
+def _spellings(base, *optional):
+    """`base` with every subset of the optional words: "H100", "H100 SXM", "H100 80GB", ..."""
+    return tuple(" ".join((base,) + extra) for n in range(len(optional) + 1)
+                 for extra in itertools.combinations(optional, n))
+
+
+NAME_ALIASES = {
+    "card": {
+        "rtx-3090": _spellings("RTX 3090", "24GB"), "rtx-4090": _spellings("RTX 4090", "24GB"),
+        "rtx-5080": _spellings("RTX 5080", "16GB"),
+        "rtx-pro-6000": _spellings("RTX PRO 6000", "96GB") + ("RTXPRO6000",),
+        "l40s": _spellings("L40S", "48GB"), "a100-40gb": _spellings("A100 40GB", "SXM"),
+        "a100-80gb": _spellings("A100", "SXM", "80GB"),
+        "a100-pcie-80gb": _spellings("A100 PCIe", "80GB"),
+        "h100-pcie": _spellings("H100 PCIe", "80GB"), "h100": _spellings("H100", "SXM", "80GB"),
+        "h200": _spellings("H200", "SXM", "141GB"), "b200": _spellings("B200", "SXM", "180GB"),
+    },
+    "model": {
+        "llama-3-8b": ("Meta-Llama-3-8B",), "llama-3.2-1b": ("Llama-3.2-1B",),
+        "mistral-7b": ("Mistral-7B", "Mistral-7B-v0.3", "Mistral-7B-Instruct-v0.3",
+                       "Mistral-7B-v0.1", "Mistral-7B-Instruct-v0.1"),
+        "qwen2.5-7b": ("Qwen2.5-7B",), "gpt-j-6b": ("GPT-J", "EleutherAI/gpt-j-6b"),
+        "qwen3-32b": ("Qwen3-32B",),
+        "mixtral-8x7b": ("Mixtral-8x7B-v0.1", "Mixtral-8x7B-Instruct-v0.1"),
+        "mixtral-8x22b": ("Mixtral-8x22B-v0.1", "Mixtral-8x22B-Instruct-v0.1"),
+        "qwen3-30b-a3b": ("Qwen3-30B-A3B-Instruct-2507", "Qwen3-30B-A3B-Thinking-2507"),
+        "qwen3-235b-a22b": ("Qwen3-235B-A22B-Instruct-2507", "Qwen3-235B-A22B-Thinking-2507",
+                            "Qwen3-235B"),
+        "deepseek-v3": ("DeepSeek-V3-0324", "DeepSeek V3"),
+        "deepseek-r1": ("DeepSeek-R1-0528", "DeepSeek R1"),
+        "gpt-oss-20b": ("openai/gpt-oss-20b",), "opt-13b": ("facebook/opt-13b",),
+        "llama-2-7b": ("Llama-2-7b-chat-hf",), "llama-2-70b": ("Llama-2-70b-chat-hf",),
+        "llama-3.1-8b": ("Meta-Llama-3.1-8B",), "llama-3.1-70b": ("Meta-Llama-3.1-70B",),
+        "llama-3.1-405b": ("Meta-Llama-3.1-405B",), "llama-3.3-70b": ("Llama-3.3-70B",),
+        "llama-4-maverick": ("Llama-4-Maverick-17B-128E", "Llama 4 Maverick", "Maverick",
+                             "Llama-4-Maverick-17B-128E-Instruct"),
+    },
+}
+
+
+def name_key(text):
+    """A name as a key: lower case, a Hugging Face id's organisation dropped, "SXM5" as "SXM"
+    and "PCIe Gen5" as "PCIe", then its words and numbers, less NAME_NOISE, in sorted order:
+    "NVIDIA A100-SXM4-80GB" and "A100 80GB SXM" are both "100 80 a gb sxm"."""
+    import re
+    text = re.sub(r"sxm\d", "sxm", str(text).lower().rsplit("/", 1)[-1])
+    text = re.sub(r"pci-?e(\s*gen\s*\d)?", "pcie", text)
+    words = [w for w in re.split(r"[\s_,()-]+", text) if w not in NAME_NOISE]
+    return " ".join(sorted(a for w in words for a in re.findall(r"\d+(?:\.\d+)?|[a-z]+", w)))
+
+
+def name_index(kind):
+    """{name_key(spelling): C's name} of every card or model: its own name, its display name,
+    and its aliases."""
+    named = GPUS if kind == "card" else MODELS
+    index = {}
+    for name in named:
+        shown = named[name].name
+        for spelling in (name, shown) + NAME_ALIASES[kind].get(name, ()):
+            index.setdefault(name_key(spelling), name)
+    return index
+
+
+def find_name(text, kind):
+    """C's name for a card or model as written (None: no spelling of one)."""
+    return name_index(kind).get(name_key(text))
+
+
+def closest_names(text, kind, n=3):
+    """The C names whose spellings are nearest `text` (difflib's ratio on each lower-cased,
+    its organisation and NAME_NOISE dropped), nearest first."""
+    import difflib
+    import re
+
+    def plain(name):
+        words = re.split(r"[\s_,()-]+", str(name).lower().rsplit("/", 1)[-1])
+        return "-".join(w for w in words if w and w not in NAME_NOISE)
+    spellings = {}
+    for name in (GPUS if kind == "card" else MODELS):
+        for spelling in (name,) + NAME_ALIASES[kind].get(name, ()):
+            spellings.setdefault(plain(spelling), name)
+    near = difflib.get_close_matches(plain(text), list(spellings), n=12, cutoff=0.4)
+    return list(dict.fromkeys(spellings[s] for s in near))[:n]
+
+
+def named(text, kind):
+    """C's name for a card or model as written, or one line naming the closest ones."""
+    name = find_name(text, kind)
+    if name is None:
+        near = closest_names(text, kind)
+        raise UsageError(f"unknown {kind} {text!r}" + (f"; closest: {', '.join(near)}" if near
+                                                      else "") + " (list: --catalog)")
+    return name
+
+# A user's own measured runs (--calibrate): a run's requests replayed through C's simulation
+# at their own arrivals and lengths, under the run's engine settings, on the chunked scheduler
+# with paged blocks (vLLM's and SGLang's), its p50 TPOT and E2E matched by the profile's
+# constants. Fitted: the fixed costs and the card's shares every run exercises, and first,
+# where a run crosses cards (tp or ep), the link's share (C's collectives are its least
+# checked price: no published calibration row crosses PCIe). A fit whose error on its own runs
+# stays past CALIBRATE_MAX_ERROR has not converged: C's form cannot follow those runs.
+CALIBRATE_FIELDS = ("step_s", "layer_s", "bandwidth_share", "matmul_share")
+CALIBRATE_LINK_FIELDS = ("link_share",)
+CALIBRATED = ("tpot_s", "e2e_s")
+CALIBRATE_MAX_ERROR = 0.25
+# What a run file may not say, as vLLM's server runs by default (--slots, --chunk-tokens)
+RUN_DEFAULTS = {"slots": VLLM_MAX_NUM_SEQS, "chunk_tokens": 2048, "tp": 1, "ep": 1,
+                "replicas": 1, "kv_tokens": None}
+RUN_FORMATS = "vLLM's `bench serve --save-result --save-detailed` JSON, SGLang's " \
+    "`bench_serving --output-details` JSONL, LLMServingSim's requests.jsonl or DistServe's .exp"
+
+
+class MeasuredRun(NamedTuple):
+    """A run of a real engine on a card, as C replays it: its requests (arrivals, lengths),
+    what it measured (ttft_s, tpot_s, e2e_s: percentiles), the engine's settings."""
+    path: str
+    kind: str
+    model: str
+    gpu: str
+    tp: int
+    ep: int
+    replicas: int
+    slots: int
+    chunk_tokens: int
+    kv_tokens: int     # None: the profile's rule on the card (card_kv_tokens)
+    requests: Requests
+    measured: dict
+    settings: dict
+
+
+def run_kind(path):
+    """A run file's format by its content -> (kind, the parsed file) or one line naming the
+    formats C reads."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}")
+    except UnicodeDecodeError:
+        text = ""
+    if path.endswith(".exp"):
+        return "distserve", None
+    lines = [line for line in text.splitlines() if line.strip()]
+    data = None  # (one JSON object; else JSON lines: SGLang's last run, a log's request)
+    for attempt in [text] + lines[-1:]:
+        try:
+            data = json.loads(attempt)
+            break
+        except ValueError:
+            pass
+    if isinstance(data, dict) and "input_lens" in data:
+        return ("sglang-bench" if "dataset_name" in data or "server_info" in data
+                else "vllm-bench"), data
+    if isinstance(data, dict) and "input_toks" in data and "queued_ts" in data:
+        return "llmservingsim", None
+    if isinstance(data, dict) and "completed" in data and "duration" in data:
+        raise UsageError(f"{path}: a benchmark's summary without its requests: save it with "
+                         "--save-detailed (vLLM) or --output-details (SGLang)")
+    raise UsageError(f"{path}: not a run C reads ({RUN_FORMATS})")
+
+
+def read_measured_run(path, given):
+    """A run file -> MeasuredRun: its requests and measurements, its model and card in C's
+    names, and its settings (the file's, else `given`: the flags', else RUN_DEFAULTS)."""
+    kind, data = run_kind(path)
+    if kind.endswith("bench"):
+        try:
+            logged = read_bench_result(path, data, "vLLM" if kind == "vllm-bench" else "SGLang")
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            raise UsageError(f"{path}: a benchmark result without its per-request detail "
+                             f"({one_line(e)})")
+        stated = {k: v for k, v in logged["settings"].items() if k in ("model", "tp")}
+        if logged["settings"].get("dp"):
+            stated["replicas"] = logged["settings"]["dp"]
+    else:
+        logged = read_engine_run(path)
+        meta = read_run_meta(path) if kind == "llmservingsim" else {}
+        logged["settings"] = {**logged["settings"], **meta}
+        stated = {k: meta.get(k) for k in ("model", "gpu", "tp", "slots", "chunk_tokens",
+                                           "kv_tokens")}
+        if meta.get("dp", 1) > 1:
+            stated.update(replicas=meta["dp"], ep=meta["dp"] if meta["expert_parallel"] else 1)
+    if not len(logged["output"]):
+        raise UsageError(f"{path}: no completed requests in the run")
+    fields = {**RUN_DEFAULTS, **{k: v for k, v in given.items() if v is not None},
+              **{k: v for k, v in stated.items() if v}}
+    for kind_name, key, flag in (("model", "model", "--model"), ("card", "gpu", "--gpu")):
+        if not fields.get(key):
+            raise UsageError(f"{path}: the run does not name its {kind_name}: give {flag}")
+        try:
+            fields[key] = named(fields[key], kind_name)
+        except UsageError as e:
+            raise UsageError(f"{path}: {e}")
+    measured = {k: percentiles(logged[k]) for k in ("ttft_s", "tpot_s", "e2e_s")}
+    req = Requests(logged["arrival_s"], logged["prompt"], logged["output"])
+    return MeasuredRun(path, kind, requests=req, measured=measured,
+                       settings=logged["settings"], **{f: fields[f] for f in (
+                           "model", "gpu", "tp", "ep", "replicas", "slots", "chunk_tokens",
+                           "kv_tokens")})
+
+
+def replay_run(run, profile):
+    """C's p50 TTFT, TPOT and E2E of a measured run under an engine profile: its requests at
+    their arrivals (one replica's share where the run had several, as round-robin gives),
+    the run's seats and step budget, paged blocks of the run's KV tokens (else the profile's
+    on the card). None where the KV budget cannot hold a request."""
+    cfg, card = MODELS[run.model], GPUS[run.gpu]
+    req = every_nth(run.requests, run.replicas) if run.replicas > 1 else run.requests
+    kv = KVBudget("paged", run.kv_tokens or card_kv_tokens(cfg, card, profile, run.tp, run.ep),
+                  RunConfig.block_tokens, int(req.output.max()), RunConfig.watermark)
+    if check_kv_budget(req, kv):
+        return None
+    replica = Replica(run.slots, card_costs(cfg, card, profile, run.tp, run.ep),
+                      scheduler="chunked", chunk_tokens=run.chunk_tokens, kv=kv,
+                      fused=profile.fused)
+    metrics = serving_metrics(req, simulate_serving(req, replica))
+    return {k: metrics[k]["p50"] for k in ("ttft_s", "tpot_s", "e2e_s")}
+
+
+def calibration_errors(runs, profile):
+    """[(C's p50s, {metric: signed error against the run's p50})] a run (None: unfit)."""
+    out = []
+    for run in runs:
+        got = replay_run(run, profile)
+        out.append((got, got and {k: got[k] / run.measured[k]["p50"] - 1 for k in got}))
+    return out
+
+
+def calibration_loss(runs, profile):
+    """Mean squared log error of the CALIBRATED p50s (a run C cannot fit counts 100% off)."""
+    errors = [math.log(1 + err[k]) if err else math.log(2.0)
+              for _, err in calibration_errors(runs, profile) for k in CALIBRATED]
+    return float(np.mean(np.square(errors)))
+
+
+def calibrate(runs, start):
+    """The start profile's constants fitted to the runs (see CALIBRATE_FIELDS) -> (profile,
+    its rms log error on them); one line where the fit does not converge."""
+    fields = CALIBRATE_FIELDS
+    if any(r.tp > 1 or r.ep > 1 for r in runs):
+        fields = CALIBRATE_LINK_FIELDS + fields
+    profile, loss, settled = coordinate_search(start, lambda p: calibration_loss(runs, p),
+                                               fields)
+    if not settled or math.sqrt(loss) > CALIBRATE_MAX_ERROR:
+        raise UsageError(f"the fit did not converge: its error on the runs it saw stays near "
+                         f"{math.expm1(math.sqrt(loss)):.0%} (C's form cannot follow them; "
+                         "are the card, the model and the engine's settings the run's?)")
+    cards = sorted({r.gpu for r in runs})
+    names = ", ".join(os.path.basename(os.path.dirname(r.path)) or r.path for r in runs)
+    return dataclasses.replace(profile, name=f"{start.name} on {', '.join(cards)} (calibrated)",
+                               fitted_on=f"{len(runs)} measured run(s): {names}"), \
+        math.sqrt(loss)
+
+
+def leave_one_out(runs, start):
+    """Each run's errors under a profile calibrated on the others (none for a single run)."""
+    if len(runs) < 2:
+        return []
+    return [calibration_errors([run], calibrate(runs[:i] + runs[i + 1:], start)[0])[0]
+            for i, run in enumerate(runs)]
+
+
+def profile_named(text):
+    """A named engine profile, or a file --calibrate wrote (read once, then named by its path
+    in ENGINE_PROFILES)."""
+    if text not in ENGINE_PROFILES:
+        try:
+            ENGINE_PROFILES[text] = read_profile_file(text)
+        except UsageError as e:
+            raise UsageError(f"{e} (the profiles: {', '.join(ENGINE_PROFILES)}, or a file "
+                             "--calibrate wrote)")
+    return text
+
+
+def read_profile_file(path):
+    """A profile file --calibrate wrote -> EngineProfile (one line where it is not one)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read engine profile {path}: {e.strerror}")
+    except (ValueError, UnicodeDecodeError):
+        raise UsageError(f"{path}: not a JSON file")
+    fields = data.get("profile") if isinstance(data, dict) else None
+    known = {f.name for f in dataclasses.fields(EngineProfile)}
+    if not isinstance(fields, dict) or set(fields) - known or "name" not in fields:
+        raise UsageError(f"{path}: not an engine profile written by --calibrate")
+    return EngineProfile(**fields)
+
 
 
 # -----------------------------------------------------------------------------
@@ -6531,20 +6832,16 @@ def rate_value(text):
     return "trace" if text == "trace" else number(*RATES)(text)
 
 
-def model_name(text):
-    """An argparse type: a model as people write it (a Hugging Face id, any case) -> C's name."""
-    try:
-        return named(text, "model")
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e))
-
-
-def card_name(text):
-    """An argparse type: a card as people write it ("NVIDIA H100 SXM5 80GB") -> C's name."""
-    try:
-        return named(text, "card")
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e))
+def usage_type(resolve):
+    """An argparse type from a function that names a thing or raises UsageError (a card, a
+    model or an engine profile as people write them: see named, profile_named)."""
+    def parse(text):
+        try:
+            return resolve(text)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e))
+    parse.resolves = True
+    return parse
 
 
 def experiment_letters(text):
@@ -6674,7 +6971,8 @@ def model_flags(p):
     m = p.add_argument_group(
         f"model and hardware (on CPU the post's model is a preset: {CPU_PRESET.layers} layers, "
         f"hidden {CPU_PRESET.hidden}, dtype by a probe)")
-    add_flag(m, "--model", metavar="NAME", type=model_name, default="post",
+    add_flag(m, "--model", metavar="NAME", default="post",
+             type=usage_type(functools.partial(named, kind="model")),
              help="a named shape, random weights (list: --catalog)")
     add_flag(m, "--model-config", metavar="JSON", shown="none",
              help="a Hugging Face config.json's shape")
@@ -6702,13 +7000,15 @@ def model_flags(p):
              shown="auto: --dtype's", help="C's KV-cache type")
     add_flag(m, "--device", choices=["auto", "cuda", "cpu"], default="auto",
              help="A, B and D's device")
-    add_flag(m, "--gpu", metavar="CARD", type=card_name, shown="measured, or RTX 5080",
+    add_flag(m, "--gpu", metavar="CARD", shown="measured, or RTX 5080",
+             type=usage_type(functools.partial(named, kind="card")),
              help="the card C plans for (list: --catalog)")
     add_flag(m, "--tp", "--tensor-parallel-size", type=integer(1, 64),
              help="--gpu cards a replica spans")
     add_flag(m, "--ep", type=integer(1, 64), help="expert parallel: --gpu cards a group")
-    add_flag(m, "--engine-profile", choices=list(ENGINE_PROFILES), default=None,
-             shown=DEFAULT_PROFILE, help="how near the engine gets to --gpu's peaks")
+    add_flag(m, "--engine-profile", metavar="NAME|JSON", type=usage_type(profile_named),
+             default=None, shown=DEFAULT_PROFILE, help="how near the engine gets to --gpu's "
+             "peaks: roofline, tensorrt-llm, gpt-fast, vllm, or --calibrate's file")
     add_flag(m, "--cost", choices=["measured", "analytic"], shown="measured when A runs",
              help="C's prices: A/B's rows or a roofline")
 
@@ -6798,6 +7098,8 @@ def output_flags(p):
     add_flag(o, "--catalog", action="store_true", help="every named model on every named card")
     add_flag(o, "--validate", nargs="?", const=PUBLISHED_CSV, metavar="CSV", default=None,
              shown="off", help="predict published measurements, exit")
+    add_flag(o, "--calibrate", metavar="RUN", nargs="+", default=None, shown="off",
+             help="fit --engine-profile to measured runs, exit")
     add_flag(o, "--calibration", metavar="CSV", default=CALIBRATION_CSV,
              shown="../shared/published", help="rows profiles were fitted on")
     add_flag(o, "--replot", metavar="JSON", default=None, shown="off",
@@ -7084,6 +7386,87 @@ def run_validation(args):
     return {"validation": V}
 
 
+CALIBRATION_COLUMNS = [("run_col", "run", "text"), ("metric_col", "metric", "text"),
+                       ("cal_measured_col", "measured_ms", ",.1f"),
+                       ("cal_start_col", "start_error", "spct"),
+                       ("cal_fitted_col", "calibrated_ms", ",.1f"),
+                       ("cal_error_col", "error", "spct"), ("cal_loo_col", "loo_error", "spct")]
+CALIBRATION_FLAGS = {"model": ("--model",), "gpu": ("--gpu",),
+                     "tp": ("--tp", "--tensor-parallel-size"), "ep": ("--ep",),
+                     "replicas": ("--replicas",), "slots": ("--slots", "--max-num-seqs"),
+                     "chunk_tokens": ("--chunk-tokens", "--max-num-batched-tokens"),
+                     "kv_tokens": ("--kv-tokens",)}
+
+
+def given_settings(args, argv):
+    """The settings the command line gives a run that does not state them (flags left at
+    their defaults give nothing)."""
+    said = {a.split("=")[0] for a in argv}
+    return {field: getattr(args, field) for field, flags in CALIBRATION_FLAGS.items()
+            if said & set(flags)}
+
+
+def calibration_result(runs, start):
+    """The fit on the runs, each run's p50s under the start and the fitted profile, and (for
+    several runs) each left out. -> the results' "calibration" dictionary."""
+    for run in runs:
+        if replay_run(run, start) is None:
+            raise UsageError(f"{run.path}: {run.model} on {run.tp} x {run.gpu}: the KV cache "
+                             "cannot hold its longest request (give --kv-tokens)")
+    profile, rms = calibrate(runs, start)
+    before, after = calibration_errors(runs, start), calibration_errors(runs, profile)
+    loo = leave_one_out(runs, start)
+    rows = []
+    for i, run in enumerate(runs):
+        label = os.path.basename(os.path.dirname(run.path)) or os.path.basename(run.path)
+        for k in ("ttft_s", "tpot_s", "e2e_s"):
+            rows.append({"run": label, "metric": k, "fitted": k in CALIBRATED,
+                         "measured_ms": 1e3 * run.measured[k]["p50"],
+                         "start_error": before[i][1][k], "calibrated_ms": 1e3 * after[i][0][k],
+                         "error": after[i][1][k],
+                         "loo_error": loo[i][1][k] if loo and loo[i][1] else None})
+    return {"profile": profile.fields(), "start": start.fields(), "rms_log_error": rms,
+            "fields": list(CALIBRATE_FIELDS), "rows": rows,
+            "runs": [{"path": r.path, "kind": r.kind, "model": r.model, "gpu": r.gpu,
+                      "tp": r.tp, "ep": r.ep, "replicas": r.replicas, "slots": r.slots,
+                      "chunk_tokens": r.chunk_tokens, "kv_tokens": r.kv_tokens,
+                      "requests": len(r.requests.output), "settings": r.settings,
+                      "measured": r.measured} for r in runs]}
+
+
+def calibration_text(T, C, path):
+    p = C["profile"]
+    rows = [{**r, "metric": T["metric_" + r["metric"]] + ("" if r["fitted"] else " *")}
+            for r in C["rows"]]
+    return "\n".join([T["calibration"].format(start=C["start"]["name"], n=len(C["runs"])),
+                      spec_table(T, rows, CALIBRATION_COLUMNS),
+                      T["calibration_fit"].format(
+                          link=p["link_share"], step_ms=p["step_s"] * 1e3,
+                          layer_us=p["layer_s"] * 1e6, bandwidth=p["bandwidth_share"],
+                          matmul=p["matmul_share"], rms=math.expm1(C["rms_log_error"])),
+                      T["calibration_wrote"].format(path=path)])
+
+
+def run_calibration(args, argv):
+    """--calibrate RUN...: fit the engine profile on the runs, print the fit, write the
+    profile (engine_profile.json, for --engine-profile) and calibration.json into --out."""
+    given = given_settings(args, argv)
+    runs = [read_measured_run(path, given) for path in args.calibrate]
+    cards = sorted({r.gpu for r in runs})
+    if len(cards) > 1:
+        raise UsageError(f"a profile is one engine's on one card: the runs are on "
+                         f"{', '.join(cards)}; calibrate each apart")
+    start = ENGINE_PROFILES[args.engine_profile or "vllm"]
+    C = calibration_result(runs, start)
+    prepare_out_dir(args.out)
+    path = os.path.join(args.out, "engine_profile.json")
+    write_atomic(path, to_json({"profile": C["profile"], "card": cards[0],
+                                "rms_log_error": C["rms_log_error"], "runs": C["runs"]}))
+    write_atomic(os.path.join(args.out, "calibration.json"), to_json({"calibration": C}))
+    print(fit_lines(calibration_text(TEXT[args.lang], C, path)))
+    return {"calibration": C, "profile_path": path}
+
+
 def _main(argv):
     args = build_parser().parse_args(argv)
     if args.replot:
@@ -7094,6 +7477,8 @@ def _main(argv):
         return results
     if args.validate:
         return run_validation(args)
+    if args.calibrate:
+        return run_calibration(args, argv)
     run, device, inputs, probes = prepare_run(args)
     cfg = run.model
     results = {"environment": environment(run, device, argv),
@@ -7610,6 +7995,16 @@ TEXT_EN = {**SHARED_TEXT,
     "published_col": "published", "predicted_col": "C", "error_col": "error",
     "validation_worst": "the {n} rows C gets most wrong:",
     "validation_left": "rows C cannot express: {left}",
+    # --calibrate
+    "calibration": "C calibrated on {n} measured run(s), from the {start} profile: each run's "
+                   "p50 as the engine measured it and as C replays it (* not fitted)",
+    "cal_measured_col": "measured ms", "cal_start_col": "before", "cal_fitted_col": "C ms",
+    "cal_error_col": "error", "cal_loo_col": "left out",
+    "metric_ttft_s": "TTFT p50", "metric_tpot_s": "TPOT p50", "metric_e2e_s": "E2E p50",
+    "calibration_fit": "fitted: link {link:.0%} of its spec, {step_ms:.2f} ms a pass, "
+                       "{layer_us:.1f} us a layer, {bandwidth:.0%} of the bandwidth, "
+                       "{matmul:.0%} of the FLOP/s; rms error on its runs {rms:.1%}",
+    "calibration_wrote": "wrote {path} (pass it back: --engine-profile {path})",
     # the end
     "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
     "older_figures": "kept from an older run (this one drew none): {figures}",
@@ -7899,6 +8294,16 @@ TEXT_KO = {**SHARED_TEXT,
     "metric_col": "지표", "published_col": "공개값", "predicted_col": "C", "error_col": "오차",
     "validation_worst": "C가 가장 많이 틀린 {n}개 행:",
     "validation_left": "C가 표현하지 못하는 행: {left}",
+    # --calibrate
+    "calibration": "실측 실행 {n}개로 보정한 C ({start} 프로필에서 시작): 실행마다 엔진이 잰 p50과 "
+                   "C가 재현한 p50 (* 맞추지 않은 값)",
+    "cal_measured_col": "실측 ms", "cal_start_col": "보정 전", "cal_fitted_col": "C ms",
+    "cal_error_col": "오차", "cal_loo_col": "빼고 맞춤",
+    "metric_ttft_s": "TTFT p50", "metric_tpot_s": "TPOT p50", "metric_e2e_s": "E2E p50",
+    "calibration_fit": "맞춘 값: 링크 사양의 {link:.0%}, 패스당 {step_ms:.2f} ms, 레이어당 "
+                       "{layer_us:.1f} us, 대역폭의 {bandwidth:.0%}, FLOP/s의 {matmul:.0%}; "
+                       "보정에 쓴 실행에서의 rms 오차 {rms:.1%}",
+    "calibration_wrote": "저장: {path} (다시 쓰려면: --engine-profile {path})",
     "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",
     "older_figures": "이전 실행의 그림 유지 (이번 실행은 그리지 않음): {figures}",
     "interrupted": "중단됨: 위의 표는 끝난 실험들이다",

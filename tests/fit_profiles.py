@@ -24,12 +24,7 @@ FITTED = {"tensorrt-llm": FIT_FIELDS,
           "gpt-fast": ("bandwidth_share", "layer_s", "allreduce_s", "dequant_flops")}
 # Where each profile's fit starts (and what a field the rows cannot tell keeps)
 FIT_START = S.EngineProfile("fit start", 0.9, 0.8)
-FIT_GRID = {"bandwidth_share": np.linspace(0.5, 1.0, 51), "matmul_share": np.linspace(0.3, 1.0, 36),
-            "half_tokens": np.array([0, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048]),
-            "step_s": np.linspace(0, 5e-3, 101), "layer_s": np.linspace(0, 150e-6, 61),
-            "allreduce_s": np.linspace(0, 300e-6, 61),
-            "reserved_gb": np.linspace(0, 12, 25), "dequant_flops": np.linspace(0, 300, 61),
-            "activation_passes": np.linspace(0, 20, 41)}
+FIT_GRID = S.PROFILE_GRID  # (the grid the script's own fit, --calibrate, searches)
 
 
 def fit_loss(rows, profile):
@@ -53,20 +48,11 @@ def fit_start(profile):
 
 def fit_profile(rows, profile, fields=FIT_FIELDS, rounds=12):
     """The profile's FIT_FIELDS fitted to `rows` (calibration rows only: the caller's
-    contract, checked by a test) by coordinate search over FIT_GRID: each field in turn
-    takes the grid value of least fit_loss, until a round changes nothing. A field the rows
-    cannot tell (the FLOP rate, from batch-1 rows) keeps its value."""
-    best = fit_loss(rows, profile)
-    for _ in range(rounds):
-        changed = False
-        for field in fields:
-            for value in FIT_GRID[field]:
-                trial = dataclasses.replace(profile, **{field: float(value)})
-                loss = fit_loss(rows, trial)
-                if loss < best - 1e-12:
-                    best, profile, changed = loss, trial, True
-        if not changed:
-            break
+    contract, checked by a test) by the script's coordinate search (S.coordinate_search,
+    which --calibrate runs on a user's own runs): each field in turn takes the grid value of
+    least fit_loss, until a round changes nothing. A field the rows cannot tell (the FLOP
+    rate, from batch-1 rows) keeps its value."""
+    profile, best, _ = S.coordinate_search(profile, lambda p: fit_loss(rows, p), fields, rounds)
     return profile, best
 
 

@@ -1,6 +1,9 @@
 """Names as people write them, and calibration on the user's own runs (--calibrate)."""
 import csv
+import dataclasses
+import json
 
+import numpy as np
 import pytest
 
 import NN_40_serving as S
@@ -120,3 +123,147 @@ def test_validate_refuses_rows_for_missing_features_not_spelling(tmp_path, capsy
     per_gpu = got[5]
     assert (per_gpu["model"], per_gpu["tp"], per_gpu["metric"], per_gpu["value"]) == \
         ("llama-3.1-70b", 8, "output_tokens_per_s", 24000)
+
+
+# --calibrate on a `vllm bench serve --save-result --save-detailed` file made by hand from its
+# documented keys (vLLM's benchmarks/serve.py): the run's requests served by C itself under a
+# known profile (vLLM's, 30% slower memory), so a fit from vLLM's own profile must find it
+SLOWER = {"bandwidth_share": 0.6}
+TICK = 1 / 1024  # (arrivals on a binary grid, so a trace CSV of them reads back exactly)
+
+
+def bench_result(n=60, rate=6.0, slower=SLOWER, seed=5, **keys):
+    rng = np.random.default_rng(seed)
+    arrival = np.round(np.cumsum(rng.exponential(1 / rate, n)) / TICK) * TICK
+    arrival -= arrival[0]
+    prompt = rng.integers(50, 400, n)
+    output = rng.integers(20, 200, n)
+    req = S.Requests(arrival, prompt, output)
+    profile = dataclasses.replace(S.ENGINE_PROFILES["vllm"], **slower)
+    cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["h100"]
+    kv = S.KVBudget("paged", S.card_kv_tokens(cfg, card, profile), 16, int(output.max()), 0.01)
+    sim = S.simulate_serving(req, S.Replica(256, S.card_costs(cfg, card, profile),
+                                            scheduler="chunked", chunk_tokens=2048, kv=kv,
+                                            fused=True))
+    ttft = sim["first_token"] - arrival
+    gap = (sim["finish"] - sim["first_token"]) / np.maximum(output - 1, 1)
+    result = {"date": "20261201-101500", "backend": "vllm", "endpoint_type": "vllm",
+              "label": None, "model_id": "meta-llama/Llama-3.1-8B-Instruct",
+              "tokenizer_id": "meta-llama/Llama-3.1-8B-Instruct", "num_prompts": n,
+              "request_rate": rate, "burstiness": 1.0, "max_concurrency": None,
+              "duration": float(sim["finish"].max()), "completed": n, "failed": 0,
+              "total_input_tokens": int(prompt.sum()), "total_output_tokens": int(output.sum()),
+              "input_lens": prompt.tolist(), "output_lens": output.tolist(),
+              "ttfts": ttft.tolist(), "itls": [[g] * (o - 1) for g, o in zip(gap, output)],
+              "start_times": (1000.0 + arrival).tolist(), "generated_texts": [""] * n,
+              "errors": [""] * n}
+    return {**result, **keys}, req
+
+
+def write_json(path, data):
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_calibrate_end_to_end_on_a_vllm_bench_serve_file(tmp_path, capsys):
+    result, req = bench_result()
+    run = write_json(tmp_path / "vllm-6.0qps-Llama-3.1-8B.json", result)
+    out = tmp_path / "fit"
+    got, text = run_main(["--calibrate", run, "--gpu", "NVIDIA H100 80GB HBM3",
+                          "--out", str(out)], capsys)
+    C = got["calibration"]
+    assert C["runs"][0]["model"] == "llama-3.1-8b" and C["runs"][0]["gpu"] == "h100"
+    assert C["runs"][0]["slots"] == 256 and C["runs"][0]["chunk_tokens"] == 2048
+    fitted = {r["metric"]: r for r in C["rows"]}
+    for k in ("tpot_s", "e2e_s"):  # the start is far off; the fit lands on the run
+        assert fitted[k]["start_error"] < -0.15 and abs(fitted[k]["error"]) < 0.01, k
+    assert C["profile"] != C["start"]
+    assert "TPOT p50" in text.out and "--engine-profile" in text.out
+    # the profile passed back prices the same requests to the same p50s (their arrivals, on
+    # a binary grid under a minute, written and read back exactly)
+    trace = tmp_path / "run.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2026-12-01 10:15:{int(t):02d}.{repr(float(t) % 1)[2:]},{p},{o}\n"
+        for t, p, o in zip(req.arrival_s, req.prompt, req.output)))
+    assert req.arrival_s.max() < 60
+    replay, _ = run_main(["--experiments", "C", "--model", "llama-3.1-8b", "--gpu", "h100",
+                          "--engine-profile", got["profile_path"], "--trace", str(trace),
+                          "--rate", "trace", "--slots", "256", "--chunk-tokens", "2048",
+                          "--kv-policy", "paged", "--no-figures", "--out",
+                          str(tmp_path / "replay")], capsys)
+    chunked = replay["C"]["kv"]["paged"]["chunked"]
+    for k in ("ttft_s", "tpot_s", "e2e_s"):
+        assert chunked[k]["p50"] * 1e3 == pytest.approx(fitted[k]["calibrated_ms"], rel=1e-9)
+
+
+def slowed(factor):
+    result, _ = bench_result()
+    return {**result, "ttfts": [t * factor for t in result["ttfts"]],
+            "itls": [[g * factor for g in gaps] for gaps in result["itls"]]}
+
+
+BAD_RUNS = [  # (the file's content, the flags beside it, what the one line says)
+    ({"foo": 1}, ["--gpu", "h100"], "not a run C reads"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n", ["--gpu", "h100"], "not a run C reads"),
+    ({"completed": 60, "duration": 12.5, "request_throughput": 4.8}, ["--gpu", "h100"],
+     "--save-detailed"),
+    ({**bench_result()[0], "output_lens": [0] * 60, "errors": ["timeout"] * 60},
+     ["--gpu", "h100"], "no completed requests"),
+    ({**bench_result()[0], "model_id": "meta-llama/Llama-3.2-3B-Instruct"}, ["--gpu", "h100"],
+     "unknown model 'meta-llama/Llama-3.2-3B-Instruct'; closest: llama-3.2-1b"),
+    (bench_result()[0], [], "the run does not name its card: give --gpu"),
+    (bench_result()[0], ["--gpu", "H100 NVL"], "unknown card 'H100 NVL'; closest: h100"),
+    (slowed(40.0), ["--gpu", "h100"], "the fit did not converge"),
+]
+
+
+@pytest.mark.parametrize("content, flags, message", BAD_RUNS)
+def test_a_bad_run_is_one_line(content, flags, message, tmp_path, capsys):
+    path = tmp_path / "run.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(SystemExit) as e:
+        S.main(["--calibrate", str(path), "--out", str(tmp_path)] + flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_file_that_is_not_a_profile_is_one_line(tmp_path, capsys):
+    path = write_json(tmp_path / "profile.json", {"bandwidth_share": 0.9})
+    with pytest.raises(SystemExit) as e:
+        S.main(["--experiments", "C", "--gpu", "h100", "--engine-profile", path])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "not an engine profile written by --calibrate" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_sglang_result_and_a_vllm_result_of_one_run_calibrate_alike(tmp_path, capsys):
+    """SGLang's bench_serving --output-details appends a JSON line a run, naming the model in
+    its server_info; the same requests in either format give the same fit."""
+    result, _ = bench_result()
+    sglang = {k: v for k, v in result.items() if k not in ("model_id", "start_times")}
+    sglang.update(dataset_name="sharegpt", server_info={"model_path": result["model_id"]},
+                  request_rate=6.0)
+    vllm = {k: v for k, v in result.items() if k != "start_times"}  # (arrivals drawn alike)
+    path = tmp_path / "sglang.jsonl"
+    path.write_text(json.dumps({"backend": "sglang", "completed": 1}) + "\n" + json.dumps(sglang))
+    runs = [S.read_measured_run(p, {"gpu": "h100"})
+            for p in (str(path), write_json(tmp_path / "vllm.json", vllm))]
+    assert [r.kind for r in runs] == ["sglang-bench", "vllm-bench"]
+    assert runs[0].settings["arrivals"] == "drawn"
+    np.testing.assert_array_equal(runs[0].requests.arrival_s, runs[1].requests.arrival_s)
+    assert runs[0].measured == runs[1].measured
+    assert S.replay_run(runs[0], S.ENGINE_PROFILES["vllm"]) == \
+        S.replay_run(runs[1], S.ENGINE_PROFILES["vllm"])
+
+
+def test_leave_one_out_fits_on_the_others(tmp_path):
+    runs = [S.read_measured_run(write_json(tmp_path / f"run{seed}.json",
+                                           bench_result(n=40, seed=seed)[0]), {"gpu": "h100"})
+            for seed in (1, 2)]
+    start = S.ENGINE_PROFILES["vllm"]
+    loo = S.leave_one_out(runs, start)
+    for i, (got, err) in enumerate(loo):  # each left out, priced by the fit on the other
+        other = S.calibrate([runs[1 - i]], start)[0]
+        assert got == S.replay_run(runs[i], other)
+        assert abs(err["tpot_s"]) < 0.05 and abs(err["e2e_s"]) < 0.05
