@@ -1777,20 +1777,20 @@ PROFILE_GRID = {"bandwidth_share": np.linspace(0.5, 1.0, 51),
                 "activation_passes": np.linspace(0, 20, 41)}
 
 
-def coordinate_search(profile, loss, fields, rounds=12):
+def coordinate_search(profile, loss, fields, rounds=12, tolerance=1e-12):
     """A profile's `fields` fitted by coordinate search over PROFILE_GRID: each field in turn
-    takes the grid value of least loss(profile), until a round changes nothing. -> (the
-    profile, its loss, whether a round changed nothing before `rounds` ran out)."""
+    takes the grid value of least loss(profile), until a round lowers the loss by no more
+    than `tolerance`. -> (the profile, its loss, whether it settled before `rounds` ran out)."""
     best = loss(profile)
     for _ in range(rounds):
-        changed = False
+        start = best
         for field in fields:
             for value in PROFILE_GRID[field]:
                 trial = dataclasses.replace(profile, **{field: float(value)})
                 trial_loss = loss(trial)
                 if trial_loss < best - 1e-12:
-                    best, profile, changed = trial_loss, trial, True
-        if not changed:
+                    best, profile = trial_loss, trial
+        if best >= start - tolerance:
             return profile, best, True
     return profile, best, False
 
@@ -1942,6 +1942,8 @@ CALIBRATE_FIELDS = ("step_s", "layer_s", "bandwidth_share", "matmul_share")
 CALIBRATE_LINK_FIELDS = ("link_share",)
 CALIBRATED = ("tpot_s", "e2e_s")
 CALIBRATE_MAX_ERROR = 0.25
+CALIBRATE_ROUNDS, CALIBRATE_TOLERANCE = 6, 1e-6  # (a round that lowers the mean squared log
+                                                 # error by 1e-6 or less ends the search)
 # What a run file may not say, as vLLM's server runs by default (--slots, --chunk-tokens)
 RUN_DEFAULTS = {"slots": VLLM_MAX_NUM_SEQS, "chunk_tokens": 2048, "tp": 1, "ep": 1,
                 "replicas": 1, "kv_tokens": None}
@@ -2078,9 +2080,9 @@ def calibrate(runs, start):
     fields = CALIBRATE_FIELDS
     if any(r.tp > 1 or r.ep > 1 for r in runs):
         fields = CALIBRATE_LINK_FIELDS + fields
-    profile, loss, settled = coordinate_search(start, lambda p: calibration_loss(runs, p),
-                                               fields)
-    if not settled or math.sqrt(loss) > CALIBRATE_MAX_ERROR:
+    profile, loss, _ = coordinate_search(start, lambda p: calibration_loss(runs, p), fields,
+                                         CALIBRATE_ROUNDS, CALIBRATE_TOLERANCE)
+    if math.sqrt(loss) > CALIBRATE_MAX_ERROR:
         raise UsageError(f"the fit did not converge: its error on the runs it saw stays near "
                          f"{math.expm1(math.sqrt(loss)):.0%} (C's form cannot follow them; "
                          "are the card, the model and the engine's settings the run's?)")
