@@ -2087,10 +2087,16 @@ def calibrate(runs, start):
                          f"{math.expm1(math.sqrt(loss)):.0%} (C's form cannot follow them; "
                          "are the card, the model and the engine's settings the run's?)")
     cards = sorted({r.gpu for r in runs})
-    names = ", ".join(os.path.basename(os.path.dirname(r.path)) or r.path for r in runs)
+    names = ", ".join(run_label(r) for r in runs)
     return dataclasses.replace(profile, name=f"{start.name} on {', '.join(cards)} (calibrated)",
                                fitted_on=f"{len(runs)} measured run(s): {names}"), \
         math.sqrt(loss)
+
+
+def run_label(run):
+    """A run by name: LLMServingSim's by its folder (each run a folder), others by file."""
+    folder = os.path.basename(os.path.dirname(os.path.abspath(run.path)))
+    return folder if run.kind == "llmservingsim" else os.path.basename(run.path)
 
 
 def leave_one_out(runs, start):
@@ -7420,7 +7426,7 @@ def calibration_result(runs, start):
     loo = leave_one_out(runs, start)
     rows = []
     for i, run in enumerate(runs):
-        label = os.path.basename(os.path.dirname(run.path)) or os.path.basename(run.path)
+        label = run_label(run)
         for k in ("ttft_s", "tpot_s", "e2e_s"):
             rows.append({"run": label, "metric": k, "fitted": k in CALIBRATED,
                          "measured_ms": 1e3 * run.measured[k]["p50"],
