@@ -1417,8 +1417,9 @@ class EngineProfile:
         + max(matmul FLOPs / (rate x matmul_share x T / (T + half_tokens)),
               (weights + activations) / (bandwidth x bandwidth_share))
         + (KV written + activation_passes x activations) / (bandwidth x bandwidth_share)
-        + collectives x allreduce_s + their bytes / (link x link_share)
-    (collectives: two all-reduces a layer under tp, two all-to-alls an MoE layer under ep);
+        + collectives x allreduce_s + their bytes / (link x link_share, or all_to_all_share)
+    (collectives: two all-reduces a layer under tp, two all-to-alls an MoE layer under ep:
+    different collectives, which reach different shares of one link);
     each cached token a decode reads costs its K and V bytes / (bandwidth x bandwidth_share),
     or its attention FLOPs where those take longer, and each (query, key) pair of a prompt's
     attention its FLOPs / (the 16-bit rate x matmul_share):
@@ -1439,6 +1440,7 @@ class EngineProfile:
     layer_s: float = 0.0
     allreduce_s: float = 0.0
     link_share: float = 1.0
+    all_to_all_share: float = 1.0
     reserved_gb: float = 0.0
     dequant_flops: float = 0.0
     activation_passes: float = 0.0
@@ -1513,8 +1515,9 @@ def pass_seconds(cfg, card, profile, tp, tokens, ep=1):
     seconds += (cost["kv_write_bytes"] + profile.activation_passes * cost["activation_bytes"]) \
         / bandwidth
     if cost["collectives"]:  # (tp: two all-reduces a layer; ep: two all-to-alls an MoE one)
+        share = profile.all_to_all_share if ep > 1 else profile.link_share
         seconds += cost["collectives"] * profile.allreduce_s + \
-            cost["collective_bytes"] / (card.link_gbs * 1e9 * profile.link_share)
+            cost["collective_bytes"] / (card.link_gbs * 1e9 * share)
     return seconds
 
 
@@ -1773,6 +1776,7 @@ PROFILE_GRID = {"bandwidth_share": np.linspace(0.5, 1.0, 51),
                                          2048]),
                 "step_s": np.linspace(0, 5e-3, 101), "layer_s": np.linspace(0, 150e-6, 61),
                 "allreduce_s": np.linspace(0, 300e-6, 61), "link_share": np.linspace(0.1, 1, 91),
+                "all_to_all_share": np.linspace(0.1, 1, 91),
                 "reserved_gb": np.linspace(0, 12, 25), "dequant_flops": np.linspace(0, 300, 61),
                 "activation_passes": np.linspace(0, 20, 41)}
 
@@ -1935,11 +1939,11 @@ def named(text, kind):
 # at their own arrivals and lengths, under the run's engine settings, on the chunked scheduler
 # with paged blocks (vLLM's and SGLang's), its p50 TPOT and E2E matched by the profile's
 # constants. Fitted: the fixed costs and the card's shares every run exercises, and first,
-# where a run crosses cards (tp or ep), the link's share (C's collectives are its least
-# checked price: no published calibration row crosses PCIe). A fit whose error on its own runs
-# stays past CALIBRATE_MAX_ERROR has not converged: C's form cannot follow those runs.
+# where a run crosses cards, the link's share its all-reduces (tp) or all-to-alls (ep) reach
+# (C's collectives are its least checked price: no published calibration row crosses PCIe).
+# A fit whose error on its own runs stays past CALIBRATE_MAX_ERROR has not converged: C's
+# form cannot follow those runs.
 CALIBRATE_FIELDS = ("step_s", "layer_s", "bandwidth_share", "matmul_share")
-CALIBRATE_LINK_FIELDS = ("link_share",)
 CALIBRATED = ("tpot_s", "e2e_s")
 CALIBRATE_MAX_ERROR = 0.25
 CALIBRATE_ROUNDS, CALIBRATE_TOLERANCE = 6, 1e-6  # (a round that lowers the mean squared log
@@ -2077,9 +2081,9 @@ def calibration_loss(runs, profile):
 def calibrate(runs, start):
     """The start profile's constants fitted to the runs (see CALIBRATE_FIELDS) -> (profile,
     its rms log error on them); one line where the fit does not converge."""
-    fields = CALIBRATE_FIELDS
-    if any(r.tp > 1 or r.ep > 1 for r in runs):
-        fields = CALIBRATE_LINK_FIELDS + fields
+    fields = tuple(f for f, crossed in (("link_share", any(r.tp > 1 for r in runs)),
+                                        ("all_to_all_share", any(r.ep > 1 for r in runs)))
+                   if crossed) + CALIBRATE_FIELDS
     profile, loss, _ = coordinate_search(start, lambda p: calibration_loss(runs, p), fields,
                                          CALIBRATE_ROUNDS, CALIBRATE_TOLERANCE)
     if math.sqrt(loss) > CALIBRATE_MAX_ERROR:
@@ -7449,7 +7453,8 @@ def calibration_text(T, C, path):
     return "\n".join([T["calibration"].format(start=C["start"]["name"], n=len(C["runs"])),
                       spec_table(T, rows, CALIBRATION_COLUMNS),
                       T["calibration_fit"].format(
-                          link=p["link_share"], step_ms=p["step_s"] * 1e3,
+                          link=p["link_share"], a2a=p["all_to_all_share"],
+                          step_ms=p["step_s"] * 1e3,
                           layer_us=p["layer_s"] * 1e6, bandwidth=p["bandwidth_share"],
                           matmul=p["matmul_share"], rms=math.expm1(C["rms_log_error"])),
                       T["calibration_wrote"].format(path=path)])
@@ -8009,7 +8014,8 @@ TEXT_EN = {**SHARED_TEXT,
     "cal_measured_col": "measured ms", "cal_start_col": "before", "cal_fitted_col": "C ms",
     "cal_error_col": "error", "cal_loo_col": "left out",
     "metric_ttft_s": "TTFT p50", "metric_tpot_s": "TPOT p50", "metric_e2e_s": "E2E p50",
-    "calibration_fit": "fitted: link {link:.0%} of its spec, {step_ms:.2f} ms a pass, "
+    "calibration_fit": "fitted: all-reduces at {link:.0%} of the link's spec, all-to-alls at "
+                       "{a2a:.0%}, {step_ms:.2f} ms a pass, "
                        "{layer_us:.1f} us a layer, {bandwidth:.0%} of the bandwidth, "
                        "{matmul:.0%} of the FLOP/s; rms error on its runs {rms:.1%}",
     "calibration_wrote": "wrote {path} (pass it back: --engine-profile {path})",
@@ -8308,7 +8314,8 @@ TEXT_KO = {**SHARED_TEXT,
     "cal_measured_col": "실측 ms", "cal_start_col": "보정 전", "cal_fitted_col": "C ms",
     "cal_error_col": "오차", "cal_loo_col": "빼고 맞춤",
     "metric_ttft_s": "TTFT p50", "metric_tpot_s": "TPOT p50", "metric_e2e_s": "E2E p50",
-    "calibration_fit": "맞춘 값: 링크 사양의 {link:.0%}, 패스당 {step_ms:.2f} ms, 레이어당 "
+    "calibration_fit": "맞춘 값: all-reduce는 링크 사양의 {link:.0%}, all-to-all은 {a2a:.0%}, "
+                       "패스당 {step_ms:.2f} ms, 레이어당 "
                        "{layer_us:.1f} us, 대역폭의 {bandwidth:.0%}, FLOP/s의 {matmul:.0%}; "
                        "보정에 쓴 실행에서의 rms 오차 {rms:.1%}",
     "calibration_wrote": "저장: {path} (다시 쓰려면: --engine-profile {path})",

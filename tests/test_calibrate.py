@@ -277,7 +277,7 @@ REAL = os.path.join(S.PROJECT_DIR, "..", "shared", "traces", "real_runs", "llmse
 PRO6000 = {"llama": "RTXPRO6000_Llama-3.1-8B_tp1", "qwen32": "RTXPRO6000_Qwen3-32B_tp2",
            "moe": "RTXPRO6000_Qwen3-30B-A3B-Instruct-2507_dp2-ep2"}
 HELD_OUT = [("llama", "qwen32", -0.124, -0.147), ("llama", "moe", -0.023, +0.043),
-            ("qwen32", "llama", -0.008, -0.009), ("qwen32", "moe", +0.218, +0.279),
+            ("qwen32", "llama", -0.008, -0.009), ("qwen32", "moe", -0.028, +0.037),
             ("moe", "llama", -0.011, -0.013), ("moe", "qwen32", -0.128, -0.151)]
 needs_runs = pytest.mark.skipif(not os.path.isdir(REAL), reason="../shared is absent")
 
@@ -300,11 +300,9 @@ def test_a_profile_calibrated_on_one_run_predicts_another(fitted, held_out, tpot
     _, err = S.calibration_errors([real_run(PRO6000[held_out])], profile)[0]
     assert err["tpot_s"] == pytest.approx(tpot, abs=0.005)
     assert err["e2e_s"] == pytest.approx(e2e, abs=0.005)
-    # within 10% except where the held-out run crosses cards in a way the fitted one did not
-    # show: the TP2 run's all-reduces, priced by the link share the others cannot tell, and
-    # the MoE run's all-to-alls, which the TP2 run's link share prices three times too slow
-    assert (abs(tpot) <= 0.1 and abs(e2e) <= 0.1) == \
-        ((fitted, held_out) in {("llama", "moe"), ("qwen32", "llama"), ("moe", "llama")})
+    # within 10% except where the held-out run is the TP2 one: its all-reduces over PCIe,
+    # priced by a link share neither the one-card run nor the MoE run can tell
+    assert (abs(tpot) <= 0.1 and abs(e2e) <= 0.1) == (held_out != "qwen32")
 
 
 @needs_runs

@@ -662,13 +662,21 @@ def test_expert_parallel_card_cost_by_hand():
 
 
 def test_expert_parallel_prices_all_to_alls_over_the_link():
+    # (at the all-to-alls' own share of the link: the all-reduces' share prices tp alone)
     cfg, card = S.MODELS["qwen3-30b-a3b"], S.GPUS["rtx-pro-6000"]
-    profile = S.EngineProfile("hand", 0.5, 0.5, allreduce_s=1e-5, link_share=0.5)
+    profile = S.EngineProfile("hand", 0.5, 0.5, allreduce_s=1e-5, all_to_all_share=0.5)
     cost = S.pass_cost(cfg, 1, 16, 2)
-    alone = dataclasses.replace(profile, allreduce_s=0.0, link_share=1e9)  # (free links)
+    alone = dataclasses.replace(profile, allreduce_s=0.0, all_to_all_share=1e9)  # (free links)
     got = S.pass_seconds(cfg, card, profile, 1, 16, 2) - S.pass_seconds(cfg, card, alone, 1, 16, 2)
     want = 96 * 1e-5 + cost["collective_bytes"] / (card.link_gbs * 1e9 * 0.5)
     assert got == pytest.approx(want, rel=1e-6)
+    for share, tp, ep in (("link_share", 1, 2), ("all_to_all_share", 2, 1)):  # (each its own)
+        slow = dataclasses.replace(profile, **{share: 0.01})
+        assert S.pass_seconds(cfg, card, slow, tp, 16, ep) == \
+            S.pass_seconds(cfg, card, profile, tp, 16, ep)
+        other = "all_to_all_share" if share == "link_share" else "link_share"
+        assert S.pass_seconds(cfg, card, dataclasses.replace(profile, **{other: 0.01}), tp,
+                              16, ep) > S.pass_seconds(cfg, card, profile, tp, 16, ep)
 
 
 def test_ep_flag_checks(tmp_path, capsys):
