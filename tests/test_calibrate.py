@@ -320,3 +320,26 @@ def test_one_rtx_4090_run_fixes_its_card_and_predicts_the_other():
     before, after = (S.calibration_errors([old], p)[0][1] for p in (start, profile))
     assert before["e2e_s"] > 0.25 and abs(after["e2e_s"]) < 0.11
     assert abs(after["tpot_s"]) < 0.09
+
+
+def test_an_llmservingsim_run_says_its_model_card_and_parallelism(tmp_path):
+    """Its meta.json names the model and the engine's settings; its folder, the card."""
+    folder = tmp_path / "RTXPRO6000_Qwen3-30B-A3B-Instruct-2507_dp2-ep2"
+    folder.mkdir()
+    (folder / "meta.json").write_text(json.dumps({
+        "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "vllm_version": "0.19.0",
+        "engine_kwargs": {"tensor_parallel_size": 1, "data_parallel_size": 2,
+                          "enable_expert_parallel": True, "max_num_seqs": 128,
+                          "max_num_batched_tokens": 2048}}))
+    rows = [{"request_id": f"bench-{i}", "input_toks": 100 + i, "output_toks": 20,
+             "arrival_time": 1.7e9 + i, "queued_ts": 500.0 + i, "scheduled_ts": 500.0 + i,
+             "first_token_ts": 500.1 + i, "last_token_ts": 501.0 + i} for i in range(8)]
+    (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = S.read_measured_run(str(folder / "requests.jsonl"), {"slots": 4, "gpu": "h100"})
+    assert run.kind == "llmservingsim" and run.model == "qwen3-30b-a3b"
+    assert run.gpu == "rtx-pro-6000"  # (the file's word over the flag's)
+    assert (run.tp, run.ep, run.replicas, run.slots, run.chunk_tokens, run.kv_tokens) == \
+        (1, 2, 2, 128, 2048, None)
+    assert run.measured["tpot_s"]["p50"] == pytest.approx(0.9 / 19)
+    assert run.measured["e2e_s"]["p50"] == pytest.approx(1.0)
+    np.testing.assert_allclose(run.requests.arrival_s, np.arange(8.0))
