@@ -2112,17 +2112,22 @@ def leave_one_out(runs, start):
 
 
 def profile_named(text):
-    """A named engine profile, or a file --calibrate wrote (read once, then named by its path
-    in ENGINE_PROFILES)."""
-    if text not in ENGINE_PROFILES:
-        try:
-            ENGINE_PROFILES[text] = read_profile_file(text)
-        except UsageError as e:
-            raise UsageError(f"{e} (the profiles: {', '.join(ENGINE_PROFILES)}, or a file "
-                             "--calibrate wrote)")
+    """--engine-profile: a named engine profile, or a file --calibrate wrote (checked here,
+    then named by its path: see engine_profile)."""
+    try:
+        engine_profile(text)
+    except UsageError as e:
+        raise UsageError(f"{e} (the profiles: {', '.join(ENGINE_PROFILES)}, or a file "
+                         "--calibrate wrote)")
     return text
 
 
+def engine_profile(name):
+    """The EngineProfile a run names: one of ENGINE_PROFILES, or the path of a profile file."""
+    return ENGINE_PROFILES[name] if name in ENGINE_PROFILES else read_profile_file(name)
+
+
+@functools.lru_cache(maxsize=16)  # (a run reads its profile in several places)
 def read_profile_file(path):
     """A profile file --calibrate wrote -> EngineProfile (one line where it is not one)."""
     try:
@@ -3928,7 +3933,7 @@ def kv_budget_bytes(run, device):
     if run.kv_memory_gb:
         return run.kv_memory_gb * 1e9, {"kind": "memory_flag"}
     if run.gpu:  # (the card C plans for, whatever this machine has; tp of them)
-        card, profile = GPUS[run.gpu], ENGINE_PROFILES[run.engine_profile]
+        card, profile = GPUS[run.gpu], engine_profile(run.engine_profile)
         tokens = card_kv_tokens(cfg, card, profile, run.tp, run.ep)
         return (tokens * kv_bytes_per_token(cfg),
                 {"kind": "memory_card", "fraction": profile.kv_fraction, "card": card.name,
@@ -4564,7 +4569,7 @@ def catalog(context=1024, batch=64, profile_name=DEFAULT_PROFILE):
     bytes per token, the KV tokens that fit on one card (see card_kv_tokens), the batch from
     which a decode step reads more KV than weights, and C's price of a decode step at batch 1
     and `batch` under an engine profile, every row holding `context` tokens."""
-    profile = ENGINE_PROFILES[profile_name]
+    profile = engine_profile(profile_name)
     rows = []
     for name, cfg in MODELS.items():
         weights, per_token = weight_bytes(cfg), kv_bytes_per_token(cfg)
@@ -4634,7 +4639,7 @@ def step_costs(run, results):
     if run.cost == "measured" or (run.cost is None and "A" in results and not run.gpu):
         return measured_costs(run.model, results)  # (run_config refuses it without A)
     if run.gpu and not (run.peak_bandwidth_gbs or run.peak_tflops):
-        return card_costs(run.model, GPUS[run.gpu], ENGINE_PROFILES[run.engine_profile],
+        return card_costs(run.model, GPUS[run.gpu], engine_profile(run.engine_profile),
                           run.tp, run.ep)
     ceil = results["environment"].get("ceilings", {})
     return analytic_costs(run.model, run.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
@@ -4709,7 +4714,7 @@ def run_batching_sim(run, req, log, results, kv_budgets=None):
     budgets = kv_budgets[1] if kv_budgets else ()
     replica = Replica(run.slots, step_costs(run, results), chunk_tokens=run.chunk_tokens,
                       order=run_order(run, req.output),
-                      fused=bool(run.gpu) and ENGINE_PROFILES[run.engine_profile].fused)
+                      fused=bool(run.gpu) and engine_profile(run.engine_profile).fused)
     fleet_replica = dataclasses.replace(replica, kv=study_budget(budgets))  # (and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
     if run.slo_ttft_s or run.slo_tpot_s:
@@ -7340,7 +7345,7 @@ def banner(results, T):
             first=" / ".join(f"{ms:.1f}" for ms in probe["weight_first_ms"])))
     if results["config"].get("gpu"):
         card = GPUS[results["config"]["gpu"]]
-        profile = ENGINE_PROFILES[results["config"]["engine_profile"]]
+        profile = engine_profile(results["config"]["engine_profile"])
         lines.append(T["card"].format(name=card.name, bandwidth=card.bandwidth_gbs,
                                       tflops=card.tflops, memory=card.memory_gb,
                                       link=card.link, tp=results["config"]["tp"],
@@ -7469,7 +7474,7 @@ def run_calibration(args, argv):
     if len(cards) > 1:
         raise UsageError(f"a profile is one engine's on one card: the runs are on "
                          f"{', '.join(cards)}; calibrate each apart")
-    start = ENGINE_PROFILES[args.engine_profile or "vllm"]
+    start = engine_profile(args.engine_profile or "vllm")
     C = calibration_result(runs, start)
     prepare_out_dir(args.out)
     path = os.path.join(args.out, "engine_profile.json")

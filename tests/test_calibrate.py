@@ -194,6 +194,7 @@ def test_calibrate_end_to_end_on_a_vllm_bench_serve_file(tmp_path, capsys):
                           "--kv-policy", "paged", "--no-figures", "--out",
                           str(tmp_path / "replay")], capsys)
     chunked = replay["C"]["kv"]["paged"]["chunked"]
+    assert got["profile_path"] not in S.ENGINE_PROFILES  # (read, not registered globally)
     for k in ("ttft_s", "tpot_s", "e2e_s"):
         assert chunked[k]["p50"] * 1e3 == pytest.approx(fitted[k]["calibrated_ms"], rel=1e-9)
 
