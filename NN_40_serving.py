@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import collections
 import heapq
 import itertools
 import json
@@ -406,7 +407,7 @@ LENGTH_MU, LENGTH_SIGMA, LENGTH_MAX, LENGTH_SEED = 4.2, 0.9, 2048, 3
 # weights are --seed itself; a capacity search's k-th draw is "capacity" + k): distinct offsets
 # keep the draws independent of one another, and every run repeatable.
 SEED_OFFSET = {"arrivals": 1, "sweep": 2, "prompts": 3, "predicted": 4, "engine_arrivals": 5,
-               "fleet": 6, "capacity": 10, "replicas": 20}
+               "fleet": 6, "capacity": 10, "replicas": 20, "prefixes": 7}
 # The KV cache's memory in C, unless --kv-memory-gb: on CUDA, this share of the device's memory
 # less the weights (vLLM's default gpu_memory_utilization); on CPU, a deliberately small cache,
 # so that memory and not the slots limits the batch; with no device (C alone, analytic prices),
@@ -488,7 +489,15 @@ class RunConfig:
     router: str = "all"           # the routers C's fleet and capacity studies compare
     slo_attainment: float = 0.9   # the share of requests that must meet the SLO
     target_rate: float = None     # requests/s C finds the fewest replicas for
-    kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged" or "both"
+    kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged", "prefix" or "both"
+    enable_prefix_caching: bool = False  # paged blocks keep computed prefixes (policy "prefix")
+    host_kv_gb: float = None      # prefix: a second tier of blocks in host memory
+    prefix_len: int = 0           # generated requests: system prompts' tokens (0: none)
+    num_prefixes: int = 1         # how many system prompts
+    prefix_share: float = 1.0     # share of conversations a system prompt opens
+    prefix_zipf: float = 1.0      # their popularity: the i-th as 1 / i^zipf
+    turns: int = 1                # turns per conversation
+    think_time_s: float = 0.0     # mean gap between a conversation's turns
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     kv_tokens: int = None         # the KV cache in tokens (replaces kv_memory_gb)
     block_tokens: int = 16        # paged: tokens per block
@@ -509,7 +518,10 @@ class RunConfig:
 
     @property
     def kv_policies(self):
-        return tuple(KV_MANAGERS) if self.kv_policy == "both" else (self.kv_policy,)
+        policies = tuple(p for p, m in KV_MANAGERS.items() if m.in_both) \
+            if self.kv_policy == "both" else (self.kv_policy,)
+        return tuple(KV_MANAGERS[p].caching or p if self.enable_prefix_caching else p
+                     for p in policies)
 
 
 # -----------------------------------------------------------------------------
@@ -1016,13 +1028,74 @@ class Requests:
     prompt: np.ndarray     # (n,) prompt tokens
     output: np.ndarray     # (n,) generated tokens (>= 1)
     cached: np.ndarray = None  # (n,) prompt tokens already cached on arrival (None: none)
+    identity: object = None    # what the prompts are made of (HashedPrompts, SharedPrompts)
 
     def take(self, index=slice(None), arrival_s=None):
         """The requests at `index` (a slice or an index array), arriving at `arrival_s`
         instead of their own times when it is given."""
         return Requests(self.arrival_s[index] if arrival_s is None else arrival_s,
                         self.prompt[index], self.output[index],
-                        None if self.cached is None else self.cached[index])
+                        None if self.cached is None else self.cached[index],
+                        None if self.identity is None else self.identity.take(index))
+
+
+# A prompt's identity: the key of each of its full KV blocks, equal keys for equal tokens (and
+# equal tokens before them), so a cache can find the longest run of a prompt's leading blocks it
+# holds. block_keys(r, tokens, block) -> the keys of the first tokens // block blocks of request
+# r's context, fewer where the rest is its own text (no other request can share it).
+HASH_BLOCK_TOKENS = 512  # Mooncake's traces: one hash id per 512 prompt tokens
+CHAIN_MASK = (1 << 52) - 1  # a chain of hash ids, cut to leave 10 bits for a block's place
+
+
+class HashedPrompts:
+    """Prompts known by the hash ids of their 512-token blocks (Mooncake's traces): two prompts
+    whose lists start with the same ids share those tokens. An engine block of b tokens (b
+    divides 512) is keyed by the chain of ids up to its 512-token block and its place in it."""
+
+    def __init__(self, hash_ids, hash_tokens=HASH_BLOCK_TOKENS):
+        self.hash_ids, self.hash_tokens = hash_ids, hash_tokens  # (n,) object array of tuples
+
+    def take(self, index):
+        return HashedPrompts(self.hash_ids[index], self.hash_tokens)
+
+    def block_keys(self, r, tokens, block):
+        per, ids, n = self.hash_tokens // block, self.hash_ids[r], tokens // block
+        chains, chain = [], 0
+        for i in range(min(-(-n // per), len(ids))):
+            chain = hash((chain, ids[i]))
+            chains.append(chain & CHAIN_MASK)
+        # a block's key: its 512-token block's chain, shifted, and its place in that block
+        return (np.left_shift(np.array(chains, dtype=np.int64), 10)[:, None]
+                + np.arange(per)).ravel()[:n].tolist()
+
+    def covers_output(self, r):
+        return False
+
+
+class SharedPrompts:
+    """Prompts that open with one of a few system prompts and go on with a conversation:
+    request r's context is system prompt system[r] (system_tokens[system[r]] tokens; -1: none)
+    then, where conversation[r] >= 0, that conversation's transcript (its earlier turns'
+    messages and answers, then its own message and its answer), else text of its own."""
+
+    def __init__(self, system, system_tokens, conversation):
+        self.system, self.system_tokens, self.conversation = system, system_tokens, conversation
+
+    def take(self, index):
+        return SharedPrompts(self.system[index], self.system_tokens, self.conversation[index])
+
+    def block_keys(self, r, tokens, block):
+        s, c = int(self.system[r]), int(self.conversation[r])
+        shared = int(self.system_tokens[s]) // block if s >= 0 else 0
+        n = min(tokens // block, shared)
+        keys = list(range((s + 1) << 32, ((s + 1) << 32) + n))  # (a system prompt's blocks)
+        if c >= 0:  # then the conversation's: its transcript starts with its system prompt
+            keys += range(-((c + 1) << 32) - n, -((c + 1) << 32) - tokens // block, -1)
+        return keys
+
+    def covers_output(self, r):
+        """The answer is part of the transcript the next turn sends again."""
+        return self.conversation[r] >= 0
 
 
 TRACE_COLUMNS = [  # (prompt column, output column, timestamp column or None)
@@ -1042,7 +1115,7 @@ def read_trace(path, limit=None):
     """A request trace CSV -> (prompt, output, timestamps or None), each row checked; or a
     real engine's log of its requests (see read_engine_run), with its arrivals."""
     import csv
-    if path.endswith(ENGINE_RUN_SUFFIXES):
+    if is_engine_run(path):
         logged = read_engine_run(path, limit)
         return logged["prompt"], logged["output"], logged["arrival_s"]
     try:
@@ -1093,6 +1166,119 @@ def read_trace(path, limit=None):
 # Real engines' logs of their requests: LLMServingSim's vLLM runs (requests.jsonl, with the
 # engine's settings in meta.json beside it) and DistServe's (*.exp, a Python list of dicts)
 ENGINE_RUN_SUFFIXES = (".jsonl", ".exp")
+
+
+def is_hashed_trace(path):
+    """A JSONL trace whose first line has hash_ids (Mooncake's), not an engine's log."""
+    if not path.endswith(".jsonl"):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            return '"hash_ids"' in f.readline()
+    except (OSError, UnicodeDecodeError):
+        return False  # (read_engine_run says why)
+
+
+def is_engine_run(path):
+    return path.endswith(ENGINE_RUN_SUFFIXES) and not is_hashed_trace(path)
+
+
+def hashed_trace_row(row, hash_tokens):
+    """One line of a hash-id trace, checked. -> (timestamp ms, input, output, hash ids), or
+    raises ValueError saying what is wrong with it."""
+    if not isinstance(row, dict):
+        raise ValueError("expected a JSON object")
+    fields = ("timestamp", "input_length", "output_length", "hash_ids")
+    missing = [k for k in fields if k not in row]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    stamp, prompt, output, ids = (row[k] for k in fields)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+               for v in (stamp, prompt, output)) or not (prompt == int(prompt)
+                                                        and output == int(output)):
+        raise ValueError("timestamp, input_length and output_length must be numbers >= 0 "
+                         "(the lengths whole)")
+    if not 0 < output <= COUNT_MAX or not 0 < prompt <= COUNT_MAX:
+        raise ValueError(f"input_length and output_length must be 1 to {COUNT_MAX:,}")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                            for i in ids):
+        raise ValueError("hash_ids must be a list of integers")
+    if len(ids) != -(-int(prompt) // hash_tokens):
+        raise ValueError(f"{len(ids)} hash_ids for input_length {int(prompt)} at "
+                         f"{hash_tokens} tokens a block (expected {-(-int(prompt) // hash_tokens)})")
+    return float(stamp), int(prompt), int(output), tuple(ids)
+
+
+def read_hashed_trace(path, limit=None, block=16, hash_tokens=HASH_BLOCK_TOKENS):
+    """A trace of prompts known by their blocks' hash ids (Mooncake's JSONL: timestamp in ms,
+    input_length, output_length, hash_ids) -> Requests arriving at its timestamps, with their
+    identity (HashedPrompts); each line checked, the engine's block size dividing theirs."""
+    if hash_tokens % block:
+        raise UsageError(f"{path}: a block of {block} tokens does not divide the trace's "
+                         f"{hash_tokens}-token hash blocks (--block-tokens)")
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if limit is not None and len(rows) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(hashed_trace_row(json.loads(line), hash_tokens))
+                except ValueError as e:  # (json's errors are ValueErrors too)
+                    raise UsageError(f"{path}:{lineno}: {one_line(e)}")
+                if len(rows) > 1 and rows[-1][0] < rows[-2][0]:
+                    raise UsageError(f"{path}:{lineno}: timestamp earlier than the line before")
+    except OSError as e:
+        raise UsageError(f"cannot read trace {path}: {e.strerror}")
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a text file")
+    if not rows:
+        raise UsageError(f"{path}: no requests in the trace")
+    stamps, prompt, output, ids = zip(*rows)
+    hash_ids = np.empty(len(ids), dtype=object)
+    hash_ids[:] = ids
+    arrival = (np.array(stamps) - stamps[0]) / 1e3
+    return Requests(arrival, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64),
+                    identity=HashedPrompts(hash_ids, hash_tokens))
+
+
+class PrefixWorkload(NamedTuple):
+    """Shared prefixes in generated requests (see shared_prompts)."""
+    prefix_len: int = 0         # tokens of each system prompt (0: none)
+    num_prefixes: int = 1       # how many system prompts
+    share: float = 1.0          # share of conversations opened by one
+    zipf: float = 1.0           # popularity: the i-th system prompt drawn as 1 / i^zipf
+    turns: int = 1              # turns per conversation (1: single requests)
+    think_time_s: float = 0.0   # mean gap between a conversation's turns
+
+
+def shared_prompts(req, prefix, rng):
+    """Requests whose prompts share prefixes the way chat traffic does: system prompts opening
+    a share of the conversations, and conversations of several turns, a turn's prompt the
+    previous prompt, its answer and a new message (each request's own prompt length),
+    arriving an exponential think time after the previous turn's arrival (the trace is
+    open-loop: a turn may come before the answer it repeats has been computed). req's
+    arrivals open the conversations. -> Requests in arrival order, with their identity."""
+    n, turns = len(req.output), prefix.turns
+    convs = -(-n // turns)
+    weights = 1.0 / np.arange(1, prefix.num_prefixes + 1) ** prefix.zipf
+    system = rng.choice(prefix.num_prefixes, size=convs, p=weights / weights.sum())
+    system[(rng.random(convs) >= prefix.share) | (prefix.prefix_len == 0)] = -1
+    conv, turn = np.arange(n) // turns, np.arange(n) % turns  # request i: a turn of conv
+    think = rng.exponential(prefix.think_time_s, size=(convs, turns))
+    think[:, 0] = 0.0
+    arrival = (req.arrival_s[:convs, None] + np.cumsum(think, axis=1)).ravel()[:n]
+    context = req.prompt + np.where(system[conv] >= 0, prefix.prefix_len, 0)
+    for t in range(1, turns):  # the conversation so far, then the turn's message
+        later = np.flatnonzero(turn == t)
+        context[later] = context[later - 1] + req.output[later - 1] + req.prompt[later]
+    order = np.argsort(arrival, kind="stable")
+    identity = SharedPrompts(system[conv][order],
+                             np.full(prefix.num_prefixes, prefix.prefix_len, dtype=np.int64),
+                             (conv if turns > 1 else np.full(n, -1))[order])
+    return Requests(arrival[order], context[order], req.output[order], identity=identity)
 
 
 def read_engine_run(path, limit=None):
@@ -1163,8 +1349,12 @@ def make_requests(run):
             raise UsageError(f"--requests {run.requests:,}: C would need about {gib(need)} of "
                              f"memory, and {gib(free)} is free")
     rng = np.random.default_rng(run.seed + SEED_OFFSET["arrivals"])
-    trace_times = None
-    if run.trace:
+    trace_times = identity = None
+    if run.trace and is_hashed_trace(run.trace):
+        traced = read_hashed_trace(run.trace, run.trace_limit, run.block_tokens)
+        prompt, output, trace_times, identity = traced.prompt, traced.output, \
+            traced.arrival_s, traced.identity
+    elif run.trace:
         prompt, output, trace_times = read_trace(run.trace, run.trace_limit)
     else:
         output = request_lengths(run)
@@ -1182,7 +1372,12 @@ def make_requests(run):
         arrival = trace_times
     else:
         arrival = arrival_times(len(output), run.rate, run.burstiness, rng)
-    return Requests(arrival, prompt, output)
+    prefix = PrefixWorkload(run.prefix_len, run.num_prefixes, run.prefix_share, run.prefix_zipf,
+                            run.turns, run.think_time_s)
+    if identity is None and (prefix.prefix_len or prefix.turns > 1):
+        return shared_prompts(Requests(arrival, prompt, output), prefix, np.random.default_rng(
+            run.seed + SEED_OFFSET["prefixes"]))
+    return Requests(arrival, prompt, output, identity=identity)
 
 
 # -----------------------------------------------------------------------------
@@ -1771,6 +1966,7 @@ class KVBudget:
     block_tokens: int = 16
     max_output: int = 0        # reserve: output tokens reserved for every request
     watermark: float = 0.0     # paged: share of the blocks admission keeps free
+    host_tokens: float = 0     # prefix: tokens of blocks a host-memory tier keeps
 
 
 class KVUnfit(UsageError):
@@ -1796,7 +1992,7 @@ class Seq:
     `end_step` of its last token.
     """
     __slots__ = ("id", "admitted", "prompt_left", "num_cached", "to_emit", "to_emit_admitted",
-                 "decode_base", "end_step", "allocated")
+                 "decode_base", "end_step", "allocated", "keys", "held", "registered")
 
     def __init__(self, rid, admitted, prompt_left, to_emit, num_cached=0):
         self.id, self.admitted = rid, admitted  # (admitted: its place in admission order)
@@ -1814,13 +2010,26 @@ class KVManager:
     preempts   a step may need memory that is not free: max_steps bounds a run, and the newest
                request is preempted while the planned step does not fit
     served     the policy the serving engines run: a study takes it where every request fits
+    in_both    one of the policies --kv-policy both compares; caching: the policy that is this
+               one keeping computed prefixes (--enable-prefix-caching), if any
     block      tokens per block (1: token-exact); capacity: tokens the cache holds; watermark:
                tokens admission keeps free; total: tokens allocated now
     A step's plan is [(Seq, prompt tokens it prefills)]; step j of a run of k takes
     a + e (j - 1) seconds.
     """
     tracks = preempts = served = False
+    in_both, caching = True, None
     block, capacity, watermark, total = 1, math.inf, 0, 0
+    shared = 0  # tokens held by more than one running request, counted once more than held
+
+    def lookup(self, ledger, r):
+        """The tokens of request r already computed when it is admitted now: ledger.cached
+        (computed elsewhere), or what a prefix cache holds of it."""
+        return ledger.cached[r]
+
+    def report(self):
+        """What the run's result adds of the cache (a prefix cache's hits)."""
+        return {}
 
     def blocks(self, tokens):
         """Tokens rounded up to whole blocks (a number or an array): the one rounding."""
@@ -1929,6 +2138,7 @@ class PagedBlocks(KVManager):
     steps costs O(phases) whatever k is.
     """
     tracks = preempts = served = True
+    caching = "prefix"
 
     def __init__(self, kv):
         b, self.capacity = kv.block_tokens, kv.capacity_tokens
@@ -2032,7 +2242,172 @@ class PagedBlocks(KVManager):
         return integral
 
 
-KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks}  # KVBudget.policy -> its manager
+def leading(truths, n):
+    """How many of the first n truths are true before the first false (C-speed)."""
+    flags = list(truths)
+    return flags.index(False) if False in flags else n
+
+
+class PrefixCache(PagedBlocks):
+    """prefix: paged blocks that keep what they computed (vLLM's automatic prefix caching). A
+    full block is keyed by its tokens and all before them (the prompt's identity, see
+    HashedPrompts); a newcomer's hit is the longest run of its leading blocks cached, short of
+    its last prompt token, and those tokens are not prefilled. A block is shared by reference
+    count, held once however many run on it, and cached once computed (requests prefilled in
+    the same step do not share). A block no one holds keeps its key in a free queue, least
+    recently freed first (a request frees its blocks last first, so a prefix's tail goes before
+    its head), until an allocation takes it; with `host_tokens`, it then moves to a host tier
+    (least recently stored first out), where a later hit loads it back. Cost: O(blocks of the
+    request) at admission and release, and O(blocks allocated) as steps allocate.
+    """
+
+    in_both, caching = False, None
+
+    def __init__(self, kv):
+        super().__init__(kv)
+        self.preempts = not math.isinf(self.capacity)
+        self.ref = {}  # key -> running requests holding its block (0: cached, free)
+        # the free queue: a key (a cached block) or a run of `count` uncached blocks (a tuple
+        # -> count); one run holds every block never used
+        self.free = collections.OrderedDict()
+        if self.preempts:
+            self.free[("uncached", -1)] = int(self.capacity // self.block)
+        self.runs = itertools.count()
+        self.host, self.host_blocks = collections.OrderedDict(), int(kv.host_tokens // self.block)
+        self.pending = None  # the last lookup: (r, keys, blocks hit on the card, in host)
+        self.queried = self.hit = self.host_hit = 0  # prompt tokens: asked for, found per tier
+        self.evicted = 0
+        self.hits = {}  # request -> tokens hit at its first admission
+        self.identity = None  # the prompts' (the ledger's, seen at lookup)
+
+    def lookup(self, ledger, r):
+        self.identity = identity = ledger.identity
+        b = self.block
+        if identity is None:
+            self.pending = None
+            return ledger.cached[r]
+        to_prefill = ledger.to_prefill[r]
+        keys = self.pending[1] if self.pending and self.pending[0] == r else \
+            identity.block_keys(r, to_prefill, b)
+        most = min(len(keys), (to_prefill - 1) // b)  # (one prompt token left to compute)
+        card = leading(map(self.ref.__contains__, keys[:most]), most)
+        host = leading(map(self.host.__contains__, keys[card:most]), most - card) \
+            if self.host else 0
+        counts = list(map(self.ref.__getitem__, keys[:card]))
+        self.pending = (r, keys, card, host, counts)
+        return max(ledger.cached[r], (card + host) * b)
+
+    def need(self, prompt, cached, chunk, to_prefill):
+        """As paged, less the hit blocks running requests hold already."""
+        need = super().need(prompt, cached, chunk, to_prefill)
+        if self.pending:
+            counts = self.pending[4]
+            need -= self.block * (len(counts) - counts.count(0))
+        return need
+
+    def admit(self, seq, need):
+        seq.allocated, seq.keys, seq.held, seq.registered = self.blocks(seq.num_cached), (), [], 0
+        pending, self.pending = self.pending, None
+        if not pending or pending[0] != seq.id:
+            self.total += seq.allocated
+            self.take(seq.allocated // self.block)
+            return
+        r, keys, card, host, counts = pending
+        ref, b, hit = self.ref, self.block, keys[:card]
+        taken = counts.count(0)  # hit blocks no one held: they leave the free queue
+        if taken and self.preempts:
+            for key, count in zip(hit, counts):
+                if not count:
+                    del self.free[key]
+        ref.update(zip(hit, map((1).__add__, counts)))
+        self.shared += b * (card - taken)
+        for key in keys[card:card + host]:  # loaded back from the host tier
+            del self.host[key]
+        seq.keys, seq.held, seq.registered = keys, hit, card
+        self.queried += seq.prompt_left + seq.num_cached
+        self.hit, self.host_hit = self.hit + card * b, self.host_hit + host * b
+        self.hits.setdefault(r, (card + host) * b)
+        fresh = seq.allocated // b - card  # blocks it holds beyond the card's hits
+        self.total += b * (taken + fresh)
+        self.take(fresh)
+        self.register(seq, (card + host) * b)
+
+    def register(self, seq, tokens):
+        """Seq's blocks up to `tokens` are computed: cache those no block holds yet."""
+        upto, ref = min(tokens // self.block, len(seq.keys)), self.ref
+        if upto <= seq.registered:
+            return
+        new = seq.keys[seq.registered:upto]
+        if not ref.keys().isdisjoint(new):
+            new = [key for key in new if key not in ref]
+        ref.update(dict.fromkeys(new, 1))
+        seq.held += new
+        seq.registered = upto
+        if self.host:
+            for key in new:
+                self.host.pop(key, None)
+
+    def take(self, blocks):
+        """Allocate blocks from the head of the free queue, evicting the cached ones there."""
+        free, ref, popitem = self.free, self.ref, self.free.popitem
+        while blocks > 0 and free:
+            key, count = popitem(False)
+            if count:  # a run of uncached blocks
+                if count > blocks:
+                    free[key] = count - blocks
+                    free.move_to_end(key, last=False)
+                blocks -= count
+                continue
+            del ref[key]
+            self.evicted += 1
+            blocks -= 1
+            if self.host_blocks:
+                self.host[key] = None
+                if len(self.host) > self.host_blocks:
+                    self.host.popitem(last=False)
+
+    def advance(self, steps, plan, k, a, e):
+        before = self.total
+        integral = super().advance(steps, plan, k, a, e)
+        self.take((self.total - before) // self.block)
+        for seq, c in plan:
+            if seq.keys:
+                self.register(seq, seq.num_cached + c * k)
+        return integral
+
+    def release(self, seq, ctx):
+        if seq.keys and ctx // self.block > len(seq.keys) and \
+                self.identity.covers_output(seq.id):  # (its answer: the next turn's prompt)
+            seq.keys = self.identity.block_keys(seq.id, ctx, self.block)
+        if seq.keys:
+            self.register(seq, ctx)
+        super().release(seq, ctx)
+        ref, held = self.ref, seq.held[::-1]
+        counts = list(map(ref.__getitem__, held))
+        freed = held if counts.count(1) == len(counts) else \
+            [key for key, count in zip(held, counts) if count == 1]
+        still = len(held) - len(freed)
+        if still:
+            for key, count in zip(held, counts):
+                if count > 1:
+                    ref[key] = count - 1
+        ref.update(dict.fromkeys(freed, 0))
+        self.total += self.block * still  # (held still by others)
+        self.shared -= self.block * still
+        if self.preempts:  # its uncached blocks first: they are its tail
+            uncached = self.blocks(ctx) // self.block - len(seq.held)
+            if uncached:
+                self.free[("uncached", next(self.runs))] = uncached
+            self.free.update(dict.fromkeys(freed))
+
+    def report(self):
+        return {"prefix": {"queried_tokens": self.queried, "hit_tokens": self.hit,
+                           "host_hit_tokens": self.host_hit, "evicted_blocks": self.evicted,
+                           "hits": self.hits}}
+
+
+KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks,  # KVBudget.policy -> its manager
+               "prefix": PrefixCache}
 
 
 def kv_manager(kv):
@@ -2112,6 +2487,7 @@ class Ledger:
         self.first_step, self.finish_step = [0] * n, [0] * n  # (in the serving simulation's steps)
         self.to_prefill, self.remaining = list(self.prompt), list(self.output)
         self.cached = [0] * n if req.cached is None else req.cached.tolist()  # (at admission)
+        self.identity = req.identity  # what the prompts are made of (None: unknown)
         self.generated = [0] * n  # tokens each request has emitted
         self.taken = bytearray(n)  # taken out of a waiting queue (see PriorityQueue)
 
@@ -2505,7 +2881,7 @@ class ServingSim:
             r = retry[0] if retry else head(t)
             if r is None:
                 return False
-            cached = ledger.cached[r]
+            cached = kv.lookup(ledger, r)
             prompt_left = ledger.to_prefill[r] - cached
             need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
             if need + watermark > room:
@@ -2638,7 +3014,7 @@ class ServingSim:
 
     def held(self):
         """KV tokens the running requests hold."""
-        return self.decode.cached(self.steps) + self.prefill.cached
+        return self.decode.cached(self.steps) + self.prefill.cached - self.kv.shared
 
     def account(self, plan, k, price, emitted):
         """Memory integrals over the k steps just priced (step j: a + e (j - 1) s); `emitted`
@@ -2667,6 +3043,7 @@ class ServingSim:
                "decode_s": self.decode_s, "iterations": self.iterations}
         if self.tracks:
             sim["kv"], sim["generated"] = self.memory.totals, np.array(ledger.generated)
+        sim.update(self.kv.report())
         return sim
 
 
@@ -4333,7 +4710,7 @@ def schedulers_study(run, req, replica, kv_budgets, log):
                                                    for name in SCHEDULERS})
     if kv_budgets:
         result["kv"] = kv_study(req, sims, *kv_budgets)
-    if run.trace and run.trace.endswith(ENGINE_RUN_SUFFIXES):
+    if run.trace and is_engine_run(run.trace):
         result["engine_run"] = engine_run_study(run, req, sims)
     return result, work_of(list(sims.values()))
 

@@ -1,0 +1,198 @@
+"""C's prefix cache: prompts known by their blocks, the cache that keeps them, and its hits."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import NN_40_serving as S
+from conftest import TRACES
+
+COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
+                    source="test")
+MOONCAKE = os.path.join(TRACES, "mooncake")
+
+
+class FakeLedger:
+    """What a KV manager reads of the ledger at admission."""
+
+    def __init__(self, identity, to_prefill):
+        self.identity, self.to_prefill = identity, list(to_prefill)
+        self.cached = [0] * len(self.to_prefill)
+
+
+def system_prompts(n, system_tokens=8, own=2, system=0):
+    """n requests opening with the same system prompt, then `own` tokens of their own."""
+    identity = S.SharedPrompts(np.full(n, system), np.array([system_tokens]), np.full(n, -1))
+    return FakeLedger(identity, [system_tokens + own] * n)
+
+
+def admit(cache, ledger, r):
+    cached = cache.lookup(ledger, r)
+    left = ledger.to_prefill[r] - cached
+    seq = S.Seq(r, r, left, 5, cached)
+    cache.admit(seq, cache.need(ledger.to_prefill[r], cached, left, left))
+    return seq
+
+
+def prefill(cache, seq):
+    """Its whole prompt in one step, and its first token."""
+    cache.advance(0, [(seq, seq.prompt_left)], 1, 1.0, 0.0)
+    seq.num_cached += seq.prompt_left + 1
+    seq.prompt_left = 0
+
+
+def free_blocks(cache):
+    return sum(count or 1 for count in cache.free.values())
+
+
+def test_hashed_prompts_share_keys_while_their_ids_agree():
+    ids = np.empty(3, dtype=object)
+    ids[:] = [(7, 8, 9), (7, 8, 5), (1, 8, 9)]
+    keys = S.HashedPrompts(ids).block_keys
+    a, b, c = (keys(r, 1536, 256) for r in range(3))  # two engine blocks per hash id
+    assert len(a) == 6 and len(set(a)) == 6
+    assert a[:4] == b[:4] and a[4] != b[4]          # the third id differs
+    assert not set(a) & set(c)                      # a chain: the same id after another
+    assert keys(0, 1535, 256) == a[:5]              # full blocks only
+    assert keys(0, 4096, 256) == a                  # no further than the ids go
+
+
+def test_a_hit_is_the_cached_leading_blocks_and_leaves_a_token_to_compute():
+    cache = S.PrefixCache(S.KVBudget("prefix", 32, 4))   # 8 blocks of 4 tokens
+    ledger = system_prompts(3)
+    first = admit(cache, ledger, 0)
+    assert first.num_cached == 0
+    prefill(cache, first)  # 11 tokens: 3 blocks, the system prompt's 2 cached
+    assert cache.total == 12 and cache.ref == {k: 1 for k in first.keys}
+    second = admit(cache, ledger, 1)
+    assert second.num_cached == 8 and second.prompt_left == 2
+    assert cache.total == 12 and cache.shared == 8  # the 2 shared blocks held once
+    # a prompt that is all system prompt keeps its last token to compute: 1 block hit of 2
+    short = system_prompts(1, system_tokens=8, own=0)
+    assert cache.lookup(short, 0) == 4
+    p = cache.report()["prefix"]
+    assert (p["queried_tokens"], p["hit_tokens"]) == (20, 8)
+
+
+def test_reference_counts_and_the_free_queue_tail_first():
+    cache = S.PrefixCache(S.KVBudget("prefix", 32, 4))
+    ledger = system_prompts(2)
+    first = admit(cache, ledger, 0)
+    prefill(cache, first)
+    second = admit(cache, ledger, 1)
+    prefill(cache, second)
+    assert cache.total == 16 and free_blocks(cache) == 4
+    cache.release(first, 11)  # its 2 shared blocks stay held by the second
+    assert cache.total == 4 * 3 - 0 and cache.shared == 0
+    assert all(cache.ref[k] == 1 for k in first.keys)
+    cache.release(second, 11)
+    assert cache.total == 0 and free_blocks(cache) == 8
+    assert all(cache.ref[k] == 0 for k in first.keys)  # cached, free
+    head, tail = first.keys
+    assert list(cache.free)[-2:] == [tail, head]        # freed last first
+    cache.take(7)  # 6 uncached blocks, then the least recently freed: the prefix's tail
+    assert tail not in cache.ref and head in cache.ref
+    third = system_prompts(1)
+    assert cache.lookup(third, 0) == 4
+
+
+def test_preemption_and_the_watermark_keep_working_and_memory_counts_once():
+    n = 400
+    rng = np.random.default_rng(3)
+    output = S.lognormal_lengths(n, 3)
+    req = S.shared_prompts(S.Requests(S.arrival_times(n, 30.0, 1.0, rng), np.full(n, 32), output),
+                           S.PrefixWorkload(96, 4, 0.8, 1.0, 3, 2.0), rng)
+    replica = S.Replica(16, COSTS, scheduler="chunked", chunk_tokens=256,
+                        kv=S.KVBudget("prefix", 3000, 16, watermark=0.01))
+    sim = S.simulate_serving(req, replica)
+    assert np.isfinite(sim["finish"]).all()
+    mem, p = sim["kv"], sim["prefix"]
+    assert mem["preemptions"] > 0 and p["evicted_blocks"] > 0
+    assert 0 < p["hit_tokens"] < p["queried_tokens"]
+    assert mem["held_s"] <= mem["alloc_s"] and mem["max_alloc"] <= 3000
+    assert (np.array(sim["generated"]) == req.output).all()
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "chunked"])
+def test_with_nothing_shared_it_is_the_paged_simulation(scheduler):
+    n = 300
+    rng = np.random.default_rng(5)
+    req = S.Requests(S.arrival_times(n, 40.0, 1.0, rng), np.full(n, 64), S.lognormal_lengths(n, 5))
+    lone = S.SharedPrompts(np.full(n, -1), np.array([0]), np.full(n, -1))
+    sims = [S.simulate_serving(r, S.Replica(16, COSTS, scheduler=scheduler, chunk_tokens=256,
+                                            kv=S.KVBudget(policy, 2000, 16, watermark=0.01)))
+            for r, policy in ((req, "paged"), (S.Requests(req.arrival_s, req.prompt, req.output,
+                                                          identity=lone), "prefix"))]
+    assert sims[0]["kv"]["preemptions"] > 0
+    for key in ("start", "first_token", "finish", "first_step", "finish_step"):
+        assert np.array_equal(sims[0][key], sims[1][key]), key
+    assert sims[0]["kv"]["alloc_s"] == sims[1]["kv"]["alloc_s"]
+
+
+def test_a_hit_is_not_prefilled():
+    # two requests of one long system prompt, far apart: the second prefills 1 block's worth
+    identity = S.SharedPrompts(np.zeros(2, int), np.array([1008]), np.full(2, -1))
+    req = S.Requests(np.array([0.0, 100.0]), np.array([1024, 1024]), np.array([2, 2]),
+                     identity=identity)
+    runs = [S.simulate_serving(S.Requests(req.arrival_s, req.prompt, req.output, identity=i),
+                               S.Replica(4, COSTS, kv=S.KVBudget(p, 10**5, 16)))
+            for i, p in ((None, "paged"), (identity, "prefix"))]
+    ttft = [r["first_token"] - req.arrival_s for r in runs]
+    assert ttft[0][1] == pytest.approx(ttft[0][0])
+    assert ttft[1][1] < 0.5 * ttft[1][0]
+    assert runs[1]["prefix"]["hits"] == {0: 0, 1: 1008}
+
+
+def trace_bound(path, block):
+    """The token hit ratio a trace's hash ids allow, from the file alone: each prompt's longest
+    leading run of tokens some earlier prompt computed (whole engine blocks, short of its last
+    token), over all prompt tokens."""
+    computed, queried, hit = {}, 0, 0  # prefix of ids -> its last 512-block's tokens computed
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            ids, n = row["hash_ids"], row["input_length"]
+            tokens = 0
+            for d in range(1, len(ids) + 1):
+                got = computed.get(tuple(ids[:d]), 0)
+                tokens = (d - 1) * 512 + got
+                if got < 512:
+                    break
+            hit += min(tokens // block, (n - 1) // block) * block
+            queried += n
+            for d in range(1, len(ids) + 1):
+                whole = min(512, n // block * block - (d - 1) * 512)
+                computed[tuple(ids[:d])] = max(computed.get(tuple(ids[:d]), 0), whole)
+    return hit / queried
+
+
+@pytest.mark.parametrize("name", ["conversation", "synthetic"])
+def test_an_unlimited_cache_hits_what_the_trace_allows(name):
+    path = os.path.join(MOONCAKE, f"{name}_trace.jsonl")
+    if not os.path.exists(path):
+        pytest.skip("the Mooncake traces are not beside the project")
+    req = S.read_hashed_trace(path, block=16)
+    # one at a time (each done before the next comes), so every earlier block is computed
+    apart = S.Requests(np.arange(len(req.output)) * 1e4, req.prompt, req.output,
+                       identity=req.identity)
+    sim = S.simulate_serving(apart, S.Replica(64, S.card_costs(S.MODELS["llama-3-8b"],
+                                                              S.GPUS["h100"]),
+                                              kv=S.KVBudget("prefix", float("inf"), 16)))
+    p = sim["prefix"]
+    assert p["hit_tokens"] / p["queried_tokens"] == trace_bound(path, 16)
+    assert p["queried_tokens"] == int(req.prompt.sum())
+
+
+def test_shared_prompts_by_hand():
+    req = S.Requests(np.array([0.0, 1.0, 2.0]), np.array([10, 20, 30]), np.array([5, 6, 7]))
+    convs = S.shared_prompts(req, S.PrefixWorkload(100, 1, 1.0, 1.0, 2, 0.0),
+                             np.random.default_rng(0))
+    # conversations (0: turns 0 and 1) and (1: turn 0); no think time: turn 1 at turn 0's time
+    assert convs.arrival_s.tolist() == [0.0, 0.0, 1.0]
+    assert convs.prompt.tolist() == [110, 110 + 5 + 20, 130]
+    keys = convs.identity.block_keys
+    first, second = keys(0, 110 + 5, 16), keys(1, 135, 16)
+    assert second[:len(first)] == first       # the next turn repeats the first and its answer
+    assert keys(2, 130, 16)[:6] == first[:6]  # the system prompt's 6 whole blocks
+    assert keys(2, 130, 16)[6] != first[6]
