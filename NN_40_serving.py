@@ -2242,6 +2242,9 @@ class PagedBlocks(KVManager):
         return integral
 
 
+PREFIX_REPORT = "prefix_cache"  # a run's result: what its prefix caches hit
+
+
 def leading(truths, n):
     """How many of the first n truths are true before the first false (C-speed)."""
     flags = list(truths)
@@ -2401,13 +2404,25 @@ class PrefixCache(PagedBlocks):
             self.free.update(dict.fromkeys(freed))
 
     def report(self):
-        return {"prefix": {"queried_tokens": self.queried, "hit_tokens": self.hit,
+        return {PREFIX_REPORT: {"queried_tokens": self.queried, "hit_tokens": self.hit,
                            "host_hit_tokens": self.host_hit, "evicted_blocks": self.evicted,
                            "hits": self.hits}}
 
 
 KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks,  # KVBudget.policy -> its manager
                "prefix": PrefixCache}
+
+
+def merged_reports(results, per_replica):
+    """A fleet's prefix caches: each replica's counts (into per_replica) and their sums."""
+    reports = [res.get(PREFIX_REPORT) for res in results]
+    if not reports[0]:
+        return {}
+    merged = {key: sum(p[key] for p in reports) for key in reports[0] if key != "hits"}
+    merged["hits"] = {r: t for p in reports for r, t in p["hits"].items()}
+    for row, p in zip(per_replica, reports):
+        row["prefix"] = {key: value for key, value in p.items() if key != "hits"}
+    return {PREFIX_REPORT: merged}
 
 
 def kv_manager(kv):
@@ -3110,28 +3125,77 @@ def simulate_serving(req, replica, progress=None):
 # fleets and metrics: replicas behind a router, and the latencies of a run (pure NumPy)
 
 
-ROUTERS = ("round-robin", "least-requests", "power-of-two", "least-kv")
+# Routers: each one class, registered by name in ROUTERS; pick(servers, r, pair) -> the index
+# of the replica request r goes to, from what each replica is doing now. in_all: among the
+# routers --router all compares (else only with --enable-prefix-caching).
+
+
+class RoundRobin:
+    """The r-th request to replica r mod N."""
+    in_all = True
+
+    def pick(self, servers, r, pair):
+        return r % len(servers)
+
+
+class LeastRequests:
+    """The fewest requests queued, preempted and running (Vidur's LOR); ties to the lowest
+    index."""
+    in_all = True
+
+    def pick(self, servers, r, pair):
+        loads = [server.load() for server in servers]
+        return loads.index(min(loads))
+
+
+class PowerOfTwo:
+    """Of two replicas drawn at random (`pair`), the less loaded; ties to the first."""
+    in_all = True
+
+    def pick(self, servers, r, pair):
+        a, b = pair
+        return b if servers[b].load() < servers[a].load() else a
+
+
+class LeastKV:
+    """The fewest KV tokens allocated (or held) plus prompt tokens waiting."""
+    in_all = True
+
+    def pick(self, servers, r, pair):
+        kv = [server.committed_kv() for server in servers]
+        return kv.index(min(kv))
+
+
+class CacheAware(LeastRequests):
+    """The replica whose prefix cache holds the longest run of r's leading blocks, where that
+    run is over `cache_threshold` of its prompt, unless that replica is out of balance with the
+    least loaded (its requests exceed the least's by more than `balance_abs` and by more than
+    `balance_rel` times): then, as otherwise, the least loaded (SGLang's cache-aware router,
+    its default thresholds; it compares the replicas' caches themselves, not a copy)."""
+    in_all = False
+    cache_threshold, balance_abs, balance_rel = 0.3, 64, 1.5
+
+    def pick(self, servers, r, pair):
+        ledger = servers[0].ledger
+        loads = [server.load() for server in servers]
+        least = loads.index(min(loads))
+        matched = [server.kv.lookup(ledger, r) for server in servers]
+        best = max(range(len(servers)), key=lambda i: (matched[i], -loads[i], -i))
+        if matched[best] <= self.cache_threshold * ledger.to_prefill[r]:
+            return least
+        if loads[best] - loads[least] > self.balance_abs and \
+                loads[best] > self.balance_rel * loads[least]:
+            return least
+        return best
+
+
+ROUTERS = {"round-robin": RoundRobin(), "least-requests": LeastRequests(),
+           "power-of-two": PowerOfTwo(), "least-kv": LeastKV(), "cache-aware": CacheAware()}
 
 
 def route(router, servers, r, pair):
-    """The replica that request r goes to, from what each replica is doing now.
-
-    round-robin     the r-th request to replica r mod N
-    least-requests  the fewest requests queued, preempted and running (Vidur's LOR); ties to
-                    the lowest index
-    power-of-two    of two replicas drawn at random (`pair`), the less loaded; ties to the first
-    least-kv        the fewest KV tokens allocated (or held) plus prompt tokens waiting
-    """
-    if router == "round-robin":
-        return r % len(servers)
-    if router == "least-requests":
-        loads = [server.load() for server in servers]
-        return loads.index(min(loads))
-    if router == "power-of-two":
-        a, b = pair
-        return b if servers[b].load() < servers[a].load() else a
-    kv = [server.committed_kv() for server in servers]
-    return kv.index(min(kv))
+    """The replica that request r goes to (ROUTERS[router]'s pick)."""
+    return ROUTERS[router].pick(servers, r, pair)
 
 
 class Fleet(NamedTuple):
@@ -3183,6 +3247,7 @@ def simulate_fleet(req, replica, fleet, progress=None):
                  longest_step_s=max(res["longest_step_s"] for res in results),
                  prefill_s=sum(res["prefill_s"] for res in results),
                  decode_s=sum(res["decode_s"] for res in results))
+    fleet.update(merged_reports(results, per_replica))
     return fleet
 
 
@@ -4931,7 +4996,10 @@ def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
 
 
 def run_routers(run):
-    return ROUTERS if run.router == "all" else (run.router,)
+    if run.router != "all":
+        return (run.router,)
+    return tuple(name for name, router in ROUTERS.items()
+                 if router.in_all or run.enable_prefix_caching)
 
 
 def replicas_study(run, req, replica):
@@ -6957,7 +7025,7 @@ def scheduler_flags(p):
     add_flag(s, "--max-wait-s", type=number(1e-6, 1e12), shown="off",
              help="waited this long: goes first")
     add_flag(s, "--replicas", type=integer(1, REPLICAS_MAX), help="replicas behind a router")
-    add_flag(s, "--router", choices=("all",) + ROUTERS, help="routers compared")
+    add_flag(s, "--router", choices=("all",) + tuple(ROUTERS), help="routers compared")
     add_flag(s, "--kv-policy", choices=["reserve", "paged", "both"],
              help="prompt + max output reserved, or paged blocks")
     add_flag(s, "--kv-memory-gb", type=number(1e-6, 1e6), help="KV cache, GB",

@@ -71,7 +71,7 @@ def test_a_hit_is_the_cached_leading_blocks_and_leaves_a_token_to_compute():
     # a prompt that is all system prompt keeps its last token to compute: 1 block hit of 2
     short = system_prompts(1, system_tokens=8, own=0)
     assert cache.lookup(short, 0) == 4
-    p = cache.report()["prefix"]
+    p = cache.report()["prefix_cache"]
     assert (p["queried_tokens"], p["hit_tokens"]) == (20, 8)
 
 
@@ -107,7 +107,7 @@ def test_preemption_and_the_watermark_keep_working_and_memory_counts_once():
                         kv=S.KVBudget("prefix", 3000, 16, watermark=0.01))
     sim = S.simulate_serving(req, replica)
     assert np.isfinite(sim["finish"]).all()
-    mem, p = sim["kv"], sim["prefix"]
+    mem, p = sim["kv"], sim["prefix_cache"]
     assert mem["preemptions"] > 0 and p["evicted_blocks"] > 0
     assert 0 < p["hit_tokens"] < p["queried_tokens"]
     assert mem["held_s"] <= mem["alloc_s"] and mem["max_alloc"] <= 3000
@@ -141,7 +141,7 @@ def test_a_hit_is_not_prefilled():
     ttft = [r["first_token"] - req.arrival_s for r in runs]
     assert ttft[0][1] == pytest.approx(ttft[0][0])
     assert ttft[1][1] < 0.5 * ttft[1][0]
-    assert runs[1]["prefix"]["hits"] == {0: 0, 1: 1008}
+    assert runs[1]["prefix_cache"]["hits"] == {0: 0, 1: 1008}
 
 
 def trace_bound(path, block):
@@ -179,7 +179,7 @@ def test_an_unlimited_cache_hits_what_the_trace_allows(name):
     sim = S.simulate_serving(apart, S.Replica(64, S.card_costs(S.MODELS["llama-3-8b"],
                                                               S.GPUS["h100"]),
                                               kv=S.KVBudget("prefix", float("inf"), 16)))
-    p = sim["prefix"]
+    p = sim["prefix_cache"]
     assert p["hit_tokens"] / p["queried_tokens"] == trace_bound(path, 16)
     assert p["queried_tokens"] == int(req.prompt.sum())
 
@@ -196,3 +196,49 @@ def test_shared_prompts_by_hand():
     assert second[:len(first)] == first       # the next turn repeats the first and its answer
     assert keys(2, 130, 16)[:6] == first[:6]  # the system prompt's 6 whole blocks
     assert keys(2, 130, 16)[6] != first[6]
+
+
+def conversations(n=800, replicas=4, rate=8.0, seed=2):
+    rng = np.random.default_rng(seed)
+    base = S.Requests(S.arrival_times(n, rate, 1.0, rng), np.full(n, 64), S.lognormal_lengths(
+        n, seed))
+    return S.shared_prompts(base, S.PrefixWorkload(256, 4, 0.9, 1.0, 4, 5.0), rng)
+
+
+def test_cache_aware_routing_hits_more_than_round_robin_on_four_replicas():
+    req = conversations()
+    replica = S.Replica(16, COSTS, kv=S.KVBudget("prefix", 20_000, 16, watermark=0.01))
+    ratio = {}
+    for router in ("round-robin", "cache-aware"):
+        sim = S.simulate_fleet(req, replica, S.Fleet(4, router))
+        p = sim["prefix_cache"]
+        ratio[router] = p["hit_tokens"] / p["queried_tokens"]
+        assert sum(row["prefix"]["queried_tokens"] for row in sim["per_replica"]) == \
+            p["queried_tokens"] == req.prompt.sum()
+    assert ratio["cache-aware"] > ratio["round-robin"] + 0.1, ratio
+
+
+def test_cache_aware_by_hand_follows_the_cache_unless_out_of_balance():
+    # requests 0 and 1 open conversation 0 and its next turn; 2 is a stranger
+    identity = S.SharedPrompts(np.full(3, -1), np.array([0]), np.array([0, 0, 1]))
+    req = S.Requests(np.array([0.0, 10.0, 10.0]), np.array([64, 64 + 4 + 64, 64]),
+                     np.array([4, 4, 4]), identity=identity)
+    replica = S.Replica(4, COSTS, kv=S.KVBudget("prefix", 10_000, 16))
+    sim = S.simulate_fleet(req, replica, S.Fleet(3, "cache-aware"))
+    assert sim["replica"].tolist() == [0, 0, 1]  # the next turn where its first turn is cached
+    assert sim["prefix_cache"]["hits"] == {0: 0, 1: 64, 2: 0}
+    router, loads = S.CacheAware(), [S.CacheAware.balance_abs + 2, 1, 5]
+
+    class Server:
+        def __init__(self, load, hit):
+            self.ledger, self.kv, self.n, self.hit = FakeLedger(identity, [100] * 3), self, load, hit
+
+        def load(self):
+            return self.n
+
+        def lookup(self, ledger, r):
+            return self.hit
+    # the best cache is too busy: the least loaded; within balance: the best cache
+    assert router.pick([Server(loads[0], 90), Server(1, 0), Server(5, 50)], 0, None) == 1
+    assert router.pick([Server(60, 90), Server(1, 0), Server(5, 50)], 0, None) == 0
+    assert router.pick([Server(9, 20), Server(1, 0), Server(5, 25)], 0, None) == 1  # under 0.3
