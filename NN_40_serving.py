@@ -391,6 +391,12 @@ GPUS = {  # README cites the spec sheets; memory_mib: nvidia-smi's total (the RT
     "b200": _card("B200", 8000.0, 2250.0, 180.0, 4500.0, _NVLINK5, 183359),
 }
 
+# Each card's link to its host's memory, one way (a prefix cache's host tier loads over it):
+# the PCIe cards' own link; the SXM boards' host slots per NVIDIA's HGX/DGX spec sheets (A100:
+# PCIe 4.0 x16; H100, H200: PCIe 5.0 x16; B200: PCIe 6.0 on the card, 5.0 on the DGX B200 host)
+HOST_LINKS = {"a100-40gb": _PCIE4, "a100-80gb": _PCIE4, "h100": _PCIE5, "h200": _PCIE5,
+              "b200": _PCIE5}
+
 EXPERIMENTS = "ABCD"
 
 # C prices steps in seconds with a roofline of these when no device was measured: the post's
@@ -1967,6 +1973,7 @@ class KVBudget:
     max_output: int = 0        # reserve: output tokens reserved for every request
     watermark: float = 0.0     # paged: share of the blocks admission keeps free
     host_tokens: float = 0     # prefix: tokens of blocks a host-memory tier keeps
+    host_token_s: float = 0.0  # prefix: seconds to load one token's KV from the host tier
 
 
 class KVUnfit(UsageError):
@@ -1992,7 +1999,8 @@ class Seq:
     `end_step` of its last token.
     """
     __slots__ = ("id", "admitted", "prompt_left", "num_cached", "to_emit", "to_emit_admitted",
-                 "decode_base", "end_step", "allocated", "keys", "held", "registered")
+                 "decode_base", "end_step", "allocated", "keys", "held", "registered",
+                 "loading")
 
     def __init__(self, rid, admitted, prompt_left, to_emit, num_cached=0):
         self.id, self.admitted = rid, admitted  # (admitted: its place in admission order)
@@ -2030,6 +2038,10 @@ class KVManager:
     def report(self):
         """What the run's result adds of the cache (a prefix cache's hits)."""
         return {}
+
+    def load_s(self, plan):
+        """Seconds the planned step waits for KV loaded into the card (a host tier's)."""
+        return 0.0
 
     def blocks(self, tokens):
         """Tokens rounded up to whole blocks (a number or an array): the one rounding."""
@@ -2277,6 +2289,7 @@ class PrefixCache(PagedBlocks):
             self.free[("uncached", -1)] = int(self.capacity // self.block)
         self.runs = itertools.count()
         self.host, self.host_blocks = collections.OrderedDict(), int(kv.host_tokens // self.block)
+        self.host_token_s = kv.host_token_s
         self.pending = None  # the last lookup: (r, keys, blocks hit on the card, in host)
         self.queried = self.hit = self.host_hit = 0  # prompt tokens: asked for, found per tier
         self.evicted = 0
@@ -2309,7 +2322,8 @@ class PrefixCache(PagedBlocks):
         return need
 
     def admit(self, seq, need):
-        seq.allocated, seq.keys, seq.held, seq.registered = self.blocks(seq.num_cached), (), [], 0
+        seq.allocated, seq.keys, seq.held = self.blocks(seq.num_cached), (), []
+        seq.registered = seq.loading = 0
         pending, self.pending = self.pending, None
         if not pending or pending[0] != seq.id:
             self.total += seq.allocated
@@ -2326,7 +2340,7 @@ class PrefixCache(PagedBlocks):
         self.shared += b * (card - taken)
         for key in keys[card:card + host]:  # loaded back from the host tier
             del self.host[key]
-        seq.keys, seq.held, seq.registered = keys, hit, card
+        seq.keys, seq.held, seq.registered, seq.loading = keys, hit, card, host * b
         self.queried += seq.prompt_left + seq.num_cached
         self.hit, self.host_hit = self.hit + card * b, self.host_hit + host * b
         self.hits.setdefault(r, (card + host) * b)
@@ -2374,9 +2388,13 @@ class PrefixCache(PagedBlocks):
         integral = super().advance(steps, plan, k, a, e)
         self.take((self.total - before) // self.block)
         for seq, c in plan:
+            seq.loading = 0  # (loaded in the run's first step)
             if seq.keys:
                 self.register(seq, seq.num_cached + c * k)
         return integral
+
+    def load_s(self, plan):
+        return self.host_token_s * sum(seq.loading for seq, _ in plan) if self.host_blocks else 0.0
 
     def release(self, seq, ctx):
         if seq.keys and ctx // self.block > len(seq.keys) and \
@@ -2953,8 +2971,10 @@ class ServingSim:
     def price(self, plan, k):
         """The k steps of a run: StepCosts.run_price's (prefill_s, decode_s, first_s, growth_s,
         prompt tokens per step)."""
-        return self.costs.run_price(plan, self.decode.size, self.decode.cached(self.steps), k,
-                                    self.fused)
+        price = self.costs.run_price(plan, self.decode.size, self.decode.cached(self.steps), k,
+                                     self.fused)
+        load_s = self.kv.load_s(plan)  # (KV loaded from a host tier before the run's first step)
+        return (price[0] + load_s,) + price[1:] if load_s else price
 
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
@@ -4810,17 +4830,27 @@ def kv_setup(run, req, device):
     info = {"memory_bytes": memory_bytes, "memory_source": source, "bytes_per_token": per_token,
             "budget_tokens": max(int(memory_bytes // per_token), 0),
             "block_tokens": run.block_tokens, "max_output": max_output,
-            "watermark": run.watermark, "unfit": {}}
+            "watermark": run.watermark, "unfit": {}, **host_tier(run, per_token)}
     budgets = []
     for policy in run.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output,
-                      run.watermark)
+                      run.watermark, info["host_tokens"],
+                      per_token / (info["host_link_gbs"] * 1e9))
         why = check_kv_budget(req, kv) if info["budget_tokens"] else {"kind": "kv_no_memory"}
         if why:
             info["unfit"][policy] = why
         else:
             budgets.append(kv)
     return info, budgets
+
+
+def host_tier(run, per_token):
+    """A prefix cache's host tier (--host-kv-gb): its tokens, and the card's link to it."""
+    link, gbs = HOST_LINKS.get(run.gpu) or (
+        (GPUS[run.gpu].link, GPUS[run.gpu].link_gbs) if run.gpu else _PCIE4)
+    host_bytes = (run.host_kv_gb or 0) * 1e9
+    return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
+            "host_link": link, "host_link_gbs": gbs}
 
 
 def kv_metrics(req, sim, kv):
@@ -4834,7 +4864,41 @@ def kv_metrics(req, sim, kv):
             "preemptions": mem["preemptions"], "recomputed_tokens": mem["recomputed_tokens"],
             "max_allocated_tokens": mem["max_alloc"],
             **{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "makespan_s", "steps",
-                                 "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")}}
+                                 "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")},
+            **prefix_metrics(req, sim)}
+
+
+HIT_BUCKETS = (("hit_none", 0.0, 0.0), ("hit_some", 0.0, 0.5), ("hit_most", 0.5, 1.0))
+
+
+def prefix_metrics(req, sim):
+    """What a run's prefix caches did (empty without one): prompt tokens queried and hit per
+    tier (vLLM's prefix_cache_queries and _hits, counted at every admission), the prefill
+    tokens computed and saved, and TTFT by the share of its prompt a request found cached at
+    its first admission (none, up to half, over half)."""
+    p = sim.get(PREFIX_REPORT)
+    if not p:
+        return {}
+    hit = np.zeros(len(req.output))
+    if p["hits"]:
+        hit[list(p["hits"])] = list(p["hits"].values())
+    share, ttft = hit / req.prompt, sim["first_token"] - req.arrival_s
+    queried, card, host = p["queried_tokens"], p["hit_tokens"], p["host_hit_tokens"]
+    buckets = []
+    for name, low, high in HIT_BUCKETS:
+        mask = (share > low) & (share <= high) if high else share == 0
+        buckets.append({"bucket": name, "requests": int(mask.sum()),
+                        "ttft_s": percentiles(ttft[mask])})
+    return {PREFIX_REPORT: {
+        "queried_tokens": queried, "hit_tokens": card, "host_hit_tokens": host,
+        "hit_ratio": (card + host) / queried if queried else 0.0,
+        "card_hit_ratio": card / queried if queried else 0.0,
+        "host_hit_ratio": host / queried if queried else 0.0,
+        "prefill_tokens_computed": queried - card - host, "prefill_tokens_saved": card + host,
+        "evicted_blocks": p["evicted_blocks"], "ttft_by_hit": buckets,
+        "per_replica": [(row["prefix"]["hit_tokens"] + row["prefix"]["host_hit_tokens"])
+                        / max(row["prefix"]["queried_tokens"], 1)
+                        for row in sim.get("per_replica", ()) if "prefix" in row]}}
 
 
 def kv_study(req, sims, info, budgets):
@@ -4986,6 +5050,7 @@ def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
     per = fleet["per_replica"]
     return {**{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "ttft_s", "tpot_s",
                                  "e2e_s", "goodput_rps", "slo_attained") if k in m},
+            **prefix_metrics(req, fleet), "wait_s": percentiles(fleet["start"] - req.arrival_s),
             "per_replica": per, "iterations": fleet["iterations"],
             "simulation_s": fleet.get("wall_s"),
             "balance": {"requests_min": min(p["requests"] for p in per),
@@ -5898,9 +5963,34 @@ def kv_table(T, kv):
                                                      if rows else [])
     lines += [T["kv_unfit_row"].format(policy=T.get(policy, policy), why=describe(T, why))
               for policy, why in kv.get("unfit", {}).items()]
+    lines += prefix_tables(T, [row for row in rows if PREFIX_REPORT in row], kv)
     if kv.get("device_check"):
         lines.append(device_check_text(T, kv["device_check"]))
     return "\n".join(lines)
+
+
+PREFIX_COLUMNS = [("policy", "label", "text"), ("queried", "prefix_cache.queried_tokens", ","),
+                  ("hit_card", "prefix_cache.card_hit_ratio", ".1%"),
+                  ("hit_host", "prefix_cache.host_hit_ratio", ".1%"),
+                  ("prefill_computed", "prefix_cache.prefill_tokens_computed", ","),
+                  ("prefill_saved", "prefix_cache.prefill_tokens_saved", ","),
+                  ("evicted", "prefix_cache.evicted_blocks", ",")]
+HIT_COLUMNS = [("policy", "label", "text"), ("found_cached", "bucket", "text"),
+               ("count", "requests", ",")] + latency_columns("p50", "p99", keys=("ttft",))
+
+
+def prefix_tables(T, rows, kv):
+    """The prefix cache's hits per tier and the prefill they saved, then TTFT by how much of
+    its prompt a request found cached (none, up to half, over half)."""
+    if not rows:
+        return []
+    host = T["prefix_host"].format(gb=kv["host_bytes"] / 1e9, tokens=kv["host_tokens"],
+                                   gbs=kv["host_link_gbs"], link=kv["host_link"]) \
+        if kv.get("host_tokens") else T["prefix_no_host"]
+    by_hit = [{"label": row["label"], **b, "bucket": T[b["bucket"]]}
+              for row in rows for b in row[PREFIX_REPORT]["ttft_by_hit"] if b["requests"]]
+    return ["", T["prefix_cache"].format(host=host), spec_table(T, rows, PREFIX_COLUMNS),
+            T["prefix_by_hit"], spec_table(T, by_hit, HIT_COLUMNS)]
 
 
 def device_check_text(T, check):
@@ -5949,9 +6039,11 @@ def fleet_table(T, fleet):
              f"{m['balance']['requests_max']:,}"} for router, m in fleet["routers"].items()]
     slo = [("slo_met", "slo_attained", ".1%"), ("goodput", "goodput_rps", ",.2f")] \
         if "slo_attained" in rows[-1] else []
+    hits = [("hit_card", "prefix_cache.hit_ratio", ".1%"),
+            ("wait_p99", "wait_s.p99", "s")] if PREFIX_REPORT in rows[-1] else []
     columns = [("router", "label", "text"), ("req_s", "throughput_rps", ",.2f")] + \
-        latency_columns("p50", "p99") + slo + [("per_replica", "spread", "text"),
-                                               ("busiest", "balance.busiest_occupancy", ".1%")]
+        latency_columns("p50", "p99") + slo + hits + [
+            ("per_replica", "spread", "text"), ("busiest", "balance.busiest_occupancy", ".1%")]
     kv = T[fleet["kv_policy"]] if fleet["kv_policy"] else T["who_waits_kv_none"]
     return "\n".join([T["fleet"].format(replicas=fleet["replicas"], slots=fleet["slots"],
                                         requests=fleet["requests"], kv=kv,
@@ -6942,8 +7034,8 @@ def add_flag(group, *flags, shown=None, **kw):
 def build_parser():
     p = ArgumentParser(prog="NN_40_serving.py", usage=USAGE, description=DESCRIPTION,
                        epilog=EPILOG, formatter_class=HelpFormatter, add_help=False)
-    for flags in (workload_flags, model_flags, scheduler_flags, slo_flags, measurement_flags,
-                  d_flags, output_flags):
+    for flags in (workload_flags, prefix_flags, model_flags, scheduler_flags, slo_flags,
+                  measurement_flags, d_flags, output_flags):
         flags(p)
     return p
 
@@ -6966,6 +7058,23 @@ def workload_flags(p):
              help="the gaps' gamma shape: 1 Poisson, below 1 burstier")
     add_flag(w, "--rates", type=numbers(*RATES), shown="0.2-1.2x capacity",
              help="the rate sweep, requests/s")
+
+
+def prefix_flags(p):
+    w = p.add_argument_group("shared prefixes: prompts that repeat, and the cache that keeps them")
+    add_flag(w, "--enable-prefix-caching", action="store_true",
+             help="paged blocks keep computed prefixes (the policy 'prefix'; vLLM's flag)")
+    add_flag(w, "--host-kv-gb", type=number(1e-3, 1e6), shown="none",
+             help="prefix cache: a host-memory tier, GB")
+    add_flag(w, "--prefix-len", type=integer(0, 10**6), help="system prompts' tokens (generated)")
+    add_flag(w, "--num-prefixes", type=integer(1, 10**5), help="how many system prompts")
+    add_flag(w, "--prefix-share", type=number(1e-3, 1.0),
+             help="share of conversations one opens")
+    add_flag(w, "--prefix-zipf", type=number(0.0, 10.0),
+             help="popularity: the i-th drawn as 1/i^zipf")
+    add_flag(w, "--turns", "--num-turns", type=integer(1, 1000),
+             help="turns a conversation (prompt: the one before, its answer, a message)")
+    add_flag(w, "--think-time-s", type=number(0.0, 1e6), help="mean gap between turns, s")
 
 
 def model_flags(p):
@@ -7026,7 +7135,7 @@ def scheduler_flags(p):
              help="waited this long: goes first")
     add_flag(s, "--replicas", type=integer(1, REPLICAS_MAX), help="replicas behind a router")
     add_flag(s, "--router", choices=("all",) + tuple(ROUTERS), help="routers compared")
-    add_flag(s, "--kv-policy", choices=["reserve", "paged", "both"],
+    add_flag(s, "--kv-policy", choices=[*KV_MANAGERS, "both"],
              help="prompt + max output reserved, or paged blocks")
     add_flag(s, "--kv-memory-gb", type=number(1e-6, 1e6), help="KV cache, GB",
              shown=f"{KV_MEMORY_FRACTION:g} x memory - weights; CPU {CPU_KV_MEMORY_GB:g}")
@@ -7825,6 +7934,16 @@ TEXT_EN = {**SHARED_TEXT,
     "memory_reference": "the post's RTX 5080: {fraction:g} x {total_gb:g} GB less "
                         "{weights_gib:.2f} GiB of weights",
     "allocation": "allocation", "reserve": "reserve", "paged": "paged",
+    "prefix": "paged + prefix cache", "queried": "prompt tokens", "hit_card": "hit",
+    "hit_host": "hit in host", "prefill_computed": "prefilled", "prefill_saved": "not prefilled",
+    "evicted": "blocks evicted", "found_cached": "its prompt found cached",
+    "prefix_cache": "Prefix cache (paged blocks that keep what they computed; {host}): prompt "
+                    "tokens looked up at admission and the share found cached, per tier",
+    "prefix_host": "a host tier of {gb:,.1f} GB ({tokens:,} tokens) over {link} at {gbs:g} GB/s",
+    "prefix_no_host": "no host tier",
+    "prefix_by_hit": "TTFT by the share of its prompt a request found cached at admission:",
+    "hit_none": "none", "hit_some": "up to half", "hit_most": "over half",
+    "wait_p99": "queued p99 s",
     "concurrency": "requests peak / mean", "kv_used": "KV used", "never_used": "never used",
     "max_allocated": "max allocated", "preempted": "preempted", "recomputed": "recomputed",
     "check_shape": "{rows:,} rows x {tokens:,} tokens = {gb:.2f} GB",
@@ -8127,6 +8246,16 @@ TEXT_KO = {**SHARED_TEXT,
     "memory_reference": "글의 RTX 5080: {total_gb:g} GB x {fraction:g}에서 가중치 "
                         "{weights_gib:.2f} GiB를 뺀 값",
     "allocation": "할당", "reserve": "예약", "paged": "페이지",
+    "prefix": "페이지 + 접두사 캐시", "queried": "프롬프트 토큰", "hit_card": "적중",
+    "hit_host": "호스트 적중", "prefill_computed": "프리필함", "prefill_saved": "프리필 안 함",
+    "evicted": "축출된 블록", "found_cached": "캐시에서 찾은 프롬프트",
+    "prefix_cache": "접두사 캐시 (계산한 것을 간직하는 페이지 블록; {host}): 입장 때 조회한 "
+                    "프롬프트 토큰과 캐시에서 찾은 비율, 계층별",
+    "prefix_host": "{link}({gbs:g} GB/s) 너머 {gb:,.1f} GB ({tokens:,} 토큰)의 호스트 계층",
+    "prefix_no_host": "호스트 계층 없음",
+    "prefix_by_hit": "입장 때 프롬프트 중 캐시에서 찾은 비율별 TTFT:",
+    "hit_none": "없음", "hit_some": "절반 이하", "hit_most": "절반 초과",
+    "wait_p99": "대기 p99 초",
     "concurrency": "동시 요청 최대 / 평균", "kv_used": "KV 사용률", "never_used": "안 쓰인 몫",
     "max_allocated": "최대 할당", "preempted": "선점", "recomputed": "재계산",
     "check_shape": "{rows:,}행 x {tokens:,}토큰 = {gb:.2f} GB",
