@@ -2405,16 +2405,12 @@ class PrefixCache(PagedBlocks):
         super().release(seq, ctx)
         ref, held = self.ref, seq.held[::-1]
         counts = list(map(ref.__getitem__, held))
+        ref.update(zip(held, map((-1).__add__, counts)))
         freed = held if counts.count(1) == len(counts) else \
-            [key for key, count in zip(held, counts) if count == 1]
-        still = len(held) - len(freed)
-        if still:
-            for key, count in zip(held, counts):
-                if count > 1:
-                    ref[key] = count - 1
-        ref.update(dict.fromkeys(freed, 0))
-        self.total += self.block * still  # (held still by others)
-        self.shared -= self.block * still
+            list(itertools.compress(held, map((1).__eq__, counts)))
+        still = self.block * (len(held) - len(freed))
+        self.total += still  # (held still by others)
+        self.shared -= still
         if self.preempts:  # its uncached blocks first: they are its tail
             uncached = self.blocks(ctx) // self.block - len(seq.held)
             if uncached:
