@@ -7,6 +7,7 @@ import pytest
 
 import NN_40_serving as S
 from conftest import TRACES
+from test_cli import expect_usage_error, run_main, said
 
 COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
                     source="test")
@@ -242,3 +243,52 @@ def test_cache_aware_by_hand_follows_the_cache_unless_out_of_balance():
     assert router.pick([Server(loads[0], 90), Server(1, 0), Server(5, 50)], 0, None) == 1
     assert router.pick([Server(60, 90), Server(1, 0), Server(5, 50)], 0, None) == 0
     assert router.pick([Server(9, 20), Server(1, 0), Server(5, 25)], 0, None) == 1  # under 0.3
+
+
+GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}'
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ('{"timestamp": 5, "input_length": 600, "hash_ids": [1, 2]}', "missing output_length"),
+    ('{"timestamp": 5, "input_length": -600, "output_length": 5, "hash_ids": [1, 2]}',
+     "must be numbers >= 0"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [1]}',
+     "1 hash_ids for input_length 600 at 512 tokens a block (expected 2)"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [1, "x"]}',
+     "hash_ids must be a list of integers"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 5', "Expecting"),
+])
+def test_a_bad_trace_line_is_named_and_nothing_is_written(line, fragment, tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    path.write_text(GOOD + "\n" + line + "\n")
+    out = tmp_path / "out"
+    err = expect_usage_error(["--experiments", "C", "--trace", str(path), "--out", str(out),
+                              "--enable-prefix-caching"], capsys, f"{path}:2:", fragment)
+    assert "Traceback" not in err
+    assert not (out / "results.json").exists()
+
+
+def test_a_block_that_does_not_divide_the_hash_block_is_refused(tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    path.write_text(GOOD + "\n")
+    expect_usage_error(["--experiments", "C", "--trace", str(path), "--block-tokens", "48",
+                        "--out", str(tmp_path / "out")], capsys, str(path),
+                       "a block of 48 tokens does not divide the trace's 512-token hash blocks")
+
+
+def test_a_hashed_trace_end_to_end(tmp_path, capsys):
+    # three prompts of one 1,024-token prefix, then one of its own, apart in time
+    rows = [{"timestamp": 1000 * i, "input_length": 1100, "output_length": 4,
+             "hash_ids": [7, 8, 10 + i] if i < 3 else [1, 2, 3]} for i in range(4)]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results, out = run_main(["--experiments", "C", "--trace", str(path), "--rate", "trace",
+                             "--gpu", "h100", "--model", "llama-3-8b", "--enable-prefix-caching",
+                             "--host-kv-gb", "10", "--no-figures", "--out", str(tmp_path)], capsys)
+    kv = json.loads((tmp_path / "results.json").read_text())["C"]["kv"]
+    p = kv["prefix"]["continuous"]["prefix_cache"]
+    assert (p["queried_tokens"], p["hit_tokens"], p["host_hit_tokens"]) == (4400, 2048, 0)
+    assert p["prefill_tokens_saved"] == 2048 and p["prefill_tokens_computed"] == 4400 - 2048
+    assert [b["requests"] for b in p["ttft_by_hit"]] == [2, 0, 2]
+    assert said("Prefix cache (paged blocks that keep what they computed; a host tier of 10.0 GB",
+                out.out)
