@@ -504,6 +504,7 @@ class RunConfig:
     prefix_zipf: float = 1.0      # their popularity: the i-th as 1 / i^zipf
     turns: int = 1                # turns per conversation
     think_time_s: float = 0.0     # mean gap between a conversation's turns
+    prefix_study: bool = False    # the prefix cache's hits against its capacity (a figure)
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     kv_tokens: int = None         # the KV cache in tokens (replaces kv_memory_gb)
     block_tokens: int = 16        # paged: tokens per block
@@ -1209,9 +1210,10 @@ def hashed_trace_row(row, hash_tokens):
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
                                             for i in ids):
         raise ValueError("hash_ids must be a list of integers")
-    if len(ids) != -(-int(prompt) // hash_tokens):
+    blocks = -(-int(prompt) // hash_tokens)
+    if len(ids) != blocks:
         raise ValueError(f"{len(ids)} hash_ids for input_length {int(prompt)} at "
-                         f"{hash_tokens} tokens a block (expected {-(-int(prompt) // hash_tokens)})")
+                         f"{hash_tokens} tokens a block (expected {blocks})")
     return float(stamp), int(prompt), int(output), tuple(ids)
 
 
@@ -2020,12 +2022,13 @@ class KVManager:
     served     the policy the serving engines run: a study takes it where every request fits
     in_both    one of the policies --kv-policy both compares; caching: the policy that is this
                one keeping computed prefixes (--enable-prefix-caching), if any
+    tracks_prefixes   it keeps computed prefixes (its result has a prefix_cache report)
     block      tokens per block (1: token-exact); capacity: tokens the cache holds; watermark:
                tokens admission keeps free; total: tokens allocated now
     A step's plan is [(Seq, prompt tokens it prefills)]; step j of a run of k takes
     a + e (j - 1) seconds.
     """
-    tracks = preempts = served = False
+    tracks = preempts = served = tracks_prefixes = False
     in_both, caching = True, None
     block, capacity, watermark, total = 1, math.inf, 0, 0
     shared = 0  # tokens held by more than one running request, counted once more than held
@@ -2276,7 +2279,7 @@ class PrefixCache(PagedBlocks):
     request) at admission and release, and O(blocks allocated) as steps allocate.
     """
 
-    in_both, caching = False, None
+    in_both, caching, tracks_prefixes = False, None, True
 
     def __init__(self, kv):
         super().__init__(kv)
@@ -2291,8 +2294,9 @@ class PrefixCache(PagedBlocks):
         self.host, self.host_blocks = collections.OrderedDict(), int(kv.host_tokens // self.block)
         self.host_token_s = kv.host_token_s
         self.pending = None  # the last lookup: (r, keys, blocks hit on the card, in host)
-        self.queried = self.hit = self.host_hit = 0  # prompt tokens: asked for, found per tier
-        self.evicted = 0
+        # prompt tokens at first admissions: asked for, found per tier
+        self.queried = self.hit = self.host_hit = 0
+        self.evicted = self.readmitted_hit = 0
         self.hits = {}  # request -> tokens hit at its first admission
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
 
@@ -2341,9 +2345,12 @@ class PrefixCache(PagedBlocks):
         for key in keys[card:card + host]:  # loaded back from the host tier
             del self.host[key]
         seq.keys, seq.held, seq.registered, seq.loading = keys, hit, card, host * b
-        self.queried += seq.prompt_left + seq.num_cached
-        self.hit, self.host_hit = self.hit + card * b, self.host_hit + host * b
-        self.hits.setdefault(r, (card + host) * b)
+        if r in self.hits:  # readmitted after preemption: it finds what it had computed
+            self.readmitted_hit += (card + host) * b
+        else:  # (the counts of the first admission only: each prompt queried once)
+            self.queried += seq.prompt_left + seq.num_cached
+            self.hit, self.host_hit = self.hit + card * b, self.host_hit + host * b
+            self.hits[r] = (card + host) * b
         fresh = seq.allocated // b - card  # blocks it holds beyond the card's hits
         self.total += b * (taken + fresh)
         self.take(fresh)
@@ -2420,6 +2427,7 @@ class PrefixCache(PagedBlocks):
     def report(self):
         return {PREFIX_REPORT: {"queried_tokens": self.queried, "hit_tokens": self.hit,
                            "host_hit_tokens": self.host_hit, "evicted_blocks": self.evicted,
+                           "readmitted_hit_tokens": self.readmitted_hit,
                            "hits": self.hits}}
 
 
@@ -2435,7 +2443,7 @@ def merged_reports(results, per_replica):
     merged = {key: sum(p[key] for p in reports) for key in reports[0] if key != "hits"}
     merged["hits"] = {r: t for p in reports for r, t in p["hits"].items()}
     for row, p in zip(per_replica, reports):
-        row["prefix"] = {key: value for key, value in p.items() if key != "hits"}
+        row[PREFIX_REPORT] = {key: value for key, value in p.items() if key != "hits"}
     return {PREFIX_REPORT: merged}
 
 
@@ -4744,6 +4752,9 @@ def run_batching_sim(run, req, log, results, kv_budgets=None):
         works.append(fleets)
     if capacity:
         result["capacity"] = capacity
+    if run.prefix_study and kv_budgets:
+        result["prefix_study"], studied = prefix_study(run, share, replica, *kv_budgets)
+        works.append(studied)
     total = Work(*map(sum, zip(*works)))
     result["simulation"] = {"runs": total.runs, "jobs": run.jobs, "iterations": total.iterations,
                             "simulation_s": total.seconds, "wall_s": time.perf_counter() - t0}
@@ -4840,15 +4851,6 @@ def kv_setup(run, req, device):
     return info, budgets
 
 
-def host_tier(run, per_token):
-    """A prefix cache's host tier (--host-kv-gb): its tokens, and the card's link to it."""
-    link, gbs = HOST_LINKS.get(run.gpu) or (
-        (GPUS[run.gpu].link, GPUS[run.gpu].link_gbs) if run.gpu else _PCIE4)
-    host_bytes = (run.host_kv_gb or 0) * 1e9
-    return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
-            "host_link": link, "host_link_gbs": gbs}
-
-
 def kv_metrics(req, sim, kv):
     """Memory use of one simulated run: time averages over the makespan, and its latencies."""
     m, mem = serving_metrics(req, sim), sim["kv"]
@@ -4862,39 +4864,6 @@ def kv_metrics(req, sim, kv):
             **{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "makespan_s", "steps",
                                  "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")},
             **prefix_metrics(req, sim)}
-
-
-HIT_BUCKETS = (("hit_none", 0.0, 0.0), ("hit_some", 0.0, 0.5), ("hit_most", 0.5, 1.0))
-
-
-def prefix_metrics(req, sim):
-    """What a run's prefix caches did (empty without one): prompt tokens queried and hit per
-    tier (vLLM's prefix_cache_queries and _hits, counted at every admission), the prefill
-    tokens computed and saved, and TTFT by the share of its prompt a request found cached at
-    its first admission (none, up to half, over half)."""
-    p = sim.get(PREFIX_REPORT)
-    if not p:
-        return {}
-    hit = np.zeros(len(req.output))
-    if p["hits"]:
-        hit[list(p["hits"])] = list(p["hits"].values())
-    share, ttft = hit / req.prompt, sim["first_token"] - req.arrival_s
-    queried, card, host = p["queried_tokens"], p["hit_tokens"], p["host_hit_tokens"]
-    buckets = []
-    for name, low, high in HIT_BUCKETS:
-        mask = (share > low) & (share <= high) if high else share == 0
-        buckets.append({"bucket": name, "requests": int(mask.sum()),
-                        "ttft_s": percentiles(ttft[mask])})
-    return {PREFIX_REPORT: {
-        "queried_tokens": queried, "hit_tokens": card, "host_hit_tokens": host,
-        "hit_ratio": (card + host) / queried if queried else 0.0,
-        "card_hit_ratio": card / queried if queried else 0.0,
-        "host_hit_ratio": host / queried if queried else 0.0,
-        "prefill_tokens_computed": queried - card - host, "prefill_tokens_saved": card + host,
-        "evicted_blocks": p["evicted_blocks"], "ttft_by_hit": buckets,
-        "per_replica": [(row["prefix"]["hit_tokens"] + row["prefix"]["host_hit_tokens"])
-                        / max(row["prefix"]["queried_tokens"], 1)
-                        for row in sim.get("per_replica", ()) if "prefix" in row]}}
 
 
 def kv_study(req, sims, info, budgets):
@@ -5219,6 +5188,90 @@ def fleet_capacity(run, req, replica, slo, one, m):
                  "below": tried.get(replicas - 1) if replicas else None,
                  "tried": sorted(tried.items())}
         for router, (replicas, tried) in zip(routers, found)}}
+
+
+# C's prefix caching: what the prefix caches hit, and their hits against the cache's capacity
+
+
+HIT_BUCKETS = (("hit_none", 0.0, 0.0), ("hit_some", 0.0, 0.5), ("hit_most", 0.5, 1.0))
+
+
+def prefix_metrics(req, sim):
+    """What a run's prefix caches did (empty without one): prompt tokens queried and hit per
+    tier (vLLM's prefix_cache_queries and _hits, here at each request's first admission; a
+    preempted request's hits when readmitted are counted apart), the prefill tokens computed
+    and saved, and TTFT by the share of its prompt a request found cached at its first
+    admission (none, up to half, over half)."""
+    p = sim.get(PREFIX_REPORT)
+    if not p:
+        return {}
+    hit = np.zeros(len(req.output))
+    if p["hits"]:
+        hit[list(p["hits"])] = list(p["hits"].values())
+    share, ttft = hit / req.prompt, sim["first_token"] - req.arrival_s
+    queried, card, host = p["queried_tokens"], p["hit_tokens"], p["host_hit_tokens"]
+    buckets = []
+    for name, low, high in HIT_BUCKETS:
+        mask = (share > low) & (share <= high) if high else share == 0
+        buckets.append({"bucket": name, "requests": int(mask.sum()),
+                        "ttft_s": percentiles(ttft[mask])})
+    return {PREFIX_REPORT: {
+        "queried_tokens": queried, "hit_tokens": card, "host_hit_tokens": host,
+        "hit_ratio": (card + host) / queried if queried else 0.0,
+        "card_hit_ratio": card / queried if queried else 0.0,
+        "host_hit_ratio": host / queried if queried else 0.0,
+        "prefill_tokens_computed": queried - card - host, "prefill_tokens_saved": card + host,
+        "evicted_blocks": p["evicted_blocks"], "ttft_by_hit": buckets,
+        "readmitted_hit_tokens": p["readmitted_hit_tokens"],
+        "per_replica": [(row[PREFIX_REPORT]["hit_tokens"] + row[PREFIX_REPORT]["host_hit_tokens"])
+                        / max(row[PREFIX_REPORT]["queried_tokens"], 1)
+                        for row in sim.get("per_replica", ()) if PREFIX_REPORT in row]}}
+
+
+PREFIX_STUDY_SHARES = (0.125, 0.25, 0.5, 1.0)  # the card's KV budget, and less of it
+
+
+def prefix_study(run, req, replica, info, budgets):
+    """--prefix-study: the prefix cache's hits and TTFT against its capacity (shares of the
+    card's KV budget), on the card alone, with the host tier (--host-kv-gb, else four times
+    the card's budget) and unlimited; continuous batching; with an SLO, the capacity of one
+    replica without caching beside the capacity study's (with it). -> (result, Work)"""
+    kv = study_budget(budgets)
+    if kv is None or not KV_MANAGERS[kv.policy].tracks_prefixes:
+        raise UsageError("--prefix-study needs --enable-prefix-caching (or --kv-policy prefix)")
+    base = dataclasses.replace(replica, scheduler="continuous")
+    host = info["host_tokens"] or 4 * info["budget_tokens"]
+    runs = [(tier, share, dataclasses.replace(kv, capacity_tokens=int(share * kv.capacity_tokens),
+                                              host_tokens=host if tier == "card_host" else 0))
+            for tier in ("card", "card_host") for share in PREFIX_STUDY_SHARES]
+    runs = [r for r in runs if not check_kv_budget(req, r[2])] + [
+        ("unlimited", None, dataclasses.replace(kv, capacity_tokens=math.inf, host_tokens=0))]
+    sims = run_parallel([(timed_task, (f"C prefix {tier} {share}", simulate_serving, req,
+                                       dataclasses.replace(base, kv=budget)))
+                         for tier, share, budget in runs], run.jobs)
+    result = {"budget_tokens": info["budget_tokens"], "host_tokens": host,
+              "host_link": info["host_link"], "host_link_gbs": info["host_link_gbs"],
+              **{tier: [] for tier in ("card", "card_host", "unlimited")}}
+    for (tier, share, budget), sim in zip(runs, sims):
+        m = kv_metrics(req, sim, budget)
+        result[tier].append({"share": share, "capacity_tokens": budget.capacity_tokens,
+                             "ttft_s": m["ttft_s"], **m[PREFIX_REPORT]})
+    if run.slo_ttft_s or run.slo_tpot_s:
+        paged = dataclasses.replace(kv, policy=next(p for p, m in KV_MANAGERS.items()
+                                                    if m.caching == kv.policy))
+        without = capacity_study(dataclasses.replace(run, target_rate=None), req,
+                                 dataclasses.replace(base, kv=paged))
+        result["capacity_without_caching_rps"] = without["one_replica"]["rate_rps"]
+    return result, work_of(sims)
+
+
+def host_tier(run, per_token):
+    """A prefix cache's host tier (--host-kv-gb): its tokens, and the card's link to it."""
+    link, gbs = HOST_LINKS.get(run.gpu) or (
+        (GPUS[run.gpu].link, GPUS[run.gpu].link_gbs) if run.gpu else _PCIE4)
+    host_bytes = (run.host_kv_gb or 0) * 1e9
+    return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
+            "host_link": link, "host_link_gbs": gbs}
 
 
 # -----------------------------------------------------------------------------
@@ -5965,30 +6018,6 @@ def kv_table(T, kv):
     return "\n".join(lines)
 
 
-PREFIX_COLUMNS = [("policy", "label", "text"), ("queried", "prefix_cache.queried_tokens", ","),
-                  ("hit_card", "prefix_cache.card_hit_ratio", ".1%"),
-                  ("hit_host", "prefix_cache.host_hit_ratio", ".1%"),
-                  ("prefill_computed", "prefix_cache.prefill_tokens_computed", ","),
-                  ("prefill_saved", "prefix_cache.prefill_tokens_saved", ","),
-                  ("evicted", "prefix_cache.evicted_blocks", ",")]
-HIT_COLUMNS = [("policy", "label", "text"), ("found_cached", "bucket", "text"),
-               ("count", "requests", ",")] + latency_columns("p50", "p99", keys=("ttft",))
-
-
-def prefix_tables(T, rows, kv):
-    """The prefix cache's hits per tier and the prefill they saved, then TTFT by how much of
-    its prompt a request found cached (none, up to half, over half)."""
-    if not rows:
-        return []
-    host = T["prefix_host"].format(gb=kv["host_bytes"] / 1e9, tokens=kv["host_tokens"],
-                                   gbs=kv["host_link_gbs"], link=kv["host_link"]) \
-        if kv.get("host_tokens") else T["prefix_no_host"]
-    by_hit = [{"label": row["label"], **b, "bucket": T[b["bucket"]]}
-              for row in rows for b in row[PREFIX_REPORT]["ttft_by_hit"] if b["requests"]]
-    return ["", T["prefix_cache"].format(host=host), spec_table(T, rows, PREFIX_COLUMNS),
-            T["prefix_by_hit"], spec_table(T, by_hit, HIT_COLUMNS)]
-
-
 def device_check_text(T, check):
     shape = T["check_shape"].format(rows=check["rows"], tokens=check["row_tokens"],
                                     gb=check["bytes"] / 1e9)
@@ -6333,6 +6362,9 @@ def format_tables(results, lang="en"):
             out += [fleet_table(T, results["C"]["replicas"])]
         if "capacity" in results["C"]:
             out += [capacity_text(T, results["C"]["capacity"])]
+        if "prefix_study" in results["C"]:
+            out += [prefix_study_text(T, results["C"]["prefix_study"],
+                                      results["C"].get("capacity"))]
     if "D" in results:
         out += [engine_table(T, results["D"])]
     out += [text for text in (summary_text(T, results),) if text]
@@ -6340,6 +6372,56 @@ def format_tables(results, lang="en"):
     if warnings:
         out.append("\n".join(describe(T, w) for w in warnings))
     return fit_lines("\n\n".join(out))
+
+
+# -----------------------------------------------------------------------------
+# tables of prefix caching: the hits per tier, TTFT by hit, hits against the cache's capacity
+
+
+PREFIX_COLUMNS = [("policy", "label", "text"), ("queried", "prefix_cache.queried_tokens", ","),
+                  ("hit_card", "prefix_cache.card_hit_ratio", ".1%"),
+                  ("hit_host", "prefix_cache.host_hit_ratio", ".1%"),
+                  ("prefill_computed", "prefix_cache.prefill_tokens_computed", ","),
+                  ("prefill_saved", "prefix_cache.prefill_tokens_saved", ","),
+                  ("evicted", "prefix_cache.evicted_blocks", ",")]
+HIT_COLUMNS = [("policy", "label", "text"), ("found_cached", "bucket", "text"),
+               ("count", "requests", ",")] + latency_columns("p50", "p99", keys=("ttft",))
+
+
+def prefix_tables(T, rows, kv):
+    """The prefix cache's hits per tier and the prefill they saved, then TTFT by how much of
+    its prompt a request found cached (none, up to half, over half)."""
+    if not rows:
+        return []
+    host = T["prefix_host"].format(gb=kv["host_bytes"] / 1e9, tokens=kv["host_tokens"],
+                                   gbs=kv["host_link_gbs"], link=kv["host_link"]) \
+        if kv.get("host_tokens") else T["prefix_no_host"]
+    by_hit = [{"label": row["label"], **b, "bucket": T[b["bucket"]]}
+              for row in rows for b in row[PREFIX_REPORT]["ttft_by_hit"] if b["requests"]]
+    return ["", T["prefix_cache"].format(host=host), spec_table(T, rows, PREFIX_COLUMNS),
+            T["prefix_by_hit"], spec_table(T, by_hit, HIT_COLUMNS)]
+
+
+PREFIX_STUDY_COLUMNS = [("tier", "label", "text"), ("capacity_col", "capacity", "text"),
+                        ("hit_card", "card_hit_ratio", ".1%"),
+                        ("hit_host", "host_hit_ratio", ".1%")] + \
+    latency_columns("p50", "p99", keys=("ttft",))
+
+
+def prefix_study_text(T, study, capacity):
+    """--prefix-study: hits and TTFT against the cache's capacity, per tier; with an SLO, one
+    replica's capacity with and without caching."""
+    rows = [{"label": T["tier_" + tier], **row, "capacity": T["unlimited"] if row["share"] is None
+             else f"{row['capacity_tokens']:,}"} for tier in ("card", "card_host", "unlimited")
+            for row in study[tier]]
+    lines = [T["prefix_study"].format(tokens=study["budget_tokens"], host=study["host_tokens"],
+                                      link=study["host_link"], gbs=study["host_link_gbs"]),
+             spec_table(T, rows, PREFIX_STUDY_COLUMNS)]
+    if capacity and "capacity_without_caching_rps" in study:
+        lines.append(T["prefix_capacity"].format(
+            cached=capacity["one_replica"]["rate_rps"],
+            plain=study["capacity_without_caching_rps"]))
+    return "\n".join(lines)
 
 
 # -----------------------------------------------------------------------------
@@ -6793,6 +6875,48 @@ def plot_engine(results, path):
                      f"{D['speedup_predicted']:.2f}x)")
 
 
+def plot_prefix_cache(results, path):
+    """--prefix-study: the share of prompt tokens found cached against the cache's capacity
+    (the card alone, with a host tier, unlimited), and TTFT beside it."""
+    import matplotlib.pyplot as plt
+    study = results["C"].get("prefix_study")
+    if not study:
+        return "needs --prefix-study"
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for tier, color, marker in (("card", BLUE, "o"), ("card_host", RED, "s")):
+        rows = study[tier]
+        if not rows:
+            continue
+        x = [r["capacity_tokens"] for r in rows]
+        label = "card" if tier == "card" else f"card + host ({study['host_tokens']:,} tokens)"
+        ax1.plot(x, [r["hit_ratio"] for r in rows], marker + "-", color=color, label=label)
+        if tier == "card_host":
+            ax1.plot(x, [r["card_hit_ratio"] for r in rows], marker + ":", color=color,
+                     label="of which on the card", alpha=0.6)
+        for stat, style in (("p50", "-"), ("p99", "--")):
+            ax2.plot(x, [r["ttft_s"][stat] for r in rows], marker + style, color=color,
+                     label=f"{label}: TTFT {stat}")
+    unlimited = study["unlimited"][0]
+    ax1.axhline(unlimited["hit_ratio"], color=DARK, linestyle=":", linewidth=1,
+                label=f"unlimited: {unlimited['hit_ratio']:.1%}")
+    for stat, style in (("p50", "-"), ("p99", "--")):
+        ax2.axhline(unlimited["ttft_s"][stat], color=DARK, linestyle=style, linewidth=0.8,
+                    alpha=0.6, label=f"unlimited: TTFT {stat}")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.set_xlabel("KV cache on the card (tokens)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax1.set_ylabel("prompt tokens found cached")
+    ax1.set_ylim(0, 1)
+    ax2.set_ylabel("TTFT (s)")
+    ax2.set_yscale("log")
+    fig.suptitle("C: prefix caching against the cache's capacity (continuous batching)",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
 FIGURES = {"phases.png": ("B", plot_phases),
            "occupancy.png": ("C", plot_occupancy),
            "latency_cdf.png": ("C", plot_latency_cdf),
@@ -6800,6 +6924,7 @@ FIGURES = {"phases.png": ("B", plot_phases),
            "kv_memory.png": ("C", plot_kv_memory),
            "who_waits.png": ("C", plot_who_waits),
            "capacity.png": ("C", plot_capacity),
+           "prefix_cache.png": ("C", plot_prefix_cache),
            "engine.png": ("D", plot_engine),
            "decode_batch.png": ("A", plot_decode_batch),
            "moe_batching.png": ("A", plot_moe_batching),
@@ -7071,6 +7196,8 @@ def prefix_flags(p):
     add_flag(w, "--turns", "--num-turns", type=integer(1, 1000),
              help="turns a conversation (prompt: the one before, its answer, a message)")
     add_flag(w, "--think-time-s", type=number(0.0, 1e6), help="mean gap between turns, s")
+    add_flag(w, "--prefix-study", action="store_true",
+             help="hits and TTFT against the cache's capacity (prefix_cache.png)")
 
 
 def model_flags(p):
@@ -7939,7 +8066,14 @@ TEXT_EN = {**SHARED_TEXT,
     "prefix_no_host": "no host tier",
     "prefix_by_hit": "TTFT by the share of its prompt a request found cached at admission:",
     "hit_none": "none", "hit_some": "up to half", "hit_most": "over half",
-    "wait_p99": "queued p99 s",
+    "wait_p99": "queued p99 s", "tier": "cache", "capacity_col": "card tokens",
+    "tier_card": "card", "tier_card_host": "card + host", "tier_unlimited": "unlimited",
+    "unlimited": "unlimited",
+    "prefix_study": "Prefix cache against its capacity (continuous batching; the card's budget "
+                    "{tokens:,} tokens and less; the host tier {host:,} tokens over {link} at "
+                    "{gbs:g} GB/s): the share of prompt tokens found cached per tier, and TTFT",
+    "prefix_capacity": "One replica at the SLO: {cached:,.3g} requests/s with prefix caching, "
+                       "{plain:,.3g} without.",
     "concurrency": "requests peak / mean", "kv_used": "KV used", "never_used": "never used",
     "max_allocated": "max allocated", "preempted": "preempted", "recomputed": "recomputed",
     "check_shape": "{rows:,} rows x {tokens:,} tokens = {gb:.2f} GB",
@@ -8251,7 +8385,14 @@ TEXT_KO = {**SHARED_TEXT,
     "prefix_no_host": "호스트 계층 없음",
     "prefix_by_hit": "입장 때 프롬프트 중 캐시에서 찾은 비율별 TTFT:",
     "hit_none": "없음", "hit_some": "절반 이하", "hit_most": "절반 초과",
-    "wait_p99": "대기 p99 초",
+    "wait_p99": "대기 p99 초", "tier": "캐시", "capacity_col": "카드 토큰",
+    "tier_card": "카드", "tier_card_host": "카드 + 호스트", "tier_unlimited": "무제한",
+    "unlimited": "무제한",
+    "prefix_study": "용량에 따른 접두사 캐시 (연속 배칭; 카드 예산 {tokens:,} 토큰과 그 이하; "
+                    "호스트 계층 {host:,} 토큰, {link} {gbs:g} GB/s): 계층별로 캐시에서 찾은 "
+                    "프롬프트 토큰 비율과 TTFT",
+    "prefix_capacity": "SLO에서 복제본 하나: 접두사 캐시로 초당 {cached:,.3g} 요청, 없이 "
+                       "{plain:,.3g}.",
     "concurrency": "동시 요청 최대 / 평균", "kv_used": "KV 사용률", "never_used": "안 쓰인 몫",
     "max_allocated": "최대 할당", "preempted": "선점", "recomputed": "재계산",
     "check_shape": "{rows:,}행 x {tokens:,}토큰 = {gb:.2f} GB",

@@ -214,7 +214,7 @@ def test_cache_aware_routing_hits_more_than_round_robin_on_four_replicas():
         sim = S.simulate_fleet(req, replica, S.Fleet(4, router))
         p = sim["prefix_cache"]
         ratio[router] = p["hit_tokens"] / p["queried_tokens"]
-        assert sum(row["prefix"]["queried_tokens"] for row in sim["per_replica"]) == \
+        assert sum(row["prefix_cache"]["queried_tokens"] for row in sim["per_replica"]) == \
             p["queried_tokens"] == req.prompt.sum()
     assert ratio["cache-aware"] > ratio["round-robin"] + 0.1, ratio
 
@@ -232,7 +232,8 @@ def test_cache_aware_by_hand_follows_the_cache_unless_out_of_balance():
 
     class Server:
         def __init__(self, load, hit):
-            self.ledger, self.kv, self.n, self.hit = FakeLedger(identity, [100] * 3), self, load, hit
+            self.ledger, self.kv = FakeLedger(identity, [100] * 3), self
+            self.n, self.hit = load, hit
 
         def load(self):
             return self.n
@@ -292,3 +293,28 @@ def test_a_hashed_trace_end_to_end(tmp_path, capsys):
     assert [b["requests"] for b in p["ttft_by_hit"]] == [2, 0, 2]
     assert said("Prefix cache (paged blocks that keep what they computed; a host tier of 10.0 GB",
                 out.out)
+
+
+def test_the_prefix_study_end_to_end(tmp_path, capsys):
+    results, out = run_main(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
+                             "--requests", "300", "--rate", "20", "--prefix-len", "512",
+                             "--num-prefixes", "4", "--turns", "3", "--think-time-s", "5",
+                             "--enable-prefix-caching", "--prefix-study", "--kv-tokens",
+                             "20000", "--slots", "16", "--jobs", "1", "--out", str(tmp_path)],
+                            capsys)
+    study = json.loads((tmp_path / "results.json").read_text())["C"]["prefix_study"]
+    card = [row["hit_ratio"] for row in study["card"]]
+    host = [row["hit_ratio"] for row in study["card_host"]]
+    unlimited = study["unlimited"][0]["hit_ratio"]
+    assert [row["capacity_tokens"] for row in study["card"]] == [2500, 5000, 10000, 20000]
+    assert card == sorted(card) and card[0] < card[-1]  # more cache, more hits
+    assert host[0] > card[0] + 0.2                      # a host tier keeps what the card drops
+    assert max(card) <= unlimited
+    # (not so with the host tier: a turn that queues long enough behind a small card finds its
+    # previous turn's answer computed, which an unlimited cache serving it at once may not)
+    assert (tmp_path / "prefix_cache.png").exists()
+    assert said("Prefix cache against its capacity", out.out)
+    with pytest.raises(SystemExit):
+        S.main(["--experiments", "C", "--prefix-study", "--kv-policy", "paged", "--requests",
+                "20", "--no-figures", "--out", str(tmp_path / "plain")])
+    assert "--prefix-study needs --enable-prefix-caching" in capsys.readouterr().err
