@@ -318,3 +318,21 @@ def test_the_prefix_study_end_to_end(tmp_path, capsys):
         S.main(["--experiments", "C", "--prefix-study", "--kv-policy", "paged", "--requests",
                 "20", "--no-figures", "--out", str(tmp_path / "plain")])
     assert "--prefix-study needs --enable-prefix-caching" in capsys.readouterr().err
+
+
+def test_an_evicted_block_moves_to_the_host_tier_and_its_hit_is_loaded():
+    cache = S.PrefixCache(S.KVBudget("prefix", 32, 4, host_tokens=8, host_token_s=0.5))
+    ledger = system_prompts(2)
+    first = admit(cache, ledger, 0)
+    prefill(cache, first)
+    cache.release(first, 11)
+    cache.take(8)  # every free block: the system prompt's two go to the host (2 blocks fit)
+    assert cache.ref == {} and list(cache.host) == first.keys[::-1]
+    assert cache.lookup(ledger, 1) == 8  # both found in the host tier
+    second = admit(cache, ledger, 1)
+    assert second.loading == 8 and cache.load_s([(second, 2)]) == 4.0  # 8 tokens x 0.5 s
+    assert cache.host == {} and cache.ref == {k: 1 for k in first.keys}  # back on the card
+    p = cache.report()["prefix_cache"]
+    assert (p["hit_tokens"], p["host_hit_tokens"], p["evicted_blocks"]) == (0, 8, 2)
+    cache.advance(0, [(second, 2)], 1, 1.0, 0.0)
+    assert cache.load_s([(second, 2)]) == 0.0  # loaded once, in its first step
