@@ -2425,10 +2425,10 @@ class PrefixCache(PagedBlocks):
             self.free.update(dict.fromkeys(freed))
 
     def report(self):
-        return {PREFIX_REPORT: {"queried_tokens": self.queried, "hit_tokens": self.hit,
-                           "host_hit_tokens": self.host_hit, "evicted_blocks": self.evicted,
-                           "readmitted_hit_tokens": self.readmitted_hit,
-                           "hits": self.hits}}
+        return {PREFIX_REPORT: {
+            "queried_tokens": self.queried, "hit_tokens": self.hit,
+            "host_hit_tokens": self.host_hit, "evicted_blocks": self.evicted,
+            "readmitted_hit_tokens": self.readmitted_hit, "hits": self.hits}}
 
 
 KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks,  # KVBudget.policy -> its manager
@@ -3151,7 +3151,7 @@ def simulate_serving(req, replica, progress=None):
 
 # Routers: each one class, registered by name in ROUTERS; pick(servers, r, pair) -> the index
 # of the replica request r goes to, from what each replica is doing now. in_all: among the
-# routers --router all compares (else only with --enable-prefix-caching).
+# routers --router all compares (else only where the KV cache keeps prefixes).
 
 
 class RoundRobin:
@@ -5028,8 +5028,8 @@ def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
 def run_routers(run):
     if run.router != "all":
         return (run.router,)
-    return tuple(name for name, router in ROUTERS.items()
-                 if router.in_all or run.enable_prefix_caching)
+    caching = any(KV_MANAGERS[policy].tracks_prefixes for policy in run.kv_policies)
+    return tuple(name for name, router in ROUTERS.items() if router.in_all or caching)
 
 
 def replicas_study(run, req, replica):
