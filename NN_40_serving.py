@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import collections
 import heapq
 import itertools
 import json
@@ -412,6 +413,11 @@ GPUS = {  # README cites the spec sheets; memory_mib: nvidia-smi's total (the RT
     "b200": _card("B200", 8000.0, 2250.0, 180.0, 4500.0, _NVLINK5, 183359),
 }
 
+# Each card's link to its host's memory, one way (a prefix cache's host tier loads over it):
+# the PCIe cards' own link; the SXM boards' host slots per NVIDIA's HGX/DGX spec sheets (A100:
+# PCIe 4.0 x16; H100, H200: PCIe 5.0 x16; B200: PCIe 6.0 on the card, 5.0 on the DGX B200 host)
+HOST_LINKS = {"a100-40gb": _PCIE4, "a100-80gb": _PCIE4, "h100": _PCIE5, "h200": _PCIE5,
+              "b200": _PCIE5}
 
 EXPERIMENTS = "ABCD"
 
@@ -429,7 +435,7 @@ LENGTH_MU, LENGTH_SIGMA, LENGTH_MAX, LENGTH_SEED = 4.2, 0.9, 2048, 3
 # weights are --seed itself; a capacity search's k-th draw is "capacity" + k): distinct offsets
 # keep the draws independent of one another, and every run repeatable.
 SEED_OFFSET = {"arrivals": 1, "sweep": 2, "prompts": 3, "predicted": 4, "engine_arrivals": 5,
-               "fleet": 6, "capacity": 10, "replicas": 20}
+               "fleet": 6, "capacity": 10, "replicas": 20, "prefixes": 7}
 # The KV cache's memory in C, unless --kv-memory-gb: on CUDA, this share of the device's memory
 # less the weights (vLLM's default gpu_memory_utilization); on CPU, a deliberately small cache,
 # so that memory and not the slots limits the batch; with no device (C alone, analytic prices),
@@ -511,7 +517,16 @@ class RunConfig:
     router: str = "all"           # the routers C's fleet and capacity studies compare
     slo_attainment: float = 0.9   # the share of requests that must meet the SLO
     target_rate: float = None     # requests/s C finds the fewest replicas for
-    kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged" or "both"
+    kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged", "prefix" or "both"
+    enable_prefix_caching: bool = False  # paged blocks keep computed prefixes (policy "prefix")
+    host_kv_gb: float = None      # prefix: a second tier of blocks in host memory
+    prefix_len: int = 0           # generated requests: system prompts' tokens (0: none)
+    num_prefixes: int = 1         # how many system prompts
+    prefix_share: float = 1.0     # share of conversations a system prompt opens
+    prefix_zipf: float = 1.0      # their popularity: the i-th as 1 / i^zipf
+    turns: int = 1                # turns per conversation
+    think_time_s: float = 0.0     # mean gap between a conversation's turns
+    prefix_study: bool = False    # the prefix cache's hits against its capacity (a figure)
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     kv_tokens: int = None         # the KV cache in tokens (replaces kv_memory_gb)
     block_tokens: int = 16        # paged: tokens per block
@@ -532,7 +547,10 @@ class RunConfig:
 
     @property
     def kv_policies(self):
-        return tuple(KV_MANAGERS) if self.kv_policy == "both" else (self.kv_policy,)
+        policies = tuple(p for p, m in KV_MANAGERS.items() if m.in_both) \
+            if self.kv_policy == "both" else (self.kv_policy,)
+        return tuple(KV_MANAGERS[p].caching or p if self.enable_prefix_caching else p
+                     for p in policies)
 
 
 # -----------------------------------------------------------------------------
@@ -1039,13 +1057,74 @@ class Requests:
     prompt: np.ndarray     # (n,) prompt tokens
     output: np.ndarray     # (n,) generated tokens (>= 1)
     cached: np.ndarray = None  # (n,) prompt tokens already cached on arrival (None: none)
+    identity: object = None    # what the prompts are made of (HashedPrompts, SharedPrompts)
 
     def take(self, index=slice(None), arrival_s=None):
         """The requests at `index` (a slice or an index array), arriving at `arrival_s`
         instead of their own times when it is given."""
         return Requests(self.arrival_s[index] if arrival_s is None else arrival_s,
                         self.prompt[index], self.output[index],
-                        None if self.cached is None else self.cached[index])
+                        None if self.cached is None else self.cached[index],
+                        None if self.identity is None else self.identity.take(index))
+
+
+# A prompt's identity: the key of each of its full KV blocks, equal keys for equal tokens (and
+# equal tokens before them), so a cache can find the longest run of a prompt's leading blocks it
+# holds. block_keys(r, tokens, block) -> the keys of the first tokens // block blocks of request
+# r's context, fewer where the rest is its own text (no other request can share it).
+HASH_BLOCK_TOKENS = 512  # Mooncake's traces: one hash id per 512 prompt tokens
+CHAIN_MASK = (1 << 52) - 1  # a chain of hash ids, cut to leave 10 bits for a block's place
+
+
+class HashedPrompts:
+    """Prompts known by the hash ids of their 512-token blocks (Mooncake's traces): two prompts
+    whose lists start with the same ids share those tokens. An engine block of b tokens (b
+    divides 512) is keyed by the chain of ids up to its 512-token block and its place in it."""
+
+    def __init__(self, hash_ids, hash_tokens=HASH_BLOCK_TOKENS):
+        self.hash_ids, self.hash_tokens = hash_ids, hash_tokens  # (n,) object array of tuples
+
+    def take(self, index):
+        return HashedPrompts(self.hash_ids[index], self.hash_tokens)
+
+    def block_keys(self, r, tokens, block):
+        per, ids, n = self.hash_tokens // block, self.hash_ids[r], tokens // block
+        chains, chain = [], 0
+        for i in range(min(-(-n // per), len(ids))):
+            chain = hash((chain, ids[i]))
+            chains.append(chain & CHAIN_MASK)
+        # a block's key: its 512-token block's chain, shifted, and its place in that block
+        return (np.left_shift(np.array(chains, dtype=np.int64), 10)[:, None]
+                + np.arange(per)).ravel()[:n].tolist()
+
+    def covers_output(self, r):
+        return False
+
+
+class SharedPrompts:
+    """Prompts that open with one of a few system prompts and go on with a conversation:
+    request r's context is system prompt system[r] (system_tokens[system[r]] tokens; -1: none)
+    then, where conversation[r] >= 0, that conversation's transcript (its earlier turns'
+    messages and answers, then its own message and its answer), else text of its own."""
+
+    def __init__(self, system, system_tokens, conversation):
+        self.system, self.system_tokens, self.conversation = system, system_tokens, conversation
+
+    def take(self, index):
+        return SharedPrompts(self.system[index], self.system_tokens, self.conversation[index])
+
+    def block_keys(self, r, tokens, block):
+        s, c = int(self.system[r]), int(self.conversation[r])
+        shared = int(self.system_tokens[s]) // block if s >= 0 else 0
+        n = min(tokens // block, shared)
+        keys = list(range((s + 1) << 32, ((s + 1) << 32) + n))  # (a system prompt's blocks)
+        if c >= 0:  # then the conversation's: its transcript starts with its system prompt
+            keys += range(-((c + 1) << 32) - n, -((c + 1) << 32) - tokens // block, -1)
+        return keys
+
+    def covers_output(self, r):
+        """The answer is part of the transcript the next turn sends again."""
+        return self.conversation[r] >= 0
 
 
 TRACE_COLUMNS = [  # (prompt column, output column, timestamp column or None)
@@ -1065,7 +1144,7 @@ def read_trace(path, limit=None):
     """A request trace CSV -> (prompt, output, timestamps or None), each row checked; or a
     real engine's log of its requests (see read_engine_run), with its arrivals."""
     import csv
-    if path.endswith(ENGINE_RUN_SUFFIXES):
+    if is_engine_run(path):
         logged = read_engine_run(path, limit)
         return logged["prompt"], logged["output"], logged["arrival_s"]
     try:
@@ -1116,6 +1195,120 @@ def read_trace(path, limit=None):
 # Real engines' logs of their requests: LLMServingSim's vLLM runs (requests.jsonl, with the
 # engine's settings in meta.json beside it) and DistServe's (*.exp, a Python list of dicts)
 ENGINE_RUN_SUFFIXES = (".jsonl", ".exp")
+
+
+def is_hashed_trace(path):
+    """A JSONL trace whose first line has hash_ids (Mooncake's), not an engine's log."""
+    if not path.endswith(".jsonl"):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            return '"hash_ids"' in f.readline()
+    except (OSError, UnicodeDecodeError):
+        return False  # (read_engine_run says why)
+
+
+def is_engine_run(path):
+    return path.endswith(ENGINE_RUN_SUFFIXES) and not is_hashed_trace(path)
+
+
+def hashed_trace_row(row, hash_tokens):
+    """One line of a hash-id trace, checked. -> (timestamp ms, input, output, hash ids), or
+    raises ValueError saying what is wrong with it."""
+    if not isinstance(row, dict):
+        raise ValueError("expected a JSON object")
+    fields = ("timestamp", "input_length", "output_length", "hash_ids")
+    missing = [k for k in fields if k not in row]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    stamp, prompt, output, ids = (row[k] for k in fields)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+               for v in (stamp, prompt, output)) or not (prompt == int(prompt)
+                                                        and output == int(output)):
+        raise ValueError("timestamp, input_length and output_length must be numbers >= 0 "
+                         "(the lengths whole)")
+    if not 0 < output <= COUNT_MAX or not 0 < prompt <= COUNT_MAX:
+        raise ValueError(f"input_length and output_length must be 1 to {COUNT_MAX:,}")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                            for i in ids):
+        raise ValueError("hash_ids must be a list of integers")
+    blocks = -(-int(prompt) // hash_tokens)
+    if len(ids) != blocks:
+        raise ValueError(f"{len(ids)} hash_ids for input_length {int(prompt)} at "
+                         f"{hash_tokens} tokens a block (expected {blocks})")
+    return float(stamp), int(prompt), int(output), tuple(ids)
+
+
+def read_hashed_trace(path, limit=None, block=16, hash_tokens=HASH_BLOCK_TOKENS):
+    """A trace of prompts known by their blocks' hash ids (Mooncake's JSONL: timestamp in ms,
+    input_length, output_length, hash_ids) -> Requests arriving at its timestamps, with their
+    identity (HashedPrompts); each line checked, the engine's block size dividing theirs."""
+    if hash_tokens % block:
+        raise UsageError(f"{path}: a block of {block} tokens does not divide the trace's "
+                         f"{hash_tokens}-token hash blocks (--block-tokens)")
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if limit is not None and len(rows) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(hashed_trace_row(json.loads(line), hash_tokens))
+                except ValueError as e:  # (json's errors are ValueErrors too)
+                    raise UsageError(f"{path}:{lineno}: {one_line(e)}")
+                if len(rows) > 1 and rows[-1][0] < rows[-2][0]:
+                    raise UsageError(f"{path}:{lineno}: timestamp earlier than the line before")
+    except OSError as e:
+        raise UsageError(f"cannot read trace {path}: {e.strerror}")
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a text file")
+    if not rows:
+        raise UsageError(f"{path}: no requests in the trace")
+    stamps, prompt, output, ids = zip(*rows)
+    hash_ids = np.empty(len(ids), dtype=object)
+    hash_ids[:] = ids
+    arrival = (np.array(stamps) - stamps[0]) / 1e3
+    return Requests(arrival, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64),
+                    identity=HashedPrompts(hash_ids, hash_tokens))
+
+
+class PrefixWorkload(NamedTuple):
+    """Shared prefixes in generated requests (see shared_prompts)."""
+    prefix_len: int = 0         # tokens of each system prompt (0: none)
+    num_prefixes: int = 1       # how many system prompts
+    share: float = 1.0          # share of conversations opened by one
+    zipf: float = 1.0           # popularity: the i-th system prompt drawn as 1 / i^zipf
+    turns: int = 1              # turns per conversation (1: single requests)
+    think_time_s: float = 0.0   # mean gap between a conversation's turns
+
+
+def shared_prompts(req, prefix, rng):
+    """Requests whose prompts share prefixes the way chat traffic does: system prompts opening
+    a share of the conversations, and conversations of several turns, a turn's prompt the
+    previous prompt, its answer and a new message (each request's own prompt length),
+    arriving an exponential think time after the previous turn's arrival (the trace is
+    open-loop: a turn may come before the answer it repeats has been computed). req's
+    arrivals open the conversations. -> Requests in arrival order, with their identity."""
+    n, turns = len(req.output), prefix.turns
+    convs = -(-n // turns)
+    weights = 1.0 / np.arange(1, prefix.num_prefixes + 1) ** prefix.zipf
+    system = rng.choice(prefix.num_prefixes, size=convs, p=weights / weights.sum())
+    system[(rng.random(convs) >= prefix.share) | (prefix.prefix_len == 0)] = -1
+    conv, turn = np.arange(n) // turns, np.arange(n) % turns  # request i: a turn of conv
+    think = rng.exponential(prefix.think_time_s, size=(convs, turns))
+    think[:, 0] = 0.0
+    arrival = (req.arrival_s[:convs, None] + np.cumsum(think, axis=1)).ravel()[:n]
+    context = req.prompt + np.where(system[conv] >= 0, prefix.prefix_len, 0)
+    for t in range(1, turns):  # the conversation so far, then the turn's message
+        later = np.flatnonzero(turn == t)
+        context[later] = context[later - 1] + req.output[later - 1] + req.prompt[later]
+    order = np.argsort(arrival, kind="stable")
+    identity = SharedPrompts(system[conv][order],
+                             np.full(prefix.num_prefixes, prefix.prefix_len, dtype=np.int64),
+                             (conv if turns > 1 else np.full(n, -1))[order])
+    return Requests(arrival[order], context[order], req.output[order], identity=identity)
 
 
 def read_engine_run(path, limit=None):
@@ -1247,8 +1440,12 @@ def make_requests(run):
             raise UsageError(f"--requests {run.requests:,}: C would need about {gib(need)} of "
                              f"memory, and {gib(free)} is free")
     rng = np.random.default_rng(run.seed + SEED_OFFSET["arrivals"])
-    trace_times = None
-    if run.trace:
+    trace_times = identity = None
+    if run.trace and is_hashed_trace(run.trace):
+        traced = read_hashed_trace(run.trace, run.trace_limit, run.block_tokens)
+        prompt, output, trace_times, identity = traced.prompt, traced.output, \
+            traced.arrival_s, traced.identity
+    elif run.trace:
         prompt, output, trace_times = read_trace(run.trace, run.trace_limit)
     else:
         output = request_lengths(run)
@@ -1266,7 +1463,12 @@ def make_requests(run):
         arrival = trace_times
     else:
         arrival = arrival_times(len(output), run.rate, run.burstiness, rng)
-    return Requests(arrival, prompt, output)
+    prefix = PrefixWorkload(run.prefix_len, run.num_prefixes, run.prefix_share, run.prefix_zipf,
+                            run.turns, run.think_time_s)
+    if identity is None and (prefix.prefix_len or prefix.turns > 1):
+        return shared_prompts(Requests(arrival, prompt, output), prefix, np.random.default_rng(
+            run.seed + SEED_OFFSET["prefixes"]))
+    return Requests(arrival, prompt, output, identity=identity)
 
 
 # -----------------------------------------------------------------------------
@@ -2218,6 +2420,8 @@ class KVBudget:
     block_tokens: int = 16
     max_output: int = 0        # reserve: output tokens reserved for every request
     watermark: float = 0.0     # paged: share of the blocks admission keeps free
+    host_tokens: float = 0     # prefix: tokens of blocks a host-memory tier keeps
+    host_token_s: float = 0.0  # prefix: seconds to load one token's KV from the host tier
 
 
 class KVUnfit(UsageError):
@@ -2243,7 +2447,8 @@ class Seq:
     `end_step` of its last token.
     """
     __slots__ = ("id", "admitted", "prompt_left", "num_cached", "to_emit", "to_emit_admitted",
-                 "decode_base", "end_step", "allocated")
+                 "decode_base", "end_step", "allocated", "keys", "held", "registered",
+                 "loading")
 
     def __init__(self, rid, admitted, prompt_left, to_emit, num_cached=0):
         self.id, self.admitted = rid, admitted  # (admitted: its place in admission order)
@@ -2261,13 +2466,31 @@ class KVManager:
     preempts   a step may need memory that is not free: max_steps bounds a run, and the newest
                request is preempted while the planned step does not fit
     served     the policy the serving engines run: a study takes it where every request fits
+    in_both    one of the policies --kv-policy both compares; caching: the policy that is this
+               one keeping computed prefixes (--enable-prefix-caching), if any
+    tracks_prefixes   it keeps computed prefixes (its result has a prefix_cache report)
     block      tokens per block (1: token-exact); capacity: tokens the cache holds; watermark:
                tokens admission keeps free; total: tokens allocated now
     A step's plan is [(Seq, prompt tokens it prefills)]; step j of a run of k takes
     a + e (j - 1) seconds.
     """
-    tracks = preempts = served = False
+    tracks = preempts = served = tracks_prefixes = False
+    in_both, caching = True, None
     block, capacity, watermark, total = 1, math.inf, 0, 0
+    shared = 0  # tokens held by more than one running request, counted once more than held
+
+    def lookup(self, ledger, r):
+        """The tokens of request r already computed when it is admitted now: ledger.cached
+        (computed elsewhere), or what a prefix cache holds of it."""
+        return ledger.cached[r]
+
+    def report(self):
+        """What the run's result adds of the cache (a prefix cache's hits)."""
+        return {}
+
+    def load_s(self, plan):
+        """Seconds the planned step waits for KV loaded into the card (a host tier's)."""
+        return 0.0
 
     def blocks(self, tokens):
         """Tokens rounded up to whole blocks (a number or an array): the one rounding."""
@@ -2376,6 +2599,7 @@ class PagedBlocks(KVManager):
     steps costs O(phases) whatever k is.
     """
     tracks = preempts = served = True
+    caching = "prefix"
 
     def __init__(self, kv):
         b, self.capacity = kv.block_tokens, kv.capacity_tokens
@@ -2479,7 +2703,194 @@ class PagedBlocks(KVManager):
         return integral
 
 
-KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks}  # KVBudget.policy -> its manager
+PREFIX_REPORT = "prefix_cache"  # a run's result: what its prefix caches hit
+
+
+def leading(truths, n):
+    """How many of the first n truths are true before the first false (C-speed)."""
+    flags = list(truths)
+    return flags.index(False) if False in flags else n
+
+
+class PrefixCache(PagedBlocks):
+    """prefix: paged blocks that keep what they computed (vLLM's automatic prefix caching). A
+    full block is keyed by its tokens and all before them (the prompt's identity, see
+    HashedPrompts); a newcomer's hit is the longest run of its leading blocks cached, short of
+    its last prompt token, and those tokens are not prefilled. A block is shared by reference
+    count, held once however many run on it, and cached once computed (requests prefilled in
+    the same step do not share). A block no one holds keeps its key in a free queue, least
+    recently freed first (a request frees its blocks last first, so a prefix's tail goes before
+    its head), until an allocation takes it; with `host_tokens`, it then moves to a host tier
+    (least recently stored first out), where a later hit loads it back. Cost: O(blocks of the
+    request) at admission and release, and O(blocks allocated) as steps allocate.
+    """
+
+    in_both, caching, tracks_prefixes = False, None, True
+
+    def __init__(self, kv):
+        super().__init__(kv)
+        self.preempts = not math.isinf(self.capacity)
+        self.ref = {}  # key -> running requests holding its block (0: cached, free)
+        # the free queue: a key (a cached block) or a run of `count` uncached blocks (a tuple
+        # -> count); one run holds every block never used
+        self.free = collections.OrderedDict()
+        if self.preempts:
+            self.free[("uncached", -1)] = int(self.capacity // self.block)
+        self.runs = itertools.count()
+        self.host, self.host_blocks = collections.OrderedDict(), int(kv.host_tokens // self.block)
+        self.host_token_s = kv.host_token_s
+        self.pending = None  # the last lookup: (r, keys, blocks hit on the card, in host)
+        # prompt tokens at first admissions: asked for, found per tier
+        self.queried = self.hit = self.host_hit = 0
+        self.evicted = self.readmitted_hit = 0
+        self.hits = {}  # request -> tokens hit at its first admission
+        self.identity = None  # the prompts' (the ledger's, seen at lookup)
+
+    def lookup(self, ledger, r):
+        self.identity = identity = ledger.identity
+        b = self.block
+        if identity is None:
+            self.pending = None
+            return ledger.cached[r]
+        to_prefill = ledger.to_prefill[r]
+        keys = self.pending[1] if self.pending and self.pending[0] == r else \
+            identity.block_keys(r, to_prefill, b)
+        most = min(len(keys), (to_prefill - 1) // b)  # (one prompt token left to compute)
+        card = leading(map(self.ref.__contains__, keys[:most]), most)
+        host = leading(map(self.host.__contains__, keys[card:most]), most - card) \
+            if self.host else 0
+        counts = list(map(self.ref.__getitem__, keys[:card]))
+        self.pending = (r, keys, card, host, counts)
+        return max(ledger.cached[r], (card + host) * b)
+
+    def need(self, prompt, cached, chunk, to_prefill):
+        """As paged, less the hit blocks running requests hold already."""
+        need = super().need(prompt, cached, chunk, to_prefill)
+        if self.pending:
+            counts = self.pending[4]
+            need -= self.block * (len(counts) - counts.count(0))
+        return need
+
+    def admit(self, seq, need):
+        seq.allocated, seq.keys, seq.held = self.blocks(seq.num_cached), (), []
+        seq.registered = seq.loading = 0
+        pending, self.pending = self.pending, None
+        if not pending or pending[0] != seq.id:
+            self.total += seq.allocated
+            self.take(seq.allocated // self.block)
+            return
+        r, keys, card, host, counts = pending
+        ref, b, hit = self.ref, self.block, keys[:card]
+        taken = counts.count(0)  # hit blocks no one held: they leave the free queue
+        if taken and self.preempts:
+            for key, count in zip(hit, counts):
+                if not count:
+                    del self.free[key]
+        ref.update(zip(hit, map((1).__add__, counts)))
+        self.shared += b * (card - taken)
+        for key in keys[card:card + host]:  # loaded back from the host tier
+            del self.host[key]
+        seq.keys, seq.held, seq.registered, seq.loading = keys, hit, card, host * b
+        if r in self.hits:  # readmitted after preemption: it finds what it had computed
+            self.readmitted_hit += (card + host) * b
+        else:  # (the counts of the first admission only: each prompt queried once)
+            self.queried += seq.prompt_left + seq.num_cached
+            self.hit, self.host_hit = self.hit + card * b, self.host_hit + host * b
+            self.hits[r] = (card + host) * b
+        fresh = seq.allocated // b - card  # blocks it holds beyond the card's hits
+        self.total += b * (taken + fresh)
+        self.take(fresh)
+        self.register(seq, (card + host) * b)
+
+    def register(self, seq, tokens):
+        """Seq's blocks up to `tokens` are computed: cache those no block holds yet."""
+        upto, ref = min(tokens // self.block, len(seq.keys)), self.ref
+        if upto <= seq.registered:
+            return
+        new = seq.keys[seq.registered:upto]
+        if not ref.keys().isdisjoint(new):
+            new = [key for key in new if key not in ref]
+        ref.update(dict.fromkeys(new, 1))
+        seq.held += new
+        seq.registered = upto
+        if self.host:
+            for key in new:
+                self.host.pop(key, None)
+
+    def take(self, blocks):
+        """Allocate blocks from the head of the free queue, evicting the cached ones there."""
+        free, ref, popitem = self.free, self.ref, self.free.popitem
+        while blocks > 0 and free:
+            key, count = popitem(False)
+            if count:  # a run of uncached blocks
+                if count > blocks:
+                    free[key] = count - blocks
+                    free.move_to_end(key, last=False)
+                blocks -= count
+                continue
+            del ref[key]
+            self.evicted += 1
+            blocks -= 1
+            if self.host_blocks:
+                self.host[key] = None
+                if len(self.host) > self.host_blocks:
+                    self.host.popitem(last=False)
+
+    def advance(self, steps, plan, k, a, e):
+        before = self.total
+        integral = super().advance(steps, plan, k, a, e)
+        self.take((self.total - before) // self.block)
+        for seq, c in plan:
+            seq.loading = 0  # (loaded in the run's first step)
+            if seq.keys:
+                self.register(seq, seq.num_cached + c * k)
+        return integral
+
+    def load_s(self, plan):
+        return self.host_token_s * sum(seq.loading for seq, _ in plan) if self.host_blocks else 0.0
+
+    def release(self, seq, ctx):
+        if seq.keys and ctx // self.block > len(seq.keys) and \
+                self.identity.covers_output(seq.id):  # (its answer: the next turn's prompt)
+            seq.keys = self.identity.block_keys(seq.id, ctx, self.block)
+        if seq.keys:
+            self.register(seq, ctx)
+        super().release(seq, ctx)
+        ref, held = self.ref, seq.held[::-1]
+        counts = list(map(ref.__getitem__, held))
+        ref.update(zip(held, map((-1).__add__, counts)))
+        freed = held if counts.count(1) == len(counts) else \
+            list(itertools.compress(held, map((1).__eq__, counts)))
+        still = self.block * (len(held) - len(freed))
+        self.total += still  # (held still by others)
+        self.shared -= still
+        if self.preempts:  # its uncached blocks first: they are its tail
+            uncached = self.blocks(ctx) // self.block - len(seq.held)
+            if uncached:
+                self.free[("uncached", next(self.runs))] = uncached
+            self.free.update(dict.fromkeys(freed))
+
+    def report(self):
+        return {PREFIX_REPORT: {
+            "queried_tokens": self.queried, "hit_tokens": self.hit,
+            "host_hit_tokens": self.host_hit, "evicted_blocks": self.evicted,
+            "readmitted_hit_tokens": self.readmitted_hit, "hits": self.hits}}
+
+
+KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks,  # KVBudget.policy -> its manager
+               "prefix": PrefixCache}
+
+
+def merged_reports(results, per_replica):
+    """A fleet's prefix caches: each replica's counts (into per_replica) and their sums."""
+    reports = [res.get(PREFIX_REPORT) for res in results]
+    if not reports[0]:
+        return {}
+    merged = {key: sum(p[key] for p in reports) for key in reports[0] if key != "hits"}
+    merged["hits"] = {r: t for p in reports for r, t in p["hits"].items()}
+    for row, p in zip(per_replica, reports):
+        row[PREFIX_REPORT] = {key: value for key, value in p.items() if key != "hits"}
+    return {PREFIX_REPORT: merged}
 
 
 def kv_manager(kv):
@@ -2559,6 +2970,7 @@ class Ledger:
         self.first_step, self.finish_step = [0] * n, [0] * n  # (in the serving simulation's steps)
         self.to_prefill, self.remaining = list(self.prompt), list(self.output)
         self.cached = [0] * n if req.cached is None else req.cached.tolist()  # (at admission)
+        self.identity = req.identity  # what the prompts are made of (None: unknown)
         self.generated = [0] * n  # tokens each request has emitted
         self.taken = bytearray(n)  # taken out of a waiting queue (see PriorityQueue)
 
@@ -2952,7 +3364,7 @@ class ServingSim:
             r = retry[0] if retry else head(t)
             if r is None:
                 return False
-            cached = ledger.cached[r]
+            cached = kv.lookup(ledger, r)
             prompt_left = ledger.to_prefill[r] - cached
             need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
             if need + watermark > room:
@@ -3009,8 +3421,10 @@ class ServingSim:
     def price(self, plan, k):
         """The k steps of a run: StepCosts.run_price's (prefill_s, decode_s, first_s, growth_s,
         prompt tokens per step)."""
-        return self.costs.run_price(plan, self.decode.size, self.decode.cached(self.steps), k,
-                                    self.fused)
+        price = self.costs.run_price(plan, self.decode.size, self.decode.cached(self.steps), k,
+                                     self.fused)
+        load_s = self.kv.load_s(plan)  # (KV loaded from a host tier before the run's first step)
+        return (price[0] + load_s,) + price[1:] if load_s else price
 
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
@@ -3085,7 +3499,7 @@ class ServingSim:
 
     def held(self):
         """KV tokens the running requests hold."""
-        return self.decode.cached(self.steps) + self.prefill.cached
+        return self.decode.cached(self.steps) + self.prefill.cached - self.kv.shared
 
     def account(self, plan, k, price, emitted):
         """Memory integrals over the k steps just priced (step j: a + e (j - 1) s); `emitted`
@@ -3114,6 +3528,7 @@ class ServingSim:
                "decode_s": self.decode_s, "iterations": self.iterations}
         if self.tracks:
             sim["kv"], sim["generated"] = self.memory.totals, np.array(ledger.generated)
+        sim.update(self.kv.report())
         return sim
 
 
@@ -3180,28 +3595,77 @@ def simulate_serving(req, replica, progress=None):
 # fleets and metrics: replicas behind a router, and the latencies of a run (pure NumPy)
 
 
-ROUTERS = ("round-robin", "least-requests", "power-of-two", "least-kv")
+# Routers: each one class, registered by name in ROUTERS; pick(servers, r, pair) -> the index
+# of the replica request r goes to, from what each replica is doing now. in_all: among the
+# routers --router all compares (else only where the KV cache keeps prefixes).
+
+
+class RoundRobin:
+    """The r-th request to replica r mod N."""
+    in_all = True
+
+    def pick(self, servers, r, pair):
+        return r % len(servers)
+
+
+class LeastRequests:
+    """The fewest requests queued, preempted and running (Vidur's LOR); ties to the lowest
+    index."""
+    in_all = True
+
+    def pick(self, servers, r, pair):
+        loads = [server.load() for server in servers]
+        return loads.index(min(loads))
+
+
+class PowerOfTwo:
+    """Of two replicas drawn at random (`pair`), the less loaded; ties to the first."""
+    in_all = True
+
+    def pick(self, servers, r, pair):
+        a, b = pair
+        return b if servers[b].load() < servers[a].load() else a
+
+
+class LeastKV:
+    """The fewest KV tokens allocated (or held) plus prompt tokens waiting."""
+    in_all = True
+
+    def pick(self, servers, r, pair):
+        kv = [server.committed_kv() for server in servers]
+        return kv.index(min(kv))
+
+
+class CacheAware(LeastRequests):
+    """The replica whose prefix cache holds the longest run of r's leading blocks, where that
+    run is over `cache_threshold` of its prompt, unless that replica is out of balance with the
+    least loaded (its requests exceed the least's by more than `balance_abs` and by more than
+    `balance_rel` times): then, as otherwise, the least loaded (SGLang's cache-aware router,
+    its default thresholds; it compares the replicas' caches themselves, not a copy)."""
+    in_all = False
+    cache_threshold, balance_abs, balance_rel = 0.3, 64, 1.5
+
+    def pick(self, servers, r, pair):
+        ledger = servers[0].ledger
+        loads = [server.load() for server in servers]
+        least = loads.index(min(loads))
+        matched = [server.kv.lookup(ledger, r) for server in servers]
+        best = max(range(len(servers)), key=lambda i: (matched[i], -loads[i], -i))
+        if matched[best] <= self.cache_threshold * ledger.to_prefill[r]:
+            return least
+        if loads[best] - loads[least] > self.balance_abs and \
+                loads[best] > self.balance_rel * loads[least]:
+            return least
+        return best
+
+
+ROUTERS = {"round-robin": RoundRobin(), "least-requests": LeastRequests(),
+           "power-of-two": PowerOfTwo(), "least-kv": LeastKV(), "cache-aware": CacheAware()}
 
 
 def route(router, servers, r, pair):
-    """The replica that request r goes to, from what each replica is doing now.
-
-    round-robin     the r-th request to replica r mod N
-    least-requests  the fewest requests queued, preempted and running (Vidur's LOR); ties to
-                    the lowest index
-    power-of-two    of two replicas drawn at random (`pair`), the less loaded; ties to the first
-    least-kv        the fewest KV tokens allocated (or held) plus prompt tokens waiting
-    """
-    if router == "round-robin":
-        return r % len(servers)
-    if router == "least-requests":
-        loads = [server.load() for server in servers]
-        return loads.index(min(loads))
-    if router == "power-of-two":
-        a, b = pair
-        return b if servers[b].load() < servers[a].load() else a
-    kv = [server.committed_kv() for server in servers]
-    return kv.index(min(kv))
+    """The replica that request r goes to (ROUTERS[router]'s pick)."""
+    return ROUTERS[router].pick(servers, r, pair)
 
 
 class Fleet(NamedTuple):
@@ -3253,6 +3717,7 @@ def simulate_fleet(req, replica, fleet, progress=None):
                  longest_step_s=max(res["longest_step_s"] for res in results),
                  prefill_s=sum(res["prefill_s"] for res in results),
                  decode_s=sum(res["decode_s"] for res in results))
+    fleet.update(merged_reports(results, per_replica))
     return fleet
 
 
@@ -4733,6 +5198,9 @@ def run_batching_sim(run, req, log, results, kv_budgets=None):
         works.append(fleets)
     if capacity:
         result["capacity"] = capacity
+    if run.prefix_study and kv_budgets:
+        result["prefix_study"], studied = prefix_study(run, share, replica, *kv_budgets)
+        works.append(studied)
     total = Work(*map(sum, zip(*works)))
     result["simulation"] = {"runs": total.runs, "jobs": run.jobs, "iterations": total.iterations,
                             "simulation_s": total.seconds, "wall_s": time.perf_counter() - t0}
@@ -4780,7 +5248,7 @@ def schedulers_study(run, req, replica, kv_budgets, log):
                                                    for name in SCHEDULERS})
     if kv_budgets:
         result["kv"] = kv_study(req, sims, *kv_budgets)
-    if run.trace and run.trace.endswith(ENGINE_RUN_SUFFIXES):
+    if run.trace and is_engine_run(run.trace):
         result["engine_run"] = engine_run_study(run, req, sims)
     return result, work_of(list(sims.values()))
 
@@ -4815,11 +5283,12 @@ def kv_setup(run, req, device):
     info = {"memory_bytes": memory_bytes, "memory_source": source, "bytes_per_token": per_token,
             "budget_tokens": max(int(memory_bytes // per_token), 0),
             "block_tokens": run.block_tokens, "max_output": max_output,
-            "watermark": run.watermark, "unfit": {}}
+            "watermark": run.watermark, "unfit": {}, **host_tier(run, per_token)}
     budgets = []
     for policy in run.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output,
-                      run.watermark)
+                      run.watermark, info["host_tokens"],
+                      per_token / (info["host_link_gbs"] * 1e9))
         why = check_kv_budget(req, kv) if info["budget_tokens"] else {"kind": "kv_no_memory"}
         if why:
             info["unfit"][policy] = why
@@ -4839,7 +5308,8 @@ def kv_metrics(req, sim, kv):
             "preemptions": mem["preemptions"], "recomputed_tokens": mem["recomputed_tokens"],
             "max_allocated_tokens": mem["max_alloc"],
             **{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "makespan_s", "steps",
-                                 "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")}}
+                                 "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")},
+            **prefix_metrics(req, sim)}
 
 
 def kv_study(req, sims, info, budgets):
@@ -4991,6 +5461,7 @@ def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
     per = fleet["per_replica"]
     return {**{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "ttft_s", "tpot_s",
                                  "e2e_s", "goodput_rps", "slo_attained") if k in m},
+            **prefix_metrics(req, fleet), "wait_s": percentiles(fleet["start"] - req.arrival_s),
             "per_replica": per, "iterations": fleet["iterations"],
             "simulation_s": fleet.get("wall_s"),
             "balance": {"requests_min": min(p["requests"] for p in per),
@@ -5001,7 +5472,10 @@ def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
 
 
 def run_routers(run):
-    return ROUTERS if run.router == "all" else (run.router,)
+    if run.router != "all":
+        return (run.router,)
+    caching = any(KV_MANAGERS[policy].tracks_prefixes for policy in run.kv_policies)
+    return tuple(name for name, router in ROUTERS.items() if router.in_all or caching)
 
 
 def replicas_study(run, req, replica):
@@ -5160,6 +5634,90 @@ def fleet_capacity(run, req, replica, slo, one, m):
                  "below": tried.get(replicas - 1) if replicas else None,
                  "tried": sorted(tried.items())}
         for router, (replicas, tried) in zip(routers, found)}}
+
+
+# C's prefix caching: what the prefix caches hit, and their hits against the cache's capacity
+
+
+HIT_BUCKETS = (("hit_none", 0.0, 0.0), ("hit_some", 0.0, 0.5), ("hit_most", 0.5, 1.0))
+
+
+def prefix_metrics(req, sim):
+    """What a run's prefix caches did (empty without one): prompt tokens queried and hit per
+    tier (vLLM's prefix_cache_queries and _hits, here at each request's first admission; a
+    preempted request's hits when readmitted are counted apart), the prefill tokens computed
+    and saved, and TTFT by the share of its prompt a request found cached at its first
+    admission (none, up to half, over half)."""
+    p = sim.get(PREFIX_REPORT)
+    if not p:
+        return {}
+    hit = np.zeros(len(req.output))
+    if p["hits"]:
+        hit[list(p["hits"])] = list(p["hits"].values())
+    share, ttft = hit / req.prompt, sim["first_token"] - req.arrival_s
+    queried, card, host = p["queried_tokens"], p["hit_tokens"], p["host_hit_tokens"]
+    buckets = []
+    for name, low, high in HIT_BUCKETS:
+        mask = (share > low) & (share <= high) if high else share == 0
+        buckets.append({"bucket": name, "requests": int(mask.sum()),
+                        "ttft_s": percentiles(ttft[mask])})
+    return {PREFIX_REPORT: {
+        "queried_tokens": queried, "hit_tokens": card, "host_hit_tokens": host,
+        "hit_ratio": (card + host) / queried if queried else 0.0,
+        "card_hit_ratio": card / queried if queried else 0.0,
+        "host_hit_ratio": host / queried if queried else 0.0,
+        "prefill_tokens_computed": queried - card - host, "prefill_tokens_saved": card + host,
+        "evicted_blocks": p["evicted_blocks"], "ttft_by_hit": buckets,
+        "readmitted_hit_tokens": p["readmitted_hit_tokens"],
+        "per_replica": [(row[PREFIX_REPORT]["hit_tokens"] + row[PREFIX_REPORT]["host_hit_tokens"])
+                        / max(row[PREFIX_REPORT]["queried_tokens"], 1)
+                        for row in sim.get("per_replica", ()) if PREFIX_REPORT in row]}}
+
+
+PREFIX_STUDY_SHARES = (0.125, 0.25, 0.5, 1.0)  # the card's KV budget, and less of it
+
+
+def prefix_study(run, req, replica, info, budgets):
+    """--prefix-study: the prefix cache's hits and TTFT against its capacity (shares of the
+    card's KV budget), on the card alone, with the host tier (--host-kv-gb, else four times
+    the card's budget) and unlimited; continuous batching; with an SLO, the capacity of one
+    replica without caching beside the capacity study's (with it). -> (result, Work)"""
+    kv = study_budget(budgets)
+    if kv is None or not KV_MANAGERS[kv.policy].tracks_prefixes:
+        raise UsageError("--prefix-study needs --enable-prefix-caching (or --kv-policy prefix)")
+    base = dataclasses.replace(replica, scheduler="continuous")
+    host = info["host_tokens"] or 4 * info["budget_tokens"]
+    runs = [(tier, share, dataclasses.replace(kv, capacity_tokens=int(share * kv.capacity_tokens),
+                                              host_tokens=host if tier == "card_host" else 0))
+            for tier in ("card", "card_host") for share in PREFIX_STUDY_SHARES]
+    runs = [r for r in runs if not check_kv_budget(req, r[2])] + [
+        ("unlimited", None, dataclasses.replace(kv, capacity_tokens=math.inf, host_tokens=0))]
+    sims = run_parallel([(timed_task, (f"C prefix {tier} {share}", simulate_serving, req,
+                                       dataclasses.replace(base, kv=budget)))
+                         for tier, share, budget in runs], run.jobs)
+    result = {"budget_tokens": info["budget_tokens"], "host_tokens": host,
+              "host_link": info["host_link"], "host_link_gbs": info["host_link_gbs"],
+              **{tier: [] for tier in ("card", "card_host", "unlimited")}}
+    for (tier, share, budget), sim in zip(runs, sims):
+        m = kv_metrics(req, sim, budget)
+        result[tier].append({"share": share, "capacity_tokens": budget.capacity_tokens,
+                             "ttft_s": m["ttft_s"], **m[PREFIX_REPORT]})
+    if run.slo_ttft_s or run.slo_tpot_s:
+        paged = dataclasses.replace(kv, policy=next(p for p, m in KV_MANAGERS.items()
+                                                    if m.caching == kv.policy))
+        without = capacity_study(dataclasses.replace(run, target_rate=None), req,
+                                 dataclasses.replace(base, kv=paged))
+        result["capacity_without_caching_rps"] = without["one_replica"]["rate_rps"]
+    return result, work_of(sims)
+
+
+def host_tier(run, per_token):
+    """A prefix cache's host tier (--host-kv-gb): its tokens, and the card's link to it."""
+    link, gbs = HOST_LINKS.get(run.gpu) or (
+        (GPUS[run.gpu].link, GPUS[run.gpu].link_gbs) if run.gpu else _PCIE4)
+    host_bytes = (run.host_kv_gb or 0) * 1e9
+    return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
+            "host_link": link, "host_link_gbs": gbs}
 
 
 # -----------------------------------------------------------------------------
@@ -5900,6 +6458,7 @@ def kv_table(T, kv):
                                                      if rows else [])
     lines += [T["kv_unfit_row"].format(policy=T.get(policy, policy), why=describe(T, why))
               for policy, why in kv.get("unfit", {}).items()]
+    lines += prefix_tables(T, [row for row in rows if PREFIX_REPORT in row], kv)
     if kv.get("device_check"):
         lines.append(device_check_text(T, kv["device_check"]))
     return "\n".join(lines)
@@ -5951,9 +6510,11 @@ def fleet_table(T, fleet):
              f"{m['balance']['requests_max']:,}"} for router, m in fleet["routers"].items()]
     slo = [("slo_met", "slo_attained", ".1%"), ("goodput", "goodput_rps", ",.2f")] \
         if "slo_attained" in rows[-1] else []
+    hits = [("hit_card", "prefix_cache.hit_ratio", ".1%"),
+            ("wait_p99", "wait_s.p99", "s")] if PREFIX_REPORT in rows[-1] else []
     columns = [("router", "label", "text"), ("req_s", "throughput_rps", ",.2f")] + \
-        latency_columns("p50", "p99") + slo + [("per_replica", "spread", "text"),
-                                               ("busiest", "balance.busiest_occupancy", ".1%")]
+        latency_columns("p50", "p99") + slo + hits + [
+            ("per_replica", "spread", "text"), ("busiest", "balance.busiest_occupancy", ".1%")]
     kv = T[fleet["kv_policy"]] if fleet["kv_policy"] else T["who_waits_kv_none"]
     return "\n".join([T["fleet"].format(replicas=fleet["replicas"], slots=fleet["slots"],
                                         requests=fleet["requests"], kv=kv,
@@ -6247,6 +6808,9 @@ def format_tables(results, lang="en"):
             out += [fleet_table(T, results["C"]["replicas"])]
         if "capacity" in results["C"]:
             out += [capacity_text(T, results["C"]["capacity"])]
+        if "prefix_study" in results["C"]:
+            out += [prefix_study_text(T, results["C"]["prefix_study"],
+                                      results["C"].get("capacity"))]
     if "D" in results:
         out += [engine_table(T, results["D"])]
     out += [text for text in (summary_text(T, results),) if text]
@@ -6254,6 +6818,56 @@ def format_tables(results, lang="en"):
     if warnings:
         out.append("\n".join(describe(T, w) for w in warnings))
     return fit_lines("\n\n".join(out))
+
+
+# -----------------------------------------------------------------------------
+# tables of prefix caching: the hits per tier, TTFT by hit, hits against the cache's capacity
+
+
+PREFIX_COLUMNS = [("policy", "label", "text"), ("queried", "prefix_cache.queried_tokens", ","),
+                  ("hit_card", "prefix_cache.card_hit_ratio", ".1%"),
+                  ("hit_host", "prefix_cache.host_hit_ratio", ".1%"),
+                  ("prefill_computed", "prefix_cache.prefill_tokens_computed", ","),
+                  ("prefill_saved", "prefix_cache.prefill_tokens_saved", ","),
+                  ("evicted", "prefix_cache.evicted_blocks", ",")]
+HIT_COLUMNS = [("policy", "label", "text"), ("found_cached", "bucket", "text"),
+               ("count", "requests", ",")] + latency_columns("p50", "p99", keys=("ttft",))
+
+
+def prefix_tables(T, rows, kv):
+    """The prefix cache's hits per tier and the prefill they saved, then TTFT by how much of
+    its prompt a request found cached (none, up to half, over half)."""
+    if not rows:
+        return []
+    host = T["prefix_host"].format(gb=kv["host_bytes"] / 1e9, tokens=kv["host_tokens"],
+                                   gbs=kv["host_link_gbs"], link=kv["host_link"]) \
+        if kv.get("host_tokens") else T["prefix_no_host"]
+    by_hit = [{"label": row["label"], **b, "bucket": T[b["bucket"]]}
+              for row in rows for b in row[PREFIX_REPORT]["ttft_by_hit"] if b["requests"]]
+    return ["", T["prefix_cache"].format(host=host), spec_table(T, rows, PREFIX_COLUMNS),
+            T["prefix_by_hit"], spec_table(T, by_hit, HIT_COLUMNS)]
+
+
+PREFIX_STUDY_COLUMNS = [("tier", "label", "text"), ("capacity_col", "capacity", "text"),
+                        ("hit_card", "card_hit_ratio", ".1%"),
+                        ("hit_host", "host_hit_ratio", ".1%")] + \
+    latency_columns("p50", "p99", keys=("ttft",))
+
+
+def prefix_study_text(T, study, capacity):
+    """--prefix-study: hits and TTFT against the cache's capacity, per tier; with an SLO, one
+    replica's capacity with and without caching."""
+    rows = [{"label": T["tier_" + tier], **row, "capacity": T["unlimited"] if row["share"] is None
+             else f"{row['capacity_tokens']:,}"} for tier in ("card", "card_host", "unlimited")
+            for row in study[tier]]
+    lines = [T["prefix_study"].format(tokens=study["budget_tokens"], host=study["host_tokens"],
+                                      link=study["host_link"], gbs=study["host_link_gbs"]),
+             spec_table(T, rows, PREFIX_STUDY_COLUMNS)]
+    if capacity and "capacity_without_caching_rps" in study:
+        lines.append(T["prefix_capacity"].format(
+            cached=capacity["one_replica"]["rate_rps"],
+            plain=study["capacity_without_caching_rps"]))
+    return "\n".join(lines)
 
 
 # -----------------------------------------------------------------------------
@@ -6707,6 +7321,48 @@ def plot_engine(results, path):
                      f"{D['speedup_predicted']:.2f}x)")
 
 
+def plot_prefix_cache(results, path):
+    """--prefix-study: the share of prompt tokens found cached against the cache's capacity
+    (the card alone, with a host tier, unlimited), and TTFT beside it."""
+    import matplotlib.pyplot as plt
+    study = results["C"].get("prefix_study")
+    if not study:
+        return "needs --prefix-study"
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for tier, color, marker in (("card", BLUE, "o"), ("card_host", RED, "s")):
+        rows = study[tier]
+        if not rows:
+            continue
+        x = [r["capacity_tokens"] for r in rows]
+        label = "card" if tier == "card" else f"card + host ({study['host_tokens']:,} tokens)"
+        ax1.plot(x, [r["hit_ratio"] for r in rows], marker + "-", color=color, label=label)
+        if tier == "card_host":
+            ax1.plot(x, [r["card_hit_ratio"] for r in rows], marker + ":", color=color,
+                     label="of which on the card", alpha=0.6)
+        for stat, style in (("p50", "-"), ("p99", "--")):
+            ax2.plot(x, [r["ttft_s"][stat] for r in rows], marker + style, color=color,
+                     label=f"{label}: TTFT {stat}")
+    unlimited = study["unlimited"][0]
+    ax1.axhline(unlimited["hit_ratio"], color=DARK, linestyle=":", linewidth=1,
+                label=f"unlimited: {unlimited['hit_ratio']:.1%}")
+    for stat, style in (("p50", "-"), ("p99", "--")):
+        ax2.axhline(unlimited["ttft_s"][stat], color=DARK, linestyle=style, linewidth=0.8,
+                    alpha=0.6, label=f"unlimited: TTFT {stat}")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.set_xlabel("KV cache on the card (tokens)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax1.set_ylabel("prompt tokens found cached")
+    ax1.set_ylim(0, 1)
+    ax2.set_ylabel("TTFT (s)")
+    ax2.set_yscale("log")
+    fig.suptitle("C: prefix caching against the cache's capacity (continuous batching)",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
 FIGURES = {"phases.png": ("B", plot_phases),
            "occupancy.png": ("C", plot_occupancy),
            "latency_cdf.png": ("C", plot_latency_cdf),
@@ -6714,6 +7370,7 @@ FIGURES = {"phases.png": ("B", plot_phases),
            "kv_memory.png": ("C", plot_kv_memory),
            "who_waits.png": ("C", plot_who_waits),
            "capacity.png": ("C", plot_capacity),
+           "prefix_cache.png": ("C", plot_prefix_cache),
            "engine.png": ("D", plot_engine),
            "decode_batch.png": ("A", plot_decode_batch),
            "moe_batching.png": ("A", plot_moe_batching),
@@ -6956,8 +7613,8 @@ def add_flag(group, *flags, shown=None, **kw):
 def build_parser():
     p = ArgumentParser(prog="NN_40_serving.py", usage=USAGE, description=DESCRIPTION,
                        epilog=EPILOG, formatter_class=HelpFormatter, add_help=False)
-    for flags in (workload_flags, model_flags, scheduler_flags, slo_flags, measurement_flags,
-                  d_flags, output_flags):
+    for flags in (workload_flags, prefix_flags, model_flags, scheduler_flags, slo_flags,
+                  measurement_flags, d_flags, output_flags):
         flags(p)
     return p
 
@@ -6980,6 +7637,25 @@ def workload_flags(p):
              help="the gaps' gamma shape: 1 Poisson, below 1 burstier")
     add_flag(w, "--rates", type=numbers(*RATES), shown="0.2-1.2x capacity",
              help="the rate sweep, requests/s")
+
+
+def prefix_flags(p):
+    w = p.add_argument_group("shared prefixes: prompts that repeat, and the cache that keeps them")
+    add_flag(w, "--enable-prefix-caching", action="store_true",
+             help="paged blocks keep computed prefixes (the policy 'prefix'; vLLM's flag)")
+    add_flag(w, "--host-kv-gb", type=number(1e-3, 1e6), shown="none",
+             help="prefix cache: a host-memory tier, GB")
+    add_flag(w, "--prefix-len", type=integer(0, 10**6), help="system prompts' tokens (generated)")
+    add_flag(w, "--num-prefixes", type=integer(1, 10**5), help="how many system prompts")
+    add_flag(w, "--prefix-share", type=number(1e-3, 1.0),
+             help="share of conversations one opens")
+    add_flag(w, "--prefix-zipf", type=number(0.0, 10.0),
+             help="popularity: the i-th drawn as 1/i^zipf")
+    add_flag(w, "--turns", "--num-turns", type=integer(1, 1000),
+             help="turns a conversation (prompt: the one before, its answer, a message)")
+    add_flag(w, "--think-time-s", type=number(0.0, 1e6), help="mean gap between turns, s")
+    add_flag(w, "--prefix-study", action="store_true",
+             help="hits and TTFT against the cache's capacity (prefix_cache.png)")
 
 
 def model_flags(p):
@@ -7042,8 +7718,8 @@ def scheduler_flags(p):
     add_flag(s, "--max-wait-s", type=number(1e-6, 1e12), shown="off",
              help="waited this long: goes first")
     add_flag(s, "--replicas", type=integer(1, REPLICAS_MAX), help="replicas behind a router")
-    add_flag(s, "--router", choices=("all",) + ROUTERS, help="routers compared")
-    add_flag(s, "--kv-policy", choices=["reserve", "paged", "both"],
+    add_flag(s, "--router", choices=("all",) + tuple(ROUTERS), help="routers compared")
+    add_flag(s, "--kv-policy", choices=[*KV_MANAGERS, "both"],
              help="prompt + max output reserved, or paged blocks")
     add_flag(s, "--kv-memory-gb", type=number(1e-6, 1e6), help="KV cache, GB",
              shown=f"{KV_MEMORY_FRACTION:g} x memory - weights; CPU {CPU_KV_MEMORY_GB:g}")
@@ -7928,6 +8604,23 @@ TEXT_EN = {**SHARED_TEXT,
     "memory_reference": "the post's RTX 5080: {fraction:g} x {total_gb:g} GB less "
                         "{weights_gib:.2f} GiB of weights",
     "allocation": "allocation", "reserve": "reserve", "paged": "paged",
+    "prefix": "paged + prefix cache", "queried": "prompt tokens", "hit_card": "hit",
+    "hit_host": "hit in host", "prefill_computed": "prefilled", "prefill_saved": "not prefilled",
+    "evicted": "blocks evicted", "found_cached": "its prompt found cached",
+    "prefix_cache": "Prefix cache (paged blocks that keep what they computed; {host}): prompt "
+                    "tokens looked up at admission and the share found cached, per tier",
+    "prefix_host": "a host tier of {gb:,.1f} GB ({tokens:,} tokens) over {link} at {gbs:g} GB/s",
+    "prefix_no_host": "no host tier",
+    "prefix_by_hit": "TTFT by the share of its prompt a request found cached at admission:",
+    "hit_none": "none", "hit_some": "up to half", "hit_most": "over half",
+    "wait_p99": "queued p99 s", "tier": "cache", "capacity_col": "card tokens",
+    "tier_card": "card", "tier_card_host": "card + host", "tier_unlimited": "unlimited",
+    "unlimited": "unlimited",
+    "prefix_study": "Prefix cache against its capacity (continuous batching; the card's budget "
+                    "{tokens:,} tokens and less; the host tier {host:,} tokens over {link} at "
+                    "{gbs:g} GB/s): the share of prompt tokens found cached per tier, and TTFT",
+    "prefix_capacity": "One replica at the SLO: {cached:,.3g} requests/s with prefix caching, "
+                       "{plain:,.3g} without.",
     "concurrency": "requests peak / mean", "kv_used": "KV used", "never_used": "never used",
     "max_allocated": "max allocated", "preempted": "preempted", "recomputed": "recomputed",
     "check_shape": "{rows:,} rows x {tokens:,} tokens = {gb:.2f} GB",
@@ -8241,6 +8934,23 @@ TEXT_KO = {**SHARED_TEXT,
     "memory_reference": "글의 RTX 5080: {total_gb:g} GB x {fraction:g}에서 가중치 "
                         "{weights_gib:.2f} GiB를 뺀 값",
     "allocation": "할당", "reserve": "예약", "paged": "페이지",
+    "prefix": "페이지 + 접두사 캐시", "queried": "프롬프트 토큰", "hit_card": "적중",
+    "hit_host": "호스트 적중", "prefill_computed": "프리필함", "prefill_saved": "프리필 안 함",
+    "evicted": "축출된 블록", "found_cached": "캐시에서 찾은 프롬프트",
+    "prefix_cache": "접두사 캐시 (계산한 것을 간직하는 페이지 블록; {host}): 입장 때 조회한 "
+                    "프롬프트 토큰과 캐시에서 찾은 비율, 계층별",
+    "prefix_host": "{link}({gbs:g} GB/s) 너머 {gb:,.1f} GB ({tokens:,} 토큰)의 호스트 계층",
+    "prefix_no_host": "호스트 계층 없음",
+    "prefix_by_hit": "입장 때 프롬프트 중 캐시에서 찾은 비율별 TTFT:",
+    "hit_none": "없음", "hit_some": "절반 이하", "hit_most": "절반 초과",
+    "wait_p99": "대기 p99 초", "tier": "캐시", "capacity_col": "카드 토큰",
+    "tier_card": "카드", "tier_card_host": "카드 + 호스트", "tier_unlimited": "무제한",
+    "unlimited": "무제한",
+    "prefix_study": "용량에 따른 접두사 캐시 (연속 배칭; 카드 예산 {tokens:,} 토큰과 그 이하; "
+                    "호스트 계층 {host:,} 토큰, {link} {gbs:g} GB/s): 계층별로 캐시에서 찾은 "
+                    "프롬프트 토큰 비율과 TTFT",
+    "prefix_capacity": "SLO에서 복제본 하나: 접두사 캐시로 초당 {cached:,.3g} 요청, 없이 "
+                       "{plain:,.3g}.",
     "concurrency": "동시 요청 최대 / 평균", "kv_used": "KV 사용률", "never_used": "안 쓰인 몫",
     "max_allocated": "최대 할당", "preempted": "선점", "recomputed": "재계산",
     "check_shape": "{rows:,}행 x {tokens:,}토큰 = {gb:.2f} GB",

@@ -17,6 +17,7 @@ CONTEXTS = {  # the experiments each flag acts on, as small as they come
     "C": C_ONLY,
     "C on a card": C_ONLY + ["--gpu", "h100"],
     "C, experts": C_ONLY + ["--gpu", "h100", "--model", "qwen3-30b-a3b"],
+    "C, prefixes": C_ONLY + ["--enable-prefix-caching", "--turns", "2", "--prefix-len", "32"],
     "D": TINY + ["--experiments", "D", "--engine-requests", "4", "--prompt-len", "8"],
 }
 FLAGS = {
@@ -32,6 +33,9 @@ FLAGS = {
     "--replicas": "C", "--slo-attainment": "C", "--target-rate": "C", "--tp": "C on a card",
     "--kv-tokens": "C", "--head-dim": "A", "--experts": "C", "--experts-per-token": "C",
     "--expert-ffn": "A", "--expert-skew": "C, experts", "--ep": "C, experts",
+    "--host-kv-gb": "C, prefixes", "--prefix-len": "C, prefixes", "--num-prefixes": "C, prefixes",
+    "--prefix-share": "C, prefixes", "--prefix-zipf": "C, prefixes", "--turns": "C, prefixes",
+    "--think-time-s": "C, prefixes",
 }
 
 

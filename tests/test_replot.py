@@ -11,8 +11,9 @@ from test_cli import expect_usage_error
 def test_replot_redraws_the_same_set(tiny_args, tmp_path, capsys, monkeypatch):
     S.main(tiny_args)
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
-    # (every figure but the capacity search's, which needs an SLO)
-    assert "phases.png" in drawn and len(drawn) == len(S.FIGURES) - 2
+    # (every figure but the capacity search's, which needs an SLO, the experts', and the prefix
+    # study's)
+    assert "phases.png" in drawn and len(drawn) == len(S.FIGURES) - 3
     monkeypatch.setattr(S, "Bench", lambda *a: pytest.fail("replot ran an experiment"))
     monkeypatch.setattr(S, "resolve_device", lambda *a: pytest.fail("replot probed a device"))
     again = tmp_path / "again"
@@ -20,7 +21,8 @@ def test_replot_redraws_the_same_set(tiny_args, tmp_path, capsys, monkeypatch):
                      "--format", "svg"])
     assert sorted(p.name for p in again.iterdir()) == [n.replace(".png", ".svg") for n in drawn]
     assert result["missing"] == {"capacity.svg": "needs an SLO (--slo-ttft-ms or --slo-tpot-ms)",
-                                 "moe_batching.svg": "needs A on a mixture of experts (--experts)"}
+                                 "moe_batching.svg": "needs A on a mixture of experts (--experts)",
+                                 "prefix_cache.svg": "needs --prefix-study"}
 
 
 def test_replot_of_c_only_draws_c_and_says_so(tmp_path, capsys):
@@ -59,6 +61,10 @@ def test_no_figure_prints_a_raw_description(tiny_args, tmp_path, capsys, monkeyp
     moe = tmp_path / "moe"  # (and A on a mixture of experts: its dense twin's figure)
     S.main(tiny_args + ["--experiments", "A", "--mlp", "gated", "--experts", "4",
                         "--experts-per-token", "2", "--no-figures", "--out", str(moe)])
+    prefix = tmp_path / "prefix"  # (and C with a prefix cache's study)
+    S.main(["--experiments", "C", "--requests", "100", "--rate", "20", "--rates", "5",
+            "--prefix-len", "64", "--turns", "2", "--enable-prefix-caching", "--prefix-study",
+            "--no-figures", "--out", str(prefix)])
     texts = {}
 
     def collect(fig, results, path):
@@ -67,7 +73,7 @@ def test_no_figure_prints_a_raw_description(tiny_args, tmp_path, capsys, monkeyp
         texts[path] = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
         plt.close(fig)
     monkeypatch.setattr(S, "save_figure", collect)
-    for out in (tmp_path, slo, moe):
+    for out in (tmp_path, slo, moe, prefix):
         S.draw_figures(json.loads((out / "results.json").read_text()), str(out), jobs=1)
     assert {os.path.basename(p) for p in texts} == set(S.FIGURES)
     for name, strings in texts.items():

@@ -1,0 +1,120 @@
+"""What prefix caching costs the simulator: one simulation of generated requests with shared
+system prompts, paged blocks without and with the prefix cache, alternated, and the
+Mooncake conversation trace's replay. Prints one line a run: wall seconds, loop iterations,
+token hit ratio.
+
+    python tests/bench_prefix.py [--requests 1000000] [--repeats 2] [--rate 40]
+    python tests/bench_prefix.py --traces   (both Mooncake traces on 4 replicas: each cache
+                                             tier, then each router on the conversation trace)
+"""
+import argparse
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import NN_40_serving as S  # noqa: E402
+
+CONVERSATION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
+                            "traces", "mooncake", "conversation_trace.jsonl")
+
+
+def shared_requests(n, rate, seed=0):
+    """n requests: the post's output law, 128-token messages, 8 system prompts of 512 tokens
+    opening 80% of them (Zipf 1), Poisson arrivals at `rate`."""
+    rng = np.random.default_rng(seed)
+    base = S.Requests(S.arrival_times(n, rate, 1.0, rng), np.full(n, 128),
+                      S.lognormal_lengths(n, seed))
+    return S.shared_prompts(base, S.PrefixWorkload(512, 8, 0.8, 1.0, 1, 0.0), rng)
+
+
+def replica(policy, slots=256):
+    cfg, card = S.MODELS["llama-3-8b"], S.GPUS["h100"]
+    profile = S.ENGINE_PROFILES[S.DEFAULT_PROFILE]
+    kv = S.KVBudget(policy, S.card_kv_tokens(cfg, card, profile), 16, watermark=0.01)
+    return S.Replica(slots, S.card_costs(cfg, card, profile), scheduler="chunked",
+                     chunk_tokens=2048, kv=kv, fused=True)
+
+
+def timed(label, req, rep):
+    t0 = time.perf_counter()
+    sim = S.simulate_serving(req, rep)
+    wall = time.perf_counter() - t0
+    p = sim.get(S.PREFIX_REPORT)
+    hit = f"{p['hit_tokens'] / p['queried_tokens']:.4f}" if p else "-"
+    ttft = sim["first_token"] - req.arrival_s
+    print(f"{label:34s} {wall:8.2f} s  {sim['iterations']:>10,} iterations  hit {hit}  "
+          f"TTFT p50 {np.percentile(ttft, 50):.3f} s p99 {np.percentile(ttft, 99):.3f} s",
+          flush=True)
+    return wall
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rate", type=float, default=40.0)
+    ap.add_argument("--traces", action="store_true")
+    args = ap.parse_args()
+    if args.traces:
+        return traces()
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}; llama-3-8b on h100, 256 slots, chunked 2048, paged KV "
+          f"blocks of 16 on the card", flush=True)
+    req = shared_requests(args.requests, args.rate)
+    walls = {"paged": [], "prefix": []}
+    for i in range(args.repeats):
+        for policy in ("paged", "prefix"):
+            walls[policy].append(timed(f"{args.requests:,} shared, {policy} #{i + 1}", req,
+                                       replica(policy)))
+    print(f"prefix / paged: {np.median(walls['prefix']) / np.median(walls['paged']):.2f}x "
+          f"(medians); load average now {os.getloadavg()[0]:.1f}", flush=True)
+    if os.path.exists(CONVERSATION):
+        trace = S.read_hashed_trace(CONVERSATION, block=16)
+        for policy in ("paged", "prefix"):
+            timed(f"conversation trace, {policy}", trace, replica(policy))
+
+
+def budget(policy, capacity, host_gb=0):
+    cfg, card = S.MODELS["llama-3-8b"], S.GPUS["h100"]
+    per_token = S.kv_bytes_per_token(cfg)
+    return S.KVBudget(policy, capacity, 16, 0, 0.01, int(host_gb * 1e9 // per_token),
+                      per_token / (S.HOST_LINKS["h100"][1] * 1e9))
+
+
+def fleet(label, req, kv, router, replicas=4):
+    rep = S.dataclasses.replace(replica("paged"), kv=kv)
+    t0 = time.perf_counter()
+    sim = S.simulate_fleet(req, rep, S.Fleet(replicas, router, 0))
+    m, p = S.serving_metrics(req, sim), S.prefix_metrics(req, sim).get(S.PREFIX_REPORT)
+    line = (f"{label:38s} {router:15s} {time.perf_counter() - t0:6.1f} s  TTFT p50 "
+            f"{m['ttft_s']['p50']:.3f} p99 {m['ttft_s']['p99']:.3f} s  queued p99 "
+            f"{np.percentile(sim['start'] - req.arrival_s, 99):.3f} s")
+    if p:
+        line += (f"  hit card {p['card_hit_ratio']:.3f} host {p['host_hit_ratio']:.3f}  saved "
+                 f"{p['prefill_tokens_saved']:,} of {p['queried_tokens']:,}")
+    print(line, flush=True)
+
+
+def traces(host_gb=200):
+    """Both traces at their timestamps on 4 replicas: no caching, the card's cache, with a
+    host tier, unlimited (least-requests); then the conversation trace under each router."""
+    card = replica("paged").kv.capacity_tokens
+    tiers = [("no caching", budget("paged", card)), ("card", budget("prefix", card)),
+             (f"card + {host_gb} GB host", budget("prefix", card, host_gb)),
+             ("unlimited", budget("prefix", float("inf")))]
+    for name in ("conversation", "synthetic"):
+        req = S.read_hashed_trace(CONVERSATION.replace("conversation", name), block=16)
+        for label, kv in tiers:
+            fleet(f"{name}: {label}", req, kv, "least-requests")
+    req = S.read_hashed_trace(CONVERSATION, block=16)
+    for label, kv in tiers[1:3]:
+        for router in ("round-robin", "least-requests", "cache-aware"):
+            fleet(f"conversation: {label}", req, kv, router)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,338 @@
+"""C's prefix cache: prompts known by their blocks, the cache that keeps them, and its hits."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import NN_40_serving as S
+from conftest import TRACES
+from test_cli import expect_usage_error, run_main, said
+
+COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
+                    source="test")
+MOONCAKE = os.path.join(TRACES, "mooncake")
+
+
+class FakeLedger:
+    """What a KV manager reads of the ledger at admission."""
+
+    def __init__(self, identity, to_prefill):
+        self.identity, self.to_prefill = identity, list(to_prefill)
+        self.cached = [0] * len(self.to_prefill)
+
+
+def system_prompts(n, system_tokens=8, own=2, system=0):
+    """n requests opening with the same system prompt, then `own` tokens of their own."""
+    identity = S.SharedPrompts(np.full(n, system), np.array([system_tokens]), np.full(n, -1))
+    return FakeLedger(identity, [system_tokens + own] * n)
+
+
+def admit(cache, ledger, r):
+    cached = cache.lookup(ledger, r)
+    left = ledger.to_prefill[r] - cached
+    seq = S.Seq(r, r, left, 5, cached)
+    cache.admit(seq, cache.need(ledger.to_prefill[r], cached, left, left))
+    return seq
+
+
+def prefill(cache, seq):
+    """Its whole prompt in one step, and its first token."""
+    cache.advance(0, [(seq, seq.prompt_left)], 1, 1.0, 0.0)
+    seq.num_cached += seq.prompt_left + 1
+    seq.prompt_left = 0
+
+
+def free_blocks(cache):
+    return sum(count or 1 for count in cache.free.values())
+
+
+def test_hashed_prompts_share_keys_while_their_ids_agree():
+    ids = np.empty(3, dtype=object)
+    ids[:] = [(7, 8, 9), (7, 8, 5), (1, 8, 9)]
+    keys = S.HashedPrompts(ids).block_keys
+    a, b, c = (keys(r, 1536, 256) for r in range(3))  # two engine blocks per hash id
+    assert len(a) == 6 and len(set(a)) == 6
+    assert a[:4] == b[:4] and a[4] != b[4]          # the third id differs
+    assert not set(a) & set(c)                      # a chain: the same id after another
+    assert keys(0, 1535, 256) == a[:5]              # full blocks only
+    assert keys(0, 4096, 256) == a                  # no further than the ids go
+
+
+def test_a_hit_is_the_cached_leading_blocks_and_leaves_a_token_to_compute():
+    cache = S.PrefixCache(S.KVBudget("prefix", 32, 4))   # 8 blocks of 4 tokens
+    ledger = system_prompts(3)
+    first = admit(cache, ledger, 0)
+    assert first.num_cached == 0
+    prefill(cache, first)  # 11 tokens: 3 blocks, the system prompt's 2 cached
+    assert cache.total == 12 and cache.ref == {k: 1 for k in first.keys}
+    second = admit(cache, ledger, 1)
+    assert second.num_cached == 8 and second.prompt_left == 2
+    assert cache.total == 12 and cache.shared == 8  # the 2 shared blocks held once
+    # a prompt that is all system prompt keeps its last token to compute: 1 block hit of 2
+    short = system_prompts(1, system_tokens=8, own=0)
+    assert cache.lookup(short, 0) == 4
+    p = cache.report()["prefix_cache"]
+    assert (p["queried_tokens"], p["hit_tokens"]) == (20, 8)
+
+
+def test_reference_counts_and_the_free_queue_tail_first():
+    cache = S.PrefixCache(S.KVBudget("prefix", 32, 4))
+    ledger = system_prompts(2)
+    first = admit(cache, ledger, 0)
+    prefill(cache, first)
+    second = admit(cache, ledger, 1)
+    prefill(cache, second)
+    assert cache.total == 16 and free_blocks(cache) == 4
+    cache.release(first, 11)  # its 2 shared blocks stay held by the second
+    assert cache.total == 4 * 3 - 0 and cache.shared == 0
+    assert all(cache.ref[k] == 1 for k in first.keys)
+    cache.release(second, 11)
+    assert cache.total == 0 and free_blocks(cache) == 8
+    assert all(cache.ref[k] == 0 for k in first.keys)  # cached, free
+    head, tail = first.keys
+    assert list(cache.free)[-2:] == [tail, head]        # freed last first
+    cache.take(7)  # 6 uncached blocks, then the least recently freed: the prefix's tail
+    assert tail not in cache.ref and head in cache.ref
+    third = system_prompts(1)
+    assert cache.lookup(third, 0) == 4
+
+
+def test_preemption_and_the_watermark_keep_working_and_memory_counts_once():
+    n = 400
+    rng = np.random.default_rng(3)
+    output = S.lognormal_lengths(n, 3)
+    req = S.shared_prompts(S.Requests(S.arrival_times(n, 30.0, 1.0, rng), np.full(n, 32), output),
+                           S.PrefixWorkload(96, 4, 0.8, 1.0, 3, 2.0), rng)
+    replica = S.Replica(16, COSTS, scheduler="chunked", chunk_tokens=256,
+                        kv=S.KVBudget("prefix", 3000, 16, watermark=0.01))
+    sim = S.simulate_serving(req, replica)
+    assert np.isfinite(sim["finish"]).all()
+    mem, p = sim["kv"], sim["prefix_cache"]
+    assert mem["preemptions"] > 0 and p["evicted_blocks"] > 0
+    assert 0 < p["hit_tokens"] < p["queried_tokens"]
+    assert mem["held_s"] <= mem["alloc_s"] and mem["max_alloc"] <= 3000
+    assert (np.array(sim["generated"]) == req.output).all()
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "chunked"])
+def test_with_nothing_shared_it_is_the_paged_simulation(scheduler):
+    n = 300
+    rng = np.random.default_rng(5)
+    req = S.Requests(S.arrival_times(n, 40.0, 1.0, rng), np.full(n, 64), S.lognormal_lengths(n, 5))
+    lone = S.SharedPrompts(np.full(n, -1), np.array([0]), np.full(n, -1))
+    sims = [S.simulate_serving(r, S.Replica(16, COSTS, scheduler=scheduler, chunk_tokens=256,
+                                            kv=S.KVBudget(policy, 2000, 16, watermark=0.01)))
+            for r, policy in ((req, "paged"), (S.Requests(req.arrival_s, req.prompt, req.output,
+                                                          identity=lone), "prefix"))]
+    assert sims[0]["kv"]["preemptions"] > 0
+    for key in ("start", "first_token", "finish", "first_step", "finish_step"):
+        assert np.array_equal(sims[0][key], sims[1][key]), key
+    assert sims[0]["kv"]["alloc_s"] == sims[1]["kv"]["alloc_s"]
+
+
+def test_a_hit_is_not_prefilled():
+    # two requests of one long system prompt, far apart: the second prefills 1 block's worth
+    identity = S.SharedPrompts(np.zeros(2, int), np.array([1008]), np.full(2, -1))
+    req = S.Requests(np.array([0.0, 100.0]), np.array([1024, 1024]), np.array([2, 2]),
+                     identity=identity)
+    runs = [S.simulate_serving(S.Requests(req.arrival_s, req.prompt, req.output, identity=i),
+                               S.Replica(4, COSTS, kv=S.KVBudget(p, 10**5, 16)))
+            for i, p in ((None, "paged"), (identity, "prefix"))]
+    ttft = [r["first_token"] - req.arrival_s for r in runs]
+    assert ttft[0][1] == pytest.approx(ttft[0][0])
+    assert ttft[1][1] < 0.5 * ttft[1][0]
+    assert runs[1]["prefix_cache"]["hits"] == {0: 0, 1: 1008}
+
+
+def trace_bound(path, block):
+    """The token hit ratio a trace's hash ids allow, from the file alone: each prompt's longest
+    leading run of tokens some earlier prompt computed (whole engine blocks, short of its last
+    token), over all prompt tokens."""
+    computed, queried, hit = {}, 0, 0  # prefix of ids -> its last 512-block's tokens computed
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            ids, n = row["hash_ids"], row["input_length"]
+            tokens = 0
+            for d in range(1, len(ids) + 1):
+                got = computed.get(tuple(ids[:d]), 0)
+                tokens = (d - 1) * 512 + got
+                if got < 512:
+                    break
+            hit += min(tokens // block, (n - 1) // block) * block
+            queried += n
+            for d in range(1, len(ids) + 1):
+                whole = min(512, n // block * block - (d - 1) * 512)
+                computed[tuple(ids[:d])] = max(computed.get(tuple(ids[:d]), 0), whole)
+    return hit / queried
+
+
+@pytest.mark.parametrize("name", ["conversation", "synthetic"])
+def test_an_unlimited_cache_hits_what_the_trace_allows(name):
+    path = os.path.join(MOONCAKE, f"{name}_trace.jsonl")
+    if not os.path.exists(path):
+        pytest.skip("the Mooncake traces are not beside the project")
+    req = S.read_hashed_trace(path, block=16)
+    # one at a time (each done before the next comes), so every earlier block is computed
+    apart = S.Requests(np.arange(len(req.output)) * 1e4, req.prompt, req.output,
+                       identity=req.identity)
+    sim = S.simulate_serving(apart, S.Replica(64, S.card_costs(S.MODELS["llama-3-8b"],
+                                                              S.GPUS["h100"]),
+                                              kv=S.KVBudget("prefix", float("inf"), 16)))
+    p = sim["prefix_cache"]
+    assert p["hit_tokens"] / p["queried_tokens"] == trace_bound(path, 16)
+    assert p["queried_tokens"] == int(req.prompt.sum())
+
+
+def test_shared_prompts_by_hand():
+    req = S.Requests(np.array([0.0, 1.0, 2.0]), np.array([10, 20, 30]), np.array([5, 6, 7]))
+    convs = S.shared_prompts(req, S.PrefixWorkload(100, 1, 1.0, 1.0, 2, 0.0),
+                             np.random.default_rng(0))
+    # conversations (0: turns 0 and 1) and (1: turn 0); no think time: turn 1 at turn 0's time
+    assert convs.arrival_s.tolist() == [0.0, 0.0, 1.0]
+    assert convs.prompt.tolist() == [110, 110 + 5 + 20, 130]
+    keys = convs.identity.block_keys
+    first, second = keys(0, 110 + 5, 16), keys(1, 135, 16)
+    assert second[:len(first)] == first       # the next turn repeats the first and its answer
+    assert keys(2, 130, 16)[:6] == first[:6]  # the system prompt's 6 whole blocks
+    assert keys(2, 130, 16)[6] != first[6]
+
+
+def conversations(n=800, replicas=4, rate=8.0, seed=2):
+    rng = np.random.default_rng(seed)
+    base = S.Requests(S.arrival_times(n, rate, 1.0, rng), np.full(n, 64), S.lognormal_lengths(
+        n, seed))
+    return S.shared_prompts(base, S.PrefixWorkload(256, 4, 0.9, 1.0, 4, 5.0), rng)
+
+
+def test_cache_aware_routing_hits_more_than_round_robin_on_four_replicas():
+    req = conversations()
+    replica = S.Replica(16, COSTS, kv=S.KVBudget("prefix", 20_000, 16, watermark=0.01))
+    ratio = {}
+    for router in ("round-robin", "cache-aware"):
+        sim = S.simulate_fleet(req, replica, S.Fleet(4, router))
+        p = sim["prefix_cache"]
+        ratio[router] = p["hit_tokens"] / p["queried_tokens"]
+        assert sum(row["prefix_cache"]["queried_tokens"] for row in sim["per_replica"]) == \
+            p["queried_tokens"] == req.prompt.sum()
+    assert ratio["cache-aware"] > ratio["round-robin"] + 0.1, ratio
+
+
+def test_cache_aware_by_hand_follows_the_cache_unless_out_of_balance():
+    # requests 0 and 1 open conversation 0 and its next turn; 2 is a stranger
+    identity = S.SharedPrompts(np.full(3, -1), np.array([0]), np.array([0, 0, 1]))
+    req = S.Requests(np.array([0.0, 10.0, 10.0]), np.array([64, 64 + 4 + 64, 64]),
+                     np.array([4, 4, 4]), identity=identity)
+    replica = S.Replica(4, COSTS, kv=S.KVBudget("prefix", 10_000, 16))
+    sim = S.simulate_fleet(req, replica, S.Fleet(3, "cache-aware"))
+    assert sim["replica"].tolist() == [0, 0, 1]  # the next turn where its first turn is cached
+    assert sim["prefix_cache"]["hits"] == {0: 0, 1: 64, 2: 0}
+    router, loads = S.CacheAware(), [S.CacheAware.balance_abs + 2, 1, 5]
+
+    class Server:
+        def __init__(self, load, hit):
+            self.ledger, self.kv = FakeLedger(identity, [100] * 3), self
+            self.n, self.hit = load, hit
+
+        def load(self):
+            return self.n
+
+        def lookup(self, ledger, r):
+            return self.hit
+    # the best cache is too busy: the least loaded; within balance: the best cache
+    assert router.pick([Server(loads[0], 90), Server(1, 0), Server(5, 50)], 0, None) == 1
+    assert router.pick([Server(60, 90), Server(1, 0), Server(5, 50)], 0, None) == 0
+    assert router.pick([Server(9, 20), Server(1, 0), Server(5, 25)], 0, None) == 1  # under 0.3
+
+
+GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}'
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ('{"timestamp": 5, "input_length": 600, "hash_ids": [1, 2]}', "missing output_length"),
+    ('{"timestamp": 5, "input_length": -600, "output_length": 5, "hash_ids": [1, 2]}',
+     "must be numbers >= 0"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [1]}',
+     "1 hash_ids for input_length 600 at 512 tokens a block (expected 2)"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [1, "x"]}',
+     "hash_ids must be a list of integers"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 5', "Expecting"),
+])
+def test_a_bad_trace_line_is_named_and_nothing_is_written(line, fragment, tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    path.write_text(GOOD + "\n" + line + "\n")
+    out = tmp_path / "out"
+    err = expect_usage_error(["--experiments", "C", "--trace", str(path), "--out", str(out),
+                              "--enable-prefix-caching"], capsys, f"{path}:2:", fragment)
+    assert "Traceback" not in err
+    assert not (out / "results.json").exists()
+
+
+def test_a_block_that_does_not_divide_the_hash_block_is_refused(tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    path.write_text(GOOD + "\n")
+    expect_usage_error(["--experiments", "C", "--trace", str(path), "--block-tokens", "48",
+                        "--out", str(tmp_path / "out")], capsys, str(path),
+                       "a block of 48 tokens does not divide the trace's 512-token hash blocks")
+
+
+def test_a_hashed_trace_end_to_end(tmp_path, capsys):
+    # three prompts of one 1,024-token prefix, then one of its own, apart in time
+    rows = [{"timestamp": 1000 * i, "input_length": 1100, "output_length": 4,
+             "hash_ids": [7, 8, 10 + i] if i < 3 else [1, 2, 3]} for i in range(4)]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results, out = run_main(["--experiments", "C", "--trace", str(path), "--rate", "trace",
+                             "--gpu", "h100", "--model", "llama-3-8b", "--enable-prefix-caching",
+                             "--host-kv-gb", "10", "--no-figures", "--out", str(tmp_path)], capsys)
+    kv = json.loads((tmp_path / "results.json").read_text())["C"]["kv"]
+    p = kv["prefix"]["continuous"]["prefix_cache"]
+    assert (p["queried_tokens"], p["hit_tokens"], p["host_hit_tokens"]) == (4400, 2048, 0)
+    assert p["prefill_tokens_saved"] == 2048 and p["prefill_tokens_computed"] == 4400 - 2048
+    assert [b["requests"] for b in p["ttft_by_hit"]] == [2, 0, 2]
+    assert said("Prefix cache (paged blocks that keep what they computed; a host tier of 10.0 GB",
+                out.out)
+
+
+def test_the_prefix_study_end_to_end(tmp_path, capsys):
+    results, out = run_main(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
+                             "--requests", "300", "--rate", "20", "--prefix-len", "512",
+                             "--num-prefixes", "4", "--turns", "3", "--think-time-s", "5",
+                             "--enable-prefix-caching", "--prefix-study", "--kv-tokens",
+                             "20000", "--slots", "16", "--jobs", "1", "--out", str(tmp_path)],
+                            capsys)
+    study = json.loads((tmp_path / "results.json").read_text())["C"]["prefix_study"]
+    card = [row["hit_ratio"] for row in study["card"]]
+    host = [row["hit_ratio"] for row in study["card_host"]]
+    unlimited = study["unlimited"][0]["hit_ratio"]
+    assert [row["capacity_tokens"] for row in study["card"]] == [2500, 5000, 10000, 20000]
+    assert card == sorted(card) and card[0] < card[-1]  # more cache, more hits
+    assert host[0] > card[0] + 0.2                      # a host tier keeps what the card drops
+    assert max(card) <= unlimited
+    # (not so with the host tier: a turn that queues long enough behind a small card finds its
+    # previous turn's answer computed, which an unlimited cache serving it at once may not)
+    assert (tmp_path / "prefix_cache.png").exists()
+    assert said("Prefix cache against its capacity", out.out)
+    with pytest.raises(SystemExit):
+        S.main(["--experiments", "C", "--prefix-study", "--kv-policy", "paged", "--requests",
+                "20", "--no-figures", "--out", str(tmp_path / "plain")])
+    assert "--prefix-study needs --enable-prefix-caching" in capsys.readouterr().err
+
+
+def test_an_evicted_block_moves_to_the_host_tier_and_its_hit_is_loaded():
+    cache = S.PrefixCache(S.KVBudget("prefix", 32, 4, host_tokens=8, host_token_s=0.5))
+    ledger = system_prompts(2)
+    first = admit(cache, ledger, 0)
+    prefill(cache, first)
+    cache.release(first, 11)
+    cache.take(8)  # every free block: the system prompt's two go to the host (2 blocks fit)
+    assert cache.ref == {} and list(cache.host) == first.keys[::-1]
+    assert cache.lookup(ledger, 1) == 8  # both found in the host tier
+    second = admit(cache, ledger, 1)
+    assert second.loading == 8 and cache.load_s([(second, 2)]) == 4.0  # 8 tokens x 0.5 s
+    assert cache.host == {} and cache.ref == {k: 1 for k in first.keys}  # back on the card
+    p = cache.report()["prefix_cache"]
+    assert (p["hit_tokens"], p["host_hit_tokens"], p["evicted_blocks"]) == (0, 8, 2)
+    cache.advance(0, [(second, 2)], 1, 1.0, 0.0)
+    assert cache.load_s([(second, 2)]) == 0.0  # loaded once, in its first step
