@@ -3918,7 +3918,8 @@ class Block(nn.Module):
     def forward(self, x, cache, index, positions, spans, mask, rope):
         # x (B, T, h); cache (2, B_cache, KVH, S_max, D); index (B,) the cache row of each batch
         # row; positions (B, T); spans: see attention_spans (None for a prefill); mask: None,
-        # or (B, 1, 1, keys) when one span pads its rows to the longest; rope: None or cos, sin
+        # or (B, 1, 1, keys) when one span pads its rows to the longest, or (B, 1, T, keys) for
+        # a prefill after a cached prefix (spans None); rope: None or cos, sin
         B, T, h = x.shape
         H, KVH = self.heads, self.kv_heads
         D, G = self.head_dim, H // KVH  # head width; query heads per K/V head
@@ -3930,10 +3931,14 @@ class Block(nn.Module):
         # write this step's K/V at each row's own positions: cache[row, :, pos] = (KVH, D)
         cache[0][index[:, None], :, positions] = k.transpose(1, 2)
         cache[1][index[:, None], :, positions] = v.transpose(1, 2)
-        if spans is None:  # prefill from an empty row: attend among the new tokens only
+        if spans is None:  # prefill: attend among the new tokens only (from an empty row), or
+            # also to the row's cached prefix (a mask: each token sees the keys up to its own)
+            if mask is not None:
+                keys = mask.shape[-1]
+                k, v = cache[0][index, :, :keys], cache[1][index, :, :keys]  # (B, KVH, keys, D)
             if G > 1:
                 k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         else:  # decode (T = 1): each span of rows reads a view of its own cached keys, no mask;
             # the G query heads of a K/V head attend as G rows of one (B, KVH, G, D) query
             q = q.reshape(B, KVH, G, D)
@@ -4058,14 +4063,22 @@ def new_kv_cache(cfg, batch, max_len, device, seed=0, tile=256):
     return cache
 
 
-def prefill(model, cache, tokens, rows=None):
-    """Run whole prompts (B, T) into empty cache rows; logits of the last tokens (B, vocab).
+def prefill(model, cache, tokens, rows=None, start=0):
+    """Run prompts (B, T) into cache rows; logits of the last tokens (B, vocab).
 
-    rows: the cache row of each prompt (default: the first B rows).
+    rows: the cache row of each prompt (default: the first B rows). start: the tokens each row
+    holds already (a cached prefix): the prompts' rest runs at positions start..start+T-1,
+    attending to the prefix too.
     """
     B, T = tokens.shape
-    positions = torch.arange(T, device=tokens.device).expand(B, T)
-    return model(tokens, positions, cache, rows)
+    positions = torch.arange(start, start + T, device=tokens.device).expand(B, T)
+    if not start:
+        return model(tokens, positions, cache, rows)
+    keys = torch.arange(start + T, device=tokens.device)
+    mask = (keys <= positions[:, :, None])[:, None]  # (B, 1, T, keys)
+    if rows is None:
+        rows = torch.arange(B, device=tokens.device)
+    return model(tokens, positions, cache, rows, None, mask)
 
 
 def attention_spans(rows, positions):
@@ -5729,7 +5742,7 @@ def host_tier(run, per_token):
 
 
 def run_engine(model, cache, prompts, output_lens, policy, pad=False, order=None,
-               arrival_s=None):
+               arrival_s=None, prefix=None):
     """Serve every request under `policy` ("static" or "continuous"), greedily.
 
     prompts: (n, P) tokens on the model's device; output_lens: tokens each request generates
@@ -5739,11 +5752,37 @@ def run_engine(model, cache, prompts, output_lens, policy, pad=False, order=None
     step admits waiting requests into free rows (continuous: every step; static: only once the
     batch has emptied), prefills them (the prefill emits their first token), then decodes every
     other running request one token. pad: a decode whose rows sit at several positions attends
-    in one call padded to the longest row (see decode_step). -> generated tokens per request,
-    and a log: every pass timed, every step's time and occupancy, and per request the steps
-    and seconds of its admission, first token and last.
+    in one call padded to the longest row (see decode_step). prefix: an EnginePrefix, whose
+    system prompts' K/V the engine keeps once computed (None: every prompt prefilled whole).
+    -> generated tokens per request, and a log: every pass timed, every step's time and
+    occupancy, and per request the steps and seconds of its admission, first token and last.
     """
-    return Engine(model, cache, prompts, output_lens, policy, pad, order, arrival_s).serve()
+    return Engine(model, cache, prompts, output_lens, policy, pad, order, arrival_s,
+                  prefix).serve()
+
+
+class EnginePrefix:
+    """D's prefix cache: request r opens with system prompt system[r] (its first `tokens`
+    prompt tokens; -1: none). The K/V of a system prompt is kept from the first row that
+    computed it, as the step that prefilled it ends (so requests prefilled in one step do not
+    share, as in vLLM and in C's PrefixCache); a later newcomer opening with it has that K/V
+    copied into its row and prefills only the rest of its prompt."""
+
+    def __init__(self, system, tokens):
+        self.system, self.tokens, self.kv = [int(s) for s in system], tokens, {}
+
+    def hit(self, r):
+        """Prompt tokens of request r found cached now."""
+        return self.tokens if self.system[r] in self.kv else 0
+
+    def load(self, cache, r, row):
+        cache[:, :, row, :, :self.tokens].copy_(self.kv[self.system[r]])
+
+    def keep(self, cache, r, row):
+        """Row `row` has just computed request r's prompt: keep its system prompt's K/V."""
+        s = self.system[r]
+        if s >= 0 and s not in self.kv:
+            self.kv[s] = cache[:, :, row, :, :self.tokens].clone()
 
 
 class Engine:
@@ -5751,9 +5790,11 @@ class Engine:
     plan and commit: admission from the simulation's own queue, then the passes on the device,
     then the tokens recorded and the finished requests' rows refilled."""
 
-    def __init__(self, model, cache, prompts, output_lens, policy, pad, order, arrival_s):
+    def __init__(self, model, cache, prompts, output_lens, policy, pad, order, arrival_s,
+                 prefix=None):
         self.model, self.cache, self.prompts, self.policy, self.pad = model, cache, prompts, \
             policy, pad
+        self.prefix = prefix
         self.device, self.prompt_len = prompts.device, prompts.shape[1]
         self.slots, n = cache.shape[2], len(output_lens)
         self.output_lens = list(output_lens)
@@ -5769,7 +5810,8 @@ class Engine:
         self.elog = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0,
                     "attention_calls": 0, "decode_steps": 0, "padded_decode_steps": 0,
                     "passes": [],  # (tokens, cached tokens, seconds)
-                    "first_step": [0] * n, "finish_step": [0] * n, "start_s": ledger.start,
+                    "prefill_passes": [],  # their indices in passes
+                    "hit_tokens": [0] * n, "first_step": [0] * n, "finish_step": [0] * n, "start_s": ledger.start,
                     "first_s": ledger.first, "finish_s": ledger.finish, "idle_s": 0.0}
 
     def serve(self):
@@ -5779,8 +5821,7 @@ class Engine:
             new = self.admit()
             if new is None:  # (nothing ran: it waited for the next arrival)
                 continue
-            self.forward(new)
-            self.retire(new)
+            self.retire(self.forward(new))
         self.sync()
         self.elog["wall_s"] = time.perf_counter() - self.t0
         return self.generated, self.elog
@@ -5806,19 +5847,18 @@ class Engine:
         return new
 
     def forward(self, new):
-        """Prefill the newcomers into rows old..old+k-1 (the prefill emits their first tokens),
-        then one decode step for everyone else, each row at its own position; each pass timed."""
-        old, elog, P = len(self.running), self.elog, self.prompt_len
-        if new:
-            t_pass = time.perf_counter()
-            rows = torch.arange(old, old + len(new), device=self.device)
-            logits = prefill(self.model, self.cache, self.prompts[new], rows)
-            self.next_token[old:old + len(new)] = logits.argmax(-1)
-            self.running += new
-            self.position += [P] * len(new)
-            self.sync()
-            elog["passes"].append((len(new) * P, 0, time.perf_counter() - t_pass))
-            elog["prefill_s"] += elog["passes"][-1][2]
+        """Prefill the newcomers into rows old..old+k-1 (the prefill emits their first tokens):
+        those with nothing cached first, then those whose system prompt is; then one decode
+        step for everyone else, each row at its own position; each pass timed. -> the
+        newcomers in the order of their rows."""
+        old, elog, P, prefix = len(self.running), self.elog, self.prompt_len, self.prefix
+        cached = [prefix.hit(r) if prefix else 0 for r in new]
+        groups = [[r for r, c in zip(new, cached) if c == hit] for hit in sorted(set(cached))]
+        for hit, group in zip(sorted(set(cached)), groups):
+            self.prefill_rows(group, hit)
+        if prefix:  # (as the step ends: its newcomers did not share)
+            for row, r in enumerate(self.running[old:], old):
+                prefix.keep(self.cache, r, row)
         if old:
             t_pass = time.perf_counter()
             positions = self.position[:old]
@@ -5834,6 +5874,27 @@ class Engine:
             self.sync()
             elog["passes"].append((old, sum(positions), time.perf_counter() - t_pass))
             elog["decode_s"] += elog["passes"][-1][2]
+        return self.running[old:]
+
+    def prefill_rows(self, group, hit):
+        """Prefill requests `group` into the next free rows, each with `hit` prompt tokens
+        cached (copied into its row first, with the copy timed as part of the pass)."""
+        old, elog, P = len(self.running), self.elog, self.prompt_len
+        t_pass = time.perf_counter()
+        rows = torch.arange(old, old + len(group), device=self.device)
+        for row, r in enumerate(group, old):
+            if hit:
+                self.prefix.load(self.cache, r, row)
+            elog["hit_tokens"][r] = hit
+        logits = prefill(self.model, self.cache, self.prompts[group][:, hit:], rows, hit)
+        self.next_token[old:old + len(group)] = logits.argmax(-1)
+        self.running += group
+        self.position += [P] * len(group)
+        self.sync()
+        elog["prefill_passes"].append(len(elog["passes"]))
+        elog["passes"].append((len(group) * (P - hit), len(group) * hit,
+                               time.perf_counter() - t_pass))
+        elog["prefill_s"] += elog["passes"][-1][2]
 
     def retire(self, new):
         """Record the step's tokens and times, and move the last row into each finished one."""
@@ -5875,7 +5936,13 @@ def engine_requests(run):
 
 
 def check_engine(run, lengths):
-    """D's requests must fit the model's positions."""
+    """D's requests must fit the model's positions; its system prompts, whole blocks of its
+    prompts with a token of each left to compute."""
+    P, b = run.engine_prompt_len, run.block_tokens
+    if run.prefix_len and (run.prefix_len % b or run.prefix_len > (P - 1) // b * b):
+        raise UsageError(f"D: --prefix-len {run.prefix_len} must be whole blocks of "
+                         f"--block-tokens {b} within D's prompt of {P} tokens, short of its "
+                         f"last (at most {(P - 1) // b * b}; --prompt-len sets D's prompt)")
     longest = run.engine_prompt_len + int(lengths.max())
     if longest > run.model.max_positions:
         raise UsageError(f"D: a request of {longest:,} tokens (prompt {run.engine_prompt_len} + "
@@ -5966,7 +6033,12 @@ def run_serving_engine(bench, lengths, arrival, log):
         log(f"D: priced at {priced_s[0]:.0f} s for both runs, past D's bound of "
             f"{ENGINE_BOUND_S:.0f} s: outputs divided by {divisor} more ({priced_s[1]:.0f} s)")
     g = torch.Generator(device="cpu").manual_seed(run.seed + SEED_OFFSET["prompts"])
-    prompts = torch.randint(cfg.vocab, (n, P), generator=g).to(device)
+    prompts = torch.randint(cfg.vocab, (n, P), generator=g)
+    system = engine_system_prompts(run, arrival, lengths)
+    if system is not None:  # each system prompt's tokens open every prompt it opens
+        texts = torch.randint(cfg.vocab, (run.num_prefixes, run.prefix_len), generator=g)
+        prompts[system >= 0, :run.prefix_len] = texts[system[system >= 0]]
+    prompts = prompts.to(device)
     cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2), device)
     warm = min(2, n, slots)  # warm the engine: a prefill and a decode step
     run_engine(bench.model, cache, prompts[:warm], [2] * warm, "continuous", pad)
@@ -5985,19 +6057,58 @@ def run_serving_engine(bench, lengths, arrival, log):
               **attention_policy(decode_kernel(bench, slots, P + int(lengths.max()), pad)),
               "cost_model": {**one_span.as_dict(), "rows": cost_rows},
               "cost_model_spread": spread.as_dict()}
-    for policy in ("static", "continuous"):
-        _, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy, pad,
-                             replica.order, arrival)
-        result[policy] = d = engine_against_simulation(
-            req, elog, dataclasses.replace(replica, scheduler=policy), spread, at_zero)
-        log(f"D {policy}: {d['wall_s']:.2f} s measured, {d['predicted']['wall_s']:.2f} s "
+    runs = [("static", None), ("continuous", None)]
+    if system is not None:  # the continuous run again, with its prefix cache
+        runs.append(("prefix", EnginePrefix(system, run.prefix_len)))
+    for name, prefix in runs:
+        policy = "continuous" if prefix else name
+        generated, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy,
+                                     pad, replica.order, arrival, prefix)
+        served = req if not prefix else dataclasses.replace(req, identity=SharedPrompts(
+            system, np.full(run.num_prefixes, run.prefix_len), np.full(n, -1)))
+        kv = KVBudget("prefix", math.inf, run.block_tokens) if prefix else None
+        result[name] = d = engine_against_simulation(
+            served, elog, dataclasses.replace(replica, scheduler=policy, kv=kv), spread, at_zero)
+        log(f"D {name}: {d['wall_s']:.2f} s measured, {d['predicted']['wall_s']:.2f} s "
             f"predicted ({np.max(d['per_request']['passes_finish_s']):.2f} s with its own "
             f"passes), {d['steps']} steps")
+        if prefix:
+            result["prefix_check"] = prefix_check(result, elog, generated, plain, run)
+        plain = generated
     result["speedup_measured"] = result["static"]["wall_s"] / result["continuous"]["wall_s"]
     result["speedup_predicted"] = (result["static"]["predicted"]["wall_s"]
                                    / result["continuous"]["predicted"]["wall_s"])
     result["verdict"] = engine_verdict(result)
     return result
+
+
+def engine_system_prompts(run, arrival, lengths):
+    """D's system prompts (--prefix-len): the one opening each request (-1: none), drawn as C
+    draws them (shared_prompts), or None where D's prompts share nothing."""
+    if not run.prefix_len:
+        return None
+    n = len(lengths)
+    prefix = PrefixWorkload(run.prefix_len, run.num_prefixes, run.prefix_share, run.prefix_zipf)
+    opened = shared_prompts(Requests(np.zeros(n) if arrival is None else arrival, np.zeros(n),
+                                     lengths), prefix,
+                            np.random.default_rng(run.seed + SEED_OFFSET["prefixes"]))
+    return np.asarray(opened.identity.system)
+
+
+def prefix_check(result, elog, generated, plain, run):
+    """D with its prefix cache against the plain continuous run of the same prompts: tokens
+    identical, prompt tokens found cached (engine and C), and the seconds caching saved,
+    measured and as C's simulation predicted them (each run priced beforehand)."""
+    cached, plain_run = result["prefix"], result["continuous"]
+    saved = plain_run["wall_s"] - cached["wall_s"]
+    predicted = plain_run["predicted"]["wall_s"] - cached["predicted"]["wall_s"]
+    return {"tokens_identical": generated == plain, "prefix_tokens": run.prefix_len,
+            "prompt_tokens": result["requests"] * result["prompt_tokens"],
+            "hit_tokens": int(sum(elog["hit_tokens"])),
+            "hit_tokens_simulated": cached.get("hit_tokens_simulated"),
+            "saved_s": saved, "saved_predicted_s": predicted,
+            "off": saved / predicted - 1 if predicted > 0 else None,
+            "within": predicted > 0 and abs(saved / predicted - 1) <= 0.15}
 
 
 # D's two runs together, priced beforehand with the step costs just timed, may take this long:
@@ -6044,7 +6155,9 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
     replay = simulate_serving(req, dataclasses.replace(
         replica, costs=fit_passes(elog["passes"], {"kind": "pricing_passes"})))
     passes = np.array(elog["passes"], dtype=np.float64)
-    decode, prefill = passes[passes[:, 1] > 0], passes[passes[:, 1] == 0]
+    is_prefill = np.zeros(len(passes), bool)
+    is_prefill[elog["prefill_passes"]] = True
+    decode, prefill = passes[~is_prefill], passes[is_prefill]
     steps, wall, slots = len(elog["t_s"]), elog["wall_s"], replica.slots
     t, running = zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))
     return {
@@ -6074,7 +6187,9 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
                         "measured_first_s": elog["first_s"], "measured_finish_s": elog["finish_s"],
                         "passes_first_s": replay["first_token"],
                         "passes_finish_s": replay["finish"]},
-        "timeline": {"t_s": t, "running": running}}
+        "timeline": {"t_s": t, "running": running},
+        "hit_tokens_simulated": sim[PREFIX_REPORT]["hit_tokens"] if PREFIX_REPORT in sim
+        else None}
 
 
 def engine_verdict(D, tolerance=0.15):
@@ -6611,10 +6726,12 @@ ENGINE_COLUMNS = [("policy", "label", "text"), ("wall_s", "wall_s", ",.2f"),
 
 def engine_table(T, D):
     """D: the engine's measured wall time and its parts beside what C's simulation priced."""
-    rows = [{"label": T[policy], **d, **{part: f"{d[part + '_s']:,.2f} / "
-                                             f"{d['predicted'][part + '_s']:,.2f}"
-                                         for part in ("prefill", "decode")}}
-            for policy, d in ((p, D[p]) for p in ("static", "continuous"))]
+    rows = [{"label": T[label], **d, **{part: f"{d[part + '_s']:,.2f} / "
+                                            f"{d['predicted'][part + '_s']:,.2f}"
+                                        for part in ("prefill", "decode")}}
+            for run, label in (("static", "static"), ("continuous", "continuous"),
+                               ("prefix", "D_prefix_label")) if run in D
+            for d in (D[run],)]
     shrink = D.get("shrink", 1)
     source = T["D_source_shrunk"].format(shrink=shrink) if shrink > 1 else T["D_source"]
     return "\n".join([
@@ -6632,7 +6749,22 @@ def engine_table(T, D):
                                         steps=D["continuous"]["decode_steps"])
            if D["continuous"]["padded_decode_steps"] else T["attention_spans"]),
         *kernels_text(T, D),
-        "", request_table(T, D), verdict_text(T, D["verdict"])] + engine_machine_text(T, D))
+        "", request_table(T, D), verdict_text(T, D["verdict"])] + prefix_check_text(T, D)
+        + engine_machine_text(T, D))
+
+
+def prefix_check_text(T, D):
+    """D's prefix cache against the plain continuous run and against C's PrefixCache."""
+    if "prefix_check" not in D:
+        return []
+    c, steps = D["prefix_check"], D["prefix"]["steps_check"]
+    text = T["D_prefix"].format(
+        **c, identical=T["yes" if c["tokens_identical"] else "no"],
+        steps=T["D_steps_count"].format(**steps) if steps else T["not_checked"],
+        hit_simulated=c["hit_tokens_simulated"] or 0)
+    if c["off"] is None:
+        return [text]
+    return [text + T["D_prefix_within" if c["within"] else "D_prefix_outside"].format(**c)]
 
 
 def engine_machine_text(T, D):
@@ -8634,6 +8766,14 @@ TEXT_EN = {**SHARED_TEXT,
          "{median:.0f}, max {max:,}), prompts of {prompt} tokens, {slots} slots, greedy; "
          "queue: {order}; arrivals {arrivals}",
     "D_source": "the post's law", "D_source_shrunk": "the post's law, outputs / {shrink}",
+    "D_prefix_label": "continuous + prefix cache",
+    "D_prefix": "prefix caching: the continuous run again, each system prompt's K/V ({prefix_tokens} "
+                "tokens) kept once computed: {hit_tokens:,} of {prompt_tokens:,} prompt tokens "
+                "found cached (C's PrefixCache: {hit_simulated:,}); greedy tokens identical to "
+                "the run without: {identical}; steps as C's: {steps}; time saved {saved_s:,.2f} s "
+                "measured, {saved_predicted_s:,.2f} s predicted",
+    "D_prefix_within": " ({off:+.0%}): within 15%",
+    "D_prefix_outside": " ({off:+.0%}): outside 15%",
     "D_cpu": "   on CPU, D serves the post's law shrunk: a CPU's decode step stays flat in the "
              "batch only to about 8 rows (a GPU's past 100), and shorter outputs keep the "
              "run short (--engine-requests, --engine-slots, --engine-shrink)",
@@ -8962,6 +9102,14 @@ TEXT_KO = {**SHARED_TEXT,
          "{max:,}), 질문 {prompt}토큰, 슬롯 {slots}개, 그리디; 대기열: {order}; 도착: "
          "{arrivals}",
     "D_source": "글의 분포", "D_source_shrunk": "글의 분포, 출력 / {shrink}",
+    "D_prefix_label": "연속 + 프리픽스 캐시",
+    "D_prefix": "프리픽스 캐싱: 연속 배칭을 다시 돌리되 시스템 프롬프트마다 계산된 K/V({prefix_tokens}"
+                "토큰)를 한 번 계산하면 보관한다: 프롬프트 토큰 {prompt_tokens:,}개 중 {hit_tokens:,}개를 "
+                "캐시에서 찾음 (C의 PrefixCache: {hit_simulated:,}개); 캐시 없이 돌린 실행과 그리디 토큰이 "
+                "같은가: {identical}; C와 같은 스텝: {steps}; 아낀 시간 측정 {saved_s:,.2f}초, 예측 "
+                "{saved_predicted_s:,.2f}초",
+    "D_prefix_within": " ({off:+.0%}): 15% 이내",
+    "D_prefix_outside": " ({off:+.0%}): 15% 밖",
     "D_cpu": "   CPU에서 D는 글의 분포를 줄여서 쓴다: CPU의 디코드 스텝은 배치가 8행쯤까지만 "
              "평평하고 (GPU는 100행 넘게), 짧은 출력은 실행을 짧게 한다 (--engine-requests, "
              "--engine-slots, --engine-shrink)",

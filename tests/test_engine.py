@@ -338,3 +338,64 @@ def test_d_that_cannot_fit_its_bound_is_refused_in_one_line(tiny_args, capsys, m
     assert stop.value.code == 1 and "Traceback" not in err
     line, = [e for e in err.splitlines() if "error:" in e]
     assert "experiment D failed" in line and "even with one-token outputs" in line
+
+
+@torch.inference_mode()
+def test_a_prefill_after_a_cached_prefix_equals_the_whole_prompts():
+    model = S.build_model(TINY, "cpu", seed=3)
+    tokens = torch.randint(TINY.vocab, (3, 20), generator=torch.Generator().manual_seed(0))
+    whole, split = (S.new_kv_cache(TINY, 3, 24, "cpu", seed=s) for s in (0, 1))
+    logits = S.prefill(model, whole, tokens)
+    S.prefill(model, split, tokens[:, :12])  # the prefix, then the rest over it
+    rest = S.prefill(model, split, tokens[:, 12:], torch.arange(3), start=12)
+    assert torch.allclose(rest, logits, atol=1e-5)
+    assert torch.allclose(split[..., :20, :], whole[..., :20, :], atol=1e-5)
+
+
+@torch.inference_mode()
+def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
+    model, n, P, prefix_len = S.build_model(TINY, "cpu", seed=3), 12, 20, 16
+    g = torch.Generator().manual_seed(1)
+    system = np.array([0, 1, 0, -1, 0, 1, 0, 0, 1, -1, 0, 0])
+    prompts = torch.randint(TINY.vocab, (n, P), generator=g)
+    texts = torch.randint(TINY.vocab, (2, prefix_len), generator=g)
+    prompts[system >= 0, :prefix_len] = texts[system[system >= 0]]
+    lengths = [5, 3, 7, 2, 9, 4, 1, 6, 3, 8, 2, 5]
+    cache = S.new_kv_cache(TINY, 4, P + 10, "cpu")
+    plain, _ = S.run_engine(model, cache, prompts, lengths, "continuous")
+    cached, log = S.run_engine(model, cache, prompts, lengths, "continuous",
+                               prefix=S.EnginePrefix(system, prefix_len))
+    assert cached == plain
+    # the first four are prefilled together and share nothing; 3 and 9 open with no system
+    # prompt; the rest find theirs, computed in an earlier step
+    assert log["hit_tokens"] == [0, 0, 0, 0, 16, 16, 16, 16, 16, 0, 16, 16]
+    prefills = [log["passes"][i][:2] for i in log["prefill_passes"]]
+    assert sum(c for _, c in prefills) == sum(log["hit_tokens"])  # (each row: 4 new, 16 cached)
+    assert all(4 * c == 16 * t for t, c in prefills if c) and prefills[0] == (80, 0)
+    identity = S.SharedPrompts(system, np.full(2, prefix_len), np.full(n, -1))
+    req = S.Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
+    sim = S.simulate_serving(req, S.Replica(4, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
+                                            kv=S.KVBudget("prefix", math.inf, 16)))
+    assert (list(sim["first_step"]), list(sim["finish_step"])) == \
+        (log["first_step"], log["finish_step"])
+    assert sim["prefix_cache"]["hits"] == dict(enumerate(log["hit_tokens"]))
+
+
+def test_d_with_prefix_caching_end_to_end(tiny_args, capsys):
+    results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
+                                         "--prompt-len", "40", "--prefix-len", "32",
+                                         "--num-prefixes", "2", "--max-positions", "4096",
+                                         "--no-figures"], capsys)
+    D, check = results["D"], results["D"]["prefix_check"]
+    assert check["tokens_identical"] is True
+    assert check["hit_tokens"] == check["hit_tokens_simulated"] > 0
+    assert check["hit_tokens"] % 32 == 0 and check["prompt_tokens"] == 12 * 40
+    assert D["prefix"]["steps_check"] == {"requests": 12, "agree": 12}
+    assert said("continuous + prefix cache", out.out) and said("greedy tokens identical", out.out)
+
+
+def test_d_prefix_must_be_whole_blocks_short_of_the_prompt(tiny_args, capsys):
+    for prefix_len in ("24", "48"):  # not a whole block of 16; the whole prompt of 40
+        expect_usage_error(tiny_args + ["--experiments", "D", "--prompt-len", "40",
+                                        "--prefix-len", prefix_len], capsys,
+                           "--prefix-len", "whole blocks")
