@@ -5920,6 +5920,13 @@ class Engine:
             position.pop()
 
 
+# -----------------------------------------------------------------------------
+# D against C: its requests, its step costs timed, its runs beside C's simulation of them
+# (device code)
+# What D serves, the prices it is predicted with, and the verdict: steps, seconds, speedup
+# and, with system prompts, what its prefix cache saved.
+
+
 def engine_requests(run):
     """D's requests: output lengths of C's law (divided by --engine-shrink, at least 1), and
     their arrivals (--rate: Poisson, on the wall clock; else all at once)."""
@@ -6024,21 +6031,13 @@ def run_serving_engine(bench, lengths, arrival, log):
     pad = engine_attention(run, device)
     one_span, spread, cost_rows = engine_costs(bench, P, pad)
     for name, costs in (("one span", one_span), ("spread", spread)):
-        knots = ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in zip(costs.tokens, costs.seconds))
-        per_token = ", ".join(f"{b}: {1e6 * v:.2f}" for b, v in costs.kv_by_batch)
-        log(f"D step costs ({name}), ms by tokens per pass: {knots}; µs per cached token by "
-            f"batch: {per_token}")
+        log_step_costs(log, name, costs)
     lengths, divisor, priced_s = bounded_lengths(run, lengths, arrival, one_span, spread)
     if divisor > 1:
         log(f"D: priced at {priced_s[0]:.0f} s for both runs, past D's bound of "
             f"{ENGINE_BOUND_S:.0f} s: outputs divided by {divisor} more ({priced_s[1]:.0f} s)")
-    g = torch.Generator(device="cpu").manual_seed(run.seed + SEED_OFFSET["prompts"])
-    prompts = torch.randint(cfg.vocab, (n, P), generator=g)
     system = engine_system_prompts(run, arrival, lengths)
-    if system is not None:  # each system prompt's tokens open every prompt it opens
-        texts = torch.randint(cfg.vocab, (run.num_prefixes, run.prefix_len), generator=g)
-        prompts[system >= 0, :run.prefix_len] = texts[system[system >= 0]]
-    prompts = prompts.to(device)
+    prompts = engine_prompts(run, cfg.vocab, n, system).to(device)
     cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2), device)
     warm = min(2, n, slots)  # warm the engine: a prefill and a decode step
     run_engine(bench.model, cache, prompts[:warm], [2] * warm, "continuous", pad)
@@ -6080,6 +6079,24 @@ def run_serving_engine(bench, lengths, arrival, log):
                                    / result["continuous"]["predicted"]["wall_s"])
     result["verdict"] = engine_verdict(result)
     return result
+
+
+def log_step_costs(log, name, costs):
+    knots = ", ".join(f"{k}: {1e3 * v:.1f}" for k, v in zip(costs.tokens, costs.seconds))
+    per_token = ", ".join(f"{b}: {1e6 * v:.2f}" for b, v in costs.kv_by_batch)
+    log(f"D step costs ({name}), ms by tokens per pass: {knots}; µs per cached token by "
+        f"batch: {per_token}")
+
+
+def engine_prompts(run, vocab, n, system):
+    """D's prompts, random tokens on the CPU; each system prompt's tokens open every prompt
+    it opens (system: see engine_system_prompts)."""
+    g = torch.Generator(device="cpu").manual_seed(run.seed + SEED_OFFSET["prompts"])
+    prompts = torch.randint(vocab, (n, run.engine_prompt_len), generator=g)
+    if system is not None:
+        texts = torch.randint(vocab, (run.num_prefixes, run.prefix_len), generator=g)
+        prompts[system >= 0, :run.prefix_len] = texts[system[system >= 0]]
+    return prompts
 
 
 def engine_system_prompts(run, arrival, lengths):
@@ -7550,7 +7567,7 @@ def draw_one(plot, results, path, dpi, fmt):
 
 
 # -----------------------------------------------------------------------------
-# flags: argv to a RunConfig
+# flag types: argparse types that refuse a bad value in one line, and the parser's form
 
 
 def integer(low=1, high=COUNT_MAX):
@@ -7708,6 +7725,10 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return ", ".join(action.option_strings) + " " + self._format_args(
             action, self._get_default_metavar_for_optional(action))
 
+
+
+# -----------------------------------------------------------------------------
+# flags: argv to a RunConfig, in groups by task
 
 HELP_WIDTH = 100
 
