@@ -2267,39 +2267,34 @@ class PrefillQueue:
 
 class DecodeBatch:
     """The decoding requests, kept as aggregates: how many (`size`), the sum of their bases,
-    and a heap of the steps at which they end. A decoder gains one cached token and emits one
-    token every step (the rule lives here alone), so only its start is kept: joining at step s
-    with c tokens cached, it holds decode_base + s' = c + (s' - s) tokens at step s'."""
-    __slots__ = ("size", "base_sum", "ends")
+    the `tokens` a step adds to their cache (what they take of a chunked step's budget), and a
+    heap of the steps at which they end. A decoder gains one cached token and emits one token
+    every step (the rule lives here alone), so only its start is kept: joining at step s with
+    c tokens cached, it holds decode_base + s' = c + (s' - s) tokens at step s'. (Read as
+    attributes: the event loop reads them at every event.)"""
+    __slots__ = ("size", "tokens", "base_sum", "ends")
 
     def __init__(self):
-        self.size = self.base_sum = 0
+        self.size = self.tokens = self.base_sum = 0
         self.ends = []  # heap of (end step, admitted); a preempted decoder's entry stays behind
 
     def join(self, seq, steps):
         seq.decode_base, seq.end_step = seq.num_cached - steps, steps + seq.to_emit
         self.size += 1
+        self.tokens += 1
         self.base_sum += seq.decode_base
         heapq.heappush(self.ends, (seq.end_step, seq.admitted))
 
     def leave(self, seq, steps):
         """-> (tokens it has still to emit, tokens it has cached) at step `steps`."""
         self.size -= 1
+        self.tokens -= 1
         self.base_sum -= seq.decode_base
         return seq.end_step - steps, seq.decode_base + steps
 
     def cached(self, steps):
         """Tokens the decoders hold at step `steps`."""
-        return self.base_sum + self.size * steps
-
-    def tokens(self):
-        """Tokens a step adds to the decoders' cache, one a decoder (what they take of a
-        chunked step's budget)."""
-        return self.size
-
-    def next_end(self, steps):
-        """Steps from `steps` to the next decoder's last (math.inf: none decodes)."""
-        return self.ends[0][0] - steps if self.size else math.inf
+        return self.base_sum + self.tokens * steps
 
     def due(self, steps, running):
         """The decoders whose last step has run by `steps`, in the order they end (running:
@@ -2448,9 +2443,10 @@ class ServingSim:
         line waits for memory). -> False when there is nothing left to run (nothing running,
         waiting or preempted)."""
         self.iterations += 1
-        taken = self.make_room() if self.preempts else self.kv.planned(self.steps, ())
+        taken = self.make_room() if self.preempts else \
+            self.kv.planned(self.steps, ()) if self.tracks else 0
         blocked = self.admit(taken)
-        plan = schedule_prefill(self.prefill.seqs, self.decode.tokens(), self.chunk_tokens)
+        plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens)
         if not plan and not self.decode.size:
             if not (self.waiting or self.retry):
                 return False
@@ -2476,7 +2472,7 @@ class ServingSim:
         ledger, kv = self.ledger, self.kv
         while True:
             taken = kv.planned(self.steps, schedule_prefill(
-                self.prefill.seqs, self.decode.tokens(), self.chunk_tokens))
+                self.prefill.seqs, self.decode.tokens, self.chunk_tokens))
             if not self.running or taken <= kv.capacity:
                 return taken
             seq = self.running[next(reversed(self.running))]
@@ -2499,29 +2495,33 @@ class ServingSim:
         elif not self.retry and self.waiting.head(self.t) is None and self.waiting:
             self.t = self.waiting.next_arrival()  # idle until the next request arrives
         free, spare, kv, t = self.slots - len(self.running), self.spare(), self.kv, self.t
-        room, watermark = kv.capacity - taken, kv.watermark
+        room, watermark, tracks, need = kv.capacity - taken, kv.watermark, self.tracks, 0
         ledger, retry, head, pop = self.ledger, self.retry, self.waiting.head, self.waiting.pop
+        all_cached, to_prefill, start = ledger.cached, ledger.to_prefill, ledger.start
+        running, join = self.running, self.prefill.join
         while free and spare > 0:
             r = retry[0] if retry else head(t)
             if r is None:
                 return False
-            cached = ledger.cached[r]
-            prompt_left = ledger.to_prefill[r] - cached
-            need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
-            if need + watermark > room:
-                return True
+            cached = all_cached[r]
+            prompt_left = to_prefill[r] - cached
+            if tracks:  # (the null manager needs nothing and holds nothing)
+                need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
+                if need + watermark > room:
+                    return True
             if retry:
                 heapq.heappop(retry)
             else:
                 pop()
             seq = Seq(r, self.admissions, prompt_left, ledger.remaining[r], cached)
             self.admissions += 1
-            if ledger.start[r] != ledger.start[r]:  # (nan: its first admission)
-                ledger.start[r] = t
-            kv.admit(seq, need)
-            self.running[seq.admitted] = seq
+            if start[r] != start[r]:  # (nan: its first admission)
+                start[r] = t
+            if tracks:
+                kv.admit(seq, need)
+            running[seq.admitted] = seq
             if prompt_left:
-                self.prefill.join(seq)
+                join(seq)
             else:  # (its prefill ran elsewhere: it decodes from the next step)
                 self.start_decoding(seq)
             spare, room, free = spare - prompt_left, room - need, free - 1
@@ -2531,7 +2531,7 @@ class ServingSim:
         """Prompt tokens this step could still take in (chunked: its token budget)."""
         if self.chunk_tokens is None:
             return math.inf
-        return self.chunk_tokens - self.decode.tokens() - self.prefill.left
+        return self.chunk_tokens - self.decode.tokens - self.prefill.left
 
     def could_join(self, blocked):
         """Whether a request arriving now could be admitted at the next step."""
@@ -2542,7 +2542,8 @@ class ServingSim:
 
     def steps_until_event(self, plan, blocked):
         """How many identical steps run before the next event can change the batch."""
-        k = self.decode.next_end(self.steps)  # the next finish
+        decode = self.decode
+        k = decode.ends[0][0] - self.steps if decode.size else math.inf  # the next finish
         if plan:
             seq, chunk = plan[0]
             if len(plan) > 1 or chunk == seq.prompt_left:
@@ -2568,7 +2569,9 @@ class ServingSim:
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
         emitted = [s for s, c in plan if c == s.prompt_left]  # a finished prefill emits a token
-        price = self.price(plan, k)
+        decode = self.decode
+        price = self.costs.run_price(plan, decode.size, decode.base_sum + decode.tokens
+                                     * self.steps, k, self.fused)  # (self.price, inline)
         prefill_s, decode_s, first_s, growth_s, tokens = price
         running, held = len(self.running), 0
         if self.tracks:  # (before the clock moves: it reads the run's start)
@@ -2579,7 +2582,8 @@ class ServingSim:
         self.longest_step_s = max(self.longest_step_s, first_s + growth_s * (k - 1))
         self.steps += k
         self.busy += k * running
-        self.prefill.advance(plan, k, tokens)
+        if plan:
+            self.prefill.advance(plan, k, tokens)
         if emitted:
             self.emit_first_tokens(emitted, held, running)
         elif self.tracks:
@@ -2598,26 +2602,33 @@ class ServingSim:
             s.num_cached += 1
         if self.tracks:
             self.record(held, running)
+        join, kv_join = self.decode.join, self.tracks and self.kv.join
         for s in emitted:
             if s.to_emit == 0:
                 self.retire(s)
-            else:
-                self.start_decoding(s)
+            else:  # (start_decoding, inline)
+                join(s, steps)
+                if kv_join:
+                    kv_join(s)
 
     def start_decoding(self, seq):
         self.decode.join(seq, self.steps)
-        self.kv.join(seq)  # (after the join: it reads the decoder's start)
+        if self.tracks:
+            self.kv.join(seq)  # (after the join: it reads the decoder's start)
 
     def finish_due(self):
         """Retire the decoding requests whose last step has run."""
-        for seq in self.decode.due(self.steps, self.running):
-            self.retire(seq)
+        ends, running = self.decode.ends, self.running
+        if ends and (ends[0][0] <= self.steps or ends[0][1] not in running):  # (else none)
+            for seq in self.decode.due(self.steps, running):
+                self.retire(seq)
 
     def retire(self, seq):
         """A request's last token has come: it leaves its slot, finished."""
         self.leave(seq)
-        self.ledger.finish[seq.id] = self.t
-        self.ledger.finish_step[seq.id] = self.steps
+        ledger = self.ledger
+        ledger.finish[seq.id] = self.t
+        ledger.finish_step[seq.id] = self.steps
         self.done += 1
 
     def leave(self, seq):
@@ -2630,7 +2641,8 @@ class ServingSim:
             to_emit, cached = seq.to_emit, seq.num_cached
         else:
             to_emit, cached = self.decode.leave(seq, self.steps)
-        self.kv.release(seq, cached)
+        if self.tracks:
+            self.kv.release(seq, cached)
         self.ledger.generated[seq.id] += seq.to_emit_admitted - to_emit
         return to_emit, cached
 
@@ -2644,7 +2656,7 @@ class ServingSim:
         """Memory integrals over the k steps just priced (step j: a + e (j - 1) s); `emitted`
         prefills end with the run. -> tokens held after the last step."""
         prefill_s, decode_s, a, e, tokens = price
-        held = self.memory.run(self.held(), tokens + self.decode.tokens(), k, a, e, emitted)
+        held = self.memory.run(self.held(), tokens + self.decode.tokens, k, a, e, emitted)
         self.memory.totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
         self.memory.totals["running_s"] += (prefill_s + decode_s) * len(self.running)
         return held
