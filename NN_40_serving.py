@@ -29,6 +29,7 @@ It prints a banner and one table per experiment, and writes OUT/results.json and
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import datetime
 import functools
@@ -2398,8 +2399,9 @@ class ServingSim:
     """One replica in the serving simulation; see simulate_serving.
 
     Its loop is plan (admit at the clock, choose the next run of identical steps) then commit
-    (run it). A fleet (simulate_fleet) interleaves its replicas' loops by time and hands each
-    one its requests as they arrive; alone, a replica is given them all at once (`ids`).
+    (run it). Pools of replicas (simulate_pools) interleave their loops by time in one event
+    queue and hand each its requests as they arrive; alone, a replica is given them all at
+    once (`ids`). It tells its pools of each request's first token and finish (the hooks).
     """
 
     def __init__(self, req, replica, progress=None, ledger=None, ids=None):
@@ -2422,6 +2424,7 @@ class ServingSim:
         self.iterations = self.admissions = 0
         self.prefill_s = self.decode_s = self.longest_step_s = 0.0
         self.memory = MemoryRecord()     # (where kv.tracks)
+        self.on_first_token = self.on_finish = None  # hooks (request, t): what a pool is told
 
     # the loop: plan (admit at the clock, choose a run of identical steps), then commit
 
@@ -2478,7 +2481,7 @@ class ServingSim:
             seq = self.running[next(reversed(self.running))]
             to_emit, cached = self.leave(seq)
             r = seq.id  # readmitted, it prefills its prompt and what it generated again
-            ledger.to_prefill[r] = ledger.prompt[r] + ledger.output[r] - to_emit
+            ledger.to_prefill[r] = ledger.prompt[r] + ledger.generated[r]
             ledger.remaining[r], ledger.cached[r] = to_emit, 0
             self.memory.preempted(cached)
             heapq.heappush(self.retry, r)
@@ -2598,6 +2601,8 @@ class ServingSim:
             if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
                 first[s.id] = self.t
                 self.ledger.first_step[s.id] = steps
+                if self.on_first_token:
+                    self.on_first_token(s.id, self.t)
             s.to_emit -= 1
             s.num_cached += 1
         if self.tracks:
@@ -2630,6 +2635,8 @@ class ServingSim:
         ledger.finish[seq.id] = self.t
         ledger.finish_step[seq.id] = self.steps
         self.done += 1
+        if self.on_finish:
+            self.on_finish(seq.id, self.t)
 
     def leave(self, seq):
         """Take a request out of its slot (finished or preempted). -> (tokens still to emit,
@@ -2683,9 +2690,21 @@ class ServingSim:
 
 
 class FleetReplica(ServingSim):
-    """A replica of a fleet, and what its router asks and tells it: a fleet runs each replica
-    up to every arrival and routes by its load; a request routed to it can cut the planned
-    run short, as the next arrival bounds a run when the replica runs alone."""
+    """A replica of a pool, and what its router asks and tells it: the pools' event queue
+    (simulate_pools) plans and commits its runs in time with every other replica's and routes
+    by its load; a request routed to it can cut the planned run short, as the next arrival
+    bounds a run when the replica runs alone."""
+
+    def __init__(self, req, replica, ledger):
+        super().__init__(req, replica, None, ledger, ids=[])
+        self.version = 0           # the planned run's, to tell a queued commit that is stale
+        self.plan_queued = False   # a plan is queued in the event queue
+        self.draining = False      # every request of its pool has arrived
+
+    def may_plan(self):
+        """Whether a plan now could run anything: the replica runs, or a request waits."""
+        idle = not (self.running or self.retry) and self.waiting.head(self.t) is None
+        return not idle or self.waiting.next_arrival() < math.inf
 
     def pending_end(self):
         """When the planned run ends (the clock it will set, to the bit), priced once per
@@ -2694,18 +2713,6 @@ class FleetReplica(ServingSim):
             prefill_s, decode_s = self.price(*self.pending[:2])[:2]
             self.end_s = self.t + (prefill_s + decode_s)
         return self.end_s
-
-    def run_until(self, t):
-        """Run every run of steps that ends by t, and plan one that starts before t."""
-        while True:
-            if self.pending is None:
-                idle = not (self.running or self.retry) and self.waiting.head(self.t) is None
-                start = self.waiting.next_arrival() if idle else self.t  # (plan's admission)
-                if start >= t or not self.plan():
-                    return
-            if self.pending_end() > t:
-                return
-            self.commit()
 
     def arrive(self, r, t):
         """Request r, arriving at t, joins this replica's queue; the planned run stops at the
@@ -2743,6 +2750,8 @@ def simulate_serving(req, replica, progress=None):
 
 # -----------------------------------------------------------------------------
 # fleets and metrics: replicas behind a router, and the latencies of a run (pure NumPy)
+# A fleet is one or more named pools of replicas, each with its own Replica spec and router,
+# run in time together by one event queue; a request's path through the pools is data.
 
 
 ROUTERS = ("round-robin", "least-requests", "power-of-two", "least-kv")
@@ -2776,49 +2785,202 @@ class Fleet(NamedTuple):
     seed: int = 0
 
 
-def simulate_fleet(req, replica, fleet, progress=None):
-    """The requests through a Fleet of identical replicas (each simulate_serving's, with its own
-    slots, KV budget and queue) behind a router that places each request at its arrival,
-    reading every replica as it is then: the replicas run in time together, each up to every
-    arrival. -> as simulate_serving (steps, iterations and memory summed over replicas) with
-    "replica": where each request went, and "per_replica": what each served."""
-    kv, replicas = replica.kv, fleet.replicas
-    unfit = kv is not None and check_kv_budget(req, kv)  # (identical replicas: all or none)
+class Pool(NamedTuple):
+    """A named pool of `replicas` identical replicas (each a Replica) behind a router (see
+    route); seed: power-of-two's draws."""
+    name: str
+    replica: Replica
+    replicas: int = 1
+    router: str = "round-robin"
+    seed: int = 0
+
+
+class PoolStage:
+    """One pool on the requests' path: its replicas, the router's draws, where each request
+    went, and how many have still to arrive. A pool before the last serves a request to its
+    first token (a prefill pool): its finish hook hands the request on, its prompt and first
+    token cached, to the next stage (entered with all of its prefill done)."""
+
+    def __init__(self, pool, ledger, arrivals):
+        self.pool, self.ledger, self.left = pool, ledger, arrivals
+        self.servers = [FleetReplica(None, pool.replica, ledger) for _ in range(pool.replicas)]
+        n, m = len(ledger.output), pool.replicas
+        rng, rng_second = (np.random.default_rng(pool.seed + i) for i in (0, 1))
+        first = rng.integers(m, size=n)  # (power-of-two's draws)
+        second = (first + 1 + rng_second.integers(max(m - 1, 1), size=n)) % m
+        self.pairs, self.where = list(zip(first.tolist(), second.tolist())), [-1] * n
+
+    def route(self, r):
+        """Place request r (arriving now) -> the replica it went to."""
+        self.where[r] = i = route(self.pool.router, self.servers, r, self.pairs[r])
+        self.left -= 1
+        return self.servers[i]
+
+
+ARRIVE, PLAN, COMMIT = 1, 2, 0  # at one time: runs ending, then arrivals, then new plans
+
+
+def simulate_pools(req, pools, path=None, progress=None):
+    """The requests through pools of replicas (Pool: a spec, a count and a router each),
+    every request along `path` (the pools' names in order; default: the first pool alone):
+    a path of two is a prefill pool, whose replicas serve each request to its first token,
+    then a decode pool it enters at that moment, its prompt and first token cached (KV sent
+    at no cost). One event queue orders every replica's runs, every arrival and every
+    hand-off in time (as Vidur's), so a replica is read by its router as it is at the
+    arrival, and a hand-off between pools at any time is exact. -> as simulate_fleet, with
+    "pools": each pool's "replica" (where each request went there, -1: never) and
+    "per_replica"."""
+    names = [pool.name for pool in pools]
+    path = names[:1] if path is None else list(path)
+    if len(path) > 2 or not set(path) <= set(names) or len(set(names)) < len(names):
+        raise ValueError(f"a path of pools {path} among {names}: one pool, or prefill then "
+                         "decode")
+    ledger, n = Ledger(req), len(req.output)
+    stages = [pool_stage(req, pools[names.index(name)], ledger, last=i == len(path) - 1,
+                         first=i == 0) for i, name in enumerate(path)]
+    events, seq = [], itertools.count()  # (time, kind, order queued, what, its value)
+
+    def queue(t, kind, target, value=0):
+        heapq.heappush(events, (t, kind, next(seq), target, value))
+    if len(stages) > 1:
+        for server in stages[0].servers:
+            server.on_finish = functools.partial(hand_on, ledger, stages[1], queue)
+    clock, arrival, r = time.perf_counter(), ledger.arrival, 0
+    while r < n or events:
+        if r < n and (not events or (events[0][0], events[0][1]) >= (arrival[r], ARRIVE)):
+            enter(stages[0], r, arrival[r], queue)  # (an arrival before a hand-off at once)
+            if progress and not r % 8192 and time.perf_counter() - clock > 10:
+                clock = time.perf_counter()
+                progress(f"{r:,} / {n:,} requests routed, {arrival[r]:,.1f} s simulated")
+            r += 1
+            continue
+        t, kind, _, server, value = heapq.heappop(events)  # (ARRIVE: a stage and a request)
+        if kind == ARRIVE:
+            enter(server, value, t, queue)
+        elif kind == PLAN:
+            if server.plan_queued:
+                server.plan_queued = False
+                plan_next(server, queue)
+        elif value == server.version:  # (else stale: the run was cut short since)
+            server.commit()
+            if server.draining:
+                plan_next(server, queue)
+            else:
+                server.plan_queued = True
+                queue(server.t, PLAN, server)
+    return pools_result(req, stages)
+
+
+def pool_stage(req, pool, ledger, last, first):
+    """A PoolStage for `pool` on the path; every request must fit its KV cache alone."""
+    kv = pool.replica.kv  # (identical replicas: all or none fit)
+    output = req.output if last else np.ones_like(req.output)  # (a prefill pool: one token)
+    unfit = kv is not None and check_kv_budget(dataclasses.replace(req, output=output), kv)
     if unfit:
         raise KVUnfit(kv.policy, unfit)
-    ledger, n = Ledger(req), len(req.output)
-    servers = [FleetReplica(req, replica, None, ledger, ids=[]) for _ in range(replicas)]
-    rng, rng_second = (np.random.default_rng(fleet.seed + i) for i in (0, 1))
-    first = rng.integers(replicas, size=n)  # (power-of-two's draws)
-    second = (first + 1 + rng_second.integers(max(replicas - 1, 1), size=n)) % replicas
-    pairs = zip(first.tolist(), second.tolist())
-    where = [0] * n
-    clock = time.perf_counter()
-    for r, (t, pair) in enumerate(zip(ledger.arrival, pairs)):
-        for server in servers:
-            server.run_until(t)
-        where[r] = i = route(fleet.router, servers, r, pair)
-        servers[i].arrive(r, t)
-        if progress and not r % 8192 and time.perf_counter() - clock > 10:
-            clock = time.perf_counter()
-            progress(f"{r:,} / {n:,} requests routed, {t:,.1f} s simulated")
-    results = [server.serve() for server in servers]
-    where = np.array(where)
-    per_replica = [{"requests": int((where == i).sum()),
-                    "output_tokens": int(req.output[where == i].sum()),
-                    "steps": res["steps"], "occupancy": res["occupancy"]}
-                   for i, res in enumerate(results)]
+    if not first:  # (its own arrivals: the hand-offs' times; its own queues' marks)
+        ledger = copy.copy(ledger)
+        ledger.arrival, ledger.taken = [math.inf] * len(output), bytearray(len(output))
+    stage = PoolStage(pool, ledger, len(output) if first else int((req.output > 1).sum()))
+    stage.last = last
+    return stage
+
+
+def enter(stage, r, t, queue):
+    """Request r enters a stage at t: routed, and queued at its replica; the replica's run is
+    cut or its plan queued; once the stage's last request is in, its replicas drain."""
+    if not stage.last:
+        stage.ledger.remaining[r] = 1  # (served to its first token)
+    server = stage.route(r)
+    pending = server.pending
+    server.arrive(r, t)
+    if server.pending is not pending:  # (cut short: the run ends at another time)
+        server.version += 1
+        queue(server.pending_end(), COMMIT, server, server.version)
+    elif pending is None and not server.plan_queued:
+        server.plan_queued = True
+        queue(t, PLAN, server)
+    if not stage.left:  # as a replica alone is given its requests: plan again, unconditionally
+        for server in stage.servers:
+            server.draining, server.plan_queued = True, False
+            server.version += 1
+            server.pending = None
+            plan_next(server, queue)
+
+
+def plan_next(server, queue):
+    """Plan the replica's next run (draining: even where nothing could run) and queue its
+    commit."""
+    if (server.draining or server.may_plan()) and server.plan():
+        server.version += 1
+        queue(server.pending_end(), COMMIT, server, server.version)
+
+
+def hand_on(ledger, stage, queue, r, t):
+    """A prefill pool's request r has its first token at t: it enters the next stage holding
+    its prompt and that token, to emit the rest (if any)."""
+    left = ledger.output[r] - 1
+    if left:
+        ledger.remaining[r] = left
+        ledger.to_prefill[r] = ledger.cached[r] = ledger.prompt[r] + 1
+        stage.ledger.arrival[r] = t
+        queue(t, ARRIVE, stage, r)
+
+
+def pools_result(req, stages):
+    """simulate_pools's result: the ledger's times, where each request went (the first
+    pool's, and every pool's), and the replicas' steps and memory summed."""
+    ledger = stages[0].ledger
+    results, pools = [], {}
+    for stage in stages:
+        res = [server.result() for server in stage.servers]
+        where = np.array(stage.where)
+        output = req.output if stage.last else np.ones_like(req.output)
+        output = output - (stage is not stages[0])  # (the decode pool: all but the first)
+        pools[stage.pool.name] = {"replica": where, "per_replica": [
+            {"requests": int((where == i).sum()), "output_tokens": int(output[where == i].sum()),
+             "steps": r["steps"], "occupancy": r["occupancy"]} for i, r in enumerate(res)]}
+        results += res
     fleet = {key: np.array(getattr(ledger, name)) for key, name in (
         ("start", "start"), ("first_token", "first"), ("finish", "finish"),
         ("first_step", "first_step"), ("finish_step", "finish_step"))}
+    per_replica = [p for pool in pools.values() for p in pool["per_replica"]]
     steps = sum(res["steps"] for res in results)
-    fleet.update(replica=where, per_replica=per_replica, steps=steps,
+    fleet.update(replica=pools[stages[0].pool.name]["replica"],
+                 per_replica=pools[stages[0].pool.name]["per_replica"], steps=steps,
                  occupancy=sum(p["occupancy"] * p["steps"] for p in per_replica) / max(steps, 1),
                  iterations=sum(res["iterations"] for res in results),
                  longest_step_s=max(res["longest_step_s"] for res in results),
                  prefill_s=sum(res["prefill_s"] for res in results),
                  decode_s=sum(res["decode_s"] for res in results))
+    if len(stages) > 1:
+        fleet["pools"] = pools
+    if all("kv" in res for res in results):
+        fleet["kv"], fleet["generated"] = pooled_memory(results), np.array(ledger.generated)
     return fleet
+
+
+def pooled_memory(results):
+    """The replicas' memory records as one: integrals and counts summed, peaks the largest
+    any replica reached (its contexts then), the series of the first replica."""
+    mems = [res["kv"] for res in results]
+    out = {key: sum(m[key] for m in mems) for key in (
+        "held_s", "alloc_s", "running_s", "preemptions", "recomputed_tokens")}
+    top = max(mems, key=lambda m: m["peak_held"])
+    out.update(peak_running=max(m["peak_running"] for m in mems),
+               max_alloc=max(m["max_alloc"] for m in mems), peak_held=top["peak_held"],
+               peak_contexts=top["peak_contexts"], series=mems[0]["series"])
+    return out
+
+
+def simulate_fleet(req, replica, fleet, progress=None):
+    """The requests through a Fleet of identical replicas (each simulate_serving's, with its own
+    slots, KV budget and queue) behind a router that places each request at its arrival,
+    reading every replica as it is then: one pool of simulate_pools. -> as simulate_serving
+    (steps, iterations and memory summed over replicas; peaks the largest of any replica)
+    with "replica": where each request went, and "per_replica": what each served."""
+    return simulate_pools(req, [Pool("fleet", replica, fleet.replicas, fleet.router,
+                                     fleet.seed)], progress=progress)
 
 
 def percentiles(values):
