@@ -2663,7 +2663,9 @@ class ServingSim:
         """Memory integrals over the k steps just priced (step j: a + e (j - 1) s); `emitted`
         prefills end with the run. -> tokens held after the last step."""
         prefill_s, decode_s, a, e, tokens = price
-        held = self.memory.run(self.held(), tokens + self.decode.tokens, k, a, e, emitted)
+        decode = self.decode  # (held and DecodeBatch.cached, inline: read at every event)
+        held = self.memory.run(decode.base_sum + decode.tokens * self.steps + self.prefill.cached,
+                               tokens + decode.tokens, k, a, e, emitted)
         self.memory.totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
         self.memory.totals["running_s"] += (prefill_s + decode_s) * len(self.running)
         return held
@@ -2820,54 +2822,115 @@ class PoolStage:
 ARRIVE, PLAN, COMMIT = 1, 2, 0  # at one time: runs ending, then arrivals, then new plans
 
 
+class EventQueue:
+    """The pools' events in time (Vidur's event queue): a replica's run ending (COMMIT), a
+    request entering a pool (ARRIVE: the requests' own arrivals, kept apart as they come in
+    order, and hand-offs), a replica's plan put off past the arrivals at its time (PLAN).
+    A replica runs ahead, planning and committing, while its runs end by the next event."""
+
+    def __init__(self, arrival):
+        self.events, self.order = [], itertools.count()  # (t, kind, order, what, its value)
+        self.arrival, self.r = arrival, 0  # the requests' arrivals; the next to come
+
+    def push(self, t, kind, target, value=0):
+        heapq.heappush(self.events, (t, kind, next(self.order), target, value))
+
+    def horizon(self):
+        """When the next event is (math.inf: none)."""
+        events, r = self.events, self.r
+        t = events[0][0] if events else math.inf
+        return min(t, self.arrival[r]) if r < len(self.arrival) else t
+
+    def run_ahead(self, server):
+        """Plan and commit the replica's runs while they end by the next event; then queue
+        its commit, or its plan where an arrival may come at its clock."""
+        while True:
+            if server.pending is None:
+                if not (server.draining or server.may_plan()) or not server.plan():
+                    return
+                server.version += 1
+            end = server.pending_end()
+            if end > self.horizon():
+                self.push(end, COMMIT, server, server.version)
+                return
+            server.commit()
+            if not server.draining and server.t >= self.horizon():
+                server.plan_queued = True
+                self.push(server.t, PLAN, server)
+                return
+
+    def enter(self, stage, r, t):
+        """Request r enters a stage at t: routed and queued at its replica, whose run may be cut
+        short; once the stage's last request is in, its replicas plan again unconditionally
+        and drain, as a replica alone is given its requests."""
+        if not stage.last:
+            stage.ledger.remaining[r] = 1  # (served to its first token)
+        server = stage.route(r)
+        pending = server.pending
+        server.arrive(r, t)
+        if server.pending is not pending:  # (cut short: the run ends at another time)
+            server.version += 1
+            self.push(server.pending_end(), COMMIT, server, server.version)
+        elif pending is None and not server.plan_queued:
+            server.plan_queued = True
+            self.push(t, PLAN, server)
+        if not stage.left:
+            for server in stage.servers:
+                server.draining, server.plan_queued, server.pending = True, False, None
+                server.version += 1
+                self.run_ahead(server)
+
+    def run(self, first, progress):
+        """Every event in time order, the requests' arrivals entering the first stage."""
+        events, arrival, n, clock = self.events, self.arrival, len(self.arrival), time.perf_counter()
+        while self.r < n or events:
+            r = self.r
+            if r < n and (not events or events[0][0] > arrival[r] or
+                          events[0][0] == arrival[r] and events[0][1] >= ARRIVE):
+                self.r += 1  # (an arrival before a hand-off at its time)
+                self.enter(first, r, arrival[r])
+                if progress and not r % 8192 and time.perf_counter() - clock > 10:
+                    clock = time.perf_counter()
+                    progress(f"{r:,} / {n:,} requests routed, {arrival[r]:,.1f} s simulated")
+                continue
+            t, kind, _, target, value = heapq.heappop(events)
+            if kind == ARRIVE:  # (target: a stage; value: the request)
+                self.enter(target, value, t)
+            elif kind == PLAN:
+                if target.plan_queued:
+                    target.plan_queued = False
+                    self.run_ahead(target)
+            elif value == target.version:  # (else stale: the run was cut short since)
+                target.commit()
+                if target.draining or target.t < self.horizon():
+                    self.run_ahead(target)
+                else:
+                    target.plan_queued = True
+                    self.push(target.t, PLAN, target)
+
+
 def simulate_pools(req, pools, path=None, progress=None):
     """The requests through pools of replicas (Pool: a spec, a count and a router each),
     every request along `path` (the pools' names in order; default: the first pool alone):
     a path of two is a prefill pool, whose replicas serve each request to its first token,
     then a decode pool it enters at that moment, its prompt and first token cached (KV sent
     at no cost). One event queue orders every replica's runs, every arrival and every
-    hand-off in time (as Vidur's), so a replica is read by its router as it is at the
-    arrival, and a hand-off between pools at any time is exact. -> as simulate_fleet, with
-    "pools": each pool's "replica" (where each request went there, -1: never) and
-    "per_replica"."""
+    hand-off in time, so a replica is read by its router as it is at the arrival, and a
+    hand-off between pools at any time is exact. -> as simulate_fleet, with "pools": each
+    pool's "replica" (where each request went there, -1: never) and "per_replica"."""
     names = [pool.name for pool in pools]
     path = names[:1] if path is None else list(path)
     if len(path) > 2 or not set(path) <= set(names) or len(set(names)) < len(names):
         raise ValueError(f"a path of pools {path} among {names}: one pool, or prefill then "
                          "decode")
-    ledger, n = Ledger(req), len(req.output)
+    ledger = Ledger(req)
     stages = [pool_stage(req, pools[names.index(name)], ledger, last=i == len(path) - 1,
                          first=i == 0) for i, name in enumerate(path)]
-    events, seq = [], itertools.count()  # (time, kind, order queued, what, its value)
-
-    def queue(t, kind, target, value=0):
-        heapq.heappush(events, (t, kind, next(seq), target, value))
+    queue = EventQueue(ledger.arrival)
     if len(stages) > 1:
         for server in stages[0].servers:
             server.on_finish = functools.partial(hand_on, ledger, stages[1], queue)
-    clock, arrival, r = time.perf_counter(), ledger.arrival, 0
-    while r < n or events:
-        if r < n and (not events or (events[0][0], events[0][1]) >= (arrival[r], ARRIVE)):
-            enter(stages[0], r, arrival[r], queue)  # (an arrival before a hand-off at once)
-            if progress and not r % 8192 and time.perf_counter() - clock > 10:
-                clock = time.perf_counter()
-                progress(f"{r:,} / {n:,} requests routed, {arrival[r]:,.1f} s simulated")
-            r += 1
-            continue
-        t, kind, _, server, value = heapq.heappop(events)  # (ARRIVE: a stage and a request)
-        if kind == ARRIVE:
-            enter(server, value, t, queue)
-        elif kind == PLAN:
-            if server.plan_queued:
-                server.plan_queued = False
-                plan_next(server, queue)
-        elif value == server.version:  # (else stale: the run was cut short since)
-            server.commit()
-            if server.draining:
-                plan_next(server, queue)
-            else:
-                server.plan_queued = True
-                queue(server.t, PLAN, server)
+    queue.run(stages[0], progress)
     return pools_result(req, stages)
 
 
@@ -2886,36 +2949,6 @@ def pool_stage(req, pool, ledger, last, first):
     return stage
 
 
-def enter(stage, r, t, queue):
-    """Request r enters a stage at t: routed, and queued at its replica; the replica's run is
-    cut or its plan queued; once the stage's last request is in, its replicas drain."""
-    if not stage.last:
-        stage.ledger.remaining[r] = 1  # (served to its first token)
-    server = stage.route(r)
-    pending = server.pending
-    server.arrive(r, t)
-    if server.pending is not pending:  # (cut short: the run ends at another time)
-        server.version += 1
-        queue(server.pending_end(), COMMIT, server, server.version)
-    elif pending is None and not server.plan_queued:
-        server.plan_queued = True
-        queue(t, PLAN, server)
-    if not stage.left:  # as a replica alone is given its requests: plan again, unconditionally
-        for server in stage.servers:
-            server.draining, server.plan_queued = True, False
-            server.version += 1
-            server.pending = None
-            plan_next(server, queue)
-
-
-def plan_next(server, queue):
-    """Plan the replica's next run (draining: even where nothing could run) and queue its
-    commit."""
-    if (server.draining or server.may_plan()) and server.plan():
-        server.version += 1
-        queue(server.pending_end(), COMMIT, server, server.version)
-
-
 def hand_on(ledger, stage, queue, r, t):
     """A prefill pool's request r has its first token at t: it enters the next stage holding
     its prompt and that token, to emit the rest (if any)."""
@@ -2924,7 +2957,7 @@ def hand_on(ledger, stage, queue, r, t):
         ledger.remaining[r] = left
         ledger.to_prefill[r] = ledger.cached[r] = ledger.prompt[r] + 1
         stage.ledger.arrival[r] = t
-        queue(t, ARRIVE, stage, r)
+        queue.push(t, ARRIVE, stage, r)
 
 
 def pools_result(req, stages):
