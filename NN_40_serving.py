@@ -1370,6 +1370,13 @@ class EngineProfile:
     def fields(self):
         return dataclasses.asdict(self)
 
+    def replica(self, costs, **flags):
+        """The Replica this engine runs on `costs`: max_batch seats, chunked steps of at most
+        max_tokens tokens, one pass a step where fused; `flags` are what a run sets itself
+        (C's --slots, --chunk-tokens, scheduler, queue order, KV budget)."""
+        return dataclasses.replace(Replica(self.max_batch, costs, "chunked", self.max_tokens,
+                                           fused=self.fused), **flags)
+
 
 # `roofline` is C's pricing before it was checked against any engine (90% and 80% of a card's
 # spec: an H200 in this workplace copied at about 4.3 of its 4.8 TB/s and ran a large bf16
@@ -1621,9 +1628,11 @@ def max_load_tokens_per_s(costs, kv_tokens, profile, isl, osl):
     many rows as the KV cache holds with each request's whole length reserved at admission
     (TensorRT-LLM's guaranteed-no-evict) and the engine's batch allows; every step each row
     decodes a token and batch/osl prompts start, their tokens in the same pass (up to the
-    engine's tokens per pass); the rows' caches hold isl + osl/2 tokens on average."""
+    engine's tokens per pass); the rows' caches hold isl + osl/2 tokens on average. The
+    engine's limits are its Replica's (EngineProfile.replica), as C's simulation reads them."""
     per_step = 1 + isl / osl  # tokens per row per step
-    batch = min(profile.max_batch, kv_tokens // (isl + osl), profile.max_tokens / per_step)
+    replica = profile.replica(costs)
+    batch = min(replica.slots, kv_tokens // (isl + osl), replica.chunk_tokens / per_step)
     if batch < 1:
         return None
     tokens = max(round(batch * per_step), 1)
@@ -4472,9 +4481,10 @@ def run_batching_sim(run, req, log, results, kv_budgets=None):
     simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
     budgets = kv_budgets[1] if kv_budgets else ()
-    replica = Replica(run.slots, step_costs(run, results), chunk_tokens=run.chunk_tokens,
-                      order=run_order(run, req.output),
-                      fused=bool(run.gpu) and ENGINE_PROFILES[run.engine_profile].fused)
+    profile = ENGINE_PROFILES[run.engine_profile]  # (its seats and budget: C's flags')
+    replica = profile.replica(step_costs(run, results), slots=run.slots, scheduler="continuous",
+                              chunk_tokens=run.chunk_tokens, order=run_order(run, req.output),
+                              fused=bool(run.gpu) and profile.fused)
     fleet_replica = dataclasses.replace(replica, kv=study_budget(budgets))  # (and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
     if run.slo_ttft_s or run.slo_tpot_s:
