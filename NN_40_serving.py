@@ -1260,14 +1260,16 @@ class StepCosts:
         for s, c in plan:
             tokens += c
             cached_pre += s.num_cached
-        pair_first_s, pair_growth_s = self.pair_run_s(plan)
+        pair_first_s, pair_growth_s = self.pair_run_s(plan) if self.pair_s else (0.0, 0.0)
+        known = self._rates.get  # (rates, memoized, without the call: read at every event)
         if fused and tokens and n:  # one pass of both: its time split by their tokens
-            f, kv_s = self.rates(tokens + n)
+            f, kv_s = known(tokens + n) or self.rates(tokens + n)
             first = f + kv_s * (cached_pre + cached) + pair_first_s
             growth = kv_s * (tokens + n) + pair_growth_s
             run_s, share = first * k + growth * k * (k - 1) / 2, tokens / (tokens + n)
             return run_s * share, run_s * (1 - share), first, growth, tokens
-        (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.rates(tokens), self.rates(n)
+        f_pre, kv_s_pre = known(tokens) or self.rates(tokens)
+        f_dec, kv_s_dec = known(n) or self.rates(n)
         first_pre = f_pre + kv_s_pre * cached_pre + pair_first_s if tokens else 0.0
         first_dec = f_dec + kv_s_dec * cached if n else 0.0
         growth_pre, growth_dec = kv_s_pre * tokens + pair_growth_s, kv_s_dec * n
@@ -2268,11 +2270,11 @@ class PrefillQueue:
         self.left -= tokens * k
         self.cached += tokens * k
 
-    def done(self, emitted):
-        """The oldest requests' prefills have ended (chunks go oldest first)."""
-        del self.seqs[:len(emitted)]
-        for s in emitted:
-            self.cached -= s.num_cached
+    def done(self, count, cached):
+        """The `count` oldest requests' prefills have ended, holding `cached` tokens (chunks go
+        oldest first)."""
+        del self.seqs[:count]
+        self.cached -= cached
 
 
 class DecodeBatch:
@@ -2288,15 +2290,20 @@ class DecodeBatch:
         self.size = self.tokens = self.base_sum = 0
         self.ends = []  # heap of (end step, admitted); a preempted decoder's entry stays behind
 
-    def join(self, seq, steps):
-        seq.decode_base, seq.end_step = seq.num_cached - steps, steps + seq.to_emit
-        self.size += 1
-        self.tokens += 1
-        self.base_sum += seq.decode_base
-        heapq.heappush(self.ends, (seq.end_step, seq.admitted))
+    def join(self, seqs, steps):
+        """The requests `seqs` start to decode after step `steps`."""
+        ends, base_sum = self.ends, self.base_sum
+        for seq in seqs:
+            seq.decode_base, seq.end_step = seq.num_cached - steps, steps + seq.to_emit
+            base_sum += seq.decode_base
+            heapq.heappush(ends, (seq.end_step, seq.admitted))
+        self.size += len(seqs)
+        self.tokens += len(seqs)
+        self.base_sum = base_sum
 
     def leave(self, seq, steps):
-        """-> (tokens it has still to emit, tokens it has cached) at step `steps`."""
+        """A decoder leaves before its last step (preempted). -> (tokens it has still to emit,
+        tokens it has cached) at step `steps`."""
         self.size -= 1
         self.tokens -= 1
         self.base_sum -= seq.decode_base
@@ -2307,13 +2314,18 @@ class DecodeBatch:
         return self.base_sum + self.tokens * steps
 
     def due(self, steps, running):
-        """The decoders whose last step has run by `steps`, in the order they end (running:
-        admission order -> Seq, where a preempted decoder's entry is no longer)."""
+        """The decoders whose last step has run by `steps`, in the order they end, taken out
+        of the batch (running: admission order -> Seq, where a preempted decoder's entry is
+        no longer)."""
         ends, out = self.ends, []
         while ends and (ends[0][0] <= steps or ends[0][1] not in running):
             admitted = heapq.heappop(ends)[1]
             if admitted in running:  # (else preempted since it was pushed)
-                out.append(running[admitted])
+                seq = running[admitted]
+                self.base_sum -= seq.decode_base
+                self.size -= 1
+                self.tokens -= 1
+                out.append(seq)
         return out
 
 
@@ -2474,7 +2486,8 @@ class ServingSim:
         plan, k, _ = self.pending
         self.pending = self.end_s = None
         self.advance(plan, k)
-        self.finish_due()
+        for seq in self.decode.due(self.steps, self.running):  # (finished: they retire)
+            self.retire(seq)
 
     # admission: who takes a free seat, and who is preempted to make room
 
@@ -2506,37 +2519,47 @@ class ServingSim:
                 return False
         elif not self.retry and self.waiting.head(self.t) is None and self.waiting:
             self.t = self.waiting.next_arrival()  # idle until the next request arrives
-        free, spare, kv, t = self.slots - len(self.running), self.spare(), self.kv, self.t
-        room, watermark, tracks, need = kv.capacity - taken, kv.watermark, self.tracks, 0
-        ledger, retry, head, pop = self.ledger, self.retry, self.waiting.head, self.waiting.pop
-        all_cached, to_prefill, start = ledger.cached, ledger.to_prefill, ledger.start
-        running, join = self.running, self.prefill.join
-        while free and spare > 0:
-            r = retry[0] if retry else head(t)
-            if r is None:
-                return False
-            cached = all_cached[r]
-            prompt_left = to_prefill[r] - cached
+        free = self.slots - len(self.running)
+        spare = self.spare() if free else 0
+        if spare <= 0:
+            return False
+        retry, t, head = self.retry, self.t, self.waiting.head
+        r = retry[0] if retry else head(t)
+        if r is None:  # (the usual event: nobody to admit, found before anything is set up)
+            return False
+        kv, ledger, tracks, need = self.kv, self.ledger, self.tracks, 0
+        room, watermark, running, admitted = kv.capacity - taken, kv.watermark, \
+            self.running, self.admissions
+        while True:
+            cached = ledger.cached[r]
+            prompt_left = ledger.to_prefill[r] - cached
             if tracks:  # (the null manager needs nothing and holds nothing)
                 need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
                 if need + watermark > room:
+                    self.admissions = admitted
                     return True
             if retry:
                 heapq.heappop(retry)
             else:
-                pop()
-            seq = Seq(r, self.admissions, prompt_left, ledger.remaining[r], cached)
-            self.admissions += 1
-            if start[r] != start[r]:  # (nan: its first admission)
-                start[r] = t
+                self.waiting.pop()
+            seq = Seq(r, admitted, prompt_left, ledger.remaining[r], cached)
+            running[admitted] = seq
+            admitted += 1
+            if ledger.start[r] != ledger.start[r]:  # (nan: its first admission)
+                ledger.start[r] = t
             if tracks:
                 kv.admit(seq, need)
-            running[seq.admitted] = seq
             if prompt_left:
-                join(seq)
+                self.prefill.join(seq)
             else:  # (its prefill ran elsewhere: it decodes from the next step)
-                self.start_decoding(seq)
+                self.start_decoding((seq,))
             spare, room, free = spare - prompt_left, room - need, free - 1
+            if not free or spare <= 0:
+                break
+            r = retry[0] if retry else head(t)
+            if r is None:
+                break
+        self.admissions = admitted
         return False
 
     def spare(self):
@@ -2561,7 +2584,7 @@ class ServingSim:
             if len(plan) > 1 or chunk == seq.prompt_left:
                 return 1  # a prefill ends (or several run): one step
             k = min(k, (seq.prompt_left - 1) // chunk)  # one prompt's chunks, short of its last
-        elif self.could_join(blocked) and self.waiting:
+        elif self.waiting and self.could_join(blocked):
             k = self.steps_to_reach(self.waiting.next_arrival(), k)  # a newcomer could join
         if self.preempts and k > 1:
             k = self.kv.max_steps(self.steps, plan, k)
@@ -2569,8 +2592,9 @@ class ServingSim:
 
     def steps_to_reach(self, when, k):
         """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
-        return self.costs.decode_steps_to(self.decode.size, self.decode.cached(self.steps),
-                                          self.t, when, k)
+        decode = self.decode  # (DecodeBatch.cached, inline)
+        return self.costs.decode_steps_to(decode.size, decode.base_sum + decode.tokens
+                                          * self.steps, self.t, when, k)
 
     def price(self, plan, k):
         """The k steps of a run: StepCosts.run_price's (prefill_s, decode_s, first_s, growth_s,
@@ -2580,7 +2604,10 @@ class ServingSim:
 
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
-        emitted = [s for s, c in plan if c == s.prompt_left]  # a finished prefill emits a token
+        emitted = []  # a finished prefill emits a token (a loop: a comprehension is a call)
+        for s, c in plan:
+            if c == s.prompt_left:
+                emitted.append(s)
         decode = self.decode
         price = self.costs.run_price(plan, decode.size, decode.base_sum + decode.tokens
                                      * self.steps, k, self.fused)  # (self.price, inline)
@@ -2599,43 +2626,37 @@ class ServingSim:
         if emitted:
             self.emit_first_tokens(emitted, held, running)
         elif self.tracks:
-            self.record(held, running)
+            self.memory.point(self.t, self.iterations, held, self.kv.total, running,
+                              self.contexts)
 
     def emit_first_tokens(self, emitted, held, running):
         """The requests whose prefill has just ended emit a token; each then decodes (or,
         with nothing left to emit, finishes)."""
-        self.prefill.done(emitted)
-        first, steps = self.ledger.first, self.steps
+        first, first_step, steps = self.ledger.first, self.ledger.first_step, self.steps
+        cached, decoders, finished = 0, [], []
         for s in emitted:
             if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
                 first[s.id] = self.t
-                self.ledger.first_step[s.id] = steps
+                first_step[s.id] = steps
                 if self.on_first_token:
                     self.on_first_token(s.id, self.t)
+            cached += s.num_cached
             s.to_emit -= 1
             s.num_cached += 1
+            (decoders if s.to_emit else finished).append(s)
+        self.prefill.done(len(emitted), cached)
         if self.tracks:
-            self.record(held, running)
-        join, kv_join = self.decode.join, self.tracks and self.kv.join
-        for s in emitted:
-            if s.to_emit == 0:
-                self.retire(s)
-            else:  # (start_decoding, inline)
-                join(s, steps)
-                if kv_join:
-                    kv_join(s)
+            self.memory.point(self.t, self.iterations, held, self.kv.total, running,
+                              self.contexts)
+        for s in finished:
+            self.retire(s)
+        self.start_decoding(decoders)
 
-    def start_decoding(self, seq):
-        self.decode.join(seq, self.steps)
+    def start_decoding(self, seqs):
+        self.decode.join(seqs, self.steps)
         if self.tracks:
-            self.kv.join(seq)  # (after the join: it reads the decoder's start)
-
-    def finish_due(self):
-        """Retire the decoding requests whose last step has run."""
-        ends, running = self.decode.ends, self.running
-        if ends and (ends[0][0] <= self.steps or ends[0][1] not in running):  # (else none)
-            for seq in self.decode.due(self.steps, running):
-                self.retire(seq)
+            for seq in seqs:
+                self.kv.join(seq)  # (after the join: it reads the decoder's start)
 
     def retire(self, seq):
         """A request's last token has come: it leaves its slot, finished."""
@@ -2655,8 +2676,10 @@ class ServingSim:
             if seq.prompt_left:
                 self.prefill.leave(seq)
             to_emit, cached = seq.to_emit, seq.num_cached
-        else:
+        elif seq.end_step > self.steps:  # preempted while it decodes
             to_emit, cached = self.decode.leave(seq, self.steps)
+        else:  # finished decoding (DecodeBatch.due took it out of the batch)
+            to_emit, cached = 0, seq.decode_base + self.steps
         if self.tracks:
             self.kv.release(seq, cached)
         self.ledger.generated[seq.id] += seq.to_emit_admitted - to_emit
@@ -2678,9 +2701,6 @@ class ServingSim:
         self.memory.totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
         self.memory.totals["running_s"] += (prefill_s + decode_s) * len(self.running)
         return held
-
-    def record(self, held, running):
-        self.memory.point(self.t, self.iterations, held, self.kv.total, running, self.contexts)
 
     def contexts(self):
         """The tokens each running request holds."""
