@@ -2596,21 +2596,15 @@ class ServingSim:
         return self.costs.decode_steps_to(decode.size, decode.base_sum + decode.tokens
                                           * self.steps, self.t, when, k)
 
-    def price(self, plan, k):
-        """The k steps of a run: StepCosts.run_price's (prefill_s, decode_s, first_s, growth_s,
-        prompt tokens per step)."""
-        return self.costs.run_price(plan, self.decode.size, self.decode.cached(self.steps), k,
-                                    self.fused)
-
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
         emitted = []  # a finished prefill emits a token (a loop: a comprehension is a call)
         for s, c in plan:
             if c == s.prompt_left:
                 emitted.append(s)
-        decode = self.decode
+        decode = self.decode  # (DecodeBatch.cached, inline)
         price = self.costs.run_price(plan, decode.size, decode.base_sum + decode.tokens
-                                     * self.steps, k, self.fused)  # (self.price, inline)
+                                     * self.steps, k, self.fused)
         prefill_s, decode_s, first_s, growth_s, tokens = price
         running, held = len(self.running), 0
         if self.tracks:  # (before the clock moves: it reads the run's start)
@@ -2741,7 +2735,9 @@ class FleetReplica(ServingSim):
         """When the planned run ends (the clock it will set, to the bit), priced once per
         plan: a fleet asks at every arrival."""
         if self.end_s is None:
-            prefill_s, decode_s = self.price(*self.pending[:2])[:2]
+            plan, k, _ = self.pending
+            prefill_s, decode_s = self.costs.run_price(
+                plan, self.decode.size, self.decode.cached(self.steps), k, self.fused)[:2]
             self.end_s = self.t + (prefill_s + decode_s)
         return self.end_s
 
