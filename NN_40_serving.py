@@ -2644,7 +2644,10 @@ class ServingSim:
                               self.contexts)
         for s in finished:
             self.retire(s)
-        self.start_decoding(decoders)
+        self.decode.join(decoders, steps)  # (start_decoding, inline)
+        if self.tracks:
+            for s in decoders:
+                self.kv.join(s)
 
     def start_decoding(self, seqs):
         self.decode.join(seqs, self.steps)
@@ -2690,10 +2693,12 @@ class ServingSim:
         prefills end with the run. -> tokens held after the last step."""
         prefill_s, decode_s, a, e, tokens = price
         decode = self.decode  # (held and DecodeBatch.cached, inline: read at every event)
-        held = self.memory.run(decode.base_sum + decode.tokens * self.steps + self.prefill.cached,
-                               tokens + decode.tokens, k, a, e, emitted)
-        self.memory.totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
-        self.memory.totals["running_s"] += (prefill_s + decode_s) * len(self.running)
+        memory = self.memory
+        held = memory.run(decode.base_sum + decode.tokens * self.steps + self.prefill.cached,
+                          tokens + decode.tokens, k, a, e, emitted)
+        totals = memory.totals
+        totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
+        totals["running_s"] += (prefill_s + decode_s) * len(self.running)
         return held
 
     def contexts(self):
