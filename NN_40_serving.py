@@ -2552,7 +2552,9 @@ class ServingSim:
             if prompt_left:
                 self.prefill.join(seq)
             else:  # (its prefill ran elsewhere: it decodes from the next step)
-                self.start_decoding((seq,))
+                self.decode.join((seq,), self.steps)
+                if tracks:
+                    kv.join(seq)  # (after the join: it reads the decoder's start)
             spare, room, free = spare - prompt_left, room - need, free - 1
             if not free or spare <= 0:
                 break
@@ -2644,16 +2646,10 @@ class ServingSim:
                               self.contexts)
         for s in finished:
             self.retire(s)
-        self.decode.join(decoders, steps)  # (start_decoding, inline)
+        self.decode.join(decoders, steps)
         if self.tracks:
             for s in decoders:
-                self.kv.join(s)
-
-    def start_decoding(self, seqs):
-        self.decode.join(seqs, self.steps)
-        if self.tracks:
-            for seq in seqs:
-                self.kv.join(seq)  # (after the join: it reads the decoder's start)
+                self.kv.join(s)  # (after the join: it reads the decoder's start)
 
     def retire(self, seq):
         """A request's last token has come: it leaves its slot, finished."""
