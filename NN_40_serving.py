@@ -29,6 +29,7 @@ It prints a banner and one table per experiment, and writes OUT/results.json and
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import datetime
 import functools
@@ -1545,14 +1546,16 @@ class StepCosts:
         for s, c in plan:
             tokens += c
             cached_pre += s.num_cached
-        pair_first_s, pair_growth_s = self.pair_run_s(plan)
+        pair_first_s, pair_growth_s = self.pair_run_s(plan) if self.pair_s else (0.0, 0.0)
+        known = self._rates.get  # (rates, memoized, without the call: read at every event)
         if fused and tokens and n:  # one pass of both: its time split by their tokens
-            f, kv_s = self.rates(tokens + n)
+            f, kv_s = known(tokens + n) or self.rates(tokens + n)
             first = f + kv_s * (cached_pre + cached) + pair_first_s
             growth = kv_s * (tokens + n) + pair_growth_s
             run_s, share = first * k + growth * k * (k - 1) / 2, tokens / (tokens + n)
             return run_s * share, run_s * (1 - share), first, growth, tokens
-        (f_pre, kv_s_pre), (f_dec, kv_s_dec) = self.rates(tokens), self.rates(n)
+        f_pre, kv_s_pre = known(tokens) or self.rates(tokens)
+        f_dec, kv_s_dec = known(n) or self.rates(n)
         first_pre = f_pre + kv_s_pre * cached_pre + pair_first_s if tokens else 0.0
         first_dec = f_dec + kv_s_dec * cached if n else 0.0
         growth_pre, growth_dec = kv_s_pre * tokens + pair_growth_s, kv_s_dec * n
@@ -1656,6 +1659,13 @@ class EngineProfile:
 
     def fields(self):
         return dataclasses.asdict(self)
+
+    def replica(self, costs, **flags):
+        """The Replica this engine runs on `costs`: max_batch seats, chunked steps of at most
+        max_tokens tokens, one pass a step where fused; `flags` are what a run sets itself
+        (C's --slots, --chunk-tokens, scheduler, queue order, KV budget)."""
+        return dataclasses.replace(Replica(self.max_batch, costs, "chunked", self.max_tokens,
+                                           fused=self.fused), **flags)
 
 
 # `roofline` is C's pricing before it was checked against any engine (90% and 80% of a card's
@@ -1917,9 +1927,11 @@ def max_load_tokens_per_s(costs, kv_tokens, profile, isl, osl):
     many rows as the KV cache holds with each request's whole length reserved at admission
     (TensorRT-LLM's guaranteed-no-evict) and the engine's batch allows; every step each row
     decodes a token and batch/osl prompts start, their tokens in the same pass (up to the
-    engine's tokens per pass); the rows' caches hold isl + osl/2 tokens on average."""
+    engine's tokens per pass); the rows' caches hold isl + osl/2 tokens on average. The
+    engine's limits are its Replica's (EngineProfile.replica), as C's simulation reads them."""
     per_step = 1 + isl / osl  # tokens per row per step
-    batch = min(profile.max_batch, kv_tokens // (isl + osl), profile.max_tokens / per_step)
+    replica = profile.replica(costs)
+    batch = min(replica.slots, kv_tokens // (isl + osl), replica.chunk_tokens / per_step)
     if batch < 1:
         return None
     tokens = max(round(batch * per_step), 1)
@@ -2488,9 +2500,10 @@ class KVManager:
         """What the run's result adds of the cache (a prefix cache's hits)."""
         return {}
 
-    def load_s(self, plan):
-        """Seconds the planned step waits for KV loaded into the card (a host tier's)."""
-        return 0.0
+    def loaded(self, price, plan):
+        """A run's price (StepCosts.run_price's) with the seconds its first step waits for KV
+        loaded into the card (a host tier's) added to its prefill."""
+        return price
 
     def blocks(self, tokens):
         """Tokens rounded up to whole blocks (a number or an array): the one rounding."""
@@ -2849,6 +2862,10 @@ class PrefixCache(PagedBlocks):
     def load_s(self, plan):
         return self.host_token_s * sum(seq.loading for seq, _ in plan) if self.host_blocks else 0.0
 
+    def loaded(self, price, plan):
+        load_s = self.load_s(plan)
+        return (price[0] + load_s,) + price[1:] if load_s else price
+
     def release(self, seq, ctx):
         if seq.keys and ctx // self.block > len(seq.keys) and \
                 self.identity.covers_output(seq.id):  # (its answer: the next turn's prompt)
@@ -3117,57 +3134,62 @@ class PrefillQueue:
         self.left -= tokens * k
         self.cached += tokens * k
 
-    def done(self, emitted):
-        """The oldest requests' prefills have ended (chunks go oldest first)."""
-        del self.seqs[:len(emitted)]
-        for s in emitted:
-            self.cached -= s.num_cached
+    def done(self, count, cached):
+        """The `count` oldest requests' prefills have ended, holding `cached` tokens (chunks go
+        oldest first)."""
+        del self.seqs[:count]
+        self.cached -= cached
 
 
 class DecodeBatch:
     """The decoding requests, kept as aggregates: how many (`size`), the sum of their bases,
-    and a heap of the steps at which they end. A decoder gains one cached token and emits one
-    token every step (the rule lives here alone), so only its start is kept: joining at step s
-    with c tokens cached, it holds decode_base + s' = c + (s' - s) tokens at step s'."""
-    __slots__ = ("size", "base_sum", "ends")
+    the `tokens` a step adds to their cache (what they take of a chunked step's budget), and a
+    heap of the steps at which they end. A decoder gains one cached token and emits one token
+    every step (the rule lives here alone), so only its start is kept: joining at step s with
+    c tokens cached, it holds decode_base + s' = c + (s' - s) tokens at step s'. (Read as
+    attributes: the event loop reads them at every event.)"""
+    __slots__ = ("size", "tokens", "base_sum", "ends")
 
     def __init__(self):
-        self.size = self.base_sum = 0
+        self.size = self.tokens = self.base_sum = 0
         self.ends = []  # heap of (end step, admitted); a preempted decoder's entry stays behind
 
-    def join(self, seq, steps):
-        seq.decode_base, seq.end_step = seq.num_cached - steps, steps + seq.to_emit
-        self.size += 1
-        self.base_sum += seq.decode_base
-        heapq.heappush(self.ends, (seq.end_step, seq.admitted))
+    def join(self, seqs, steps):
+        """The requests `seqs` start to decode after step `steps`."""
+        ends, base_sum = self.ends, self.base_sum
+        for seq in seqs:
+            seq.decode_base, seq.end_step = seq.num_cached - steps, steps + seq.to_emit
+            base_sum += seq.decode_base
+            heapq.heappush(ends, (seq.end_step, seq.admitted))
+        self.size += len(seqs)
+        self.tokens += len(seqs)
+        self.base_sum = base_sum
 
     def leave(self, seq, steps):
-        """-> (tokens it has still to emit, tokens it has cached) at step `steps`."""
+        """A decoder leaves before its last step (preempted). -> (tokens it has still to emit,
+        tokens it has cached) at step `steps`."""
         self.size -= 1
+        self.tokens -= 1
         self.base_sum -= seq.decode_base
         return seq.end_step - steps, seq.decode_base + steps
 
     def cached(self, steps):
         """Tokens the decoders hold at step `steps`."""
-        return self.base_sum + self.size * steps
-
-    def tokens(self):
-        """Tokens a step adds to the decoders' cache, one a decoder (what they take of a
-        chunked step's budget)."""
-        return self.size
-
-    def next_end(self, steps):
-        """Steps from `steps` to the next decoder's last (math.inf: none decodes)."""
-        return self.ends[0][0] - steps if self.size else math.inf
+        return self.base_sum + self.tokens * steps
 
     def due(self, steps, running):
-        """The decoders whose last step has run by `steps`, in the order they end (running:
-        admission order -> Seq, where a preempted decoder's entry is no longer)."""
+        """The decoders whose last step has run by `steps`, in the order they end, taken out
+        of the batch (running: admission order -> Seq, where a preempted decoder's entry is
+        no longer)."""
         ends, out = self.ends, []
         while ends and (ends[0][0] <= steps or ends[0][1] not in running):
             admitted = heapq.heappop(ends)[1]
             if admitted in running:  # (else preempted since it was pushed)
-                out.append(running[admitted])
+                seq = running[admitted]
+                self.base_sum -= seq.decode_base
+                self.size -= 1
+                self.tokens -= 1
+                out.append(seq)
         return out
 
 
@@ -3262,8 +3284,9 @@ class ServingSim:
     """One replica in the serving simulation; see simulate_serving.
 
     Its loop is plan (admit at the clock, choose the next run of identical steps) then commit
-    (run it). A fleet (simulate_fleet) interleaves its replicas' loops by time and hands each
-    one its requests as they arrive; alone, a replica is given them all at once (`ids`).
+    (run it). Pools of replicas (simulate_pools) interleave their loops by time in one event
+    queue and hand each its requests as they arrive; alone, a replica is given them all at
+    once (`ids`). It tells its pools of each request's first token and finish (the hooks).
     """
 
     def __init__(self, req, replica, progress=None, ledger=None, ids=None):
@@ -3286,6 +3309,7 @@ class ServingSim:
         self.iterations = self.admissions = 0
         self.prefill_s = self.decode_s = self.longest_step_s = 0.0
         self.memory = MemoryRecord()     # (where kv.tracks)
+        self.on_first_token = self.on_finish = None  # hooks (request, t): what a pool is told
 
     # the loop: plan (admit at the clock, choose a run of identical steps), then commit
 
@@ -3307,9 +3331,10 @@ class ServingSim:
         line waits for memory). -> False when there is nothing left to run (nothing running,
         waiting or preempted)."""
         self.iterations += 1
-        taken = self.make_room() if self.preempts else self.kv.planned(self.steps, ())
+        taken = self.make_room() if self.preempts else \
+            self.kv.planned(self.steps, ()) if self.tracks else 0
         blocked = self.admit(taken)
-        plan = schedule_prefill(self.prefill.seqs, self.decode.tokens(), self.chunk_tokens)
+        plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens)
         if not plan and not self.decode.size:
             if not (self.waiting or self.retry):
                 return False
@@ -3325,7 +3350,8 @@ class ServingSim:
         plan, k, _ = self.pending
         self.pending = self.end_s = None
         self.advance(plan, k)
-        self.finish_due()
+        for seq in self.decode.due(self.steps, self.running):  # (finished: they retire)
+            self.retire(seq)
 
     # admission: who takes a free seat, and who is preempted to make room
 
@@ -3335,13 +3361,13 @@ class ServingSim:
         ledger, kv = self.ledger, self.kv
         while True:
             taken = kv.planned(self.steps, schedule_prefill(
-                self.prefill.seqs, self.decode.tokens(), self.chunk_tokens))
+                self.prefill.seqs, self.decode.tokens, self.chunk_tokens))
             if not self.running or taken <= kv.capacity:
                 return taken
             seq = self.running[next(reversed(self.running))]
             to_emit, cached = self.leave(seq)
             r = seq.id  # readmitted, it prefills its prompt and what it generated again
-            ledger.to_prefill[r] = ledger.prompt[r] + ledger.output[r] - to_emit
+            ledger.to_prefill[r] = ledger.prompt[r] + ledger.generated[r]
             ledger.remaining[r], ledger.cached[r] = to_emit, 0
             self.memory.preempted(cached)
             heapq.heappush(self.retry, r)
@@ -3357,40 +3383,56 @@ class ServingSim:
                 return False
         elif not self.retry and self.waiting.head(self.t) is None and self.waiting:
             self.t = self.waiting.next_arrival()  # idle until the next request arrives
-        free, spare, kv, t = self.slots - len(self.running), self.spare(), self.kv, self.t
-        room, watermark = kv.capacity - taken, kv.watermark
-        ledger, retry, head, pop = self.ledger, self.retry, self.waiting.head, self.waiting.pop
-        while free and spare > 0:
-            r = retry[0] if retry else head(t)
-            if r is None:
-                return False
-            cached = kv.lookup(ledger, r)
+        free = self.slots - len(self.running)
+        spare = self.spare() if free else 0
+        if spare <= 0:
+            return False
+        retry, t, head = self.retry, self.t, self.waiting.head
+        r = retry[0] if retry else head(t)
+        if r is None:  # (the usual event: nobody to admit, found before anything is set up)
+            return False
+        kv, ledger, tracks, need = self.kv, self.ledger, self.tracks, 0
+        room, watermark, running, admitted = kv.capacity - taken, kv.watermark, \
+            self.running, self.admissions
+        while True:
+            cached = kv.lookup(ledger, r) if tracks else ledger.cached[r]
             prompt_left = ledger.to_prefill[r] - cached
-            need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
-            if need + watermark > room:
-                return True
+            if tracks:  # (the null manager needs nothing and holds nothing)
+                need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
+                if need + watermark > room:
+                    self.admissions = admitted
+                    return True
             if retry:
                 heapq.heappop(retry)
             else:
-                pop()
-            seq = Seq(r, self.admissions, prompt_left, ledger.remaining[r], cached)
-            self.admissions += 1
+                self.waiting.pop()
+            seq = Seq(r, admitted, prompt_left, ledger.remaining[r], cached)
+            running[admitted] = seq
+            admitted += 1
             if ledger.start[r] != ledger.start[r]:  # (nan: its first admission)
                 ledger.start[r] = t
-            kv.admit(seq, need)
-            self.running[seq.admitted] = seq
+            if tracks:
+                kv.admit(seq, need)
             if prompt_left:
                 self.prefill.join(seq)
             else:  # (its prefill ran elsewhere: it decodes from the next step)
-                self.start_decoding(seq)
+                self.decode.join((seq,), self.steps)
+                if tracks:
+                    kv.join(seq)  # (after the join: it reads the decoder's start)
             spare, room, free = spare - prompt_left, room - need, free - 1
+            if not free or spare <= 0:
+                break
+            r = retry[0] if retry else head(t)
+            if r is None:
+                break
+        self.admissions = admitted
         return False
 
     def spare(self):
         """Prompt tokens this step could still take in (chunked: its token budget)."""
         if self.chunk_tokens is None:
             return math.inf
-        return self.chunk_tokens - self.decode.tokens() - self.prefill.left
+        return self.chunk_tokens - self.decode.tokens - self.prefill.left
 
     def could_join(self, blocked):
         """Whether a request arriving now could be admitted at the next step."""
@@ -3401,13 +3443,14 @@ class ServingSim:
 
     def steps_until_event(self, plan, blocked):
         """How many identical steps run before the next event can change the batch."""
-        k = self.decode.next_end(self.steps)  # the next finish
+        decode = self.decode
+        k = decode.ends[0][0] - self.steps if decode.size else math.inf  # the next finish
         if plan:
             seq, chunk = plan[0]
             if len(plan) > 1 or chunk == seq.prompt_left:
                 return 1  # a prefill ends (or several run): one step
             k = min(k, (seq.prompt_left - 1) // chunk)  # one prompt's chunks, short of its last
-        elif self.could_join(blocked) and self.waiting:
+        elif self.waiting and self.could_join(blocked):
             k = self.steps_to_reach(self.waiting.next_arrival(), k)  # a newcomer could join
         if self.preempts and k > 1:
             k = self.kv.max_steps(self.steps, plan, k)
@@ -3415,21 +3458,21 @@ class ServingSim:
 
     def steps_to_reach(self, when, k):
         """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
-        return self.costs.decode_steps_to(self.decode.size, self.decode.cached(self.steps),
-                                          self.t, when, k)
-
-    def price(self, plan, k):
-        """The k steps of a run: StepCosts.run_price's (prefill_s, decode_s, first_s, growth_s,
-        prompt tokens per step)."""
-        price = self.costs.run_price(plan, self.decode.size, self.decode.cached(self.steps), k,
-                                     self.fused)
-        load_s = self.kv.load_s(plan)  # (KV loaded from a host tier before the run's first step)
-        return (price[0] + load_s,) + price[1:] if load_s else price
+        decode = self.decode  # (DecodeBatch.cached, inline)
+        return self.costs.decode_steps_to(decode.size, decode.base_sum + decode.tokens
+                                          * self.steps, self.t, when, k)
 
     def advance(self, plan, k):
         """Run k steps: price them, account memory, move every running request on."""
-        emitted = [s for s, c in plan if c == s.prompt_left]  # a finished prefill emits a token
-        price = self.price(plan, k)
+        emitted = []  # a finished prefill emits a token (a loop: a comprehension is a call)
+        for s, c in plan:
+            if c == s.prompt_left:
+                emitted.append(s)
+        decode = self.decode  # (DecodeBatch.cached, inline)
+        price = self.costs.run_price(plan, decode.size, decode.base_sum + decode.tokens
+                                     * self.steps, k, self.fused)
+        if self.tracks and plan:
+            price = self.kv.loaded(price, plan)
         prefill_s, decode_s, first_s, growth_s, tokens = price
         running, held = len(self.running), 0
         if self.tracks:  # (before the clock moves: it reads the run's start)
@@ -3440,46 +3483,49 @@ class ServingSim:
         self.longest_step_s = max(self.longest_step_s, first_s + growth_s * (k - 1))
         self.steps += k
         self.busy += k * running
-        self.prefill.advance(plan, k, tokens)
+        if plan:
+            self.prefill.advance(plan, k, tokens)
         if emitted:
             self.emit_first_tokens(emitted, held, running)
         elif self.tracks:
-            self.record(held, running)
+            self.memory.point(self.t, self.iterations, held, self.kv.total, running,
+                              self.contexts)
 
     def emit_first_tokens(self, emitted, held, running):
         """The requests whose prefill has just ended emit a token; each then decodes (or,
         with nothing left to emit, finishes)."""
-        self.prefill.done(emitted)
-        first, steps = self.ledger.first, self.steps
+        first, first_step, steps = self.ledger.first, self.ledger.first_step, self.steps
+        cached, decoders, finished = 0, [], []
         for s in emitted:
             if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
                 first[s.id] = self.t
-                self.ledger.first_step[s.id] = steps
+                first_step[s.id] = steps
+                if self.on_first_token:
+                    self.on_first_token(s.id, self.t)
+            cached += s.num_cached
             s.to_emit -= 1
             s.num_cached += 1
+            (decoders if s.to_emit else finished).append(s)
+        self.prefill.done(len(emitted), cached)
         if self.tracks:
-            self.record(held, running)
-        for s in emitted:
-            if s.to_emit == 0:
-                self.retire(s)
-            else:
-                self.start_decoding(s)
-
-    def start_decoding(self, seq):
-        self.decode.join(seq, self.steps)
-        self.kv.join(seq)  # (after the join: it reads the decoder's start)
-
-    def finish_due(self):
-        """Retire the decoding requests whose last step has run."""
-        for seq in self.decode.due(self.steps, self.running):
-            self.retire(seq)
+            self.memory.point(self.t, self.iterations, held, self.kv.total, running,
+                              self.contexts)
+        for s in finished:
+            self.retire(s)
+        self.decode.join(decoders, steps)
+        if self.tracks:
+            for s in decoders:
+                self.kv.join(s)  # (after the join: it reads the decoder's start)
 
     def retire(self, seq):
         """A request's last token has come: it leaves its slot, finished."""
         self.leave(seq)
-        self.ledger.finish[seq.id] = self.t
-        self.ledger.finish_step[seq.id] = self.steps
+        ledger = self.ledger
+        ledger.finish[seq.id] = self.t
+        ledger.finish_step[seq.id] = self.steps
         self.done += 1
+        if self.on_finish:
+            self.on_finish(seq.id, self.t)
 
     def leave(self, seq):
         """Take a request out of its slot (finished or preempted). -> (tokens still to emit,
@@ -3489,9 +3535,12 @@ class ServingSim:
             if seq.prompt_left:
                 self.prefill.leave(seq)
             to_emit, cached = seq.to_emit, seq.num_cached
-        else:
+        elif seq.end_step > self.steps:  # preempted while it decodes
             to_emit, cached = self.decode.leave(seq, self.steps)
-        self.kv.release(seq, cached)
+        else:  # finished decoding (DecodeBatch.due took it out of the batch)
+            to_emit, cached = 0, seq.decode_base + self.steps
+        if self.tracks:
+            self.kv.release(seq, cached)
         self.ledger.generated[seq.id] += seq.to_emit_admitted - to_emit
         return to_emit, cached
 
@@ -3505,13 +3554,14 @@ class ServingSim:
         """Memory integrals over the k steps just priced (step j: a + e (j - 1) s); `emitted`
         prefills end with the run. -> tokens held after the last step."""
         prefill_s, decode_s, a, e, tokens = price
-        held = self.memory.run(self.held(), tokens + self.decode.tokens(), k, a, e, emitted)
-        self.memory.totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
-        self.memory.totals["running_s"] += (prefill_s + decode_s) * len(self.running)
+        decode = self.decode  # (held and DecodeBatch.cached, inline: read at every event)
+        memory = self.memory
+        held = memory.run(decode.base_sum + decode.tokens * self.steps + self.prefill.cached
+                          - self.kv.shared, tokens + decode.tokens, k, a, e, emitted)
+        totals = memory.totals
+        totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
+        totals["running_s"] += (prefill_s + decode_s) * len(self.running)
         return held
-
-    def record(self, held, running):
-        self.memory.point(self.t, self.iterations, held, self.kv.total, running, self.contexts)
 
     def contexts(self):
         """The tokens each running request holds."""
@@ -3533,29 +3583,32 @@ class ServingSim:
 
 
 class FleetReplica(ServingSim):
-    """A replica of a fleet, and what its router asks and tells it: a fleet runs each replica
-    up to every arrival and routes by its load; a request routed to it can cut the planned
-    run short, as the next arrival bounds a run when the replica runs alone."""
+    """A replica of a pool, and what its router asks and tells it: the pools' event queue
+    (simulate_pools) plans and commits its runs in time with every other replica's and routes
+    by its load; a request routed to it can cut the planned run short, as the next arrival
+    bounds a run when the replica runs alone."""
+
+    def __init__(self, req, replica, ledger):
+        super().__init__(req, replica, None, ledger, ids=[])
+        self.version = 0           # the planned run's, to tell a queued commit that is stale
+        self.plan_queued = False   # a plan is queued in the event queue
+        self.draining = False      # every request of its pool has arrived
+
+    def may_plan(self):
+        """Whether a plan now could run anything: the replica runs, or a request waits."""
+        idle = not (self.running or self.retry) and self.waiting.head(self.t) is None
+        return not idle or self.waiting.next_arrival() < math.inf
 
     def pending_end(self):
         """When the planned run ends (the clock it will set, to the bit), priced once per
         plan: a fleet asks at every arrival."""
         if self.end_s is None:
-            prefill_s, decode_s = self.price(*self.pending[:2])[:2]
+            plan, k, _ = self.pending
+            price = self.costs.run_price(plan, self.decode.size,
+                                         self.decode.cached(self.steps), k, self.fused)
+            prefill_s, decode_s = self.kv.loaded(price, plan)[:2] if self.tracks else price[:2]
             self.end_s = self.t + (prefill_s + decode_s)
         return self.end_s
-
-    def run_until(self, t):
-        """Run every run of steps that ends by t, and plan one that starts before t."""
-        while True:
-            if self.pending is None:
-                idle = not (self.running or self.retry) and self.waiting.head(self.t) is None
-                start = self.waiting.next_arrival() if idle else self.t  # (plan's admission)
-                if start >= t or not self.plan():
-                    return
-            if self.pending_end() > t:
-                return
-            self.commit()
 
     def arrive(self, r, t):
         """Request r, arriving at t, joins this replica's queue; the planned run stops at the
@@ -3593,6 +3646,8 @@ def simulate_serving(req, replica, progress=None):
 
 # -----------------------------------------------------------------------------
 # fleets and metrics: replicas behind a router, and the latencies of a run (pure NumPy)
+# A fleet is one or more named pools of replicas, each with its own Replica spec and router,
+# run in time together by one event queue; a request's path through the pools is data.
 
 
 # Routers: each one class, registered by name in ROUTERS; pick(servers, r, pair) -> the index
@@ -3675,50 +3730,234 @@ class Fleet(NamedTuple):
     seed: int = 0
 
 
-def simulate_fleet(req, replica, fleet, progress=None):
-    """The requests through a Fleet of identical replicas (each simulate_serving's, with its own
-    slots, KV budget and queue) behind a router that places each request at its arrival,
-    reading every replica as it is then: the replicas run in time together, each up to every
-    arrival. -> as simulate_serving (steps, iterations and memory summed over replicas) with
-    "replica": where each request went, and "per_replica": what each served."""
-    kv, replicas = replica.kv, fleet.replicas
-    unfit = kv is not None and check_kv_budget(req, kv)  # (identical replicas: all or none)
+class Pool(NamedTuple):
+    """A named pool of `replicas` identical replicas (each a Replica) behind a router (see
+    route); seed: power-of-two's draws."""
+    name: str
+    replica: Replica
+    replicas: int = 1
+    router: str = "round-robin"
+    seed: int = 0
+
+
+class PoolStage:
+    """One pool on the requests' path: its replicas, the router's draws, where each request
+    went, and how many have still to arrive. A pool before the last serves a request to its
+    first token (a prefill pool): its finish hook hands the request on, its prompt and first
+    token cached, to the next stage (entered with all of its prefill done)."""
+
+    def __init__(self, pool, ledger, arrivals):
+        self.pool, self.ledger, self.left = pool, ledger, arrivals
+        self.servers = [FleetReplica(None, pool.replica, ledger) for _ in range(pool.replicas)]
+        n, m = len(ledger.output), pool.replicas
+        rng, rng_second = (np.random.default_rng(pool.seed + i) for i in (0, 1))
+        first = rng.integers(m, size=n)  # (power-of-two's draws)
+        second = (first + 1 + rng_second.integers(max(m - 1, 1), size=n)) % m
+        self.pairs, self.where = list(zip(first.tolist(), second.tolist())), [-1] * n
+
+    def route(self, r):
+        """Place request r (arriving now) -> the replica it went to."""
+        self.where[r] = i = route(self.pool.router, self.servers, r, self.pairs[r])
+        self.left -= 1
+        return self.servers[i]
+
+
+ARRIVE, PLAN, COMMIT = 1, 2, 0  # at one time: runs ending, then arrivals, then new plans
+
+
+class EventQueue:
+    """The pools' events in time (Vidur's event queue): a replica's run ending (COMMIT), a
+    request entering a pool (ARRIVE: the requests' own arrivals, kept apart as they come in
+    order, and hand-offs), a replica's plan put off past the arrivals at its time (PLAN).
+    A replica runs ahead, planning and committing, while its runs end by the next event."""
+
+    def __init__(self, arrival):
+        self.events, self.order = [], itertools.count()  # (t, kind, order, what, its value)
+        self.arrival, self.r = arrival, 0  # the requests' arrivals; the next to come
+
+    def push(self, t, kind, target, value=0):
+        heapq.heappush(self.events, (t, kind, next(self.order), target, value))
+
+    def horizon(self):
+        """When the next event is (math.inf: none)."""
+        events, r = self.events, self.r
+        t = events[0][0] if events else math.inf
+        return min(t, self.arrival[r]) if r < len(self.arrival) else t
+
+    def run_ahead(self, server):
+        """Plan and commit the replica's runs while they end by the next event; then queue
+        its commit, or its plan where an arrival may come at its clock."""
+        while True:
+            if server.pending is None:
+                if not (server.draining or server.may_plan()) or not server.plan():
+                    return
+                server.version += 1
+            end = server.pending_end()
+            if end > self.horizon():
+                self.push(end, COMMIT, server, server.version)
+                return
+            server.commit()
+            if not server.draining and server.t >= self.horizon():
+                server.plan_queued = True
+                self.push(server.t, PLAN, server)
+                return
+
+    def enter(self, stage, r, t):
+        """Request r enters a stage at t: routed and queued at its replica, whose run may be cut
+        short; once the stage's last request is in, its replicas plan again unconditionally
+        and drain, as a replica alone is given its requests."""
+        if not stage.last:
+            stage.ledger.remaining[r] = 1  # (served to its first token)
+        server = stage.route(r)
+        pending = server.pending
+        server.arrive(r, t)
+        if server.pending is not pending:  # (cut short: the run ends at another time)
+            server.version += 1
+            self.push(server.pending_end(), COMMIT, server, server.version)
+        elif pending is None and not server.plan_queued:
+            server.plan_queued = True
+            self.push(t, PLAN, server)
+        if not stage.left:
+            for server in stage.servers:
+                server.draining, server.plan_queued, server.pending = True, False, None
+                server.version += 1
+                self.run_ahead(server)
+
+    def run(self, first, progress):
+        """Every event in time order, the requests' arrivals entering the first stage."""
+        events, arrival, n, clock = self.events, self.arrival, len(self.arrival), time.perf_counter()
+        while self.r < n or events:
+            r = self.r
+            if r < n and (not events or events[0][0] > arrival[r] or
+                          events[0][0] == arrival[r] and events[0][1] >= ARRIVE):
+                self.r += 1  # (an arrival before a hand-off at its time)
+                self.enter(first, r, arrival[r])
+                if progress and not r % 8192 and time.perf_counter() - clock > 10:
+                    clock = time.perf_counter()
+                    progress(f"{r:,} / {n:,} requests routed, {arrival[r]:,.1f} s simulated")
+                continue
+            t, kind, _, target, value = heapq.heappop(events)
+            if kind == ARRIVE:  # (target: a stage; value: the request)
+                self.enter(target, value, t)
+            elif kind == PLAN:
+                if target.plan_queued:
+                    target.plan_queued = False
+                    self.run_ahead(target)
+            elif value == target.version:  # (else stale: the run was cut short since)
+                target.commit()
+                if target.draining or target.t < self.horizon():
+                    self.run_ahead(target)
+                else:
+                    target.plan_queued = True
+                    self.push(target.t, PLAN, target)
+
+
+def simulate_pools(req, pools, path=None, progress=None):
+    """The requests through pools of replicas (Pool: a spec, a count and a router each),
+    every request along `path` (the pools' names in order; default: the first pool alone):
+    a path of two is a prefill pool, whose replicas serve each request to its first token,
+    then a decode pool it enters at that moment, its prompt and first token cached (KV sent
+    at no cost). One event queue orders every replica's runs, every arrival and every
+    hand-off in time, so a replica is read by its router as it is at the arrival, and a
+    hand-off between pools at any time is exact. -> as simulate_fleet, with "pools": each
+    pool's "replica" (where each request went there, -1: never) and "per_replica"."""
+    names = [pool.name for pool in pools]
+    path = names[:1] if path is None else list(path)
+    if len(path) > 2 or not set(path) <= set(names) or len(set(names)) < len(names):
+        raise ValueError(f"a path of pools {path} among {names}: one pool, or prefill then "
+                         "decode")
+    ledger = Ledger(req)
+    stages = [pool_stage(req, pools[names.index(name)], ledger, last=i == len(path) - 1,
+                         first=i == 0) for i, name in enumerate(path)]
+    queue = EventQueue(ledger.arrival)
+    if len(stages) > 1:
+        for server in stages[0].servers:
+            server.on_finish = functools.partial(hand_on, ledger, stages[1], queue)
+    queue.run(stages[0], progress)
+    return pools_result(req, stages)
+
+
+def pool_stage(req, pool, ledger, last, first):
+    """A PoolStage for `pool` on the path; every request must fit its KV cache alone."""
+    kv = pool.replica.kv  # (identical replicas: all or none fit)
+    output = req.output if last else np.ones_like(req.output)  # (a prefill pool: one token)
+    unfit = kv is not None and check_kv_budget(dataclasses.replace(req, output=output), kv)
     if unfit:
         raise KVUnfit(kv.policy, unfit)
-    ledger, n = Ledger(req), len(req.output)
-    servers = [FleetReplica(req, replica, None, ledger, ids=[]) for _ in range(replicas)]
-    rng, rng_second = (np.random.default_rng(fleet.seed + i) for i in (0, 1))
-    first = rng.integers(replicas, size=n)  # (power-of-two's draws)
-    second = (first + 1 + rng_second.integers(max(replicas - 1, 1), size=n)) % replicas
-    pairs = zip(first.tolist(), second.tolist())
-    where = [0] * n
-    clock = time.perf_counter()
-    for r, (t, pair) in enumerate(zip(ledger.arrival, pairs)):
-        for server in servers:
-            server.run_until(t)
-        where[r] = i = route(fleet.router, servers, r, pair)
-        servers[i].arrive(r, t)
-        if progress and not r % 8192 and time.perf_counter() - clock > 10:
-            clock = time.perf_counter()
-            progress(f"{r:,} / {n:,} requests routed, {t:,.1f} s simulated")
-    results = [server.serve() for server in servers]
-    where = np.array(where)
-    per_replica = [{"requests": int((where == i).sum()),
-                    "output_tokens": int(req.output[where == i].sum()),
-                    "steps": res["steps"], "occupancy": res["occupancy"]}
-                   for i, res in enumerate(results)]
+    if not first:  # (its own arrivals: the hand-offs' times; its own queues' marks)
+        ledger = copy.copy(ledger)
+        ledger.arrival, ledger.taken = [math.inf] * len(output), bytearray(len(output))
+    stage = PoolStage(pool, ledger, len(output) if first else int((req.output > 1).sum()))
+    stage.last = last
+    return stage
+
+
+def hand_on(ledger, stage, queue, r, t):
+    """A prefill pool's request r has its first token at t: it enters the next stage holding
+    its prompt and that token, to emit the rest (if any)."""
+    left = ledger.output[r] - 1
+    if left:
+        ledger.remaining[r] = left
+        ledger.to_prefill[r] = ledger.cached[r] = ledger.prompt[r] + 1
+        stage.ledger.arrival[r] = t
+        queue.push(t, ARRIVE, stage, r)
+
+
+def pools_result(req, stages):
+    """simulate_pools's result: the ledger's times, where each request went (the first
+    pool's, and every pool's), and the replicas' steps and memory summed."""
+    ledger = stages[0].ledger
+    results, pools = [], {}
+    for stage in stages:
+        res = [server.result() for server in stage.servers]
+        where = np.array(stage.where)
+        output = req.output if stage.last else np.ones_like(req.output)
+        output = output - (stage is not stages[0])  # (the decode pool: all but the first)
+        pools[stage.pool.name] = {"replica": where, "per_replica": [
+            {"requests": int((where == i).sum()), "output_tokens": int(output[where == i].sum()),
+             "steps": r["steps"], "occupancy": r["occupancy"]} for i, r in enumerate(res)]}
+        results += res
     fleet = {key: np.array(getattr(ledger, name)) for key, name in (
         ("start", "start"), ("first_token", "first"), ("finish", "finish"),
         ("first_step", "first_step"), ("finish_step", "finish_step"))}
+    per_replica = [p for pool in pools.values() for p in pool["per_replica"]]
     steps = sum(res["steps"] for res in results)
-    fleet.update(replica=where, per_replica=per_replica, steps=steps,
+    fleet.update(replica=pools[stages[0].pool.name]["replica"],
+                 per_replica=pools[stages[0].pool.name]["per_replica"], steps=steps,
                  occupancy=sum(p["occupancy"] * p["steps"] for p in per_replica) / max(steps, 1),
                  iterations=sum(res["iterations"] for res in results),
                  longest_step_s=max(res["longest_step_s"] for res in results),
                  prefill_s=sum(res["prefill_s"] for res in results),
                  decode_s=sum(res["decode_s"] for res in results))
     fleet.update(merged_reports(results, per_replica))
+    if len(stages) > 1:
+        fleet["pools"] = pools
+    if all("kv" in res for res in results):
+        fleet["kv"], fleet["generated"] = pooled_memory(results), np.array(ledger.generated)
     return fleet
+
+
+def pooled_memory(results):
+    """The replicas' memory records as one: integrals and counts summed, peaks the largest
+    any replica reached (its contexts then), the series of the first replica."""
+    mems = [res["kv"] for res in results]
+    out = {key: sum(m[key] for m in mems) for key in (
+        "held_s", "alloc_s", "running_s", "preemptions", "recomputed_tokens")}
+    top = max(mems, key=lambda m: m["peak_held"])
+    out.update(peak_running=max(m["peak_running"] for m in mems),
+               max_alloc=max(m["max_alloc"] for m in mems), peak_held=top["peak_held"],
+               peak_contexts=top["peak_contexts"], series=mems[0]["series"])
+    return out
+
+
+def simulate_fleet(req, replica, fleet, progress=None):
+    """The requests through a Fleet of identical replicas (each simulate_serving's, with its own
+    slots, KV budget and queue) behind a router that places each request at its arrival,
+    reading every replica as it is then: one pool of simulate_pools. -> as simulate_serving
+    (steps, iterations and memory summed over replicas; peaks the largest of any replica)
+    with "replica": where each request went, and "per_replica": what each served."""
+    return simulate_pools(req, [Pool("fleet", replica, fleet.replicas, fleet.router,
+                                     fleet.seed)], progress=progress)
 
 
 def percentiles(values):
@@ -5190,9 +5429,10 @@ def run_batching_sim(run, req, log, results, kv_budgets=None):
     simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
     budgets = kv_budgets[1] if kv_budgets else ()
-    replica = Replica(run.slots, step_costs(run, results), chunk_tokens=run.chunk_tokens,
-                      order=run_order(run, req.output),
-                      fused=bool(run.gpu) and engine_profile(run.engine_profile).fused)
+    profile = engine_profile(run.engine_profile)  # (its seats and budget: C's flags')
+    replica = profile.replica(step_costs(run, results), slots=run.slots, scheduler="continuous",
+                              chunk_tokens=run.chunk_tokens, order=run_order(run, req.output),
+                              fused=bool(run.gpu) and profile.fused)
     fleet_replica = dataclasses.replace(replica, kv=study_budget(budgets))  # (and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
     if run.slo_ttft_s or run.slo_tpot_s:

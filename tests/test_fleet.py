@@ -227,3 +227,28 @@ def test_capacity_under_an_order_of_the_queue(tmp_path, capsys):
     cap = results["C"]["capacity"]
     assert 0 < cap["one_replica"]["rate_rps"] < math.inf
     assert cap["routers"]["round-robin"]["attainment"] >= 0.9
+
+
+def test_a_prefill_pool_hands_each_request_to_a_decode_pool_at_its_first_token():
+    # prefill pool: one slot, 1.5 s a pass; decode pool: two slots, 1 s a pass. A (prompt 4,
+    # 3 tokens) at 0: prefilled 0-1.5, its first token at 1.5, then it enters the decode pool
+    # holding 5 tokens and decodes two steps, 1.5-2.5-3.5. B (2 tokens) at 0.5 waits for the
+    # prefill slot: 1.5-3.0. It enters the decode pool at 3.0, within A's second step, and
+    # joins at the next step boundary, 3.5: its last token at 4.5
+    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
+    slow = S.StepCosts((1, 2), (1.5, 1.5), 0.0, "every pass 1.5 s")
+    pools = [S.Pool("prefill", S.Replica(1, slow)), S.Pool("decode", S.Replica(2, UNIT))]
+    sim = S.simulate_pools(req, pools, ["prefill", "decode"])
+    assert sim["start"].tolist() == [0.0, 1.5] and sim["first_token"].tolist() == [1.5, 3.0]
+    assert sim["finish"].tolist() == [3.5, 4.5]
+    decode = sim["pools"]["decode"]["per_replica"][0]
+    assert decode["requests"] == 2 and decode["output_tokens"] == 3 and decode["steps"] == 3
+    assert sim["pools"]["prefill"]["per_replica"][0]["steps"] == 2
+    # a one-token request ends in the prefill pool; paged memory is kept across both pools
+    kv = S.KVBudget("paged", 64, 4)
+    pools = [S.Pool("prefill", S.Replica(1, slow, kv=kv)), S.Pool("decode", S.Replica(2, UNIT,
+                                                                                     kv=kv))]
+    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([1, 3]))
+    sim = S.simulate_pools(req, pools, ["prefill", "decode"])
+    assert sim["finish"].tolist() == [1.5, 5.0] and sim["generated"].tolist() == [1, 3]
+    assert sim["pools"]["decode"]["replica"].tolist() == [-1, 0] and sim["kv"]["max_alloc"] == 8

@@ -36,7 +36,7 @@ def paged_decoders(b, steps, contexts, capacity=10**6):
     for i, ctx in enumerate(contexts):
         seq = S.Seq(i, i, 0, 1, num_cached=ctx)
         paged.admit(seq, paged.need(ctx, ctx, 0, 0))
-        batch.join(seq, steps)
+        batch.join([seq], steps)
         paged.join(seq)
     return paged
 

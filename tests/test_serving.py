@@ -224,3 +224,27 @@ def test_a_simulation_that_cannot_progress_raises(monkeypatch):
     with pytest.raises(S.SimulationStalled, match="stalled"):
         S.simulate_serving(req, S.Replica(4, COSTS, "continuous",
                                           kv=S.KVBudget("paged", 2_000, 16)))
+
+
+@pytest.mark.parametrize("tp, isl, osl", [(1, 1000, 1000), (1, 128, 128), (8, 128, 2048),
+                                          (1, 2048, 128)])
+def test_the_max_load_closed_form_is_the_simulation_at_saturation(tp, isl, osl):
+    # a published max-load row (Llama-3.1-70B in fp8 on H200s) priced by its closed form and
+    # simulated: every request queued at t=0 on the Replica its engine's profile builds, each
+    # reserving isl + osl tokens; output tokens/s over the middle half of the finishes. (Where
+    # a prompt takes several chunks beside few rows, 20,000 tokens at tp 1, the closed form's
+    # smooth step is 13% over the simulation's alternating ones.)
+    rows, _ = S.read_published(S.PUBLISHED_CSV, "validation")
+    row = next(r for r in rows if (r.model, r.gpu, r.weights, r.batch, r.tp, r.isl, r.osl)
+               == ("llama-3.1-70b", "h200", "fp8", "max-load", tp, isl, osl))
+    profile, cfg, card = S.ENGINE_PROFILES[row.engine], S.row_model(row), S.GPUS[row.gpu]
+    kv_tokens = S.card_kv_tokens(cfg, card, profile, tp)
+    replica = profile.replica(S.card_costs(cfg, card, profile, tp),
+                              kv=S.KVBudget("reserve", kv_tokens, max_output=osl))
+    assert (replica.slots, replica.chunk_tokens, replica.fused) == (2048, 8192, True)
+    n = 8 * min(replica.slots, kv_tokens // (isl + osl))
+    sim = S.simulate_serving(S.Requests(np.zeros(n), np.full(n, isl), np.full(n, osl)), replica)
+    finish = np.sort(sim["finish"])
+    lo, hi = finish[n // 4], finish[3 * n // 4]
+    simulated = ((finish > lo) & (finish <= hi)).sum() * osl / (hi - lo)
+    assert simulated == pytest.approx(S.predict_published(row, profile), rel=0.005)
