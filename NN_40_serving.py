@@ -2342,6 +2342,10 @@ class Replica:
     fused        a step is one forward pass of its prefill chunks and decodes together, the
                  weights read once (vLLM's and TensorRT-LLM's in-flight batching); False: a
                  prefill pass, then a decode pass (the post's accounting, and D's engine)
+    prefill_first  (not fused) a prompt's first token comes out of the step's prefill pass,
+                 before its decode pass runs: an engine that runs its prefills as steps of
+                 their own, ahead of the decodes (vLLM's scheduler before chunked prefill);
+                 False: at the step's end
     A study reads as what it varies: dataclasses.replace(replica, scheduler="static").
     """
     slots: int
@@ -2351,6 +2355,7 @@ class Replica:
     kv: KVBudget = None
     order: Order = None
     fused: bool = False
+    prefill_first: bool = False
 
 
 # -----------------------------------------------------------------------------
@@ -2421,6 +2426,7 @@ class ServingSim:
             replica.costs, replica.scheduler
         self.chunk_tokens = replica.chunk_tokens if replica.scheduler == "chunked" else None
         self.fused = replica.fused
+        self.prefill_first = replica.prefill_first and not replica.fused
         self.kv = kv = kv_manager(replica.kv)
         self.tracks, self.preempts = kv.tracks, kv.preempts
         self.progress = progress
@@ -2597,21 +2603,22 @@ class ServingSim:
         if plan:
             self.prefill.advance(plan, k, tokens)
         if emitted:
-            self.emit_first_tokens(emitted, held, running)
+            self.emit_first_tokens(emitted, held, running,
+                                   self.t - decode_s if self.prefill_first else self.t)
         elif self.tracks:
             self.record(held, running)
 
-    def emit_first_tokens(self, emitted, held, running):
-        """The requests whose prefill has just ended emit a token; each then decodes (or,
-        with nothing left to emit, finishes)."""
+    def emit_first_tokens(self, emitted, held, running, t):
+        """The requests whose prefill has just ended emit a token at t; each then decodes
+        (or, with nothing left to emit, finishes)."""
         self.prefill.done(emitted)
         first, steps = self.ledger.first, self.steps
         for s in emitted:
             if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
-                first[s.id] = self.t
+                first[s.id] = t
                 self.ledger.first_step[s.id] = steps
                 if self.on_first_token:
-                    self.on_first_token(s.id, self.t)
+                    self.on_first_token(s.id, t)
             s.to_emit -= 1
             s.num_cached += 1
         if self.tracks:
@@ -2918,15 +2925,17 @@ class EventQueue:
                     self.push(target.t, PLAN, target)
 
 
-def simulate_pools(req, pools, path=None, progress=None):
+def simulate_pools(req, pools, path=None, progress=None, link=None):
     """The requests through pools of replicas (Pool: a spec, a count and a router each),
     every request along `path` (the pools' names in order; default: the first pool alone):
     a path of two is a prefill pool, whose replicas serve each request to its first token,
     then a decode pool it enters at that moment, its prompt and first token cached (KV sent
-    at no cost). One event queue orders every replica's runs, every arrival and every
+    at no cost, or, given a KVLink, once its prompt's KV has crossed it: see KVSends). One
+    event queue orders every replica's runs, every arrival and every
     hand-off in time, so a replica is read by its router as it is at the arrival, and a
     hand-off between pools at any time is exact. -> as simulate_fleet, with "pools": each
-    pool's "replica" (where each request went there, -1: never) and "per_replica"."""
+    pool's "replica" (where each request went there, -1: never) and "per_replica" (and,
+    given a link, "kv_transfer": what crossed it)."""
     names = [pool.name for pool in pools]
     path = names[:1] if path is None else list(path)
     if len(path) > 2 or not set(path) <= set(names) or len(set(names)) < len(names):
@@ -2936,11 +2945,15 @@ def simulate_pools(req, pools, path=None, progress=None):
     stages = [pool_stage(req, pools[names.index(name)], ledger, last=i == len(path) - 1,
                          first=i == 0) for i, name in enumerate(path)]
     queue = EventQueue(ledger.arrival)
+    sends = KVSends(link, len(stages[0].servers)) if link and len(stages) > 1 else None
     if len(stages) > 1:
-        for server in stages[0].servers:
-            server.on_finish = functools.partial(hand_on, ledger, stages[1], queue)
+        for i, server in enumerate(stages[0].servers):
+            server.on_finish = functools.partial(hand_on, ledger, stages[1], queue, sends, i)
     queue.run(stages[0], progress)
-    return pools_result(req, stages)
+    result = pools_result(req, stages)
+    if sends:
+        result["kv_transfer"] = sends.totals
+    return result
 
 
 def pool_stage(req, pool, ledger, last, first):
@@ -2958,11 +2971,14 @@ def pool_stage(req, pool, ledger, last, first):
     return stage
 
 
-def hand_on(ledger, stage, queue, r, t):
+def hand_on(ledger, stage, queue, sends, replica, r, t):
     """A prefill pool's request r has its first token at t: it enters the next stage holding
-    its prompt and that token, to emit the rest (if any)."""
+    its prompt and that token, to emit the rest (if any), once its prompt's KV has crossed
+    from its prefill replica (sends: KVSends, or None: at once)."""
     left = ledger.output[r] - 1
     if left:
+        if sends:
+            t = sends.send(replica, int(ledger.prompt[r]), t)
         ledger.remaining[r] = left
         ledger.to_prefill[r] = ledger.cached[r] = ledger.prompt[r] + 1
         stage.ledger.arrival[r] = t
@@ -3067,6 +3083,280 @@ def thin(rows, points=400):
     """At most `points` evenly spaced rows of a time series, the last one included."""
     keep = np.unique(np.linspace(0, len(rows) - 1, min(points, len(rows))).astype(int))
     return [rows[i] for i in keep]
+
+
+# -----------------------------------------------------------------------------
+# disaggregated serving: phase prices, pipeline stages, the KV hand-off, DistServe's runs (pure)
+# An engine profiled per phase (DistServe's fits: a prefill pass by its prompts, a decode pass
+# by its rows and their context), a replica of pipeline stages, and the KV a decode pool lacks
+# sent over a link at a hand-off. Pure: calls the step costs and the fleets.
+
+
+@dataclass(frozen=True)
+class PhaseCosts:
+    """Prices by phase: a prefill pass from one StepCosts and a decode pass from another (an
+    engine profiled per phase). A step runs its prefill pass, then its decode pass."""
+    prefill: StepCosts
+    decode: StepCosts
+    source: object
+
+    def run_price(self, plan, decoders, cached, k, fused=False):
+        """As StepCosts.run_price (the two passes apart: `fused` cannot join two prices)."""
+        pre = self.prefill.run_price(plan, 0, 0, k)
+        dec = self.decode.run_price((), decoders, cached, k)
+        return pre[0], dec[1], pre[2] + dec[2], pre[3] + dec[3], pre[4]
+
+    def decode_steps_to(self, n, cached, t, when, k):
+        return self.decode.decode_steps_to(n, cached, t, when, k)
+
+    def pass_s(self, tokens, kv_tokens=0, pairs=0):
+        """A prefill pass where it computes prompt pairs, else a decode pass of `tokens` rows."""
+        return (self.prefill if pairs else self.decode).pass_s(tokens, kv_tokens, pairs)
+
+    def as_dict(self):
+        return {"prefill": self.prefill.as_dict(), "decode": self.decode.as_dict(),
+                "source": self.source}
+
+
+# DistServe's profiler fits of a step's milliseconds (simdistserve/estimators/profile_data):
+# prefill = a + b sum(L) + c sum(L^2) over the batch's prompts; decode = a + b sum(context + 1)
+# + c rows, one triple below `decoding_large_small_bs_threshold` rows and another from it
+DISTSERVE_PROFILES = {"vllm": "profiler-a100-80g.vllm.json",
+                      "distserve": "profiler-a100-80g.distserve.json"}
+DISTSERVE_MODELS = {"opt-13b": "facebook/opt-13b", "opt-66b": "facebook/opt-66b"}
+BIG_BATCH = 1 << 20  # (a last knot past any batch: the fits are linear beyond it too)
+
+
+def profiled_costs(fit, source):
+    """PhaseCosts from one (model, TP) entry of a DistServe profile, exactly: a prompt of L
+    tokens computes L (L + 1) / 2 attention pairs, so c L^2 = 2 c pairs - c L, and a decode
+    row of context x reads x cached tokens and adds one, so b (x + 1) + c = b x + (b + c)."""
+    a, b, c = (v / 1e3 for v in fit["prefill"])
+    prefill = StepCosts((1, BIG_BATCH), (a + (b - c), a + (b - c) * BIG_BATCH), 0.0, source,
+                        pair_s=2 * c)
+    edge = int(fit["decoding_large_small_bs_threshold"])
+    (a1, b1, c1), (a2, b2, c2) = ([v / 1e3 for v in fit[k]]
+                                  for k in ("decoding_smallbs", "decoding_largebs"))
+    decode = StepCosts((1, edge - 1, edge, BIG_BATCH),
+                       (a1 + b1 + c1, a1 + (b1 + c1) * (edge - 1), a2 + (b2 + c2) * edge,
+                        a2 + (b2 + c2) * BIG_BATCH), b1, source,
+                       kv_by_batch=((edge - 1, b1), (edge, b2)))
+    return PhaseCosts(prefill, decode, source)
+
+
+def read_distserve_profile(profile_dir, engine, model, tp):
+    """A DistServe profile's fit of `model` at `tp` cards -> PhaseCosts."""
+    path = os.path.join(profile_dir, DISTSERVE_PROFILES[engine])
+    try:
+        with open(path, encoding="utf-8") as f:
+            fit = json.load(f)[DISTSERVE_MODELS[model]][str(tp)]
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}")
+    except (KeyError, ValueError) as e:
+        raise UsageError(f"{path}: no fit of {model} at tp {tp} ({one_line(e)})")
+    return profiled_costs(fit, {"kind": "distserve_profile", "engine": engine, "model": model,
+                                "tp": tp, "file": os.path.basename(path)})
+
+
+def distserve_kv_tokens(profile_dir, model, tp, pp):
+    """The KV cache's tokens DistServe's simulator gives `model` on tp x pp cards
+    (max_num_tokens.csv)."""
+    path = os.path.join(profile_dir, "max_num_tokens.csv")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}")
+    for line in lines[1:]:  # (model,tp,pp,max_num_tokens)
+        name, *numbers = line.split(",")
+        if name == DISTSERVE_MODELS[model] and numbers[:2] == [str(tp), str(pp)]:
+            return int(numbers[2])
+    raise UsageError(f"{path}: no KV capacity of {model} at tp {tp}, pp {pp}")
+
+
+@dataclass(frozen=True)
+class PipelineCosts:
+    """A replica of `pp` pipeline stages, each holding 1/pp of the layers: a stage's pass is
+    1/pp of the whole model's (`inner`, any StepCosts or PhaseCosts), a pass through the
+    replica the stages' sum plus pp - 1 hops of the pass's activations (hop_latency_s +
+    hidden bytes a token / hop_bytes_per_s). The decoders run as pp micro-batches in flight,
+    as vLLM and Vidur run them: each stage busy with one of them at a time, every micro-batch
+    of n / pp rows (rounded up) emits a token each cycle of pp stage passes, its hops among
+    them (micro_batches 1: the whole batch goes through the stages, one in flight). A
+    prefill runs as one micro-batch through the stages."""
+    inner: object
+    pp: int
+    hop_latency_s: float = 0.0
+    hop_token_s: float = 0.0
+    micro_batches: int = None  # in flight at once (None: pp; 1: a batch through the stages)
+
+    def hops_s(self, tokens):
+        return (self.pp - 1) * (self.hop_latency_s + self.hop_token_s * tokens) if tokens \
+            else 0.0
+
+    def micro_batch(self, n, cached):
+        """(rows, tokens cached) of one of pp micro-batches of n decoders holding `cached`."""
+        rows = -(-n // (self.micro_batches or self.pp))
+        return rows, cached * rows / n if n else 0
+
+    def run_price(self, plan, decoders, cached, k, fused=False):
+        rows, held = self.micro_batch(decoders, cached)
+        pre_s, dec_s, first, growth, tokens = self.inner.run_price(plan, rows, held, k, fused)
+        pre_hops, dec_hops = self.hops_s(tokens), self.hops_s(rows)
+        return (pre_s + k * pre_hops, dec_s + k * dec_hops, first + pre_hops + dec_hops,
+                growth, tokens)
+
+    def decode_steps_to(self, n, cached, t, when, k):
+        """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
+        first, growth = self.run_price((), n, cached, 1)[2:4]
+        return steps_reaching(first, growth, when - t, k)
+
+    def pass_s(self, tokens, kv_tokens=0, pairs=0):
+        return self.inner.pass_s(tokens, kv_tokens, pairs) + self.hops_s(tokens)
+
+    def as_dict(self):
+        return {"pp": self.pp, "hop_latency_s": self.hop_latency_s,
+                "hop_token_s": self.hop_token_s, "stages": self.inner.as_dict()}
+
+
+def steps_reaching(first, growth, gap, k):
+    """The fewest steps j in 1..k with first j + growth j (j - 1) / 2 >= gap (else k)."""
+    if growth > 0:
+        x = ((growth / 2 - first) + math.sqrt((first - growth / 2) ** 2 + 2 * growth *
+                                               max(gap, 0))) / growth
+    else:
+        x = gap / first if first > 0 else k
+    j = min(max(1, math.ceil(x)), k)
+    while j > 1 and first * (j - 1) + growth * (j - 1) * (j - 2) / 2 >= gap:
+        j -= 1
+    return j
+
+
+def pipeline_costs(costs, pp, cfg, card, tp=1):
+    """`costs` on pp stages joined by the card's link (a hop: one token's hidden state in the
+    model's dtype over the link, at the link's spec, no latency), or `costs` itself at pp 1."""
+    if pp == 1:
+        return costs
+    return PipelineCosts(costs, pp, 0.0, cfg.hidden * cfg.dtype_bytes / tp /
+                         (card.link_gbs * 1e9))
+
+
+@dataclass(frozen=True)
+class KVLink:
+    """The link a prefill replica sends its requests' KV over to the decode pool: bytes_per_s
+    and a latency a send; kv_bytes_per_token: the model's K and V of one token, every layer."""
+    bytes_per_s: float
+    latency_s: float
+    kv_bytes_per_token: float
+    name: str = ""
+
+
+def kv_link(cfg, card, gbs=None, latency_us=None):
+    """The link between the pools: the card's own inside a node (NVLink or PCIe, at its spec)
+    unless `gbs` (GB/s) and `latency_us` say otherwise (a network between nodes)."""
+    rate = card.link_gbs if gbs is None else gbs
+    return KVLink(rate * 1e9, (latency_us or 0.0) * 1e-6, kv_bytes_per_token(cfg),
+                  card.link if gbs is None else f"{gbs:g} GB/s")
+
+
+class KVSends:
+    """The KV hand-offs in flight: one link out of each prefill replica; sends that share a
+    link take it in turn (first come, first sent: the link's bandwidth shared in time, each
+    send at its full rate), so a hand-off ends at max(its first token, the link's last send)
+    + its bytes / bandwidth, and the decode pool has it a latency later. What moved is kept."""
+
+    def __init__(self, link, replicas):
+        self.link, self.free_at = link, [0.0] * replicas
+        self.totals = {"sends": 0, "bytes": 0.0, "link_s": 0.0, "queued_s": 0.0}
+
+    def send(self, replica, prompt_tokens, t):
+        """Replica `replica` sends a prompt's KV from t -> when the decode side has it."""
+        link, totals = self.link, self.totals
+        size = prompt_tokens * link.kv_bytes_per_token
+        start = max(t, self.free_at[replica])
+        self.free_at[replica] = done = start + size / link.bytes_per_s
+        totals["sends"] += 1
+        totals["bytes"] += size
+        totals["link_s"] += done - start
+        totals["queued_s"] += start - t
+        return done + link.latency_s
+
+
+# DistServe's logged runs (OPT-13B on A100-80GB cards, ShareGPT), named
+# <backend>[-<placement>]-<N>-<rate>.exp: prefill (TP, PP) and decode (TP, PP) by placement
+# (c21d11 as its align_with_real.py runs it; c21d12 by the same pattern); vllm colocated on
+# one card. The plain distserve-N-R runs state no placement: DistServe's default launch,
+# (2, 1, 1, 1), is assumed.
+DISTSERVE_PLACEMENTS = {"c21d11": ((2, 1), (1, 1)), "c21d12": ((2, 1), (1, 2)),
+                        "distserve": ((2, 1), (1, 1))}
+# The engines' limits as DistServe's evaluation/2-benchmark-serving/2-start-api-server.py
+# launches them: vLLM max_num_seqs 1024, block 16 (its max_num_batched_tokens 16384 is not
+# modelled: C's continuous scheduler takes every admitted prompt in one step); DistServe a
+# prefill batch of at most 128 requests, a decode batch of at most 1024; the KV capacity DistServe's
+# simulator gives each (TP, PP) (max_num_tokens.csv); vLLM's block manager keeps 1% free
+DISTSERVE_SLOTS = {"vllm": 1024, "prefill": 128, "decode": 1024}
+VLLM_WATERMARK = 0.01
+DISTSERVE_SLO = (0.2, 0.1)  # TTFT and TPOT seconds, DistServe's for this workload
+
+
+def distserve_placement(path):
+    """A DistServe log's file name -> (engine, placement: None colocated, else the prefill and
+    decode pools' (tp, pp))."""
+    name = os.path.basename(path)
+    backend, _, rest = name.partition("-")
+    kind = rest.split("-")[0] if backend == "distserve" and rest[:1] == "c" else backend
+    if backend not in DISTSERVE_PROFILES or kind not in DISTSERVE_PLACEMENTS and \
+            kind != "vllm":
+        raise UsageError(f"{name}: not a DistServe run (vllm-N-R.exp or "
+                         "distserve[-c21d11|-c21d12]-N-R.exp)")
+    return backend, DISTSERVE_PLACEMENTS.get(kind)
+
+
+def distserve_replica(profile_dir, engine, tp, pp, slots, card, cfg=None):
+    """A Replica of `engine` priced by its DistServe profile on tp x pp cards."""
+    cfg = cfg or MODELS["opt-13b"]
+    costs = pipeline_costs(read_distserve_profile(profile_dir, engine, cfg.name, tp), pp, cfg,
+                           card, tp)
+    kv = KVBudget("paged", distserve_kv_tokens(profile_dir, cfg.name, tp, pp), 16,
+                  watermark=VLLM_WATERMARK if engine == "vllm" else 0.0)
+    return Replica(slots, costs, "continuous", kv=kv, prefill_first=True)
+
+
+def distserve_pools(profile_dir, path, link=None):
+    """The pools a DistServe log ran on, each priced by its engine's profile -> (pools, path
+    of pool names, the KVLink between them or None)."""
+    card = GPUS["a100-80gb"]
+    engine, placement = distserve_placement(path)
+    if placement is None:
+        return [Pool("vllm", distserve_replica(profile_dir, engine, 1, 1,
+                                                DISTSERVE_SLOTS["vllm"], card))], None, None
+    (ptp, ppp), (dtp, dpp) = placement
+    pools = [Pool("prefill", distserve_replica(profile_dir, engine, ptp, ppp,
+                                               DISTSERVE_SLOTS["prefill"], card)),
+             Pool("decode", distserve_replica(profile_dir, engine, dtp, dpp,
+                                              DISTSERVE_SLOTS["decode"], card))]
+    return pools, ["prefill", "decode"], link or kv_link(MODELS["opt-13b"], card)
+
+
+def replay_distserve(path, profile_dir, link=None):
+    """One DistServe log replayed on its own placement and arrivals, priced by the profiles
+    alone -> its row: what it measured and what C finds (SLO attainment, TTFT and TPOT p50
+    and p90, seconds)."""
+    log = read_engine_run(path)
+    req = Requests(log["arrival_s"], log["prompt"], log["output"])
+    pools, names, link = distserve_pools(profile_dir, path, link)
+    sim = simulate_pools(req, pools, names, link=link)
+    metrics = serving_metrics(req, sim, *DISTSERVE_SLO)
+    multi = req.output > 1
+    tpot = np.zeros(len(req.output))
+    tpot[multi] = log["tpot_s"]
+    ttft_slo, tpot_slo = DISTSERVE_SLO
+    measured = {"slo_attained": float(((log["ttft_s"] <= ttft_slo) & (tpot <= tpot_slo)).mean()),
+                "ttft_s": percentiles(log["ttft_s"]), "tpot_s": percentiles(log["tpot_s"])}
+    return {"file": os.path.basename(path), "requests": len(req.output),
+            "placement": [p.name for p in pools], "measured": measured,
+            "simulated": {k: metrics[k] for k in ("slo_attained", "ttft_s", "tpot_s")},
+            "kv_transfer": sim.get("kv_transfer")}
 
 
 # -----------------------------------------------------------------------------
