@@ -3232,13 +3232,13 @@ def steps_reaching(first, growth, gap, k):
     return j
 
 
-def pipeline_costs(costs, pp, cfg, card, tp=1):
+def pipeline_costs(costs, pp, cfg, card, tp=1, micro_batches=None):
     """`costs` on pp stages joined by the card's link (a hop: one token's hidden state in the
     model's dtype over the link, at the link's spec, no latency), or `costs` itself at pp 1."""
     if pp == 1:
         return costs
     return PipelineCosts(costs, pp, 0.0, cfg.hidden * cfg.dtype_bytes / tp /
-                         (card.link_gbs * 1e9))
+                         (card.link_gbs * 1e9), micro_batches)
 
 
 @dataclass(frozen=True)
@@ -3255,6 +3255,9 @@ def kv_link(cfg, card, gbs=None, latency_us=None):
     """The link between the pools: the card's own inside a node (NVLink or PCIe, at its spec)
     unless `gbs` (GB/s) and `latency_us` say otherwise (a network between nodes)."""
     rate = card.link_gbs if gbs is None else gbs
+    if not rate > 0 or (latency_us or 0.0) < 0:
+        raise UsageError(f"a link of {rate:g} GB/s and {latency_us or 0:g} us: the KV needs a "
+                         "bandwidth above zero and a latency of at least zero")
     return KVLink(rate * 1e9, (latency_us or 0.0) * 1e-6, kv_bytes_per_token(cfg),
                   card.link if gbs is None else f"{gbs:g} GB/s")
 
@@ -3312,17 +3315,17 @@ def distserve_placement(path):
     return backend, DISTSERVE_PLACEMENTS.get(kind)
 
 
-def distserve_replica(profile_dir, engine, tp, pp, slots, card, cfg=None):
-    """A Replica of `engine` priced by its DistServe profile on tp x pp cards."""
-    cfg = cfg or MODELS["opt-13b"]
+def distserve_replica(profile_dir, engine, tp, pp, slots, card, micro_batches=None):
+    """A Replica of `engine` priced by its DistServe profile of OPT-13B on tp x pp cards."""
+    cfg = MODELS["opt-13b"]
     costs = pipeline_costs(read_distserve_profile(profile_dir, engine, cfg.name, tp), pp, cfg,
-                           card, tp)
+                           card, tp, micro_batches)
     kv = KVBudget("paged", distserve_kv_tokens(profile_dir, cfg.name, tp, pp), 16,
                   watermark=VLLM_WATERMARK if engine == "vllm" else 0.0)
     return Replica(slots, costs, "continuous", kv=kv, prefill_first=True)
 
 
-def distserve_pools(profile_dir, path, link=None):
+def distserve_pools(profile_dir, path, link=None, micro_batches=None):
     """The pools a DistServe log ran on, each priced by its engine's profile -> (pools, path
     of pool names, the KVLink between them or None)."""
     card = GPUS["a100-80gb"]
@@ -3334,17 +3337,19 @@ def distserve_pools(profile_dir, path, link=None):
     pools = [Pool("prefill", distserve_replica(profile_dir, engine, ptp, ppp,
                                                DISTSERVE_SLOTS["prefill"], card)),
              Pool("decode", distserve_replica(profile_dir, engine, dtp, dpp,
-                                              DISTSERVE_SLOTS["decode"], card))]
+                                              DISTSERVE_SLOTS["decode"], card, micro_batches))]
     return pools, ["prefill", "decode"], link or kv_link(MODELS["opt-13b"], card)
 
 
-def replay_distserve(path, profile_dir, link=None):
+def replay_distserve(path, profile_dir, link=None, micro_batches=None):
     """One DistServe log replayed on its own placement and arrivals, priced by the profiles
-    alone -> its row: what it measured and what C finds (SLO attainment, TTFT and TPOT p50
+    alone (a decode pool of pipeline stages with `micro_batches` in flight: None, one a
+    stage) -> its row: what it measured and what C finds (SLO attainment, TTFT and TPOT p50
     and p90, seconds)."""
     log = read_engine_run(path)
     req = Requests(log["arrival_s"], log["prompt"], log["output"])
-    pools, names, link = distserve_pools(profile_dir, path, link)
+    pools, names, link = distserve_pools(profile_dir, path, link, micro_batches)
+    placement = distserve_placement(path)[1]
     sim = simulate_pools(req, pools, names, link=link)
     metrics = serving_metrics(req, sim, *DISTSERVE_SLO)
     multi = req.output > 1
@@ -3354,9 +3359,59 @@ def replay_distserve(path, profile_dir, link=None):
     measured = {"slo_attained": float(((log["ttft_s"] <= ttft_slo) & (tpot <= tpot_slo)).mean()),
                 "ttft_s": percentiles(log["ttft_s"]), "tpot_s": percentiles(log["tpot_s"])}
     return {"file": os.path.basename(path), "requests": len(req.output),
-            "placement": [p.name for p in pools], "measured": measured,
+            "pools": [p.name for p in pools], "measured": measured,
+            "placement": "TP1" if placement is None else "TP{} PP{} + TP{} PP{}".format(
+                *placement[0], *placement[1]),
             "simulated": {k: metrics[k] for k in ("slo_attained", "ttft_s", "tpot_s")},
             "kv_transfer": sim.get("kv_transfer")}
+
+
+def check_placement(cfg, card, pools, gpus=None):
+    """A placement, before anything runs: pools [(role, replicas, tp, pp)], role "colocated",
+    "prefill" or "decode"; each pool's TP must divide the heads, its PP at most the layers,
+    a card's share of the weights fit on it, and the cards add up to at most `gpus`."""
+    roles = [role for role, *_ in pools]
+    if not pools or ("prefill" in roles) != ("decode" in roles) or \
+            ("colocated" in roles and len(roles) > 1):
+        raise UsageError(f"a placement of {roles or 'no pools'}: one colocated pool, or a "
+                         "prefill pool and a decode pool")
+    for role, replicas, tp, pp in pools:
+        if replicas < 1 or tp < 1 or pp < 1 or cfg.heads % tp or pp > cfg.layers:
+            raise UsageError(f"{role} pool of {replicas} x TP {tp} x PP {pp}: TP must divide "
+                             f"{cfg.name}'s {cfg.heads} heads, PP at most its {cfg.layers} "
+                             "layers, and a pool has a replica at least")
+        weights = card_weight_bytes(cfg, tp) / pp
+        if weights > card.memory_bytes:
+            raise UsageError(f"{role} pool at TP {tp} x PP {pp}: {weights / 1e9:,.1f} GB of "
+                             f"{cfg.name}'s weights on each {card.name} "
+                             f"({card.memory_bytes / 1e9:,.1f} GB)")
+    used = sum(replicas * tp * pp for _, replicas, tp, pp in pools)
+    if gpus is not None and used > gpus:
+        raise UsageError(f"the placement takes {used} cards, past the budget of {gpus}")
+    return used
+
+
+def distserve_runs(directory):
+    """DistServe's logs and profiles under `directory` (its ground_truth_opt-13b-sharegpt and
+    profile_data folders, or the logs themselves beside profile_data) -> (logs, profiles)."""
+    logs = os.path.join(directory, "ground_truth_opt-13b-sharegpt")
+    logs = logs if os.path.isdir(logs) else directory
+    profiles = os.path.join(directory, "profile_data")
+    names = sorted(n for n in os.listdir(logs) if n.endswith(".exp")) if \
+        os.path.isdir(logs) else []
+    if not names or not os.path.isdir(profiles):
+        raise UsageError(f"{directory}: no DistServe logs (*.exp) with a profile_data folder")
+    return [os.path.join(logs, n) for n in names], profiles
+
+
+def replay_distserve_runs(directory, link=None, micro_batches=None, workers=1):
+    """Every DistServe log under `directory` replayed (replay_distserve), colocated runs
+    first, on worker processes -> {"rows", "profiles", "micro_batches"}."""
+    paths, profiles = distserve_runs(directory)
+    paths.sort(key=lambda p: (not os.path.basename(p).startswith("vllm"), p))
+    rows = run_parallel([(replay_distserve, (p, profiles, link, micro_batches))
+                         for p in paths], workers)
+    return {"rows": rows, "profiles": profiles, "micro_batches": micro_batches}
 
 
 # -----------------------------------------------------------------------------
@@ -6247,6 +6302,19 @@ WORST_COLUMNS = [("role_col", "role", "text"), ("model_col", "model", "text"),
                  ("predicted_col", "predicted", ",.1f"), ("error_col", "error", "spct")]
 
 
+DISTSERVE_COLUMNS = [("file_col", "file", "text"), ("placement_col", "placement", "text"),
+                     ("who_col", "who", "text"), ("slo_col", "slo_attained", "pct")] + \
+    latency_columns("p50", "p90", keys=("ttft", "tpot"))
+
+
+def distserve_table(T, R):
+    """--replay-distserve: each log's measured row, then C's."""
+    rows = [{**r[side], "file": r["file"], "placement": r["placement"], "who": T[side]}
+            for r in R["rows"] for side in ("measured", "simulated")]
+    return "\n".join([T["distserve_replay"].format(profiles=R["profiles"]),
+                      spec_table(T, rows, DISTSERVE_COLUMNS)])
+
+
 def validation_tables(T, V, worst=12):
     """--validate: errors by source (calibration and validation apart), the worst rows, and
     what C could not express."""
@@ -7164,6 +7232,14 @@ def output_flags(p):
              shown="../shared/published", help="rows profiles were fitted on")
     add_flag(o, "--replot", metavar="JSON", default=None, shown="off",
              help="redraw a results.json's figures")
+    add_flag(o, "--replay-distserve", metavar="DIR", default=None, shown="off",
+             help="DistServe's logged runs on their placements, exit")
+    add_flag(o, "--kv-link-gbs", type=number(1e-6, 1e6), default=None,
+             shown="the card's link", help="the KV hand-off's GB/s")
+    add_flag(o, "--kv-link-latency-us", type=number(0, 1e9), default=0.0,
+             help="a KV hand-off's latency")
+    add_flag(o, "--pp-micro-batches", type=integer(), default=None, shown="one a stage",
+             help="decode batches in flight on PP stages")
 
 
 def parse_args(argv):
@@ -7446,6 +7522,21 @@ def run_validation(args):
     return {"validation": V}
 
 
+def run_distserve_replay(args):
+    """--replay-distserve: DistServe's logs replayed; prints the table, writes results.json."""
+    link = None
+    if args.kv_link_gbs is not None:
+        link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], args.kv_link_gbs,
+                       args.kv_link_latency_us)
+    R = replay_distserve_runs(args.replay_distserve, link, args.pp_micro_batches, args.jobs)
+    print(distserve_table(TEXT[args.lang], R))
+    prepare_out_dir(args.out)
+    path = os.path.join(args.out, "results.json")
+    write_atomic(path, to_json({"distserve_replay": R}))
+    print(TEXT[args.lang]["wrote_json"].format(json=path))
+    return {"distserve_replay": R}
+
+
 def _main(argv):
     args = build_parser().parse_args(argv)
     if args.replot:
@@ -7456,6 +7547,8 @@ def _main(argv):
         return results
     if args.validate:
         return run_validation(args)
+    if args.replay_distserve:
+        return run_distserve_replay(args)
     run, device, inputs, probes = prepare_run(args)
     cfg = run.model
     results = {"environment": environment(run, device, argv),
@@ -7972,6 +8065,12 @@ TEXT_EN = {**SHARED_TEXT,
     "published_col": "published", "predicted_col": "C", "error_col": "error",
     "validation_worst": "the {n} rows C gets most wrong:",
     "validation_left": "rows C cannot express: {left}",
+    # --replay-distserve
+    "distserve_replay": "DistServe's logged runs (OPT-13B, A100-80GB, ShareGPT) against C on "
+                        "their own placements and arrivals, priced by {profiles} alone; SLO: "
+                        "TTFT <= 0.2 s and TPOT <= 0.1 s",
+    "file_col": "run", "placement_col": "placement", "who_col": "", "slo_col": "SLO met",
+    "measured": "measured", "simulated": "C",
     # the end
     "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
     "older_figures": "kept from an older run (this one drew none): {figures}",
@@ -8261,6 +8360,11 @@ TEXT_KO = {**SHARED_TEXT,
     "metric_col": "지표", "published_col": "공개값", "predicted_col": "C", "error_col": "오차",
     "validation_worst": "C가 가장 많이 틀린 {n}개 행:",
     "validation_left": "C가 표현하지 못하는 행: {left}",
+    "distserve_replay": "DistServe가 기록한 실행 (OPT-13B, A100-80GB, ShareGPT)과 같은 배치, "
+                        "같은 도착으로 돌린 C; 가격은 {profiles}만으로; SLO: TTFT <= 0.2 s, "
+                        "TPOT <= 0.1 s",
+    "file_col": "실행", "placement_col": "배치", "who_col": "", "slo_col": "SLO 충족",
+    "measured": "측정", "simulated": "C",
     "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",
     "older_figures": "이전 실행의 그림 유지 (이번 실행은 그리지 않음): {figures}",
     "interrupted": "중단됨: 위의 표는 끝난 실험들이다",

@@ -183,7 +183,7 @@ def test_a_colocated_vllm_run_replayed_on_the_profile():
     # priced on the profile alone: C's TPOT p50 on the 1 request/s run is within 5% of the
     # measured 31.2 ms, every request is served, and the measured row is the log's own
     row = S.replay_distserve(os.path.join(LOGS, "vllm-100-1.exp"), PROFILES)
-    assert row["requests"] == 100 and row["placement"] == ["vllm"]
+    assert row["requests"] == 100 and row["pools"] == ["vllm"] and row["placement"] == "TP1"
     assert row["measured"]["tpot_s"]["p50"] == pytest.approx(0.0312, abs=5e-4)
     assert row["simulated"]["tpot_s"]["p50"] == pytest.approx(0.0312, rel=0.05)
     assert row["kv_transfer"] is None
@@ -194,6 +194,64 @@ def test_a_disaggregated_run_replayed_moves_every_prompts_kv():
     path = os.path.join(LOGS, "distserve-c21d11-300-3.exp")
     row, log = S.replay_distserve(path, PROFILES), S.read_engine_run(path)
     sends = row["kv_transfer"]
-    assert row["placement"] == ["prefill", "decode"]
+    assert row["pools"] == ["prefill", "decode"]
     assert sends["sends"] == int((log["output"] > 1).sum())
     assert sends["bytes"] == 819_200 * int(log["prompt"][log["output"] > 1].sum())
+
+
+@needs_logs
+def test_replay_distserve_end_to_end(tmp_path, capsys):
+    from test_cli import run_main
+    out = tmp_path / "out"
+    results, printed = run_main(["--replay-distserve", DISTSERVE, "--out", str(out),
+                                 "--jobs", "2"], capsys)
+    rows = results["distserve_replay"]["rows"]
+    assert len(rows) == len([n for n in os.listdir(LOGS) if n.endswith(".exp")]) == 37
+    assert rows[0]["file"].startswith("vllm") and "TP2 PP1 + TP1 PP2" in printed.out
+    saved = json.loads((out / "results.json").read_text())
+    assert [r["file"] for r in saved["distserve_replay"]["rows"]] == [r["file"] for r in rows]
+    # a slower link between the pools only delays the decode side: TTFT is unchanged
+    path = os.path.join(LOGS, "distserve-c21d11-300-3.exp")
+    slow = S.replay_distserve(path, PROFILES, S.kv_link(S.MODELS["opt-13b"],
+                                                         S.GPUS["a100-80gb"], 1.0, 100.0))
+    fast = next(r for r in rows if r["file"] == "distserve-c21d11-300-3.exp")
+    assert slow["simulated"]["ttft_s"] == fast["simulated"]["ttft_s"]
+    assert slow["kv_transfer"]["link_s"] == pytest.approx(fast["kv_transfer"]["link_s"] * 300)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--replay-distserve", os.path.join(HERE, "data")], "no DistServe logs"),
+    (["--replay-distserve", DISTSERVE, "--kv-link-gbs", "0"], "expected a number"),
+    (["--replay-distserve", DISTSERVE, "--pp-micro-batches", "0"], "positive integer")])
+def test_bad_replay_flags(args, fragment, capsys):
+    from test_cli import expect_usage_error
+    expect_usage_error(args, capsys, fragment)
+
+
+OPT = S.MODELS["opt-13b"]
+A100 = S.GPUS["a100-80gb"]
+
+
+@pytest.mark.parametrize("pools, gpus, fragment", [
+    ([("prefill", 1, 2, 1)], None, "a prefill pool and a decode pool"),
+    ([], None, "no pools"),
+    ([("colocated", 1, 1, 1), ("decode", 1, 1, 1)], None, "one colocated pool"),
+    ([("prefill", 1, 3, 1), ("decode", 1, 1, 1)], None, "TP must divide"),
+    ([("colocated", 1, 1, 41)], None, "PP at most its 40 layers"),
+    ([("colocated", 0, 1, 1)], None, "a replica at least"),
+    ([("prefill", 4, 2, 1), ("decode", 4, 1, 2)], 8, "16 cards, past the budget of 8")])
+def test_a_placement_that_does_not_fit_is_one_line(pools, gpus, fragment):
+    with pytest.raises(S.UsageError, match=fragment) as e:
+        S.check_placement(OPT, A100, pools, gpus)
+    assert "\n" not in str(e.value)
+
+
+def test_weights_that_do_not_fit_a_card_and_a_zero_link():
+    big = S.MODELS["llama-3.1-70b"] if "llama-3.1-70b" in S.MODELS else None
+    if big is not None:
+        with pytest.raises(S.UsageError, match="GB of llama-3.1-70b's weights on each"):
+            S.check_placement(big, A100, [("colocated", 1, 1, 1)])
+        assert S.check_placement(big, A100, [("colocated", 1, 2, 2)]) == 4
+    assert S.check_placement(OPT, A100, [("prefill", 1, 2, 1), ("decode", 1, 1, 2)], 4) == 4
+    with pytest.raises(S.UsageError, match="a bandwidth above zero"):
+        S.kv_link(OPT, A100, gbs=0.0)

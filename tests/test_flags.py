@@ -32,6 +32,7 @@ FLAGS = {
     "--replicas": "C", "--slo-attainment": "C", "--target-rate": "C", "--tp": "C on a card",
     "--kv-tokens": "C", "--head-dim": "A", "--experts": "C", "--experts-per-token": "C",
     "--expert-ffn": "A", "--expert-skew": "C, experts", "--ep": "C, experts",
+    "--kv-link-gbs": "C", "--kv-link-latency-us": "C", "--pp-micro-batches": "C",
 }
 
 
