@@ -3414,6 +3414,89 @@ def replay_distserve_runs(directory, link=None, micro_batches=None, workers=1):
     return {"rows": rows, "profiles": profiles, "micro_batches": micro_batches}
 
 
+# The placement search: OPT-13B on A100s under DistServe's profile of its own engine (the
+# same prices for every placement, so the placement alone differs), its TPs and PPs, and
+# DistServe's SLO met by 90% of requests
+SEARCH_TP, SEARCH_PP, SEARCH_ATTAINMENT = (1, 2, 4), (1, 2), 0.9
+
+
+def search_candidates(budget):
+    """The placements within `budget` cards: a colocated replica at each (tp, pp), and a
+    prefill pool and a decode pool of 1-3 replicas each at each (tp, pp) -> [[(role,
+    replicas, tp, pp)]]."""
+    shapes = [(tp, pp) for tp in SEARCH_TP for pp in SEARCH_PP if tp * pp <= budget]
+    out = [[("colocated", 1, tp, pp)] for tp, pp in shapes]
+    for (ptp, ppp), (dtp, dpp) in itertools.product(shapes, shapes):
+        for n_pre, n_dec in itertools.product((1, 2, 3), repeat=2):
+            if n_pre * ptp * ppp + n_dec * dtp * dpp <= budget:
+                out.append([("prefill", n_pre, ptp, ppp), ("decode", n_dec, dtp, dpp)])
+    return out
+
+
+def placement_pools(profile_dir, placement):
+    """A placement's Pools, each replica priced by DistServe's profile of its engine."""
+    card = GPUS["a100-80gb"]
+    slots = {"colocated": DISTSERVE_SLOTS["vllm"], "prefill": DISTSERVE_SLOTS["prefill"],
+             "decode": DISTSERVE_SLOTS["decode"]}
+    return [Pool(role, distserve_replica(profile_dir, "distserve", tp, pp, slots[role], card),
+                 replicas, "least-requests") for role, replicas, tp, pp in placement]
+
+
+def placement_goodput(profile_dir, placement, unit, rel=0.02):
+    """The highest rate (of `unit`'s unit-rate arrivals, scaled) at which the placement
+    serves SEARCH_ATTAINMENT of its requests within DistServe's SLO, to `rel` -> a row
+    (goodput in requests/s, and a card's share, seconds of search, simulations)."""
+    clock, pools, tried = time.perf_counter(), placement_pools(profile_dir, placement), []
+    path = [p.name for p in pools] if len(pools) > 1 else None
+    link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"]) if path else None
+
+    def ok(rate):
+        req = unit.take(arrival_s=unit.arrival_s / rate)
+        met = serving_metrics(req, simulate_pools(req, pools, path, link=link),
+                              *DISTSERVE_SLO)["slo_attained"]
+        tried.append((rate, met))
+        return met >= SEARCH_ATTAINMENT
+    lo, hi = 0.0, 1.0
+    while ok(hi) and hi < 1e4:
+        lo, hi = hi, 2 * hi
+    while hi - lo > rel * max(lo, 1e-3) and hi > 1e-3:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    gpus = sum(n * tp * pp for _, n, tp, pp in placement)
+    return {"placement": placement_name(placement), "kind": placement[0][0] if
+            len(placement) == 1 else "disaggregated", "gpus": gpus, "goodput_rps": lo,
+            "goodput_per_gpu": lo / gpus, "simulations": len(tried),
+            "search_s": time.perf_counter() - clock}
+
+
+def placement_name(placement):
+    return " + ".join(f"{n} x {role} TP{tp} PP{pp}" for role, n, tp, pp in placement)
+
+
+def search_placements(profile_dir, lengths, budget, requests=400, seed=0, workers=1):
+    """Every placement within `budget` A100s ranked by goodput per card, on `requests`
+    ShareGPT lengths drawn from `lengths` (prompt, output) at Poisson arrivals, on worker
+    processes -> {"rows" (best first), "best": the best of each kind, "simulations",
+    "wall_s"}."""
+    cfg, card = MODELS["opt-13b"], GPUS["a100-80gb"]
+    candidates = search_candidates(budget)
+    for placement in candidates:
+        check_placement(cfg, card, placement, budget)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(len(lengths[0]), size=requests)
+    unit = Requests(arrival_times(requests, 1.0, 1.0, rng), lengths[0][pick], lengths[1][pick])
+    clock = time.perf_counter()
+    rows = run_parallel([(placement_goodput, (profile_dir, p, unit)) for p in candidates],
+                        workers)
+    rows.sort(key=lambda r: -r["goodput_per_gpu"])
+    best = {}
+    for r in rows:
+        best.setdefault(r["kind"] if r["kind"] == "disaggregated" else "colocated", r)
+    return {"rows": rows, "best": best, "budget": budget, "requests": requests,
+            "workers": workers, "simulations": sum(r["simulations"] for r in rows),
+            "wall_s": time.perf_counter() - clock}
+
+
 # -----------------------------------------------------------------------------
 # model: a decoder-only transformer with a static KV cache (device code)
 # The cache is one preallocated tensor (layers, 2, batch, kv_heads, max_len, head_dim); each
@@ -6315,6 +6398,20 @@ def distserve_table(T, R):
                       spec_table(T, rows, DISTSERVE_COLUMNS)])
 
 
+PLACEMENT_COLUMNS = [("placement_col", "placement", "text"), ("gpus_col", "gpus", "d"),
+                     ("goodput_col", "goodput_rps", ",.2f"),
+                     ("per_gpu_col", "goodput_per_gpu", ",.3f"),
+                     ("simulations_col", "simulations", "d"), ("search_col", "search_s", ".2f")]
+
+
+def placement_table(T, R):
+    """--placement-search: every placement, best first, and the best of each kind."""
+    best = ", ".join(f"{kind}: {r['placement']}" for kind, r in R["best"].items())
+    return "\n".join([T["placement_search"].format(**R), spec_table(T, R["rows"],
+                                                                     PLACEMENT_COLUMNS),
+                      T["placement_best"].format(best=best)])
+
+
 def validation_tables(T, V, worst=12):
     """--validate: errors by source (calibration and validation apart), the worst rows, and
     what C could not express."""
@@ -7240,6 +7337,10 @@ def output_flags(p):
              help="a KV hand-off's latency")
     add_flag(o, "--pp-micro-batches", type=integer(), default=None, shown="one a stage",
              help="decode batches in flight on PP stages")
+    add_flag(o, "--placement-search", metavar="DIR", default=None, shown="off",
+             help="OPT-13B's placements on A100s by goodput per card, exit")
+    add_flag(o, "--gpu-budget", type=integer(1, 64), default=4,
+             help="the placement search's cards")
 
 
 def parse_args(argv):
@@ -7537,6 +7638,22 @@ def run_distserve_replay(args):
     return {"distserve_replay": R}
 
 
+def run_placement_search(args):
+    """--placement-search: the placements ranked; prints them, writes results.json."""
+    paths, profiles = distserve_runs(args.placement_search)
+    lengths = [read_engine_run(p) for p in paths]
+    lengths = (np.concatenate([r["prompt"] for r in lengths]),
+               np.concatenate([r["output"] for r in lengths]))
+    R = search_placements(profiles, lengths, args.gpu_budget, seed=args.seed,
+                          workers=args.jobs)
+    print(placement_table(TEXT[args.lang], R))
+    prepare_out_dir(args.out)
+    path = os.path.join(args.out, "results.json")
+    write_atomic(path, to_json({"placement_search": R}))
+    print(TEXT[args.lang]["wrote_json"].format(json=path))
+    return {"placement_search": R}
+
+
 def _main(argv):
     args = build_parser().parse_args(argv)
     if args.replot:
@@ -7549,6 +7666,8 @@ def _main(argv):
         return run_validation(args)
     if args.replay_distserve:
         return run_distserve_replay(args)
+    if args.placement_search:
+        return run_placement_search(args)
     run, device, inputs, probes = prepare_run(args)
     cfg = run.model
     results = {"environment": environment(run, device, argv),
@@ -8071,6 +8190,13 @@ TEXT_EN = {**SHARED_TEXT,
                         "TTFT <= 0.2 s and TPOT <= 0.1 s",
     "file_col": "run", "placement_col": "placement", "who_col": "", "slo_col": "SLO met",
     "measured": "measured", "simulated": "C",
+    "placement_search": "OPT-13B on up to {budget} A100-80GB by goodput per card (the highest "
+                        "rate at which 90% of {requests} ShareGPT requests meet TTFT <= 0.2 s "
+                        "and TPOT <= 0.1 s, DistServe's profile of its engine): "
+                        "{simulations:,} simulations in {wall_s:.1f} s on {workers} workers",
+    "placement_best": "the best of each kind: {best}",
+    "gpus_col": "cards", "goodput_col": "goodput req/s", "per_gpu_col": "req/s per card",
+    "simulations_col": "simulations", "search_col": "search s",
     # the end
     "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
     "older_figures": "kept from an older run (this one drew none): {figures}",
@@ -8365,6 +8491,13 @@ TEXT_KO = {**SHARED_TEXT,
                         "TPOT <= 0.1 s",
     "file_col": "실행", "placement_col": "배치", "who_col": "", "slo_col": "SLO 충족",
     "measured": "측정", "simulated": "C",
+    "placement_search": "A100-80GB 최대 {budget}장 위 OPT-13B 배치, 카드당 goodput 순 (ShareGPT "
+                        "요청 {requests}개의 90%가 TTFT <= 0.2 s, TPOT <= 0.1 s를 지키는 최대 "
+                        "도착률, DistServe 엔진 프로파일): 시뮬레이션 {simulations:,}회, "
+                        "{wall_s:.1f} s, 작업자 {workers}개",
+    "placement_best": "종류별 최선: {best}",
+    "gpus_col": "카드", "goodput_col": "goodput 요청/s", "per_gpu_col": "카드당 요청/s",
+    "simulations_col": "시뮬레이션", "search_col": "탐색 s",
     "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",
     "older_figures": "이전 실행의 그림 유지 (이번 실행은 그리지 않음): {figures}",
     "interrupted": "중단됨: 위의 표는 끝난 실험들이다",

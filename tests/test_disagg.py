@@ -255,3 +255,45 @@ def test_weights_that_do_not_fit_a_card_and_a_zero_link():
     assert S.check_placement(OPT, A100, [("prefill", 1, 2, 1), ("decode", 1, 1, 2)], 4) == 4
     with pytest.raises(S.UsageError, match="a bandwidth above zero"):
         S.kv_link(OPT, A100, gbs=0.0)
+
+
+def test_the_placements_within_a_budget_by_hand():
+    # two cards: a colocated replica at TP1, TP2 or PP2, and one prefill TP1 + one decode TP1
+    assert S.search_candidates(2) == [
+        [("colocated", 1, 1, 1)], [("colocated", 1, 1, 2)], [("colocated", 1, 2, 1)],
+        [("prefill", 1, 1, 1), ("decode", 1, 1, 1)]]
+    every = S.search_candidates(4)
+    assert len(every) == 23 and all(S.check_placement(OPT, A100, p, 4) <= 4 for p in every)
+    assert [("prefill", 1, 2, 1), ("decode", 1, 1, 2)] in every  # (c21d12)
+
+
+@needs_logs
+def test_placement_search_end_to_end(tmp_path, capsys):
+    from test_cli import run_main
+    results, printed = run_main(["--placement-search", DISTSERVE, "--gpu-budget", "2",
+                                 "--jobs", "2", "--out", str(tmp_path)], capsys)
+    R = results["placement_search"]
+    per_gpu = [r["goodput_per_gpu"] for r in R["rows"]]
+    assert len(per_gpu) == 4 and per_gpu == sorted(per_gpu, reverse=True)
+    assert set(R["best"]) == {"colocated", "disaggregated"}
+    assert R["simulations"] == sum(r["simulations"] for r in R["rows"])
+    assert R["rows"][0]["goodput_rps"] > 0 and "the best of each kind" in printed.out
+    assert json.loads((tmp_path / "results.json").read_text())["placement_search"]["budget"] == 2
+
+
+@needs_logs
+def test_the_goodput_is_where_the_slo_stops_being_met():
+    log = S.read_engine_run(os.path.join(LOGS, "vllm-100-1.exp"))
+    rng = np.random.default_rng(0)
+    unit = S.Requests(S.arrival_times(100, 1.0, 1.0, rng), log["prompt"], log["output"])
+    placement = [("prefill", 1, 2, 1), ("decode", 1, 1, 1)]
+    row = S.placement_goodput(PROFILES, placement, unit)
+    pools = S.placement_pools(PROFILES, placement)
+    link = S.kv_link(OPT, A100)
+
+    def met(rate):
+        req = unit.take(arrival_s=unit.arrival_s / rate)
+        sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
+        return S.serving_metrics(req, sim, 0.2, 0.1)["slo_attained"]
+    assert met(row["goodput_rps"]) >= 0.9 > met(row["goodput_rps"] * 1.05)
+    assert row["gpus"] == 3 and row["goodput_per_gpu"] == row["goodput_rps"] / 3

@@ -33,6 +33,7 @@ FLAGS = {
     "--kv-tokens": "C", "--head-dim": "A", "--experts": "C", "--experts-per-token": "C",
     "--expert-ffn": "A", "--expert-skew": "C, experts", "--ep": "C, experts",
     "--kv-link-gbs": "C", "--kv-link-latency-us": "C", "--pp-micro-batches": "C",
+    "--gpu-budget": "C",
 }
 
 
