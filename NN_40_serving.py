@@ -3330,6 +3330,8 @@ def distserve_pools(profile_dir, path, link=None, micro_batches=None):
     of pool names, the KVLink between them or None)."""
     card = GPUS["a100-80gb"]
     engine, placement = distserve_placement(path)
+    check_placement(MODELS["opt-13b"], card, [("colocated", 1, 1, 1)] if placement is None
+                    else [("prefill", 1, *placement[0]), ("decode", 1, *placement[1])])
     if placement is None:
         return [Pool("vllm", distserve_replica(profile_dir, engine, 1, 1,
                                                 DISTSERVE_SLOTS["vllm"], card))], None, None

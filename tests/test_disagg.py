@@ -297,3 +297,15 @@ def test_the_goodput_is_where_the_slo_stops_being_met():
         return S.serving_metrics(req, sim, 0.2, 0.1)["slo_attained"]
     assert met(row["goodput_rps"]) >= 0.9 > met(row["goodput_rps"] * 1.05)
     assert row["gpus"] == 3 and row["goodput_per_gpu"] == row["goodput_rps"] / 3
+
+
+def test_pipeline_stages_on_the_per_operator_model():
+    # C's own prices of OPT-13B on an A100 (card_costs): two stages of 8 decoders are a
+    # pass of 4 rows and the hops of 4 tokens' hidden states; a prefill is the whole pass
+    costs = S.card_costs(OPT, A100)
+    pp = S.pipeline_costs(costs, 2, OPT, A100)
+    hop = 4 * 5120 * 2 / 300e9
+    assert pp.run_price((), 8, 8000, 1)[1] == pytest.approx(costs.pass_s(4, 4000) + hop)
+    prefill = costs.run_price([(Chunk(), 512)], 0, 0, 1)[0]
+    assert pp.run_price([(Chunk(), 512)], 0, 0, 1)[0] == pytest.approx(
+        prefill + 512 * 5120 * 2 / 300e9)
