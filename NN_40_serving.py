@@ -3218,6 +3218,10 @@ class Replica:
     fused        a step is one forward pass of its prefill chunks and decodes together, the
                  weights read once (vLLM's and TensorRT-LLM's in-flight batching); False: a
                  prefill pass, then a decode pass (the post's accounting, and D's engine)
+    prefill_first  (not fused) a prompt's first token comes out of the step's prefill pass,
+                 before its decode pass runs: an engine that runs its prefills as steps of
+                 their own, ahead of the decodes (vLLM's scheduler before chunked prefill);
+                 False: at the step's end
     A study reads as what it varies: dataclasses.replace(replica, scheduler="static").
     """
     slots: int
@@ -3227,6 +3231,7 @@ class Replica:
     kv: KVBudget = None
     order: Order = None
     fused: bool = False
+    prefill_first: bool = False
 
 
 # -----------------------------------------------------------------------------
@@ -3297,6 +3302,7 @@ class ServingSim:
             replica.costs, replica.scheduler
         self.chunk_tokens = replica.chunk_tokens if replica.scheduler == "chunked" else None
         self.fused = replica.fused
+        self.prefill_first = replica.prefill_first and not replica.fused
         self.kv = kv = kv_manager(replica.kv)
         self.tracks, self.preempts = kv.tracks, kv.preempts
         self.progress = progress
@@ -3486,22 +3492,23 @@ class ServingSim:
         if plan:
             self.prefill.advance(plan, k, tokens)
         if emitted:
-            self.emit_first_tokens(emitted, held, running)
+            self.emit_first_tokens(emitted, held, running,
+                                   self.t - decode_s if self.prefill_first else self.t)
         elif self.tracks:
             self.memory.point(self.t, self.iterations, held, self.kv.total, running,
                               self.contexts)
 
-    def emit_first_tokens(self, emitted, held, running):
-        """The requests whose prefill has just ended emit a token; each then decodes (or,
-        with nothing left to emit, finishes)."""
+    def emit_first_tokens(self, emitted, held, running, t):
+        """The requests whose prefill has just ended emit a token at t; each then decodes
+        (or, with nothing left to emit, finishes)."""
         first, first_step, steps = self.ledger.first, self.ledger.first_step, self.steps
         cached, decoders, finished = 0, [], []
         for s in emitted:
             if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
-                first[s.id] = self.t
+                first[s.id] = t
                 first_step[s.id] = steps
                 if self.on_first_token:
-                    self.on_first_token(s.id, self.t)
+                    self.on_first_token(s.id, t)
             cached += s.num_cached
             s.to_emit -= 1
             s.num_cached += 1
@@ -3852,15 +3859,17 @@ class EventQueue:
                     self.push(target.t, PLAN, target)
 
 
-def simulate_pools(req, pools, path=None, progress=None):
+def simulate_pools(req, pools, path=None, progress=None, link=None):
     """The requests through pools of replicas (Pool: a spec, a count and a router each),
     every request along `path` (the pools' names in order; default: the first pool alone):
     a path of two is a prefill pool, whose replicas serve each request to its first token,
     then a decode pool it enters at that moment, its prompt and first token cached (KV sent
-    at no cost). One event queue orders every replica's runs, every arrival and every
+    at no cost, or, given a KVLink, once its prompt's KV has crossed it: see KVSends). One
+    event queue orders every replica's runs, every arrival and every
     hand-off in time, so a replica is read by its router as it is at the arrival, and a
     hand-off between pools at any time is exact. -> as simulate_fleet, with "pools": each
-    pool's "replica" (where each request went there, -1: never) and "per_replica"."""
+    pool's "replica" (where each request went there, -1: never) and "per_replica" (and,
+    given a link, "kv_transfer": what crossed it)."""
     names = [pool.name for pool in pools]
     path = names[:1] if path is None else list(path)
     if len(path) > 2 or not set(path) <= set(names) or len(set(names)) < len(names):
@@ -3870,11 +3879,15 @@ def simulate_pools(req, pools, path=None, progress=None):
     stages = [pool_stage(req, pools[names.index(name)], ledger, last=i == len(path) - 1,
                          first=i == 0) for i, name in enumerate(path)]
     queue = EventQueue(ledger.arrival)
+    sends = KVSends(link, len(stages[0].servers)) if link and len(stages) > 1 else None
     if len(stages) > 1:
-        for server in stages[0].servers:
-            server.on_finish = functools.partial(hand_on, ledger, stages[1], queue)
+        for i, server in enumerate(stages[0].servers):
+            server.on_finish = functools.partial(hand_on, ledger, stages[1], queue, sends, i)
     queue.run(stages[0], progress)
-    return pools_result(req, stages)
+    result = pools_result(req, stages)
+    if sends:
+        result["kv_transfer"] = sends.totals
+    return result
 
 
 def pool_stage(req, pool, ledger, last, first):
@@ -3892,11 +3905,14 @@ def pool_stage(req, pool, ledger, last, first):
     return stage
 
 
-def hand_on(ledger, stage, queue, r, t):
+def hand_on(ledger, stage, queue, sends, replica, r, t):
     """A prefill pool's request r has its first token at t: it enters the next stage holding
-    its prompt and that token, to emit the rest (if any)."""
+    its prompt and that token, to emit the rest (if any), once its prompt's KV has crossed
+    from its prefill replica (sends: KVSends, or None: at once)."""
     left = ledger.output[r] - 1
     if left:
+        if sends:
+            t = sends.send(replica, int(ledger.prompt[r]), t)
         ledger.remaining[r] = left
         ledger.to_prefill[r] = ledger.cached[r] = ledger.prompt[r] + 1
         stage.ledger.arrival[r] = t
@@ -4002,6 +4018,420 @@ def thin(rows, points=400):
     """At most `points` evenly spaced rows of a time series, the last one included."""
     keep = np.unique(np.linspace(0, len(rows) - 1, min(points, len(rows))).astype(int))
     return [rows[i] for i in keep]
+
+
+# -----------------------------------------------------------------------------
+# disaggregated serving: phase prices, pipeline stages, the KV hand-off, DistServe's runs (pure)
+# An engine profiled per phase (DistServe's fits: a prefill pass by its prompts, a decode pass
+# by its rows and their context), a replica of pipeline stages, and the KV a decode pool lacks
+# sent over a link at a hand-off. Pure: calls the step costs and the fleets.
+
+
+@dataclass(frozen=True)
+class PhaseCosts:
+    """Prices by phase: a prefill pass from one StepCosts and a decode pass from another (an
+    engine profiled per phase). A step runs its prefill pass, then its decode pass."""
+    prefill: StepCosts
+    decode: StepCosts
+    source: object
+
+    def run_price(self, plan, decoders, cached, k, fused=False):
+        """As StepCosts.run_price (the two passes apart: `fused` cannot join two prices)."""
+        pre = self.prefill.run_price(plan, 0, 0, k)
+        dec = self.decode.run_price((), decoders, cached, k)
+        return pre[0], dec[1], pre[2] + dec[2], pre[3] + dec[3], pre[4]
+
+    def decode_steps_to(self, n, cached, t, when, k):
+        return self.decode.decode_steps_to(n, cached, t, when, k)
+
+    def pass_s(self, tokens, kv_tokens=0, pairs=0):
+        """A prefill pass where it computes prompt pairs, else a decode pass of `tokens` rows."""
+        return (self.prefill if pairs else self.decode).pass_s(tokens, kv_tokens, pairs)
+
+    def as_dict(self):
+        return {"prefill": self.prefill.as_dict(), "decode": self.decode.as_dict(),
+                "source": self.source}
+
+
+# DistServe's profiler fits of a step's milliseconds (simdistserve/estimators/profile_data):
+# prefill = a + b sum(L) + c sum(L^2) over the batch's prompts; decode = a + b sum(context + 1)
+# + c rows, one triple below `decoding_large_small_bs_threshold` rows and another from it
+DISTSERVE_PROFILES = {"vllm": "profiler-a100-80g.vllm.json",
+                      "distserve": "profiler-a100-80g.distserve.json"}
+DISTSERVE_MODELS = {"opt-13b": "facebook/opt-13b", "opt-66b": "facebook/opt-66b"}
+BIG_BATCH = 1 << 20  # (a last knot past any batch: the fits are linear beyond it too)
+
+
+def profiled_costs(fit, source):
+    """PhaseCosts from one (model, TP) entry of a DistServe profile, exactly: a prompt of L
+    tokens computes L (L + 1) / 2 attention pairs, so c L^2 = 2 c pairs - c L, and a decode
+    row of context x reads x cached tokens and adds one, so b (x + 1) + c = b x + (b + c)."""
+    a, b, c = (v / 1e3 for v in fit["prefill"])
+    prefill = StepCosts((1, BIG_BATCH), (a + (b - c), a + (b - c) * BIG_BATCH), 0.0, source,
+                        pair_s=2 * c)
+    edge = int(fit["decoding_large_small_bs_threshold"])
+    (a1, b1, c1), (a2, b2, c2) = ([v / 1e3 for v in fit[k]]
+                                  for k in ("decoding_smallbs", "decoding_largebs"))
+    decode = StepCosts((1, edge - 1, edge, BIG_BATCH),
+                       (a1 + b1 + c1, a1 + (b1 + c1) * (edge - 1), a2 + (b2 + c2) * edge,
+                        a2 + (b2 + c2) * BIG_BATCH), b1, source,
+                       kv_by_batch=((edge - 1, b1), (edge, b2)))
+    return PhaseCosts(prefill, decode, source)
+
+
+def read_distserve_profile(profile_dir, engine, model, tp):
+    """A DistServe profile's fit of `model` at `tp` cards -> PhaseCosts."""
+    path = os.path.join(profile_dir, DISTSERVE_PROFILES[engine])
+    try:
+        with open(path, encoding="utf-8") as f:
+            fit = json.load(f)[DISTSERVE_MODELS[model]][str(tp)]
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}")
+    except (KeyError, ValueError) as e:
+        raise UsageError(f"{path}: no fit of {model} at tp {tp} ({one_line(e)})")
+    return profiled_costs(fit, {"kind": "distserve_profile", "engine": engine, "model": model,
+                                "tp": tp, "file": os.path.basename(path)})
+
+
+def distserve_kv_tokens(profile_dir, model, tp, pp):
+    """The KV cache's tokens DistServe's simulator gives `model` on tp x pp cards
+    (max_num_tokens.csv)."""
+    path = os.path.join(profile_dir, "max_num_tokens.csv")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}")
+    for line in lines[1:]:  # (model,tp,pp,max_num_tokens)
+        name, *numbers = line.split(",")
+        if name == DISTSERVE_MODELS[model] and numbers[:2] == [str(tp), str(pp)]:
+            return int(numbers[2])
+    raise UsageError(f"{path}: no KV capacity of {model} at tp {tp}, pp {pp}")
+
+
+@dataclass(frozen=True)
+class PipelineCosts:
+    """A replica of `pp` pipeline stages, each holding 1/pp of the layers: a stage's pass is
+    1/pp of the whole model's (`inner`, any StepCosts or PhaseCosts), a pass through the
+    replica the stages' sum plus pp - 1 hops of the pass's activations (hop_latency_s +
+    hidden bytes a token / hop_bytes_per_s). The decoders run as pp micro-batches in flight,
+    as vLLM and Vidur run them: each stage busy with one of them at a time, every micro-batch
+    of n / pp rows (rounded up) emits a token each cycle of pp stage passes, its hops among
+    them (micro_batches 1: the whole batch goes through the stages, one in flight). A
+    prefill runs as one micro-batch through the stages."""
+    inner: object
+    pp: int
+    hop_latency_s: float = 0.0
+    hop_token_s: float = 0.0
+    micro_batches: int = None  # in flight at once (None: pp; 1: a batch through the stages)
+
+    def hops_s(self, tokens):
+        return (self.pp - 1) * (self.hop_latency_s + self.hop_token_s * tokens) if tokens \
+            else 0.0
+
+    def micro_batch(self, n, cached):
+        """(rows, tokens cached) of one of pp micro-batches of n decoders holding `cached`."""
+        rows = -(-n // (self.micro_batches or self.pp))
+        return rows, cached * rows / n if n else 0
+
+    def run_price(self, plan, decoders, cached, k, fused=False):
+        rows, held = self.micro_batch(decoders, cached)
+        pre_s, dec_s, first, growth, tokens = self.inner.run_price(plan, rows, held, k, fused)
+        pre_hops, dec_hops = self.hops_s(tokens), self.hops_s(rows)
+        return (pre_s + k * pre_hops, dec_s + k * dec_hops, first + pre_hops + dec_hops,
+                growth, tokens)
+
+    def decode_steps_to(self, n, cached, t, when, k):
+        """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
+        first, growth = self.run_price((), n, cached, 1)[2:4]
+        return steps_reaching(first, growth, when - t, k)
+
+    def pass_s(self, tokens, kv_tokens=0, pairs=0):
+        return self.inner.pass_s(tokens, kv_tokens, pairs) + self.hops_s(tokens)
+
+    def as_dict(self):
+        return {"pp": self.pp, "hop_latency_s": self.hop_latency_s,
+                "hop_token_s": self.hop_token_s, "stages": self.inner.as_dict()}
+
+
+def steps_reaching(first, growth, gap, k):
+    """The fewest steps j in 1..k with first j + growth j (j - 1) / 2 >= gap (else k)."""
+    if growth > 0:
+        x = ((growth / 2 - first) + math.sqrt((first - growth / 2) ** 2 + 2 * growth *
+                                               max(gap, 0))) / growth
+    else:
+        x = gap / first if first > 0 else k
+    j = min(max(1, math.ceil(x)), k)
+    while j > 1 and first * (j - 1) + growth * (j - 1) * (j - 2) / 2 >= gap:
+        j -= 1
+    return j
+
+
+def pipeline_costs(costs, pp, cfg, card, tp=1, micro_batches=None):
+    """`costs` on pp stages joined by the card's link (a hop: one token's hidden state in the
+    model's dtype over the link, at the link's spec, no latency), or `costs` itself at pp 1."""
+    if pp == 1:
+        return costs
+    return PipelineCosts(costs, pp, 0.0, cfg.hidden * cfg.dtype_bytes / tp /
+                         (card.link_gbs * 1e9), micro_batches)
+
+
+@dataclass(frozen=True)
+class KVLink:
+    """The link a prefill replica sends its requests' KV over to the decode pool: bytes_per_s
+    and a latency a send; kv_bytes_per_token: the model's K and V of one token, every layer."""
+    bytes_per_s: float
+    latency_s: float
+    kv_bytes_per_token: float
+    name: str = ""
+
+
+def kv_link(cfg, card, gbs=None, latency_us=None):
+    """The link between the pools: the card's own inside a node (NVLink or PCIe, at its spec)
+    unless `gbs` (GB/s) and `latency_us` say otherwise (a network between nodes)."""
+    rate = card.link_gbs if gbs is None else gbs
+    if not rate > 0 or (latency_us or 0.0) < 0:
+        raise UsageError(f"a link of {rate:g} GB/s and {latency_us or 0:g} us: the KV needs a "
+                         "bandwidth above zero and a latency of at least zero")
+    return KVLink(rate * 1e9, (latency_us or 0.0) * 1e-6, kv_bytes_per_token(cfg),
+                  card.link if gbs is None else f"{gbs:g} GB/s")
+
+
+class KVSends:
+    """The KV hand-offs in flight: one link out of each prefill replica; sends that share a
+    link take it in turn (first come, first sent: the link's bandwidth shared in time, each
+    send at its full rate), so a hand-off ends at max(its first token, the link's last send)
+    + its bytes / bandwidth, and the decode pool has it a latency later. What moved is kept."""
+
+    def __init__(self, link, replicas):
+        self.link, self.free_at = link, [0.0] * replicas
+        self.totals = {"sends": 0, "bytes": 0.0, "link_s": 0.0, "queued_s": 0.0}
+
+    def send(self, replica, prompt_tokens, t):
+        """Replica `replica` sends a prompt's KV from t -> when the decode side has it."""
+        link, totals = self.link, self.totals
+        size = prompt_tokens * link.kv_bytes_per_token
+        start = max(t, self.free_at[replica])
+        self.free_at[replica] = done = start + size / link.bytes_per_s
+        totals["sends"] += 1
+        totals["bytes"] += size
+        totals["link_s"] += done - start
+        totals["queued_s"] += start - t
+        return done + link.latency_s
+
+
+# DistServe's logged runs (OPT-13B on A100-80GB cards, ShareGPT), named
+# <backend>[-<placement>]-<N>-<rate>.exp: prefill (TP, PP) and decode (TP, PP) by placement
+# (c21d11 as its align_with_real.py runs it; c21d12 by the same pattern); vllm colocated on
+# one card. The plain distserve-N-R runs state no placement: DistServe's default launch,
+# (2, 1, 1, 1), is assumed.
+DISTSERVE_PLACEMENTS = {"c21d11": ((2, 1), (1, 1)), "c21d12": ((2, 1), (1, 2)),
+                        "distserve": ((2, 1), (1, 1))}
+# The engines' limits as DistServe's evaluation/2-benchmark-serving/2-start-api-server.py
+# launches them: vLLM max_num_seqs 1024, block 16 (its max_num_batched_tokens 16384 is not
+# modelled: C's continuous scheduler takes every admitted prompt in one step); DistServe a
+# prefill batch of at most 128 requests, a decode batch of at most 1024; the KV capacity DistServe's
+# simulator gives each (TP, PP) (max_num_tokens.csv); vLLM's block manager keeps 1% free
+DISTSERVE_SLOTS = {"vllm": 1024, "prefill": 128, "decode": 1024}
+VLLM_WATERMARK = 0.01
+DISTSERVE_SLO = (0.2, 0.1)  # TTFT and TPOT seconds, DistServe's for this workload
+
+
+def distserve_placement(path):
+    """A DistServe log's file name -> (engine, placement: None colocated, else the prefill and
+    decode pools' (tp, pp))."""
+    name = os.path.basename(path)
+    backend, _, rest = name.partition("-")
+    kind = rest.split("-")[0] if backend == "distserve" and rest[:1] == "c" else backend
+    if backend not in DISTSERVE_PROFILES or kind not in DISTSERVE_PLACEMENTS and \
+            kind != "vllm":
+        raise UsageError(f"{name}: not a DistServe run (vllm-N-R.exp or "
+                         "distserve[-c21d11|-c21d12]-N-R.exp)")
+    return backend, DISTSERVE_PLACEMENTS.get(kind)
+
+
+def distserve_replica(profile_dir, engine, tp, pp, slots, card, micro_batches=None):
+    """A Replica of `engine` priced by its DistServe profile of OPT-13B on tp x pp cards."""
+    cfg = MODELS["opt-13b"]
+    costs = pipeline_costs(read_distserve_profile(profile_dir, engine, cfg.name, tp), pp, cfg,
+                           card, tp, micro_batches)
+    kv = KVBudget("paged", distserve_kv_tokens(profile_dir, cfg.name, tp, pp), 16,
+                  watermark=VLLM_WATERMARK if engine == "vllm" else 0.0)
+    return Replica(slots, costs, "continuous", kv=kv, prefill_first=True)
+
+
+def distserve_pools(profile_dir, path, link=None, micro_batches=None):
+    """The pools a DistServe log ran on, each priced by its engine's profile -> (pools, path
+    of pool names, the KVLink between them or None)."""
+    card = GPUS["a100-80gb"]
+    engine, placement = distserve_placement(path)
+    check_placement(MODELS["opt-13b"], card, [("colocated", 1, 1, 1)] if placement is None
+                    else [("prefill", 1, *placement[0]), ("decode", 1, *placement[1])])
+    if placement is None:
+        return [Pool("vllm", distserve_replica(profile_dir, engine, 1, 1,
+                                                DISTSERVE_SLOTS["vllm"], card))], None, None
+    (ptp, ppp), (dtp, dpp) = placement
+    pools = [Pool("prefill", distserve_replica(profile_dir, engine, ptp, ppp,
+                                               DISTSERVE_SLOTS["prefill"], card)),
+             Pool("decode", distserve_replica(profile_dir, engine, dtp, dpp,
+                                              DISTSERVE_SLOTS["decode"], card, micro_batches))]
+    return pools, ["prefill", "decode"], link or kv_link(MODELS["opt-13b"], card)
+
+
+def replay_distserve(path, profile_dir, link=None, micro_batches=None):
+    """One DistServe log replayed on its own placement and arrivals, priced by the profiles
+    alone (a decode pool of pipeline stages with `micro_batches` in flight: None, one a
+    stage) -> its row: what it measured and what C finds (SLO attainment, TTFT and TPOT p50
+    and p90, seconds)."""
+    log = read_engine_run(path)
+    req = Requests(log["arrival_s"], log["prompt"], log["output"])
+    pools, names, link = distserve_pools(profile_dir, path, link, micro_batches)
+    placement = distserve_placement(path)[1]
+    sim = simulate_pools(req, pools, names, link=link)
+    metrics = serving_metrics(req, sim, *DISTSERVE_SLO)
+    multi = req.output > 1
+    tpot = np.zeros(len(req.output))
+    tpot[multi] = log["tpot_s"]
+    ttft_slo, tpot_slo = DISTSERVE_SLO
+    measured = {"slo_attained": float(((log["ttft_s"] <= ttft_slo) & (tpot <= tpot_slo)).mean()),
+                "ttft_s": percentiles(log["ttft_s"]), "tpot_s": percentiles(log["tpot_s"])}
+    return {"file": os.path.basename(path), "requests": len(req.output),
+            "pools": [p.name for p in pools], "measured": measured,
+            "placement": "TP1" if placement is None else "TP{} PP{} + TP{} PP{}".format(
+                *placement[0], *placement[1]),
+            "simulated": {k: metrics[k] for k in ("slo_attained", "ttft_s", "tpot_s")},
+            "kv_transfer": sim.get("kv_transfer")}
+
+
+def check_placement(cfg, card, pools, gpus=None):
+    """A placement, before anything runs: pools [(role, replicas, tp, pp)], role "colocated",
+    "prefill" or "decode"; each pool's TP must divide the heads, its PP at most the layers,
+    a card's share of the weights fit on it, and the cards add up to at most `gpus`."""
+    roles = [role for role, *_ in pools]
+    if not pools or ("prefill" in roles) != ("decode" in roles) or \
+            ("colocated" in roles and len(roles) > 1):
+        raise UsageError(f"a placement of {roles or 'no pools'}: one colocated pool, or a "
+                         "prefill pool and a decode pool")
+    for role, replicas, tp, pp in pools:
+        if replicas < 1 or tp < 1 or pp < 1 or cfg.heads % tp or pp > cfg.layers:
+            raise UsageError(f"{role} pool of {replicas} x TP {tp} x PP {pp}: TP must divide "
+                             f"{cfg.name}'s {cfg.heads} heads, PP at most its {cfg.layers} "
+                             "layers, and a pool has a replica at least")
+        weights = card_weight_bytes(cfg, tp) / pp
+        if weights > card.memory_bytes:
+            raise UsageError(f"{role} pool at TP {tp} x PP {pp}: {weights / 1e9:,.1f} GB of "
+                             f"{cfg.name}'s weights on each {card.name} "
+                             f"({card.memory_bytes / 1e9:,.1f} GB)")
+    used = sum(replicas * tp * pp for _, replicas, tp, pp in pools)
+    if gpus is not None and used > gpus:
+        raise UsageError(f"the placement takes {used} cards, past the budget of {gpus}")
+    return used
+
+
+def distserve_runs(directory):
+    """DistServe's logs and profiles under `directory` (its ground_truth_opt-13b-sharegpt and
+    profile_data folders, or the logs themselves beside profile_data) -> (logs, profiles)."""
+    logs = os.path.join(directory, "ground_truth_opt-13b-sharegpt")
+    logs = logs if os.path.isdir(logs) else directory
+    profiles = os.path.join(directory, "profile_data")
+    names = sorted(n for n in os.listdir(logs) if n.endswith(".exp")) if \
+        os.path.isdir(logs) else []
+    if not names or not os.path.isdir(profiles):
+        raise UsageError(f"{directory}: no DistServe logs (*.exp) with a profile_data folder")
+    return [os.path.join(logs, n) for n in names], profiles
+
+
+def replay_distserve_runs(directory, link=None, micro_batches=None, workers=1):
+    """Every DistServe log under `directory` replayed (replay_distserve), colocated runs
+    first, on worker processes -> {"rows", "profiles", "micro_batches"}."""
+    paths, profiles = distserve_runs(directory)
+    paths.sort(key=lambda p: (not os.path.basename(p).startswith("vllm"), p))
+    rows = run_parallel([(replay_distserve, (p, profiles, link, micro_batches))
+                         for p in paths], workers)
+    return {"rows": rows, "profiles": profiles, "micro_batches": micro_batches}
+
+
+# The placement search: OPT-13B on A100s under DistServe's profile of its own engine (the
+# same prices for every placement, so the placement alone differs), its TPs and PPs, and
+# DistServe's SLO met by 90% of requests
+SEARCH_TP, SEARCH_PP, SEARCH_ATTAINMENT = (1, 2, 4), (1, 2), 0.9
+
+
+def search_candidates(budget):
+    """The placements within `budget` cards: a colocated replica at each (tp, pp), and a
+    prefill pool and a decode pool of 1-3 replicas each at each (tp, pp) -> [[(role,
+    replicas, tp, pp)]]."""
+    shapes = [(tp, pp) for tp in SEARCH_TP for pp in SEARCH_PP if tp * pp <= budget]
+    out = [[("colocated", 1, tp, pp)] for tp, pp in shapes]
+    for (ptp, ppp), (dtp, dpp) in itertools.product(shapes, shapes):
+        for n_pre, n_dec in itertools.product((1, 2, 3), repeat=2):
+            if n_pre * ptp * ppp + n_dec * dtp * dpp <= budget:
+                out.append([("prefill", n_pre, ptp, ppp), ("decode", n_dec, dtp, dpp)])
+    return out
+
+
+def placement_pools(profile_dir, placement):
+    """A placement's Pools, each replica priced by DistServe's profile of its engine."""
+    card = GPUS["a100-80gb"]
+    slots = {"colocated": DISTSERVE_SLOTS["vllm"], "prefill": DISTSERVE_SLOTS["prefill"],
+             "decode": DISTSERVE_SLOTS["decode"]}
+    return [Pool(role, distserve_replica(profile_dir, "distserve", tp, pp, slots[role], card),
+                 replicas, "least-requests") for role, replicas, tp, pp in placement]
+
+
+def placement_goodput(profile_dir, placement, unit, rel=0.02):
+    """The highest rate (of `unit`'s unit-rate arrivals, scaled) at which the placement
+    serves SEARCH_ATTAINMENT of its requests within DistServe's SLO, to `rel` -> a row
+    (goodput in requests/s, and a card's share, seconds of search, simulations)."""
+    clock, pools, tried = time.perf_counter(), placement_pools(profile_dir, placement), []
+    path = [p.name for p in pools] if len(pools) > 1 else None
+    link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"]) if path else None
+
+    def ok(rate):
+        req = unit.take(arrival_s=unit.arrival_s / rate)
+        met = serving_metrics(req, simulate_pools(req, pools, path, link=link),
+                              *DISTSERVE_SLO)["slo_attained"]
+        tried.append((rate, met))
+        return met >= SEARCH_ATTAINMENT
+    lo, hi = 0.0, 1.0
+    while ok(hi) and hi < 1e4:
+        lo, hi = hi, 2 * hi
+    while hi - lo > rel * max(lo, 1e-3) and hi > 1e-3:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    gpus = sum(n * tp * pp for _, n, tp, pp in placement)
+    return {"placement": placement_name(placement), "kind": placement[0][0] if
+            len(placement) == 1 else "disaggregated", "gpus": gpus, "goodput_rps": lo,
+            "goodput_per_gpu": lo / gpus, "simulations": len(tried),
+            "search_s": time.perf_counter() - clock}
+
+
+def placement_name(placement):
+    return " + ".join(f"{n} x {role} TP{tp} PP{pp}" for role, n, tp, pp in placement)
+
+
+def search_placements(profile_dir, lengths, budget, requests=400, seed=0, workers=1):
+    """Every placement within `budget` A100s ranked by goodput per card, on `requests`
+    ShareGPT lengths drawn from `lengths` (prompt, output) at Poisson arrivals, on worker
+    processes -> {"rows" (best first), "best": the best of each kind, "simulations",
+    "wall_s"}."""
+    cfg, card = MODELS["opt-13b"], GPUS["a100-80gb"]
+    candidates = search_candidates(budget)
+    for placement in candidates:
+        check_placement(cfg, card, placement, budget)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(len(lengths[0]), size=requests)
+    unit = Requests(arrival_times(requests, 1.0, 1.0, rng), lengths[0][pick], lengths[1][pick])
+    clock = time.perf_counter()
+    rows = run_parallel([(placement_goodput, (profile_dir, p, unit)) for p in candidates],
+                        workers)
+    rows.sort(key=lambda r: -r["goodput_per_gpu"])
+    best = {}
+    for r in rows:
+        best.setdefault(r["kind"] if r["kind"] == "disaggregated" else "colocated", r)
+    return {"rows": rows, "best": best, "budget": budget, "requests": requests,
+            "workers": workers, "simulations": sum(r["simulations"] for r in rows),
+            "wall_s": time.perf_counter() - clock}
 
 
 # -----------------------------------------------------------------------------
@@ -7210,7 +7640,8 @@ def format_tables(results, lang="en"):
 
 
 # -----------------------------------------------------------------------------
-# tables of prefix caching: the hits per tier, TTFT by hit, hits against the cache's capacity
+# tables of prefix caching and disaggregated serving: the hits per tier, TTFT by hit, hits
+# against the cache's capacity; DistServe's runs replayed, and the placements ranked
 
 
 PREFIX_COLUMNS = [("policy", "label", "text"), ("queried", "prefix_cache.queried_tokens", ","),
@@ -7257,6 +7688,33 @@ def prefix_study_text(T, study, capacity):
             cached=capacity["one_replica"]["rate_rps"],
             plain=study["capacity_without_caching_rps"]))
     return "\n".join(lines)
+
+
+DISTSERVE_COLUMNS = [("file_col", "file", "text"), ("placement_col", "placement", "text"),
+                     ("who_col", "who", "text"), ("slo_col", "slo_attained", "pct")] + \
+    latency_columns("p50", "p90", keys=("ttft", "tpot"))
+
+
+def distserve_table(T, R):
+    """--replay-distserve: each log's measured row, then C's."""
+    rows = [{**r[side], "file": r["file"], "placement": r["placement"], "who": T[side]}
+            for r in R["rows"] for side in ("measured", "simulated")]
+    return "\n".join([T["distserve_replay"].format(profiles=R["profiles"]),
+                      spec_table(T, rows, DISTSERVE_COLUMNS)])
+
+
+PLACEMENT_COLUMNS = [("placement_col", "placement", "text"), ("gpus_col", "gpus", "d"),
+                     ("goodput_col", "goodput_rps", ",.2f"),
+                     ("per_gpu_col", "goodput_per_gpu", ",.3f"),
+                     ("simulations_col", "simulations", "d"), ("search_col", "search_s", ".2f")]
+
+
+def placement_table(T, R):
+    """--placement-search: every placement, best first, and the best of each kind."""
+    best = ", ".join(f"{kind}: {r['placement']}" for kind, r in R["best"].items())
+    return "\n".join([T["placement_search"].format(**R), spec_table(T, R["rows"],
+                                                                     PLACEMENT_COLUMNS),
+                      T["placement_best"].format(best=best)])
 
 
 # -----------------------------------------------------------------------------
@@ -8025,7 +8483,7 @@ def workload_flags(p):
              "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
     add_flag(w, "--trace-limit", type=integer(), shown="all", help="the trace's first N rows")
     add_flag(w, "--rate", "--request-rate", type=rate_value, shown="all at t=0",
-             help="arrivals a second (Poisson), or 'trace': its timestamps")
+             help="Poisson arrivals a second, or 'trace': its times")
     add_flag(w, "--burstiness", type=number(1e-3, 1e3),
              help="the gaps' gamma shape: 1 Poisson, below 1 burstier")
     add_flag(w, "--rates", type=numbers(*RATES), shown="0.2-1.2x capacity",
@@ -8088,7 +8546,7 @@ def model_flags(p):
              help="A, B and D's device")
     add_flag(m, "--gpu", metavar="CARD", shown="measured, or RTX 5080",
              type=usage_type(functools.partial(named, kind="card")),
-             help="the card C plans for (list: --catalog)")
+             help="C's card (list: --catalog)")
     add_flag(m, "--tp", "--tensor-parallel-size", type=integer(1, 64),
              help="--gpu cards a replica spans")
     add_flag(m, "--ep", type=integer(1, 64), help="expert parallel: --gpu cards a group")
@@ -8190,6 +8648,18 @@ def output_flags(p):
              shown="../shared/published", help="rows profiles were fitted on")
     add_flag(o, "--replot", metavar="JSON", default=None, shown="off",
              help="redraw a results.json's figures")
+    add_flag(o, "--replay-distserve", metavar="DIR", default=None, shown="off",
+             help="DistServe's logged runs on their placements, exit")
+    add_flag(o, "--kv-link-gbs", type=number(1e-6, 1e6), default=None,
+             shown="the card's link", help="the KV hand-off's GB/s")
+    add_flag(o, "--kv-link-latency-us", type=number(0, 1e9), default=0.0,
+             help="a KV hand-off's latency")
+    add_flag(o, "--pp-micro-batches", type=integer(), default=None, shown="one a stage",
+             help="decode batches in flight on PP stages")
+    add_flag(o, "--placement-search", metavar="DIR", default=None, shown="off",
+             help="OPT-13B's placements on A100s by goodput per card, exit")
+    add_flag(o, "--gpu-budget", type=integer(1, 64), default=4,
+             help="the placement search's cards")
 
 
 def parse_args(argv):
@@ -8554,6 +9024,37 @@ def run_calibration(args, argv):
     return {"calibration": C, "profile_path": path}
 
 
+def run_distserve_replay(args):
+    """--replay-distserve: DistServe's logs replayed; prints the table, writes results.json."""
+    link = None
+    if args.kv_link_gbs is not None:
+        link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], args.kv_link_gbs,
+                       args.kv_link_latency_us)
+    R = replay_distserve_runs(args.replay_distserve, link, args.pp_micro_batches, args.jobs)
+    print(distserve_table(TEXT[args.lang], R))
+    prepare_out_dir(args.out)
+    path = os.path.join(args.out, "results.json")
+    write_atomic(path, to_json({"distserve_replay": R}))
+    print(TEXT[args.lang]["wrote_json"].format(json=path))
+    return {"distserve_replay": R}
+
+
+def run_placement_search(args):
+    """--placement-search: the placements ranked; prints them, writes results.json."""
+    paths, profiles = distserve_runs(args.placement_search)
+    lengths = [read_engine_run(p) for p in paths]
+    lengths = (np.concatenate([r["prompt"] for r in lengths]),
+               np.concatenate([r["output"] for r in lengths]))
+    R = search_placements(profiles, lengths, args.gpu_budget, seed=args.seed,
+                          workers=args.jobs)
+    print(placement_table(TEXT[args.lang], R))
+    prepare_out_dir(args.out)
+    path = os.path.join(args.out, "results.json")
+    write_atomic(path, to_json({"placement_search": R}))
+    print(TEXT[args.lang]["wrote_json"].format(json=path))
+    return {"placement_search": R}
+
+
 def _main(argv):
     args = build_parser().parse_args(argv)
     if args.replot:
@@ -8566,6 +9067,10 @@ def _main(argv):
         return run_validation(args)
     if args.calibrate:
         return run_calibration(args, argv)
+    if args.replay_distserve:
+        return run_distserve_replay(args)
+    if args.placement_search:
+        return run_placement_search(args)
     run, device, inputs, probes = prepare_run(args)
     cfg = run.model
     results = {"environment": environment(run, device, argv),
@@ -9118,6 +9623,19 @@ TEXT_EN = {**SHARED_TEXT,
                        "{layer_us:.1f} us a layer, {bandwidth:.0%} of the bandwidth, "
                        "{matmul:.0%} of the FLOP/s; rms error on its runs {rms:.1%}",
     "calibration_wrote": "wrote {path} (pass it back: --engine-profile {path})",
+    # --replay-distserve
+    "distserve_replay": "DistServe's logged runs (OPT-13B, A100-80GB, ShareGPT) against C on "
+                        "their own placements and arrivals, priced by {profiles} alone; SLO: "
+                        "TTFT <= 0.2 s and TPOT <= 0.1 s",
+    "file_col": "run", "placement_col": "placement", "who_col": "", "slo_col": "SLO met",
+    "measured": "measured", "simulated": "C",
+    "placement_search": "OPT-13B on up to {budget} A100-80GB by goodput per card (the highest "
+                        "rate at which 90% of {requests} ShareGPT requests meet TTFT <= 0.2 s "
+                        "and TPOT <= 0.1 s, DistServe's profile of its engine): "
+                        "{simulations:,} simulations in {wall_s:.1f} s on {workers} workers",
+    "placement_best": "the best of each kind: {best}",
+    "gpus_col": "cards", "goodput_col": "goodput req/s", "per_gpu_col": "req/s per card",
+    "simulations_col": "simulations", "search_col": "search s",
     # the end
     "wrote": "wrote {json} and {figures}", "wrote_json": "wrote {json}",
     "older_figures": "kept from an older run (this one drew none): {figures}",
@@ -9443,6 +9961,18 @@ TEXT_KO = {**SHARED_TEXT,
                        "{layer_us:.1f} us, 대역폭의 {bandwidth:.0%}, FLOP/s의 {matmul:.0%}; "
                        "보정에 쓴 실행에서의 rms 오차 {rms:.1%}",
     "calibration_wrote": "저장: {path} (다시 쓰려면: --engine-profile {path})",
+    "distserve_replay": "DistServe가 기록한 실행 (OPT-13B, A100-80GB, ShareGPT)과 같은 배치, "
+                        "같은 도착으로 돌린 C; 가격은 {profiles}만으로; SLO: TTFT <= 0.2 s, "
+                        "TPOT <= 0.1 s",
+    "file_col": "실행", "placement_col": "배치", "who_col": "", "slo_col": "SLO 충족",
+    "measured": "측정", "simulated": "C",
+    "placement_search": "A100-80GB 최대 {budget}장 위 OPT-13B 배치, 카드당 goodput 순 (ShareGPT "
+                        "요청 {requests}개의 90%가 TTFT <= 0.2 s, TPOT <= 0.1 s를 지키는 최대 "
+                        "도착률, DistServe 엔진 프로파일): 시뮬레이션 {simulations:,}회, "
+                        "{wall_s:.1f} s, 작업자 {workers}개",
+    "placement_best": "종류별 최선: {best}",
+    "gpus_col": "카드", "goodput_col": "goodput 요청/s", "per_gpu_col": "카드당 요청/s",
+    "simulations_col": "시뮬레이션", "search_col": "탐색 s",
     "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",
     "older_figures": "이전 실행의 그림 유지 (이번 실행은 그리지 않음): {figures}",
     "interrupted": "중단됨: 위의 표는 끝난 실험들이다",

@@ -36,6 +36,8 @@ FLAGS = {
     "--host-kv-gb": "C, prefixes", "--prefix-len": "C, prefixes", "--num-prefixes": "C, prefixes",
     "--prefix-share": "C, prefixes", "--prefix-zipf": "C, prefixes", "--turns": "C, prefixes",
     "--think-time-s": "C, prefixes",
+    "--kv-link-gbs": "C", "--kv-link-latency-us": "C", "--pp-micro-batches": "C",
+    "--gpu-budget": "C",
 }
 
 

@@ -1,0 +1,311 @@
+"""Disaggregated serving: prices by phase (DistServe's profiles), pipeline stages, the KV
+hand-off between pools, and DistServe's logged runs replayed."""
+import itertools
+import json
+import os
+
+import numpy as np
+import pytest
+
+import NN_40_serving as S
+
+UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
+SLOW = S.StepCosts((1, 2), (1.5, 1.5), 0.0, "every pass 1.5 s")
+HERE = os.path.dirname(os.path.abspath(__file__))
+DISTSERVE = os.path.join(HERE, "..", "..", "shared", "traces", "real_runs", "distserve")
+PROFILES = os.path.join(DISTSERVE, "profile_data")
+LOGS = os.path.join(DISTSERVE, "ground_truth_opt-13b-sharegpt")
+needs_logs = pytest.mark.skipif(not os.path.isdir(LOGS), reason="DistServe's logs absent")
+# OPT-13B at TP 1 in DistServe's vLLM profile (profiler-a100-80g.vllm.json), in ms
+FIT = {"decoding_large_small_bs_threshold": 95,
+       "prefill": [22.052204789310185, 0.14050923870128956, 8.076584822611088e-06],
+       "decoding_smallbs": [23.475041008414784, 0.000592934466077393, 0.060726861260369455],
+       "decoding_largebs": [20.206356173691958, 0.0004907727036234946, 0.1200031385587413]}
+
+
+class Chunk:  # (what run_price reads of a prefilling request)
+    def __init__(self, num_cached=0):
+        self.num_cached = num_cached
+
+
+def distserve_prefill_ms(prompts):  # the profile's own formula, written plainly
+    a, b, c = FIT["prefill"]
+    return a + b * sum(prompts) + c * sum(p * p for p in prompts)
+
+
+def distserve_decode_ms(contexts):
+    a, b, c = FIT["decoding_smallbs" if len(contexts) < 95 else "decoding_largebs"]
+    return a + b * sum(x + 1 for x in contexts) + c * len(contexts)
+
+
+@pytest.mark.parametrize("prompts", [[1], [814], [2031, 17, 300], [512] * 20])
+def test_profiled_prefill_is_distserves_formula(prompts):
+    costs = S.profiled_costs(FIT, "test")
+    prefill_s = costs.run_price([(Chunk(), p) for p in prompts], 0, 0, 1)[0]
+    assert prefill_s * 1e3 == pytest.approx(distserve_prefill_ms(prompts), rel=1e-12)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 94, 95, 96, 300])
+def test_profiled_decode_is_distserves_formula_over_a_run(rows):
+    # k steps of a decode run: each row's context grows by one a step; the run's seconds are
+    # the formula's steps summed
+    costs, rng = S.profiled_costs(FIT, "test"), np.random.default_rng(rows)
+    contexts, k = rng.integers(10, 2000, size=rows), 7
+    decode_s = costs.run_price((), rows, int(contexts.sum()), k)[1]
+    reference = sum(distserve_decode_ms(contexts + j) for j in range(k))
+    assert decode_s * 1e3 == pytest.approx(reference, rel=1e-9)
+
+
+def test_a_pipeline_step_is_its_stages_plus_hops_by_hand():
+    # inner: 0.5 s + 0.1 s a token or row; 2 stages, a hop 0.1 s + 0.01 s a token.
+    # Decode of 5 rows: 2 micro-batches of 3 rows (rounded up): 0.5 + 0.3 + (0.1 + 0.03)
+    # = 0.93 s a step, every row a token. Prefill of 10 tokens: 1.5 + 0.1 + 0.1 = 1.7 s
+    inner = S.StepCosts((1, 2), (0.6, 0.7), 0.0, "0.5 s + 0.1 s a token")
+    pp = S.PipelineCosts(inner, 2, 0.1, 0.01)
+    assert pp.run_price((), 5, 0, 1)[1] == pytest.approx(0.93)
+    assert pp.run_price([(Chunk(), 10)], 0, 0, 1)[0] == pytest.approx(1.7)
+    assert pp.run_price([(Chunk(), 10)], 5, 0, 3)[:2] == pytest.approx((5.1, 2.79))
+    one = S.PipelineCosts(inner, 2, 0.1, 0.01, micro_batches=1)  # one batch in flight
+    assert one.run_price((), 5, 0, 1)[1] == pytest.approx(1.0 + 0.15)
+    # four stages of 8 rows holding 800 tokens, 1 ms a cached token: 2 rows, 200 tokens
+    inner = S.StepCosts((1, 2), (0.6, 0.7), 1e-3, "and 1 ms a cached token")
+    pp4 = S.PipelineCosts(inner, 4, 0.0, 0.0)
+    assert pp4.run_price((), 8, 800, 1)[1] == pytest.approx(0.7 + 0.2)
+    # and the growth: each step every micro-batch's 2 rows add 2 cached tokens
+    assert pp4.run_price((), 8, 800, 2)[1] == pytest.approx(0.9 + 0.902)
+    card = S.GPUS["a100-80gb"]
+    assert S.pipeline_costs(inner, 1, S.MODELS["opt-13b"], card) is inner
+    hop = S.pipeline_costs(inner, 2, S.MODELS["opt-13b"], card).hop_token_s
+    assert hop == pytest.approx(5120 * 2 / 300e9)  # a token's hidden state over NVLink 3
+
+
+def test_a_pipeline_replica_decodes_by_hand():
+    # one request (prompt 4, 3 tokens) on 2 stages of the 1 s model, hops 0.25 s: its prefill
+    # 1 + 0.25, then two decode steps of 1 + 0.25 each
+    pp = S.PipelineCosts(UNIT, 2, 0.25, 0.0)
+    req = S.Requests(np.array([0.0]), np.array([4]), np.array([3]))
+    sim = S.simulate_serving(req, S.Replica(4, pp))
+    assert sim["first_token"].tolist() == [1.25] and sim["finish"].tolist() == [3.75]
+
+
+@pytest.mark.parametrize("first, gap, k", list(itertools.product(
+    [0.5, 1.0], [0.0, 0.3, 1.0, 2.5, 7.1, 100.0], [1, 3, 50])))
+def test_steps_reaching_is_the_first_run_long_enough(first, gap, k):
+    for growth in (0.0, 0.01, 0.7):
+        ends = [first * j + growth * j * (j - 1) / 2 for j in range(1, k + 1)]
+        want = next((j for j, end in enumerate(ends, 1) if end >= gap), k)
+        assert S.steps_reaching(first, growth, gap, k) == want
+
+
+def test_prefill_first_emits_the_first_token_before_the_decode_pass():
+    # A (prompt 4, 3 tokens) at 0: prefilled 0-1, its first token at 1. B (2 tokens) at 0.5
+    # is admitted at 1: the step 1-3 prefills B (1 s), then decodes A (1 s). Prefill first,
+    # B's first token is at 2, else at the step's end, 3; A's tokens are at 3 and 5 either way
+    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
+    late = S.simulate_serving(req, S.Replica(2, UNIT))
+    first = S.simulate_serving(req, S.Replica(2, UNIT, prefill_first=True))
+    assert late["first_token"].tolist() == [1.0, 3.0]
+    assert first["first_token"].tolist() == [1.0, 2.0]
+    assert first["finish"].tolist() == late["finish"].tolist() == [4.0, 4.0]
+
+
+def test_kv_bytes_of_a_hand_off_by_hand():
+    # OPT-13B: 40 layers x K and V x 5,120 x 2 bytes = 819,200 bytes a token; a 1,000-token
+    # prompt is 819.2 MB, over the A100's NVLink 3 (300 GB/s) 2.7307 ms
+    link = S.kv_link(S.MODELS["opt-13b"], S.GPUS["a100-80gb"])
+    assert link.kv_bytes_per_token == 819_200 and link.bytes_per_s == 300e9
+    sends = S.KVSends(link, 1)
+    assert sends.send(0, 1000, 0.0) == pytest.approx(819.2e6 / 300e9)
+    assert sends.totals["bytes"] == 819.2e6
+    net = S.kv_link(S.MODELS["opt-13b"], S.GPUS["a100-80gb"], gbs=25.0, latency_us=10.0)
+    assert S.KVSends(net, 1).send(0, 1000, 1.0) == pytest.approx(1.0 + 819.2e6 / 25e9 + 1e-5)
+
+
+def test_a_hand_off_waits_for_its_kv_exactly():
+    # The tiny case of test_fleet's hand-off, with a link of 16 bytes/s, 0.25 s a send and a
+    # byte a token: a 4-token prompt takes 0.25 s to send and lands 0.25 s later. A's first
+    # token at 1.5, in the decode pool at 2.0: 2.0-3.0-4.0. B's first token at 3.0 (it waited
+    # for the prefill slot), sent 3.0-3.25, in at 3.5 during A's step 3-4: joins at 4, ends 5
+    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
+    pools = [S.Pool("prefill", S.Replica(1, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
+    link = S.KVLink(16.0, 0.25, 1.0)
+    sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
+    assert sim["first_token"].tolist() == [1.5, 3.0] and sim["finish"].tolist() == [4.0, 5.0]
+    assert sim["kv_transfer"] == {"sends": 2, "bytes": 8.0, "link_s": 0.5, "queued_s": 0.0}
+    # two prompts prefilled in one step share their replica's link: the second is sent after
+    # the first (1.5-1.75, then 1.75-2.0), in at 2.0 and 2.25; B joins at A's next step, 3
+    req = S.Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
+    pools = [S.Pool("prefill", S.Replica(2, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
+    sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
+    assert sim["first_token"].tolist() == [1.5, 1.5] and sim["finish"].tolist() == [4.0, 5.0]
+    assert sim["kv_transfer"]["queued_s"] == 0.25
+    # without a link the hand-off is at the first token, as before
+    sim = S.simulate_pools(req, pools, ["prefill", "decode"])
+    assert sim["finish"].tolist() == [3.5, 3.5] and "kv_transfer" not in sim
+
+
+def test_a_one_token_request_sends_nothing():
+    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([1, 3]))
+    pools = [S.Pool("prefill", S.Replica(1, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
+    sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=S.KVLink(16.0, 0.25, 1.0))
+    assert sim["kv_transfer"]["sends"] == 1 and sim["finish"].tolist() == [1.5, 5.5]
+
+
+@pytest.mark.parametrize("name, engine, placement", [
+    ("vllm-100-1.exp", "vllm", None), ("distserve-c21d11-300-3.exp", "distserve",
+                                       ((2, 1), (1, 1))),
+    ("distserve-c21d12-400-4.exp", "distserve", ((2, 1), (1, 2))),
+    ("distserve-800-8.exp", "distserve", ((2, 1), (1, 1)))])
+def test_a_logs_name_gives_its_placement(name, engine, placement):
+    assert S.distserve_placement(name) == (engine, placement)
+
+
+def test_a_name_that_is_no_distserve_run_is_a_usage_error():
+    with pytest.raises(S.UsageError, match="not a DistServe run"):
+        S.distserve_placement("sglang-100-1.exp")
+
+
+@pytest.mark.skipif(not os.path.isdir(PROFILES), reason="DistServe's profiles absent")
+def test_the_profiles_read_from_their_files():
+    costs = S.read_distserve_profile(PROFILES, "vllm", "opt-13b", 1)
+    with open(os.path.join(PROFILES, "profiler-a100-80g.vllm.json")) as f:
+        assert json.load(f)["facebook/opt-13b"]["1"] == FIT
+    assert costs.run_price([(Chunk(), 814)], 0, 0, 1)[0] * 1e3 == \
+        pytest.approx(distserve_prefill_ms([814]))
+    assert S.distserve_kv_tokens(PROFILES, "opt-13b", 1, 1) == 66_144
+    assert S.distserve_kv_tokens(PROFILES, "opt-13b", 1, 2) == 163_008
+    with pytest.raises(S.UsageError, match="no fit of opt-13b at tp 3"):
+        S.read_distserve_profile(PROFILES, "vllm", "opt-13b", 3)
+
+
+@needs_logs
+def test_a_colocated_vllm_run_replayed_on_the_profile():
+    # priced on the profile alone: C's TPOT p50 on the 1 request/s run is within 5% of the
+    # measured 31.2 ms, every request is served, and the measured row is the log's own
+    row = S.replay_distserve(os.path.join(LOGS, "vllm-100-1.exp"), PROFILES)
+    assert row["requests"] == 100 and row["pools"] == ["vllm"] and row["placement"] == "TP1"
+    assert row["measured"]["tpot_s"]["p50"] == pytest.approx(0.0312, abs=5e-4)
+    assert row["simulated"]["tpot_s"]["p50"] == pytest.approx(0.0312, rel=0.05)
+    assert row["kv_transfer"] is None
+
+
+@needs_logs
+def test_a_disaggregated_run_replayed_moves_every_prompts_kv():
+    path = os.path.join(LOGS, "distserve-c21d11-300-3.exp")
+    row, log = S.replay_distserve(path, PROFILES), S.read_engine_run(path)
+    sends = row["kv_transfer"]
+    assert row["pools"] == ["prefill", "decode"]
+    assert sends["sends"] == int((log["output"] > 1).sum())
+    assert sends["bytes"] == 819_200 * int(log["prompt"][log["output"] > 1].sum())
+
+
+@needs_logs
+def test_replay_distserve_end_to_end(tmp_path, capsys):
+    from test_cli import run_main
+    out = tmp_path / "out"
+    results, printed = run_main(["--replay-distserve", DISTSERVE, "--out", str(out),
+                                 "--jobs", "2"], capsys)
+    rows = results["distserve_replay"]["rows"]
+    assert len(rows) == len([n for n in os.listdir(LOGS) if n.endswith(".exp")]) == 37
+    assert rows[0]["file"].startswith("vllm") and "TP2 PP1 + TP1 PP2" in printed.out
+    saved = json.loads((out / "results.json").read_text())
+    assert [r["file"] for r in saved["distserve_replay"]["rows"]] == [r["file"] for r in rows]
+    # a slower link between the pools only delays the decode side: TTFT is unchanged
+    path = os.path.join(LOGS, "distserve-c21d11-300-3.exp")
+    slow = S.replay_distserve(path, PROFILES, S.kv_link(S.MODELS["opt-13b"],
+                                                         S.GPUS["a100-80gb"], 1.0, 100.0))
+    fast = next(r for r in rows if r["file"] == "distserve-c21d11-300-3.exp")
+    assert slow["simulated"]["ttft_s"] == fast["simulated"]["ttft_s"]
+    assert slow["kv_transfer"]["link_s"] == pytest.approx(fast["kv_transfer"]["link_s"] * 300)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--replay-distserve", os.path.join(HERE, "data")], "no DistServe logs"),
+    (["--replay-distserve", DISTSERVE, "--kv-link-gbs", "0"], "expected a number"),
+    (["--replay-distserve", DISTSERVE, "--pp-micro-batches", "0"], "positive integer")])
+def test_bad_replay_flags(args, fragment, capsys):
+    from test_cli import expect_usage_error
+    expect_usage_error(args, capsys, fragment)
+
+
+OPT = S.MODELS["opt-13b"]
+A100 = S.GPUS["a100-80gb"]
+
+
+@pytest.mark.parametrize("pools, gpus, fragment", [
+    ([("prefill", 1, 2, 1)], None, "a prefill pool and a decode pool"),
+    ([], None, "no pools"),
+    ([("colocated", 1, 1, 1), ("decode", 1, 1, 1)], None, "one colocated pool"),
+    ([("prefill", 1, 3, 1), ("decode", 1, 1, 1)], None, "TP must divide"),
+    ([("colocated", 1, 1, 41)], None, "PP at most its 40 layers"),
+    ([("colocated", 0, 1, 1)], None, "a replica at least"),
+    ([("prefill", 4, 2, 1), ("decode", 4, 1, 2)], 8, "16 cards, past the budget of 8")])
+def test_a_placement_that_does_not_fit_is_one_line(pools, gpus, fragment):
+    with pytest.raises(S.UsageError, match=fragment) as e:
+        S.check_placement(OPT, A100, pools, gpus)
+    assert "\n" not in str(e.value)
+
+
+def test_weights_that_do_not_fit_a_card_and_a_zero_link():
+    big = S.MODELS["llama-3.1-70b"] if "llama-3.1-70b" in S.MODELS else None
+    if big is not None:
+        with pytest.raises(S.UsageError, match="GB of llama-3.1-70b's weights on each"):
+            S.check_placement(big, A100, [("colocated", 1, 1, 1)])
+        assert S.check_placement(big, A100, [("colocated", 1, 2, 2)]) == 4
+    assert S.check_placement(OPT, A100, [("prefill", 1, 2, 1), ("decode", 1, 1, 2)], 4) == 4
+    with pytest.raises(S.UsageError, match="a bandwidth above zero"):
+        S.kv_link(OPT, A100, gbs=0.0)
+
+
+def test_the_placements_within_a_budget_by_hand():
+    # two cards: a colocated replica at TP1, TP2 or PP2, and one prefill TP1 + one decode TP1
+    assert S.search_candidates(2) == [
+        [("colocated", 1, 1, 1)], [("colocated", 1, 1, 2)], [("colocated", 1, 2, 1)],
+        [("prefill", 1, 1, 1), ("decode", 1, 1, 1)]]
+    every = S.search_candidates(4)
+    assert len(every) == 23 and all(S.check_placement(OPT, A100, p, 4) <= 4 for p in every)
+    assert [("prefill", 1, 2, 1), ("decode", 1, 1, 2)] in every  # (c21d12)
+
+
+@needs_logs
+def test_placement_search_end_to_end(tmp_path, capsys):
+    from test_cli import run_main
+    results, printed = run_main(["--placement-search", DISTSERVE, "--gpu-budget", "2",
+                                 "--jobs", "2", "--out", str(tmp_path)], capsys)
+    R = results["placement_search"]
+    per_gpu = [r["goodput_per_gpu"] for r in R["rows"]]
+    assert len(per_gpu) == 4 and per_gpu == sorted(per_gpu, reverse=True)
+    assert set(R["best"]) == {"colocated", "disaggregated"}
+    assert R["simulations"] == sum(r["simulations"] for r in R["rows"])
+    assert R["rows"][0]["goodput_rps"] > 0 and "the best of each kind" in printed.out
+    assert json.loads((tmp_path / "results.json").read_text())["placement_search"]["budget"] == 2
+
+
+@needs_logs
+def test_the_goodput_is_where_the_slo_stops_being_met():
+    log = S.read_engine_run(os.path.join(LOGS, "vllm-100-1.exp"))
+    rng = np.random.default_rng(0)
+    unit = S.Requests(S.arrival_times(100, 1.0, 1.0, rng), log["prompt"], log["output"])
+    placement = [("prefill", 1, 2, 1), ("decode", 1, 1, 1)]
+    row = S.placement_goodput(PROFILES, placement, unit)
+    pools = S.placement_pools(PROFILES, placement)
+    link = S.kv_link(OPT, A100)
+
+    def met(rate):
+        req = unit.take(arrival_s=unit.arrival_s / rate)
+        sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
+        return S.serving_metrics(req, sim, 0.2, 0.1)["slo_attained"]
+    assert met(row["goodput_rps"]) >= 0.9 > met(row["goodput_rps"] * 1.05)
+    assert row["gpus"] == 3 and row["goodput_per_gpu"] == row["goodput_rps"] / 3
+
+
+def test_pipeline_stages_on_the_per_operator_model():
+    # C's own prices of OPT-13B on an A100 (card_costs): two stages of 8 decoders are a
+    # pass of 4 rows and the hops of 4 tokens' hidden states; a prefill is the whole pass
+    costs = S.card_costs(OPT, A100)
+    pp = S.pipeline_costs(costs, 2, OPT, A100)
+    hop = 4 * 5120 * 2 / 300e9
+    assert pp.run_price((), 8, 8000, 1)[1] == pytest.approx(costs.pass_s(4, 4000) + hop)
+    prefill = costs.run_price([(Chunk(), 512)], 0, 0, 1)[0]
+    assert pp.run_price([(Chunk(), 512)], 0, 0, 1)[0] == pytest.approx(
+        prefill + 512 * 5120 * 2 / 300e9)
