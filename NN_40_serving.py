@@ -3286,13 +3286,10 @@ class MemoryRecord:
 
 
 class ServingSim:
-    """One replica in the serving simulation; see simulate_serving.
-
-    Its loop is plan (admit at the clock, choose the next run of identical steps) then commit
-    (run it). Pools of replicas (simulate_pools) interleave their loops by time in one event
-    queue and hand each its requests as they arrive; alone, a replica is given them all at
-    once (`ids`). It tells its pools of each request's first token and finish (the hooks).
-    """
+    """One replica in the serving simulation (see simulate_serving): plan (admit at the clock,
+    choose the next run of identical steps), then commit (run it). Pools of replicas
+    (simulate_pools) interleave their loops in one event queue, handing each its requests as
+    they arrive (alone: all at once, `ids`), and are told of first tokens and finishes (hooks)."""
 
     def __init__(self, req, replica, progress=None, ledger=None, ids=None):
         self.ledger = ledger = ledger or Ledger(req)
@@ -3301,18 +3298,17 @@ class ServingSim:
         self.n, self.slots, self.costs, self.scheduler = len(ids), replica.slots, \
             replica.costs, replica.scheduler
         self.chunk_tokens = replica.chunk_tokens if replica.scheduler == "chunked" else None
-        self.fused = replica.fused
+        self.fused, self.progress = replica.fused, progress
         self.prefill_first = replica.prefill_first and not replica.fused
         self.kv = kv = kv_manager(replica.kv)
         self.tracks, self.preempts = kv.tracks, kv.preempts
-        self.progress = progress
         self.retry = []                  # preempted ids (a heap: the oldest first)
         self.pending = None              # the planned run: (chunks, steps, blocked), see plan
         self.end_s = None                # when it ends, once asked (see pending_end)
         self.running = {}                # admission order -> Seq, oldest first
         self.prefill, self.decode = PrefillQueue(), DecodeBatch()  # the running, by phase
-        self.t, self.steps, self.busy, self.done = 0.0, 0, 0, 0
-        self.iterations = self.admissions = 0
+        self.t, self.steps, self.busy, self.done, self.iterations, self.admissions = \
+            0.0, 0, 0, 0, 0, 0
         self.prefill_s = self.decode_s = self.longest_step_s = 0.0
         self.memory = MemoryRecord()     # (where kv.tracks)
         self.on_first_token = self.on_finish = None  # hooks (request, t): what a pool is told

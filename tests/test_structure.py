@@ -6,7 +6,7 @@ import pathlib
 import tokenize
 
 SOURCE = pathlib.Path(__file__).resolve().parent.parent / "NN_40_serving.py"
-SECTION_MAX, FUNCTION_MAX = 500, 60
+SECTION_MAX, FUNCTION_MAX, CLASS_MAX = 500, 60, 300
 BANNER = "# " + "-" * 77
 
 
@@ -44,6 +44,13 @@ def test_no_function_is_longer_than_sixty_lines():
     tree = ast.parse(SOURCE.read_text(encoding="utf-8"))
     long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
             if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno >= FUNCTION_MAX}
+    assert not long
+
+
+def test_no_class_is_longer_than_a_section_of_its_own():
+    tree = ast.parse(SOURCE.read_text(encoding="utf-8"))
+    long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno >= CLASS_MAX}
     assert not long
 
 
