@@ -91,9 +91,13 @@ def test_a_signalled_run_keeps_what_finished_in_results_json(tmp_path, tiny_args
     # what `timeout` sends a step of the GPU check past its limit: the run stops as after Ctrl-C
     # and results.json comes back, saying so
     args = tiny_args + ["--experiments", "AC", "--reps", "100000", "--no-figures"]
+    # (a shell that started the suite in the background left SIGINT ignored, and a child
+    # inherits that: Ctrl-C's handler is the child's default, as at a terminal)
     with subprocess.Popen([sys.executable, os.path.join(ROOT, "NN_40_serving.py"), *args],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}) as child:
+                          cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) \
+            as child:
         for line in child.stderr:  # (each A row takes its 2 s budget: stop it after the first)
             if "A context 8 eager batch 1:" in line:
                 child.send_signal(signum)
