@@ -76,7 +76,7 @@ def requests(name):
         return req, 32, POST_COSTS, 512, {**unlimited,
                                           "paged": S.KVBudget("paged", 60_000, 16),
                                           "reserve": S.KVBudget("reserve", 60_000, 16, 2048)}
-    if name == "sharegpt":  # issue 13's tight case: ShareGPT, 32 slots, 3 GB of the post's KV
+    if name == "sharegpt":  # the tight case: ShareGPT, 32 slots, 3 GB of the post's KV
         if not os.path.exists(SHAREGPT):
             return None
         prompt, out, _ = S.read_trace(SHAREGPT, 2000)

@@ -134,7 +134,7 @@ def test_the_reordered_post_table_against_a_sorted_queue(name):
     assert sim["finish_step"].mean() == pytest.approx(table["continuous"]["mean_finish_step"])
 
 
-def test_the_issues_table():
+def test_the_orders_table():
     # the post's 600 lengths in 32 slots: shortest first halves the mean finish; longest first
     # fills the seats (the drain at the end is gone)
     lengths = S.lognormal_lengths(600, 3)
