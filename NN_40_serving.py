@@ -6615,7 +6615,8 @@ def check_engine(run, lengths):
     if run.prefix_len and (run.prefix_len % b or run.prefix_len > (P - 1) // b * b):
         raise UsageError(f"D: --prefix-len {run.prefix_len} must be whole blocks of "
                          f"--block-tokens {b} within D's prompt of {P} tokens, short of its "
-                         f"last (at most {(P - 1) // b * b}; --prompt-len sets D's prompt)")
+                         f"last (at most {(P - 1) // b * b}): a longer --prompt-len, or "
+                         f"--experiments without D")
     longest = run.engine_prompt_len + int(lengths.max())
     if longest > run.model.max_positions:
         raise UsageError(f"D: a request of {longest:,} tokens (prompt {run.engine_prompt_len} + "
