@@ -6872,8 +6872,8 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
                         "passes_first_s": replay["first_token"],
                         "passes_finish_s": replay["finish"]},
         "timeline": {"t_s": t, "running": running},
-        "hit_tokens_simulated": sim[PREFIX_REPORT]["hit_tokens"] if PREFIX_REPORT in sim
-        else None}
+        **({"hit_tokens_simulated": sim[PREFIX_REPORT]["hit_tokens"]} if PREFIX_REPORT in sim
+           else {})}
 
 
 def engine_verdict(D, tolerance=0.15):
