@@ -1443,6 +1443,9 @@ def make_requests(run):
     rng = np.random.default_rng(run.seed + SEED_OFFSET["arrivals"])
     trace_times = identity = None
     if run.trace and is_hashed_trace(run.trace):
+        if run.prefix_len or run.turns > 1:
+            raise UsageError(f"{run.trace}: its hash ids say which prompts share what; "
+                             "--prefix-len and --turns shape generated requests only")
         traced = read_hashed_trace(run.trace, run.trace_limit, run.block_tokens)
         prompt, output, trace_times, identity = traced.prompt, traced.output, \
             traced.arrival_s, traced.identity
@@ -2341,7 +2344,6 @@ def engine_profile(name):
     return ENGINE_PROFILES[name] if name in ENGINE_PROFILES else read_profile_file(name)
 
 
-@functools.lru_cache(maxsize=16)  # (a run reads its profile in several places)
 def read_profile_file(path):
     """A profile file --calibrate wrote -> EngineProfile (one line where it is not one)."""
     try:
@@ -2352,9 +2354,17 @@ def read_profile_file(path):
     except (ValueError, UnicodeDecodeError):
         raise UsageError(f"{path}: not a JSON file")
     fields = data.get("profile") if isinstance(data, dict) else None
-    known = {f.name for f in dataclasses.fields(EngineProfile)}
-    if not isinstance(fields, dict) or set(fields) - known or "name" not in fields:
+    types = {f.name: f.type for f in dataclasses.fields(EngineProfile)}
+    if not isinstance(fields, dict) or set(fields) - set(types) or \
+            not {"name", "bandwidth_share", "matmul_share"} <= set(fields):
         raise UsageError(f"{path}: not an engine profile written by --calibrate")
+    for key, value in fields.items():  # (each a value of its field's type: a share above 0)
+        kind = {"str": str, "bool": bool}.get(getattr(types[key], "__name__", types[key]))
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value) and value >= 0
+        if not (isinstance(value, kind) if kind else number) or \
+                key.endswith("share") and not value > 0:
+            raise UsageError(f"{path}: {key} {value!r} is not a value an engine profile takes")
     return EngineProfile(**fields)
 
 
@@ -5026,7 +5036,8 @@ def check_memory(run, device, engine_lengths=None):
     if engine_lengths is not None:
         longest = run.engine_prompt_len + int(engine_lengths.max())
         engine = weights + memory_needed_bytes(cfg, run.engine_slots, longest,
-                                               run.engine_prompt_len)
+                                               run.engine_prompt_len) \
+            + run.num_prefixes * run.prefix_len * kv_bytes_per_token(cfg)  # (its prefix cache)
         if engine > need:
             need, what = engine, f"its weights and D's KV cache ({run.engine_slots} rows x " \
                                  f"{longest:,} tokens)"
@@ -6609,14 +6620,11 @@ def engine_requests(run):
 
 
 def check_engine(run, lengths):
-    """D's requests must fit the model's positions; its system prompts, whole blocks of its
-    prompts with a token of each left to compute."""
-    P, b = run.engine_prompt_len, run.block_tokens
-    if run.prefix_len and (run.prefix_len % b or run.prefix_len > (P - 1) // b * b):
+    """D's requests must fit the model's positions; its system prompts (which open its
+    prompts, --prompt-len tokens of their own following) must be whole blocks."""
+    if run.prefix_len % run.block_tokens:
         raise UsageError(f"D: --prefix-len {run.prefix_len} must be whole blocks of "
-                         f"--block-tokens {b} within D's prompt of {P} tokens, short of its "
-                         f"last (at most {(P - 1) // b * b}): a longer --prompt-len, or "
-                         f"--experiments without D")
+                         f"--block-tokens {run.block_tokens}, as the engine keeps them")
     longest = run.engine_prompt_len + int(lengths.max())
     if longest > run.model.max_positions:
         raise UsageError(f"D: a request of {longest:,} tokens (prompt {run.engine_prompt_len} + "
@@ -8702,7 +8710,8 @@ def run_config(args):
         "requests": run.requests, "slots": run.slots, "prompt_len": run.prompt_len, "shrink": 1}
     return dataclasses.replace(run, engine_requests=args.engine_requests or engine["requests"],
                                engine_slots=args.engine_slots or engine["slots"],
-                               engine_prompt_len=args.prompt_len or engine["prompt_len"],
+                               engine_prompt_len=run.prefix_len  # (the system prompt first)
+                               + (args.prompt_len or engine["prompt_len"]),
                                engine_shrink=args.engine_shrink or engine["shrink"])
 
 
@@ -8736,6 +8745,9 @@ def check_flags(args):
     if args.ep > 1 and args.tp > 1:
         raise UsageError("--ep prices data-parallel attention beside expert parallelism: give "
                          "--tp 1")
+    if args.enable_prefix_caching and args.kv_policy == "reserve":
+        raise UsageError("--enable-prefix-caching keeps paged blocks: give --kv-policy paged "
+                         "(or both), not reserve")
     if (args.weights or args.kv_dtype) and set(chosen_experiments(args)) - {"C"}:
         raise UsageError("--weights and --kv-dtype price C only (A, B and D time --dtype for "
                          "real): add --experiments C")
@@ -9024,7 +9036,7 @@ def run_calibration(args, argv):
 def run_distserve_replay(args):
     """--replay-distserve: DistServe's logs replayed; prints the table, writes results.json."""
     link = None
-    if args.kv_link_gbs is not None:
+    if args.kv_link_gbs is not None or args.kv_link_latency_us:
         link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], args.kv_link_gbs,
                        args.kv_link_latency_us)
     R = replay_distserve_runs(args.replay_distserve, link, args.pp_micro_batches, args.jobs)
@@ -9038,6 +9050,9 @@ def run_distserve_replay(args):
 
 def run_placement_search(args):
     """--placement-search: the placements ranked; prints them, writes results.json."""
+    if args.kv_link_gbs is not None or args.kv_link_latency_us:
+        raise UsageError("--placement-search prices each placement on the card's own link: "
+                         "--kv-link-gbs and --kv-link-latency-us apply to --replay-distserve")
     paths, profiles = distserve_runs(args.placement_search)
     lengths = [read_engine_run(p) for p in paths]
     lengths = (np.concatenate([r["prompt"] for r in lengths]),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
-from test_cli import run_main
+from test_cli import expect_usage_error, run_main
 
 # (spelling, kind, C's name): vendors' sheets, benchmark tables, Hugging Face ids
 SPELLINGS = [
@@ -344,3 +344,23 @@ def test_an_llmservingsim_run_says_its_model_card_and_parallelism(tmp_path):
     assert run.measured["tpot_s"]["p50"] == pytest.approx(0.9 / 19)
     assert run.measured["e2e_s"]["p50"] == pytest.approx(1.0)
     np.testing.assert_allclose(run.requests.arrival_s, np.arange(8.0))
+
+
+@pytest.mark.parametrize("profile, why", [
+    ({"name": "x"}, "not an engine profile"),  # (its shares missing)
+    ({"name": "x", "bandwidth_share": "0.5", "matmul_share": 0.5}, "bandwidth_share '0.5'"),
+    ({"name": "x", "bandwidth_share": 0, "matmul_share": 0.5}, "bandwidth_share 0"),
+    ({"name": "x", "bandwidth_share": 0.5, "matmul_share": 0.5, "fused": 1}, "fused 1")])
+def test_a_profile_file_of_bad_values_is_refused_in_one_line(tmp_path, capsys, profile, why):
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"profile": profile}))
+    expect_usage_error(["--experiments", "C", "--gpu", "h100", "--engine-profile", str(path)],
+                       capsys, why)
+
+
+def test_a_profile_file_is_read_as_it_is_now(tmp_path):
+    path = tmp_path / "profile.json"
+    for share in (0.5, 0.9):  # (rewritten in one process, as --calibrate then a replay do)
+        path.write_text(json.dumps({"profile": {"name": "x", "bandwidth_share": share,
+                                                "matmul_share": 0.5}}))
+        assert S.engine_profile(str(path)).bandwidth_share == share

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
+from test_cli import expect_usage_error
 
 UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
 SLOW = S.StepCosts((1, 2), (1.5, 1.5), 0.0, "every pass 1.5 s")
@@ -309,3 +310,8 @@ def test_pipeline_stages_on_the_per_operator_model():
     prefill = costs.run_price([(Chunk(), 512)], 0, 0, 1)[0]
     assert pp.run_price([(Chunk(), 512)], 0, 0, 1)[0] == pytest.approx(
         prefill + 512 * 5120 * 2 / 300e9)
+
+
+def test_the_link_flags_are_refused_where_nothing_reads_them(capsys):
+    expect_usage_error(["--placement-search", "somewhere", "--kv-link-latency-us", "5"], capsys,
+                       "apply to --replay-distserve")

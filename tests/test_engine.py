@@ -383,19 +383,19 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
 
 def test_d_with_prefix_caching_end_to_end(tiny_args, capsys):
     results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
-                                         "--prompt-len", "40", "--prefix-len", "32",
+                                         "--prompt-len", "8", "--prefix-len", "32",
                                          "--num-prefixes", "2", "--max-positions", "4096",
                                          "--no-figures"], capsys)
     D, check = results["D"], results["D"]["prefix_check"]
     assert check["tokens_identical"] is True
     assert check["hit_tokens"] == check["hit_tokens_simulated"] > 0
+    # (a system prompt opens a prompt, its own 8 tokens follow: 40 tokens, as C's prompts)
     assert check["hit_tokens"] % 32 == 0 and check["prompt_tokens"] == 12 * 40
     assert D["prefix"]["steps_check"] == {"requests": 12, "agree": 12}
     assert said("continuous + prefix cache", out.out) and said("greedy tokens identical", out.out)
 
 
-def test_d_prefix_must_be_whole_blocks_short_of_the_prompt(tiny_args, capsys):
-    for prefix_len in ("24", "48"):  # not a whole block of 16; the whole prompt of 40
-        expect_usage_error(tiny_args + ["--experiments", "D", "--prompt-len", "40",
-                                        "--prefix-len", prefix_len], capsys,
-                           "--prefix-len", "whole blocks")
+def test_d_prefix_must_be_whole_blocks(tiny_args, capsys):
+    for prefix_len in ("24", "8"):  # not whole blocks of 16
+        expect_usage_error(tiny_args + ["--experiments", "D", "--prefix-len", prefix_len],
+                           capsys, "--prefix-len", "whole blocks")

@@ -277,6 +277,16 @@ def test_a_block_that_does_not_divide_the_hash_block_is_refused(tmp_path, capsys
                        "a block of 48 tokens does not divide the trace's 512-token hash blocks")
 
 
+def test_flags_that_would_do_nothing_are_refused(tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    path.write_text(GOOD + "\n")
+    for extra in (["--prefix-len", "64"], ["--turns", "3"]):  # (the trace's ids say it)
+        expect_usage_error(["--experiments", "C", "--trace", str(path), *extra, "--out",
+                            str(tmp_path / "out")], capsys, "shape generated requests only")
+    expect_usage_error(["--experiments", "C", "--enable-prefix-caching", "--kv-policy",
+                        "reserve"], capsys, "give --kv-policy paged")
+
+
 def test_a_hashed_trace_end_to_end(tmp_path, capsys):
     # three prompts of one 1,024-token prefix, then one of its own, apart in time
     rows = [{"timestamp": 1000 * i, "input_length": 1100, "output_length": 4,
