@@ -1466,7 +1466,10 @@ def make_requests(run):
             raise UsageError("--rate trace: the trace has no timestamps")
         arrival = trace_times
     else:
-        arrival = arrival_times(len(output), run.rate, run.burstiness, rng)
+        rate = run.rate  # (with turns: conversations open at rate / turns)
+        if rate and identity is None:
+            rate /= run.turns
+        arrival = arrival_times(len(output), rate, run.burstiness, rng)
     prefix = PrefixWorkload(run.prefix_len, run.num_prefixes, run.prefix_share, run.prefix_zipf,
                             run.turns, run.think_time_s)
     if identity is None and (prefix.prefix_len or prefix.turns > 1):

@@ -277,6 +277,14 @@ def test_a_block_that_does_not_divide_the_hash_block_is_refused(tmp_path, capsys
                        "a block of 48 tokens does not divide the trace's 512-token hash blocks")
 
 
+def test_the_rate_counts_requests_whatever_the_turns():
+    for turns in (1, 3):  # (conversations open at rate / turns: `turns` requests each)
+        req = S.make_requests(S.parse_args(["--experiments", "C", "--requests", "3000", "--rate",
+                                            "10", "--turns", str(turns)]))
+        assert len(req.output) / (req.arrival_s.max() - req.arrival_s.min()) == \
+            pytest.approx(10, rel=0.1)
+
+
 def test_flags_that_would_do_nothing_are_refused(tmp_path, capsys):
     path = tmp_path / "trace.jsonl"
     path.write_text(GOOD + "\n")
