@@ -8748,9 +8748,11 @@ def check_flags(args):
     if args.ep > 1 and args.tp > 1:
         raise UsageError("--ep prices data-parallel attention beside expert parallelism: give "
                          "--tp 1")
-    if args.enable_prefix_caching and args.kv_policy == "reserve":
-        raise UsageError("--enable-prefix-caching keeps paged blocks: give --kv-policy paged "
-                         "(or both), not reserve")
+    manager = KV_MANAGERS.get(args.kv_policy)  # (None: both)
+    if args.enable_prefix_caching and manager and not (manager.caching or
+                                                       manager.tracks_prefixes):
+        raise UsageError(f"--enable-prefix-caching: --kv-policy {args.kv_policy} keeps no "
+                         "prefixes; give --kv-policy paged (or both)")
     if (args.weights or args.kv_dtype) and set(chosen_experiments(args)) - {"C"}:
         raise UsageError("--weights and --kv-dtype price C only (A, B and D time --dtype for "
                          "real): add --experiments C")
