@@ -8948,12 +8948,7 @@ def run_validation(args):
                          "columns: " + ", ".join(Published._fields[:-1]))
     if not V["rows"]:
         raise UsageError(f"{args.validate}: no row C can express")
-    print(validation_tables(TEXT[args.lang], V))
-    prepare_out_dir(args.out)
-    path = os.path.join(args.out, "results.json")
-    write_atomic(path, to_json({"validation": V}))
-    print(TEXT[args.lang]["wrote_json"].format(json=path))
-    return {"validation": V}
+    return print_and_save(args, validation_tables(TEXT[args.lang], V), {"validation": V})
 
 
 CALIBRATION_COLUMNS = [("run_col", "run", "text"), ("metric_col", "metric", "text"),
@@ -9038,6 +9033,17 @@ def run_calibration(args, argv):
     return {"calibration": C, "profile_path": path}
 
 
+def print_and_save(args, table, results):
+    """A mode that exits after its table (--validate, --replay-distserve, ...): the table
+    printed, its results written to results.json in --out. -> results"""
+    print(table)
+    prepare_out_dir(args.out)
+    path = os.path.join(args.out, "results.json")
+    write_atomic(path, to_json(results))
+    print(TEXT[args.lang]["wrote_json"].format(json=path))
+    return results
+
+
 def run_distserve_replay(args):
     """--replay-distserve: DistServe's logs replayed; prints the table, writes results.json."""
     link = None
@@ -9045,12 +9051,7 @@ def run_distserve_replay(args):
         link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], args.kv_link_gbs,
                        args.kv_link_latency_us)
     R = replay_distserve_runs(args.replay_distserve, link, args.pp_micro_batches, args.jobs)
-    print(distserve_table(TEXT[args.lang], R))
-    prepare_out_dir(args.out)
-    path = os.path.join(args.out, "results.json")
-    write_atomic(path, to_json({"distserve_replay": R}))
-    print(TEXT[args.lang]["wrote_json"].format(json=path))
-    return {"distserve_replay": R}
+    return print_and_save(args, distserve_table(TEXT[args.lang], R), {"distserve_replay": R})
 
 
 def run_placement_search(args):
@@ -9064,12 +9065,7 @@ def run_placement_search(args):
                np.concatenate([r["output"] for r in lengths]))
     R = search_placements(profiles, lengths, args.gpu_budget, seed=args.seed,
                           workers=args.jobs)
-    print(placement_table(TEXT[args.lang], R))
-    prepare_out_dir(args.out)
-    path = os.path.join(args.out, "results.json")
-    write_atomic(path, to_json({"placement_search": R}))
-    print(TEXT[args.lang]["wrote_json"].format(json=path))
-    return {"placement_search": R}
+    return print_and_save(args, placement_table(TEXT[args.lang], R), {"placement_search": R})
 
 
 def _main(argv):
