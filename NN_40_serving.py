@@ -671,19 +671,65 @@ def to_json(results):
     return json.dumps(results, indent=1, ensure_ascii=False, default=default)
 
 
-def run_parallel(calls, jobs):
-    """[(function, args)] -> [function(*args)], in order; in up to `jobs` worker processes.
-
-    On Linux the workers are forked: they inherit the loaded module (no fresh torch import)
-    and touch no device, which is what makes forking safe after CUDA has been used."""
-    if jobs <= 1 or len(calls) <= 1:
-        return [fn(*args) for fn, args in calls]
-    import concurrent.futures
-    import multiprocessing
-    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
-    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(calls)), context) as pool:
+def run_parallel(calls, jobs, cluster=None):
+    """[(function, args)] -> [function(*args)], in order; in up to `jobs` worker processes,
+    or on a Dask cluster when one is named (see parallel_executor)."""
+    with parallel_executor(min(jobs, len(calls)), cluster) as pool:
         futures = [pool.submit(fn, *args) for fn, args in calls]
         return [f.result() for f in futures]
+
+
+class InlineExecutor:
+    """An executor of no workers: each call made as it is submitted."""
+
+    def submit(self, fn, *args):
+        import concurrent.futures
+        future = concurrent.futures.Future()
+        future.set_result(fn(*args))
+        return future
+
+
+@contextlib.contextmanager
+def parallel_executor(jobs, cluster=None):
+    """The one executor seam, a concurrent.futures executor: `jobs` worker processes (on Linux
+    forked: they inherit the loaded module, no fresh torch import, and touch no device, which
+    is what makes forking safe after CUDA has been used; none at one job); or, given
+    `cluster`, a Dask cluster's (dask.distributed: a pure-Python wheel whose
+    Client.get_executor() is this same interface; "local" starts a LocalCluster of `jobs`
+    worker processes here, else a scheduler's address, whose workers need numpy, and this
+    script on their path where it is imported rather than run)."""
+    import concurrent.futures
+    import multiprocessing
+    if cluster is None:
+        if jobs <= 1:
+            yield InlineExecutor()
+            return
+        context = multiprocessing.get_context("fork" if sys.platform.startswith("linux")
+                                              else None)
+        with concurrent.futures.ProcessPoolExecutor(jobs, context) as pool:
+            yield pool
+        return
+    distributed = dask_distributed()
+    with contextlib.ExitStack() as stack:
+        try:
+            if cluster == "local":
+                cluster = stack.enter_context(distributed.LocalCluster(
+                    n_workers=jobs, threads_per_worker=1, processes=True,
+                    dashboard_address=None))
+            client = stack.enter_context(distributed.Client(cluster, timeout="20s"))
+        except (OSError, TimeoutError) as e:
+            raise UsageError(f"--cluster {cluster}: no Dask scheduler answered ({one_line(e)})")
+        yield client.get_executor()
+
+
+def dask_distributed():
+    """dask.distributed, or one line saying how to get it."""
+    try:
+        import distributed
+    except ImportError:
+        raise UsageError("--cluster runs on Dask, which is not installed: pip install "
+                         "distributed (or leave --cluster out: worker processes)") from None
+    return distributed
 
 
 # -----------------------------------------------------------------------------
@@ -4350,13 +4396,13 @@ def distserve_runs(directory):
     return [os.path.join(logs, n) for n in names], profiles
 
 
-def replay_distserve_runs(directory, link=None, micro_batches=None, workers=1):
+def replay_distserve_runs(directory, link=None, micro_batches=None, workers=1, cluster=None):
     """Every DistServe log under `directory` replayed (replay_distserve), colocated runs
     first, on worker processes -> {"rows", "profiles", "micro_batches"}."""
     paths, profiles = distserve_runs(directory)
     paths.sort(key=lambda p: (not os.path.basename(p).startswith("vllm"), p))
     rows = run_parallel([(replay_distserve, (p, profiles, link, micro_batches))
-                         for p in paths], workers)
+                         for p in paths], workers, cluster)
     return {"rows": rows, "profiles": profiles, "micro_batches": micro_batches}
 
 
@@ -4397,10 +4443,10 @@ def placement_goodput(profile_dir, placement, unit, rel=0.02):
     link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"]) if path else None
 
     def ok(rate):
-        req = unit.take(arrival_s=unit.arrival_s / rate)
+        start, req = time.perf_counter(), unit.take(arrival_s=unit.arrival_s / rate)
         met = serving_metrics(req, simulate_pools(req, pools, path, link=link),
                               *DISTSERVE_SLO)["slo_attained"]
-        tried.append((rate, met))
+        tried.append((rate, met, time.perf_counter() - start))
         return met >= SEARCH_ATTAINMENT
     lo, hi = 0.0, 1.0
     while ok(hi) and hi < 1e4:
@@ -4412,18 +4458,21 @@ def placement_goodput(profile_dir, placement, unit, rel=0.02):
     return {"placement": placement_name(placement), "kind": placement[0][0] if
             len(placement) == 1 else "disaggregated", "gpus": gpus, "goodput_rps": lo,
             "goodput_per_gpu": lo / gpus, "simulations": len(tried),
-            "search_s": time.perf_counter() - clock}
+            "search_s": time.perf_counter() - clock, "tried": tried}
 
 
 def placement_name(placement):
     return " + ".join(f"{n} x {role} TP{tp} PP{pp}" for role, n, tp, pp in placement)
 
 
-def search_placements(profile_dir, lengths, budget, requests=400, seed=0, workers=1):
+def search_placements(profile_dir, lengths, budget, requests=400, seed=0, workers=1,
+                      cluster=None):
     """Every placement within `budget` A100s ranked by goodput per card, on `requests`
     ShareGPT lengths drawn from `lengths` (prompt, output) at Poisson arrivals, on worker
-    processes -> {"rows" (best first), "best": the best of each kind, "simulations",
-    "wall_s"}."""
+    processes or a Dask `cluster` (run_parallel) -> {"rows" (best first, each with the
+    (rate, SLO attained, seconds) it tried), "best": the best of each kind, "simulations",
+    "simulation_s": their seconds' p10, p50 and p90, "wall_s" (the workers' "start_s" apart),
+    and "busy": their seconds summed over the wall time, the workers kept busy}."""
     cfg, card = MODELS["opt-13b"], GPUS["a100-80gb"]
     candidates = search_candidates(budget)
     for placement in candidates:
@@ -4432,15 +4481,22 @@ def search_placements(profile_dir, lengths, budget, requests=400, seed=0, worker
     pick = rng.integers(len(lengths[0]), size=requests)
     unit = Requests(arrival_times(requests, 1.0, 1.0, rng), lengths[0][pick], lengths[1][pick])
     clock = time.perf_counter()
-    rows = run_parallel([(placement_goodput, (profile_dir, p, unit)) for p in candidates],
-                        workers)
+    with parallel_executor(min(workers, len(candidates)), cluster) as pool:
+        start_s, clock = time.perf_counter() - clock, time.perf_counter()
+        rows = [f.result() for f in [pool.submit(placement_goodput, profile_dir, p, unit)
+                                     for p in candidates]]
+        wall_s = time.perf_counter() - clock
     rows.sort(key=lambda r: -r["goodput_per_gpu"])
     best = {}
     for r in rows:
         best.setdefault(r["kind"] if r["kind"] == "disaggregated" else "colocated", r)
+    each_s = np.array([s for r in rows for _, _, s in r["tried"]])
+    p10, p50, p90 = np.percentile(each_s, [10, 50, 90])
     return {"rows": rows, "best": best, "budget": budget, "requests": requests,
-            "workers": workers, "simulations": sum(r["simulations"] for r in rows),
-            "wall_s": time.perf_counter() - clock}
+            "workers": workers, "cluster": cluster, "simulations": len(each_s),
+            "simulation_s": {"p10": p10, "p50": p50, "p90": p90}, "wall_s": wall_s,
+            "start_s": start_s,
+            "busy": each_s.sum() / wall_s}
 
 
 # -----------------------------------------------------------------------------
@@ -7720,8 +7776,11 @@ PLACEMENT_COLUMNS = [("placement_col", "placement", "text"), ("gpus_col", "gpus"
 def placement_table(T, R):
     """--placement-search: every placement, best first, and the best of each kind."""
     best = ", ".join(f"{kind}: {r['placement']}" for kind, r in R["best"].items())
-    return "\n".join([T["placement_search"].format(**R), spec_table(T, R["rows"],
-                                                                     PLACEMENT_COLUMNS),
+    where = T["on_dask" if R["cluster"] else "on_workers"].format(**R)
+    timing = T["placement_timing"].format(where=where, **R, **{
+        f"{k}_ms": v * 1e3 for k, v in R["simulation_s"].items()})
+    return "\n".join([T["placement_search"].format(**R), timing,
+                      spec_table(T, R["rows"], PLACEMENT_COLUMNS),
                       T["placement_best"].format(best=best)])
 
 
@@ -8624,6 +8683,8 @@ def measurement_flags(p):
              help="matmul TFLOP/s to use instead")
     add_flag(m, "--jobs", type=integer(1, 1024), default=os.cpu_count() or 1,
              shown=f"the cores: {os.cpu_count()}", help="C's worker processes")
+    add_flag(m, "--cluster", metavar="ADDRESS", default=None, shown="none",
+             help="Dask scheduler for the placements (local: start one)")
 
 
 def d_flags(p):
@@ -9046,16 +9107,21 @@ def print_and_save(args, table, results):
 
 def run_distserve_replay(args):
     """--replay-distserve: DistServe's logs replayed; prints the table, writes results.json."""
+    if args.cluster:
+        dask_distributed()
     link = None
     if args.kv_link_gbs is not None or args.kv_link_latency_us:
         link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], args.kv_link_gbs,
                        args.kv_link_latency_us)
-    R = replay_distserve_runs(args.replay_distserve, link, args.pp_micro_batches, args.jobs)
+    R = replay_distserve_runs(args.replay_distserve, link, args.pp_micro_batches, args.jobs,
+                              args.cluster)
     return print_and_save(args, distserve_table(TEXT[args.lang], R), {"distserve_replay": R})
 
 
 def run_placement_search(args):
     """--placement-search: the placements ranked; prints them, writes results.json."""
+    if args.cluster:
+        dask_distributed()  # (refused before anything runs when Dask is not installed)
     if args.kv_link_gbs is not None or args.kv_link_latency_us:
         raise UsageError("--placement-search prices each placement on the card's own link: "
                          "--kv-link-gbs and --kv-link-latency-us apply to --replay-distserve")
@@ -9064,7 +9130,7 @@ def run_placement_search(args):
     lengths = (np.concatenate([r["prompt"] for r in lengths]),
                np.concatenate([r["output"] for r in lengths]))
     R = search_placements(profiles, lengths, args.gpu_budget, seed=args.seed,
-                          workers=args.jobs)
+                          workers=args.jobs, cluster=args.cluster)
     return print_and_save(args, placement_table(TEXT[args.lang], R), {"placement_search": R})
 
 
@@ -9084,6 +9150,9 @@ def _main(argv):
         return run_distserve_replay(args)
     if args.placement_search:
         return run_placement_search(args)
+    if args.cluster:
+        raise UsageError("--cluster runs --placement-search and --replay-distserve on Dask; "
+                         "C's other simulations run on --jobs worker processes")
     run, device, inputs, probes = prepare_run(args)
     cfg = run.model
     results = {"environment": environment(run, device, argv),
@@ -9280,8 +9349,7 @@ recipes:
   NN_40_serving.py --model-config config.json --gpu a100-80gb --experiments C   your model
   NN_40_serving.py --trace trace.csv --rate trace --experiments C       replay a trace
   NN_40_serving.py --model llama-3.1-70b --gpu h100 --tensor-parallel-size 4 --weights fp8 \\
-      --kv-cache-dtype fp8 --experiments C       tensor parallel, FP8 weights and KV cache
-  NN_40_serving.py --replot figures/results.json --out /tmp/figs   redraw the figures"""
+      --kv-cache-dtype fp8 --experiments C       tensor parallel, FP8 weights and KV cache"""
 
 
 SHARED_TEXT = {  # the same in every language: units, acronyms, names
@@ -9644,8 +9712,11 @@ TEXT_EN = {**SHARED_TEXT,
     "measured": "measured", "simulated": "C",
     "placement_search": "OPT-13B on up to {budget} A100-80GB by goodput per card (the highest "
                         "rate at which 90% of {requests} ShareGPT requests meet TTFT <= 0.2 s "
-                        "and TPOT <= 0.1 s, DistServe's profile of its engine): "
-                        "{simulations:,} simulations in {wall_s:.1f} s on {workers} workers",
+                        "and TPOT <= 0.1 s, DistServe's profile of its engine)",
+    "placement_timing": "{simulations:,} simulations, {p50_ms:,.0f} ms each (p10 {p10_ms:,.0f}, "
+                        "p90 {p90_ms:,.0f}), in {wall_s:.1f} s on {where} (started in "
+                        "{start_s:.1f} s): {busy:.2f} of them busy on average",
+    "on_workers": "{workers} worker processes", "on_dask": "the Dask cluster {cluster}",
     "placement_best": "the best of each kind: {best}",
     "gpus_col": "cards", "goodput_col": "goodput req/s", "per_gpu_col": "req/s per card",
     "simulations_col": "simulations", "search_col": "search s",
@@ -9981,8 +10052,11 @@ TEXT_KO = {**SHARED_TEXT,
     "measured": "측정", "simulated": "C",
     "placement_search": "A100-80GB 최대 {budget}장 위 OPT-13B 배치, 카드당 goodput 순 (ShareGPT "
                         "요청 {requests}개의 90%가 TTFT <= 0.2 s, TPOT <= 0.1 s를 지키는 최대 "
-                        "도착률, DistServe 엔진 프로파일): 시뮬레이션 {simulations:,}회, "
-                        "{wall_s:.1f} s, 작업자 {workers}개",
+                        "도착률, DistServe 엔진 프로파일)",
+    "placement_timing": "시뮬레이션 {simulations:,}회, 회당 {p50_ms:,.0f} ms (p10 {p10_ms:,.0f}, "
+                        "p90 {p90_ms:,.0f}), {where}에서 {wall_s:.1f} s (시작 "
+                        "{start_s:.1f} s): 평균 {busy:.2f}개가 바쁨",
+    "on_workers": "작업 프로세스 {workers}개", "on_dask": "Dask 클러스터 {cluster}",
     "placement_best": "종류별 최선: {best}",
     "gpus_col": "카드", "goodput_col": "goodput 요청/s", "per_gpu_col": "카드당 요청/s",
     "simulations_col": "시뮬레이션", "search_col": "탐색 s",

@@ -3,6 +3,7 @@ hand-off between pools, and DistServe's logged runs replayed."""
 import itertools
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -315,3 +316,44 @@ def test_pipeline_stages_on_the_per_operator_model():
 def test_the_link_flags_are_refused_where_nothing_reads_them(capsys):
     expect_usage_error(["--placement-search", "somewhere", "--kv-link-latency-us", "5"], capsys,
                        "apply to --replay-distserve")
+
+
+def small_search(**where):
+    rng = np.random.default_rng(3)  # (lengths of ShareGPT's scale, drawn)
+    lengths = (rng.integers(20, 900, size=200), rng.integers(2, 300, size=200))
+    return S.search_placements(PROFILES, lengths, 2, requests=60, **where)
+
+
+@pytest.mark.skipif(not os.path.isdir(PROFILES), reason="DistServe's profiles absent")
+def test_the_search_on_a_dask_cluster_ranks_as_worker_processes_do():
+    distributed = pytest.importorskip("distributed")
+    alone = small_search(workers=2)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        dask = small_search(workers=2, cluster=cluster.scheduler_address)
+    ranked = [[(r["placement"], r["goodput_rps"], r["simulations"]) for r in R["rows"]]
+              for R in (alone, dask)]
+    assert ranked[0] == ranked[1] and len(ranked[0]) == 4
+    assert dask["cluster"] == cluster.scheduler_address and alone["cluster"] is None
+    for R in (alone, dask):
+        assert R["simulations"] == sum(r["simulations"] for r in R["rows"]) > 4 * 3
+        s = R["simulation_s"]
+        assert 0 < s["p10"] <= s["p50"] <= s["p90"] and 0 < R["busy"] <= 2.5
+
+
+def test_the_inline_executor_and_worker_processes_agree():
+    calls = [(pow, (n, 3)) for n in range(6)]
+    assert S.run_parallel(calls, 1) == S.run_parallel(calls, 2) == [n ** 3 for n in range(6)]
+
+
+def test_a_cluster_without_dask_is_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # (import distributed fails)
+    expect_usage_error(["--placement-search", "somewhere", "--cluster", "local"], capsys,
+                       "pip install distributed")
+    expect_usage_error(["--replay-distserve", "somewhere", "--cluster", "local"], capsys,
+                       "pip install distributed")
+
+
+def test_a_cluster_is_refused_where_nothing_reads_it(capsys):
+    expect_usage_error(["--experiments", "C", "--cluster", "local"], capsys,
+                       "--cluster runs --placement-search")
