@@ -3816,10 +3816,22 @@ class PoolStage:
         first = rng.integers(m, size=n)  # (power-of-two's draws)
         second = (first + 1 + rng_second.integers(max(m - 1, 1), size=n)) % m
         self.pairs, self.where = list(zip(first.tolist(), second.tolist())), [-1] * n
+        self.on_arrive = None  # hook (request, t): a request placed before it arrives is in
 
-    def route(self, r):
-        """Place request r (arriving now) -> the replica it went to."""
+    def place(self, r):
+        """Choose request r's replica now (by the router, reading each replica as it is) ->
+        its index."""
         self.where[r] = i = route(self.pool.router, self.servers, r, self.pairs[r])
+        return i
+
+    def route(self, r, t):
+        """Request r arrives at t: at the replica it was placed at, else one placed now -> that
+        replica."""
+        i = self.where[r]
+        if i < 0:
+            i = self.place(r)
+        elif self.on_arrive:
+            self.on_arrive(r, t)
         self.left -= 1
         return self.servers[i]
 
@@ -3870,7 +3882,7 @@ class EventQueue:
         and drain, as a replica alone is given its requests."""
         if not stage.last:
             stage.ledger.remaining[r] = 1  # (served to its first token)
-        server = stage.route(r)
+        server = stage.route(r, t)
         pending = server.pending
         server.arrive(r, t)
         if server.pending is not pending:  # (cut short: the run ends at another time)
@@ -3935,13 +3947,13 @@ def simulate_pools(req, pools, path=None, progress=None, link=None):
                          first=i == 0) for i, name in enumerate(path)]
     queue = EventQueue(ledger.arrival)
     sends = KVSends(link, len(stages[0].servers)) if link and len(stages) > 1 else None
-    if len(stages) > 1:
-        for i, server in enumerate(stages[0].servers):
-            server.on_finish = functools.partial(hand_on, ledger, stages[1], queue, sends, i)
+    hand_off = HandOff(ledger, stages[0], stages[1], queue, sends) if len(stages) > 1 else None
     queue.run(stages[0], progress)
     result = pools_result(req, stages)
     if sends:
         result["kv_transfer"] = sends.totals
+    if hand_off:
+        result["hand_off"] = hand_off.totals
     return result
 
 
@@ -3960,18 +3972,90 @@ def pool_stage(req, pool, ledger, last, first):
     return stage
 
 
-def hand_on(ledger, stage, queue, sends, replica, r, t):
-    """A prefill pool's request r has its first token at t: it enters the next stage holding
-    its prompt and that token, to emit the rest (if any), once its prompt's KV has crossed
-    from its prefill replica (sends: KVSends, or None: at once)."""
-    left = ledger.output[r] - 1
-    if left:
-        if sends:
-            t = sends.send(replica, int(ledger.prompt[r]), t)
+class HandOff:
+    """A prefill pool's requests handed to the decode pool at their first token, each an
+    event: the decode replica is chosen then (by its router), and the blocks for the prompt and
+    that token are reserved there (taken out of its capacity until the KV lands) when the KV
+    starts to cross (KVSends, or at once). Where that replica's cache has no room for them, the
+    request waits, first come first served at that replica, until a request finishes there;
+    meanwhile and while it crosses, its KV is held on its prefill replica, in that replica's
+    memory integrals (not in its admissions: it takes new prompts as if the blocks were
+    free). Nothing is dropped: a replica holding nothing takes a request whatever it needs."""
+
+    def __init__(self, ledger, prefill, decode, queue, sends):
+        self.ledger, self.prefill, self.decode, self.queue, self.sends = \
+            ledger, prefill, decode, queue, sends
+        self.waiting = [collections.deque() for _ in decode.servers]
+        self.reserved = [0] * len(decode.servers)  # tokens reserved at each decode replica
+        self.held = {}  # request -> (its prefill replica, tokens held there, since, reserved)
+        self.totals = {"waited": 0, "wait_s": 0.0, "held_token_s": 0.0}
+        for i, server in enumerate(prefill.servers):
+            server.on_finish = functools.partial(self.first_token, i)
+        for j, server in enumerate(decode.servers):
+            server.on_finish = functools.partial(self.freed, j)
+        decode.on_arrive = self.land
+
+    def first_token(self, replica, r, t):
+        """Request r has its first token at t on prefill replica `replica`: it is handed on
+        to emit the rest (if any)."""
+        ledger = self.ledger
+        left = ledger.output[r] - 1
+        if not left:
+            return
         ledger.remaining[r] = left
         ledger.to_prefill[r] = ledger.cached[r] = ledger.prompt[r] + 1
-        stage.ledger.arrival[r] = t
-        queue.push(t, ARRIVE, stage, r)
+        j = self.decode.place(r)
+        self.held[r] = (replica, ledger.prompt[r] + 1, t, 0)
+        if self.waiting[j] or not self.fits(j, r):
+            self.waiting[j].append(r)
+            self.totals["waited"] += 1
+            return
+        self.send(j, r, t)
+
+    def need(self, j, r):
+        prompt = int(self.ledger.prompt[r])
+        return self.decode.servers[j].kv.need(prompt, prompt + 1, 0, 0)
+
+    def fits(self, j, r):
+        """Whether decode replica j has room for r now, past what the requests waiting there
+        (landed, or preempted) will take first: at most their tokens and a block each."""
+        server = self.decode.servers[j]
+        kv, ledger = server.kv, self.ledger
+        waiting = server.waiting.tokens + len(server.waiting) * (kv.block + 1) + sum(
+            ledger.prompt[q] + ledger.generated[q] + kv.block + 1 for q in server.retry)
+        if not (kv.total or self.reserved[j] or waiting):
+            return True  # (holding nothing, it takes r whatever r needs)
+        return kv.capacity - kv.total - kv.watermark - waiting >= self.need(j, r)
+
+    def send(self, j, r, t):
+        """Reserve r's blocks at decode replica j and send its KV from t."""
+        replica, tokens, since, _ = self.held[r]
+        need = self.need(j, r)
+        self.decode.servers[j].kv.capacity -= need
+        self.reserved[j] += need
+        self.held[r] = (replica, tokens, since, need)
+        self.totals["wait_s"] += t - since
+        land = self.sends.send(replica, tokens - 1, t) if self.sends else t
+        self.decode.ledger.arrival[r] = land
+        self.queue.push(land, ARRIVE, self.decode, r)
+
+    def land(self, r, t):
+        """r's KV is in at decode replica j: its reservation is given back for its own
+        admission, and its prefill replica's memory counts what it held until now."""
+        j = self.decode.where[r]
+        replica, tokens, since, need = self.held.pop(r)
+        self.decode.servers[j].kv.capacity += need
+        self.reserved[j] -= need
+        memory = self.prefill.servers[replica].memory.totals
+        memory["held_s"] += tokens * (t - since)
+        memory["alloc_s"] += tokens * (t - since)
+        self.totals["held_token_s"] += tokens * (t - since)
+
+    def freed(self, j, r, t):
+        """A request finished at decode replica j at t: those waiting there go while they fit."""
+        waiting = self.waiting[j]
+        while waiting and self.fits(j, waiting[0]):
+            self.send(j, waiting.popleft(), t)
 
 
 def pools_result(req, stages):

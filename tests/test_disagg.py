@@ -357,3 +357,29 @@ def test_a_cluster_without_dask_is_one_line(monkeypatch, capsys):
 def test_a_cluster_is_refused_where_nothing_reads_it(capsys):
     expect_usage_error(["--experiments", "C", "--cluster", "local"], capsys,
                        "--cluster runs --placement-search")
+
+
+def test_back_pressure_by_hand():
+    # A and B (prompt 4, 3 tokens) have their first tokens at 1.5 on one prefill replica;
+    # the decode replica's cache is 8 tokens in blocks of 4: a hand-off reserves
+    # blocks(4 + 1 + 1) = 8 there, so one request at a time. A: reserved and sent at 1.5
+    # (0.25 s on the link, 0.25 s latency), in at 2.0, decodes 2-3-4. B waits, its KV held
+    # on the prefill replica, until A finishes at 4.0: sent 4.0-4.25, in at 4.5, decodes
+    # 4.5-5.5-6.5. Held on the prefill side: A 5 tokens x 0.5 s, B 5 x 3.0 s = 17.5 token-s
+    req = S.Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
+    link = S.KVLink(16.0, 0.25, 1.0)
+    prefill = S.Pool("prefill", S.Replica(2, SLOW, kv=S.KVBudget("paged", 16, 4)))
+
+    def run(decode_tokens):
+        decode = S.Pool("decode", S.Replica(2, UNIT, kv=S.KVBudget("paged", decode_tokens, 4)))
+        return S.simulate_pools(req, [prefill, decode], ["prefill", "decode"], link=link)
+    sim = run(8)
+    assert sim["first_token"].tolist() == [1.5, 1.5] and sim["finish"].tolist() == [4.0, 6.5]
+    assert sim["hand_off"] == {"waited": 1, "wait_s": 2.5, "held_token_s": 17.5}
+    # with room for both, B is sent after A on the shared link (1.75-2.0), in at 2.25, and
+    # held 0.75 s: 2.5 + 3.75 token-s; the prefill replica's memory counts the difference
+    roomy = run(64)
+    assert roomy["finish"].tolist() == [4.0, 5.0]
+    assert roomy["hand_off"] == {"waited": 0, "wait_s": 0.0, "held_token_s": 6.25}
+    assert sim["kv"]["held_s"] - roomy["kv"]["held_s"] == pytest.approx(17.5 - 6.25)
+    assert np.isfinite(sim["finish"]).all()  # (nothing dropped)
