@@ -3836,7 +3836,8 @@ class PoolStage:
         return self.servers[i]
 
 
-ARRIVE, PLAN, COMMIT = 1, 2, 0  # at one time: runs ending, then arrivals, then new plans
+# at one time: runs ending, then KV sends ending (KVSends), then arrivals, then new plans
+ARRIVE, PLAN, COMMIT, SENT = 1, 2, 0, 0.5
 
 
 class EventQueue:
@@ -3917,6 +3918,8 @@ class EventQueue:
                 if target.plan_queued:
                     target.plan_queued = False
                     self.run_ahead(target)
+            elif kind == SENT:  # (target: a KVSends)
+                target.sent(t, value)
             elif value == target.version:  # (else stale: the run was cut short since)
                 target.commit()
                 if target.draining or target.t < self.horizon():
@@ -3946,8 +3949,8 @@ def simulate_pools(req, pools, path=None, progress=None, link=None):
     stages = [pool_stage(req, pools[names.index(name)], ledger, last=i == len(path) - 1,
                          first=i == 0) for i, name in enumerate(path)]
     queue = EventQueue(ledger.arrival)
-    sends = KVSends(link, len(stages[0].servers)) if link and len(stages) > 1 else None
-    hand_off = HandOff(ledger, stages[0], stages[1], queue, sends) if len(stages) > 1 else None
+    hand_off = HandOff(ledger, stages[0], stages[1], queue, link) if len(stages) > 1 else None
+    sends = hand_off and hand_off.sends
     queue.run(stages[0], progress)
     result = pools_result(req, stages)
     if sends:
@@ -3982,9 +3985,9 @@ class HandOff:
     memory integrals (not in its admissions: it takes new prompts as if the blocks were
     free). Nothing is dropped: a replica holding nothing takes a request whatever it needs."""
 
-    def __init__(self, ledger, prefill, decode, queue, sends):
-        self.ledger, self.prefill, self.decode, self.queue, self.sends = \
-            ledger, prefill, decode, queue, sends
+    def __init__(self, ledger, prefill, decode, queue, link=None):
+        self.ledger, self.prefill, self.decode, self.queue = ledger, prefill, decode, queue
+        self.sends = KVSends(link, len(prefill.servers), queue, self.landed) if link else None
         self.waiting = [collections.deque() for _ in decode.servers]
         self.reserved = [0] * len(decode.servers)  # tokens reserved at each decode replica
         self.held = {}  # request -> (its prefill replica, tokens held there, since, reserved)
@@ -4035,9 +4038,15 @@ class HandOff:
         self.reserved[j] += need
         self.held[r] = (replica, tokens, since, need)
         self.totals["wait_s"] += t - since
-        land = self.sends.send(replica, tokens - 1, t) if self.sends else t
-        self.decode.ledger.arrival[r] = land
-        self.queue.push(land, ARRIVE, self.decode, r)
+        if self.sends:
+            self.sends.send(replica, tokens - 1, t, r)
+        else:
+            self.landed(r, t)
+
+    def landed(self, r, t):
+        """r's KV is in the decode pool at t: it arrives there."""
+        self.decode.ledger.arrival[r] = t
+        self.queue.push(t, ARRIVE, self.decode, r)
 
     def land(self, r, t):
         """r's KV is in at decode replica j: its reservation is given back for its own
@@ -4325,38 +4334,92 @@ class KVLink:
     name: str = ""
 
 
-def kv_link(cfg, card, gbs=None, latency_us=None):
-    """The link between the pools: the card's own inside a node (NVLink or PCIe, at its spec)
-    unless `gbs` (GB/s) and `latency_us` say otherwise (a network between nodes)."""
-    rate = card.link_gbs if gbs is None else gbs
-    if not rate > 0 or (latency_us or 0.0) < 0:
-        raise UsageError(f"a link of {rate:g} GB/s and {latency_us or 0:g} us: the KV needs a "
+# A GPU's network between nodes, one way, and a send's latency: the HGX/DGX boards give each
+# GPU a NIC of its own (NVIDIA's DGX spec sheets: DGX A100 eight ConnectX-6 HDR InfiniBand,
+# 200 Gb/s each; DGX H100, H200 and B200 eight ConnectX-7 NDR, 400 Gb/s each); the PCIe cards a
+# 100 Gb/s Ethernet NIC (assumed: their servers vary). 2 us: an RDMA write through one
+# switch, the order perftest's ib_write_lat reports (assumed, not measured here).
+NETWORK_LINKS = {"a100-40gb": ("HDR InfiniBand", 25.0), "a100-80gb": ("HDR InfiniBand", 25.0),
+                 "h100": ("NDR InfiniBand", 50.0), "h200": ("NDR InfiniBand", 50.0),
+                 "b200": ("NDR InfiniBand", 50.0)}
+NETWORK_DEFAULT, NETWORK_LATENCY_US, GPUS_PER_NODE = ("100 GbE", 12.5), 2.0, 8
+
+
+def network_link(card):
+    """(name, GB/s, latency us) of the network a GPU reaches another node's over."""
+    key = next((k for k, g in GPUS.items() if g == card), None)
+    return (*NETWORK_LINKS.get(key, NETWORK_DEFAULT), NETWORK_LATENCY_US)
+
+
+def kv_link(cfg, card, gbs=None, latency_us=None, network=False):
+    """The link between the pools: the card's own inside a node (NVLink or PCIe, at its spec),
+    or, `network`, its NIC between nodes (network_link), unless `gbs` (GB/s) and `latency_us`
+    say otherwise."""
+    name, rate, latency = network_link(card) if network else (card.link, card.link_gbs, 0.0)
+    rate = rate if gbs is None else gbs
+    latency = latency if latency_us is None else latency_us
+    if not rate > 0 or latency < 0:
+        raise UsageError(f"a link of {rate:g} GB/s and {latency:g} us: the KV needs a "
                          "bandwidth above zero and a latency of at least zero")
-    return KVLink(rate * 1e9, (latency_us or 0.0) * 1e-6, kv_bytes_per_token(cfg),
-                  card.link if gbs is None else f"{gbs:g} GB/s")
+    return KVLink(rate * 1e9, latency * 1e-6, kv_bytes_per_token(cfg),
+                  name if gbs is None else f"{gbs:g} GB/s")
 
 
 class KVSends:
-    """The KV hand-offs in flight: one link out of each prefill replica; sends that share a
-    link take it in turn (first come, first sent: the link's bandwidth shared in time, each
-    send at its full rate), so a hand-off ends at max(its first token, the link's last send)
-    + its bytes / bandwidth, and the decode pool has it a latency later. What moved is kept."""
+    """The KV hand-offs in flight: one link out of each prefill replica, its bandwidth shared
+    fairly among the sends on it (each of n at bytes_per_s / n, as concurrent RDMA flows
+    share a NIC), and the decode pool has a send a latency after its last byte. Kept per link
+    as a virtual clock (the bytes each flow has been given since the link was last idle) and
+    a heap of the clock at which each send ends: a send or an end is O(log n) events, and the
+    next end is one event (SENT), put off again when a send joins. What moved is kept: the
+    link's busy seconds (each send alone) and the seconds sharing added."""
 
-    def __init__(self, link, replicas):
-        self.link, self.free_at = link, [0.0] * replicas
+    def __init__(self, link, replicas, queue, landed):
+        self.link, self.queue, self.landed = link, queue, landed  # landed(request, t)
+        self.links = [[0.0, 0.0, [], 0] for _ in range(replicas)]  # t, clock, heap, version
         self.totals = {"sends": 0, "bytes": 0.0, "link_s": 0.0, "queued_s": 0.0}
 
-    def send(self, replica, prompt_tokens, t):
-        """Replica `replica` sends a prompt's KV from t -> when the decode side has it."""
-        link, totals = self.link, self.totals
+    def advance(self, state, t):
+        """The link's virtual clock to t (each of its n flows given (t - then) rate / n)."""
+        if state[2]:
+            state[1] += (t - state[0]) * self.link.bytes_per_s / len(state[2])
+        state[0] = t
+
+    def send(self, replica, prompt_tokens, t, r):
+        """Replica `replica` starts sending request r's prompt KV at t."""
+        link, totals, state = self.link, self.totals, self.links[replica]
         size = prompt_tokens * link.kv_bytes_per_token
-        start = max(t, self.free_at[replica])
-        self.free_at[replica] = done = start + size / link.bytes_per_s
+        self.advance(state, t)
+        heapq.heappush(state[2], (state[1] + size, r, t, size))
         totals["sends"] += 1
         totals["bytes"] += size
-        totals["link_s"] += done - start
-        totals["queued_s"] += start - t
-        return done + link.latency_s
+        totals["link_s"] += size / link.bytes_per_s
+        self.next_end(replica)
+
+    def next_end(self, replica):
+        state = self.links[replica]
+        state[3] += 1  # (an end queued before is stale)
+        if state[2]:
+            left = state[2][0][0] - state[1]
+            end = state[0] + max(left, 0.0) * len(state[2]) / self.link.bytes_per_s
+            self.queue.push(end, SENT, self, (replica, state[3]))
+
+    def sent(self, t, value):
+        """A queued end at t: the sends whose last byte has gone land a latency later."""
+        replica, version = value
+        state = self.links[replica]
+        if version != state[3]:
+            return
+        self.advance(state, t)
+        heap, rate = state[2], self.link.bytes_per_s
+        state[1] = max(state[1], heap[0][0])  # (the end queued is the first's, to the bit)
+        while heap and heap[0][0] <= state[1] * (1 + 1e-12):
+            _, r, start, size = heapq.heappop(heap)
+            self.totals["queued_s"] += (t - start) - size / rate
+            self.landed(r, t + self.link.latency_s)
+        if not heap:
+            state[1] = 0.0  # (idle: the clock starts again, keeping its sums small)
+        self.next_end(replica)
 
 
 # DistServe's logged runs (OPT-13B on A100-80GB cards, ShareGPT), named
@@ -4524,7 +4587,9 @@ def placement_goodput(profile_dir, placement, unit, rel=0.02):
     (goodput in requests/s, and a card's share, seconds of search, simulations)."""
     clock, pools, tried = time.perf_counter(), placement_pools(profile_dir, placement), []
     path = [p.name for p in pools] if len(pools) > 1 else None
-    link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"]) if path else None
+    gpus = sum(n * tp * pp for _, n, tp, pp in placement)  # (past a node's: the network)
+    link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], network=gpus > GPUS_PER_NODE) \
+        if path else None
 
     def ok(rate):
         start, req = time.perf_counter(), unit.take(arrival_s=unit.arrival_s / rate)
@@ -4538,7 +4603,6 @@ def placement_goodput(profile_dir, placement, unit, rel=0.02):
     while hi - lo > rel * max(lo, 1e-3) and hi > 1e-3:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    gpus = sum(n * tp * pp for _, n, tp, pp in placement)
     return {"placement": placement_name(placement), "kind": placement[0][0] if
             len(placement) == 1 else "disaggregated", "gpus": gpus, "goodput_rps": lo,
             "goodput_per_gpu": lo / gpus, "simulations": len(tried),

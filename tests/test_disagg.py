@@ -1,5 +1,6 @@
 """Disaggregated serving: prices by phase (DistServe's profiles), pipeline stages, the KV
 hand-off between pools, and DistServe's logged runs replayed."""
+import heapq
 import itertools
 import json
 import os
@@ -111,16 +112,45 @@ def test_prefill_first_emits_the_first_token_before_the_decode_pass():
     assert first["finish"].tolist() == late["finish"].tolist() == [4.0, 4.0]
 
 
+def land_times(link, starts):
+    """KVSends on one link alone: [(tokens, start s)] -> (when each lands, the totals)."""
+    queue, landed = S.EventQueue([]), {}
+    sends = S.KVSends(link, 1, queue, landed.__setitem__)
+    pending = sorted((t, r, tokens) for r, (tokens, t) in enumerate(starts))
+    while pending or queue.events:
+        if pending and (not queue.events or pending[0][0] < queue.events[0][0]):
+            t, r, tokens = pending.pop(0)
+            sends.send(0, tokens, t, r)
+        else:
+            t, kind, _, target, value = heapq.heappop(queue.events)
+            assert kind == S.SENT
+            target.sent(t, value)
+    return [landed[r] for r in range(len(starts))], sends.totals
+
+
 def test_kv_bytes_of_a_hand_off_by_hand():
     # OPT-13B: 40 layers x K and V x 5,120 x 2 bytes = 819,200 bytes a token; a 1,000-token
     # prompt is 819.2 MB, over the A100's NVLink 3 (300 GB/s) 2.7307 ms
     link = S.kv_link(S.MODELS["opt-13b"], S.GPUS["a100-80gb"])
     assert link.kv_bytes_per_token == 819_200 and link.bytes_per_s == 300e9
-    sends = S.KVSends(link, 1)
-    assert sends.send(0, 1000, 0.0) == pytest.approx(819.2e6 / 300e9)
-    assert sends.totals["bytes"] == 819.2e6
+    landed, totals = land_times(link, [(1000, 0.0)])
+    assert landed == [pytest.approx(819.2e6 / 300e9)] and totals["bytes"] == 819.2e6
     net = S.kv_link(S.MODELS["opt-13b"], S.GPUS["a100-80gb"], gbs=25.0, latency_us=10.0)
-    assert S.KVSends(net, 1).send(0, 1000, 1.0) == pytest.approx(1.0 + 819.2e6 / 25e9 + 1e-5)
+    assert land_times(net, [(1000, 1.0)])[0] == [pytest.approx(1.0 + 819.2e6 / 25e9 + 1e-5)]
+
+
+def test_sends_on_one_link_share_it_fairly_by_hand():
+    # 10 bytes/s, a byte a token. A (10) from 0 alone: 5 sent by 0.5. B (10) and C (2) join
+    # at 0.5: three at 10/3 bytes/s each; C's 2 bytes end at 1.1 (A has 3 left, B 8); two at
+    # 5 bytes/s: A ends at 1.7 (B 5 left), B alone at 2.2: all 22 bytes at the full rate, as
+    # first come first sent would end them (1.0, 2.0, 2.2), but each shares the wait
+    link = S.KVLink(10.0, 0.0, 1.0)
+    landed, totals = land_times(link, [(10, 0.0), (10, 0.5), (2, 0.5)])
+    assert landed == pytest.approx([1.7, 2.2, 1.1])
+    assert totals["link_s"] == pytest.approx(2.2)
+    assert totals["queued_s"] == pytest.approx((1.7 - 1.0) + (1.7 - 1.0) + (0.6 - 0.2))
+    # a send that joins an idle link starts its clock again: alone, at the full rate
+    assert land_times(link, [(10, 0.0), (10, 5.0)])[0] == pytest.approx([1.0, 6.0])
 
 
 def test_a_hand_off_waits_for_its_kv_exactly():
@@ -134,13 +164,13 @@ def test_a_hand_off_waits_for_its_kv_exactly():
     sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
     assert sim["first_token"].tolist() == [1.5, 3.0] and sim["finish"].tolist() == [4.0, 5.0]
     assert sim["kv_transfer"] == {"sends": 2, "bytes": 8.0, "link_s": 0.5, "queued_s": 0.0}
-    # two prompts prefilled in one step share their replica's link: the second is sent after
-    # the first (1.5-1.75, then 1.75-2.0), in at 2.0 and 2.25; B joins at A's next step, 3
+    # two prompts prefilled in one step share their replica's link: each at 8 bytes/s, both
+    # sent 1.5-2.0, in at 2.25, decoding together 2.25-3.25-4.25
     req = S.Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
     pools = [S.Pool("prefill", S.Replica(2, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
     sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
-    assert sim["first_token"].tolist() == [1.5, 1.5] and sim["finish"].tolist() == [4.0, 5.0]
-    assert sim["kv_transfer"]["queued_s"] == 0.25
+    assert sim["first_token"].tolist() == [1.5, 1.5] and sim["finish"].tolist() == [4.25, 4.25]
+    assert sim["kv_transfer"]["queued_s"] == 0.5
     # without a link the hand-off is at the first token, as before
     sim = S.simulate_pools(req, pools, ["prefill", "decode"])
     assert sim["finish"].tolist() == [3.5, 3.5] and "kv_transfer" not in sim
@@ -376,10 +406,24 @@ def test_back_pressure_by_hand():
     sim = run(8)
     assert sim["first_token"].tolist() == [1.5, 1.5] and sim["finish"].tolist() == [4.0, 6.5]
     assert sim["hand_off"] == {"waited": 1, "wait_s": 2.5, "held_token_s": 17.5}
-    # with room for both, B is sent after A on the shared link (1.75-2.0), in at 2.25, and
-    # held 0.75 s: 2.5 + 3.75 token-s; the prefill replica's memory counts the difference
+    # with room for both, A and B share the link (1.5-2.0), in at 2.25, and are held 0.75 s
+    # each: 3.75 + 3.75 token-s; the prefill replica's memory counts the difference
     roomy = run(64)
-    assert roomy["finish"].tolist() == [4.0, 5.0]
-    assert roomy["hand_off"] == {"waited": 0, "wait_s": 0.0, "held_token_s": 6.25}
-    assert sim["kv"]["held_s"] - roomy["kv"]["held_s"] == pytest.approx(17.5 - 6.25)
+    assert roomy["finish"].tolist() == [4.25, 4.25]
+    assert roomy["hand_off"] == {"waited": 0, "wait_s": 0.0, "held_token_s": 7.5}
+    assert sim["kv"]["held_s"] - roomy["kv"]["held_s"] == pytest.approx(17.5 - 7.5)
     assert np.isfinite(sim["finish"]).all()  # (nothing dropped)
+
+
+def test_the_network_between_nodes_from_the_catalogue():
+    # an A100 node's HDR InfiniBand, 200 Gb/s a GPU: 25 GB/s and 2 us; an H100's NDR twice
+    # that; a card with no HGX board a 100 GbE NIC; --kv-link-gbs overrides the rate alone
+    net = S.kv_link(OPT, A100, network=True)
+    assert (net.bytes_per_s, net.latency_s, net.name) == (25e9, 2e-6, "HDR InfiniBand")
+    assert S.kv_link(OPT, S.GPUS["h100"], network=True).bytes_per_s == 50e9
+    assert S.kv_link(OPT, S.GPUS["l40s"], network=True).bytes_per_s == 12.5e9
+    assert S.kv_link(OPT, A100, gbs=40.0, network=True).bytes_per_s == 40e9
+    assert S.kv_link(OPT, A100, network=True).latency_s == 2e-6
+    assert S.kv_link(OPT, A100).latency_s == 0.0  # (inside a node: NVLink, no latency)
+    # 1,000 tokens of OPT-13B's KV over the network: 819.2 MB / 25 GB/s + 2 us
+    assert land_times(net, [(1000, 0.0)])[0] == [pytest.approx(819.2e6 / 25e9 + 2e-6)]
