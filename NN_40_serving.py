@@ -8425,6 +8425,42 @@ def plot_prefix_cache(results, path):
     save_figure(fig, results, path)
 
 
+def plot_placements(results, path, shown=4):
+    """--placement-search: SLO attainment against the rate a card (DistServe's figure) at the
+    rates the search tried, for the `shown` best placements of each kind; and every
+    placement's goodput a card."""
+    import matplotlib.pyplot as plt
+    R = results["placement_search"]
+    rows = R["rows"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 0.9 + 0.22 * len(rows) + 1.8),
+                                   gridspec_kw={"width_ratios": (1, 1.2)})
+    colors = {"colocated": BLUE, "disaggregated": PREFILL}
+    for kind, color in colors.items():
+        best = [r for r in rows if (r["kind"] == "disaggregated") == (kind != "colocated")]
+        for rank, r in enumerate(best[:shown]):
+            tried = sorted(r["tried"])
+            ax1.plot([rate / r["gpus"] for rate, _, _ in tried], [met for _, met, _ in tried],
+                     "o-" if kind == "colocated" else "s--", color=color, markersize=3,
+                     alpha=1.0 - 0.2 * rank, label=r["placement"])
+    ax1.axhline(SEARCH_ATTAINMENT, color=DARK, linewidth=0.8, linestyle=":")
+    ax1.set_xlabel("requests/s a card")
+    ax1.set_ylabel("requests within TTFT 0.2 s and TPOT 0.1 s")
+    ax1.set_ylim(0, 1.02)
+    ax1.legend(fontsize=6)
+    ax1.grid(alpha=0.3)
+    y = range(len(rows))[::-1]
+    ax2.barh(y, [r["goodput_per_gpu"] for r in rows],
+             color=[colors["disaggregated" if r["kind"] == "disaggregated" else "colocated"]
+                    for r in rows])
+    ax2.set_yticks(list(y), [f"{r['placement']} ({r['gpus']})" for r in rows], fontsize=6)
+    ax2.set_xlabel(f"goodput a card (requests/s at {SEARCH_ATTAINMENT:.0%} within the SLO)")
+    ax2.grid(alpha=0.3, axis="x")
+    fig.suptitle(f"C: OPT-13B's placements on up to {R['budget']} A100-80GB, DistServe's "
+                 "profile: colocated (blue) and disaggregated (orange)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
 FIGURES = {"phases.png": ("B", plot_phases),
            "occupancy.png": ("C", plot_occupancy),
            "latency_cdf.png": ("C", plot_latency_cdf),
@@ -8438,7 +8474,8 @@ FIGURES = {"phases.png": ("B", plot_phases),
            "moe_batching.png": ("A", plot_moe_batching),
            "prefill_decode.png": ("B", plot_prefill_decode),
            "roofline.png": ("AB", plot_roofline),
-           "decode_context.png": ("A", plot_decode_context)}
+           "decode_context.png": ("A", plot_decode_context),
+           "placements.png": (("placement_search",), plot_placements)}
 
 
 FORMATS = ("png", "svg")
@@ -9279,7 +9316,16 @@ def run_placement_search(args):
                np.concatenate([r["output"] for r in lengths]))
     R = search_placements(profiles, lengths, args.gpu_budget, seed=args.seed,
                           workers=args.jobs, cluster=args.cluster)
-    return print_and_save(args, placement_table(TEXT[args.lang], R), {"placement_search": R})
+    results = {"environment": {"date": datetime.datetime.now().astimezone().isoformat(
+        timespec="seconds"), "python": platform.python_version(), "numpy": np.__version__},
+        "config": {"model": {"name": "opt-13b"}, "gpu_budget": args.gpu_budget,
+                   "seed": args.seed}, "placement_search": R}
+    print_and_save(args, placement_table(TEXT[args.lang], R), results)
+    if args.figures:  # (--replot on its results.json draws them again)
+        written, _ = draw_figures(results, args.out, args.dpi, args.format, 1)
+        print(fit_lines(TEXT[args.lang]["wrote_json"].format(
+            json=", ".join(os.path.join(args.out, name) for name in written))))
+    return results
 
 
 def _main(argv):

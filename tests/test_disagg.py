@@ -427,3 +427,16 @@ def test_the_network_between_nodes_from_the_catalogue():
     assert S.kv_link(OPT, A100).latency_s == 0.0  # (inside a node: NVLink, no latency)
     # 1,000 tokens of OPT-13B's KV over the network: 819.2 MB / 25 GB/s + 2 us
     assert land_times(net, [(1000, 0.0)])[0] == [pytest.approx(819.2e6 / 25e9 + 2e-6)]
+
+
+@needs_logs
+def test_the_placement_search_draws_its_figure_and_replot_redraws_it(tmp_path, capsys):
+    from test_cli import run_main
+    results, printed = run_main(["--placement-search", DISTSERVE, "--gpu-budget", "2",
+                                 "--jobs", "1", "--out", str(tmp_path)], capsys)
+    figure = tmp_path / "placements.png"
+    assert figure.stat().st_size > 10_000 and "placements.png" in printed.out
+    rows = results["placement_search"]["rows"]
+    assert all(r["simulations"] == len(r["tried"]) for r in rows)  # (the figure's points)
+    again = S.main(["--replot", str(tmp_path / "results.json"), "--out", str(tmp_path / "r")])
+    assert again["written"] == ["placements.png"]

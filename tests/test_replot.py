@@ -6,14 +6,15 @@ import pytest
 
 import NN_40_serving as S
 from test_cli import expect_usage_error
+from test_disagg import DISTSERVE
 
 
 def test_replot_redraws_the_same_set(tiny_args, tmp_path, capsys, monkeypatch):
     S.main(tiny_args)
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
-    # (every figure but the capacity search's, which needs an SLO, the experts', and the prefix
-    # study's)
-    assert "phases.png" in drawn and len(drawn) == len(S.FIGURES) - 3
+    # (every figure but the capacity search's, which needs an SLO, the experts', the prefix
+    # study's and the placement search's)
+    assert "phases.png" in drawn and len(drawn) == len(S.FIGURES) - 4
     monkeypatch.setattr(S, "Bench", lambda *a: pytest.fail("replot ran an experiment"))
     monkeypatch.setattr(S, "resolve_device", lambda *a: pytest.fail("replot probed a device"))
     again = tmp_path / "again"
@@ -22,7 +23,8 @@ def test_replot_redraws_the_same_set(tiny_args, tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in again.iterdir()) == [n.replace(".png", ".svg") for n in drawn]
     assert result["missing"] == {"capacity.svg": "needs an SLO (--slo-ttft-ms or --slo-tpot-ms)",
                                  "moe_batching.svg": "needs A on a mixture of experts (--experts)",
-                                 "prefix_cache.svg": "needs --prefix-study"}
+                                 "prefix_cache.svg": "needs --prefix-study",
+                                 "placements.svg": "needs experiment placement_search"}
 
 
 def test_replot_of_c_only_draws_c_and_says_so(tmp_path, capsys):
@@ -65,6 +67,12 @@ def test_no_figure_prints_a_raw_description(tiny_args, tmp_path, capsys, monkeyp
     S.main(["--experiments", "C", "--requests", "100", "--rate", "20", "--rates", "5",
             "--prefix-len", "64", "--turns", "2", "--enable-prefix-caching", "--prefix-study",
             "--no-figures", "--out", str(prefix)])
+    placements = tmp_path / "placements"  # (and the placement search, where DistServe's are)
+    runs = [tmp_path, slo, moe, prefix]
+    if os.path.isdir(DISTSERVE):
+        S.main(["--placement-search", DISTSERVE, "--gpu-budget", "2", "--jobs", "1",
+                "--no-figures", "--out", str(placements)])
+        runs.append(placements)
     texts = {}
 
     def collect(fig, results, path):
@@ -73,9 +81,10 @@ def test_no_figure_prints_a_raw_description(tiny_args, tmp_path, capsys, monkeyp
         texts[path] = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
         plt.close(fig)
     monkeypatch.setattr(S, "save_figure", collect)
-    for out in (tmp_path, slo, moe, prefix):
+    for out in runs:
         S.draw_figures(json.loads((out / "results.json").read_text()), str(out), jobs=1)
-    assert {os.path.basename(p) for p in texts} == set(S.FIGURES)
+    assert {os.path.basename(p) for p in texts} == set(S.FIGURES) - (
+        set() if placements in runs else {"placements.png"})
     for name, strings in texts.items():
         for text in strings:  # (no dict, no template left unfilled, no missing value)
             if text.startswith("$"):  # (a log axis's tick labels, in mathtext)
