@@ -4038,8 +4038,9 @@ class HandOff:
         self.reserved[j] += need
         self.held[r] = (replica, tokens, since, need)
         self.totals["wait_s"] += t - since
-        if self.sends:
-            self.sends.send(replica, tokens - 1, t, r)
+        if self.sends:  # (prefilled from its admission to its first token)
+            self.sends.send(replica, tokens - 1, t, r,
+                            since - self.ledger.start[r])
         else:
             self.landed(r, t)
 
@@ -4327,11 +4328,23 @@ def pipeline_costs(costs, pp, cfg, card, tp=1, micro_batches=None):
 @dataclass(frozen=True)
 class KVLink:
     """The link a prefill replica sends its requests' KV over to the decode pool: bytes_per_s
-    and a latency a send; kv_bytes_per_token: the model's K and V of one token, every layer."""
+    and a latency a send; kv_bytes_per_token: the model's K and V of one token, every layer.
+    layers: 0, the KV sent once the prefill is done; else sent layer by layer as the prefill
+    computes them (DistServe's and Splitwise's overlap), the link taken as free meanwhile:
+    of a prompt's bytes B prefilled in P seconds, max(B / layers, B - rate P (layers - 1) /
+    layers) are left at its first token."""
     bytes_per_s: float
     latency_s: float
     kv_bytes_per_token: float
     name: str = ""
+    layers: int = 0
+
+    def bytes_left(self, size, prefill_s):
+        """Of a prompt's `size` bytes prefilled in prefill_s, those still to send at its end."""
+        if not self.layers:
+            return size
+        return max(size / self.layers,
+                   size - self.bytes_per_s * prefill_s * (self.layers - 1) / self.layers)
 
 
 # A GPU's network between nodes, one way, and a send's latency: the HGX/DGX boards give each
@@ -4351,10 +4364,10 @@ def network_link(card):
     return (*NETWORK_LINKS.get(key, NETWORK_DEFAULT), NETWORK_LATENCY_US)
 
 
-def kv_link(cfg, card, gbs=None, latency_us=None, network=False):
+def kv_link(cfg, card, gbs=None, latency_us=None, network=False, layerwise=False):
     """The link between the pools: the card's own inside a node (NVLink or PCIe, at its spec),
     or, `network`, its NIC between nodes (network_link), unless `gbs` (GB/s) and `latency_us`
-    say otherwise."""
+    say otherwise; `layerwise`: the KV sent layer by layer during the prefill (KVLink)."""
     name, rate, latency = network_link(card) if network else (card.link, card.link_gbs, 0.0)
     rate = rate if gbs is None else gbs
     latency = latency if latency_us is None else latency_us
@@ -4362,7 +4375,7 @@ def kv_link(cfg, card, gbs=None, latency_us=None, network=False):
         raise UsageError(f"a link of {rate:g} GB/s and {latency:g} us: the KV needs a "
                          "bandwidth above zero and a latency of at least zero")
     return KVLink(rate * 1e9, latency * 1e-6, kv_bytes_per_token(cfg),
-                  name if gbs is None else f"{gbs:g} GB/s")
+                  name if gbs is None else f"{gbs:g} GB/s", cfg.layers if layerwise else 0)
 
 
 class KVSends:
@@ -4385,14 +4398,16 @@ class KVSends:
             state[1] += (t - state[0]) * self.link.bytes_per_s / len(state[2])
         state[0] = t
 
-    def send(self, replica, prompt_tokens, t, r):
-        """Replica `replica` starts sending request r's prompt KV at t."""
+    def send(self, replica, prompt_tokens, t, r, prefill_s=0.0):
+        """Replica `replica` starts sending request r's prompt KV at t (prefilled in
+        prefill_s: see KVLink.layers)."""
         link, totals, state = self.link, self.totals, self.links[replica]
-        size = prompt_tokens * link.kv_bytes_per_token
+        whole = prompt_tokens * link.kv_bytes_per_token
+        size = link.bytes_left(whole, prefill_s)
         self.advance(state, t)
         heapq.heappush(state[2], (state[1] + size, r, t, size))
         totals["sends"] += 1
-        totals["bytes"] += size
+        totals["bytes"] += whole
         totals["link_s"] += size / link.bytes_per_s
         self.next_end(replica)
 

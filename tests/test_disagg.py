@@ -440,3 +440,21 @@ def test_the_placement_search_draws_its_figure_and_replot_redraws_it(tmp_path, c
     assert all(r["simulations"] == len(r["tried"]) for r in rows)  # (the figure's points)
     again = S.main(["--replot", str(tmp_path / "results.json"), "--out", str(tmp_path / "r")])
     assert again["written"] == ["placements.png"]
+
+
+def test_layerwise_overlap_sends_the_kv_during_the_prefill_by_hand():
+    # 4 layers, 16 bytes/s, 0.25 s a send, a byte a token. A (prompt 4) prefilled 0-1.5: by
+    # its end the first 3 layers' KV could have gone (16 bytes/s x 1.5 s x 3/4 >= 3 bytes),
+    # so 1 byte (its last layer's) is left: sent 1.5-1.5625, in at 1.8125, decoding
+    # 1.8125-2.8125-3.8125. Off (layers 0) it is the whole 4 bytes: in at 2.0, as above
+    req = S.Requests(np.array([0.0]), np.array([4]), np.array([3]))
+    pools = [S.Pool("prefill", S.Replica(1, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
+    for layers, finish in ((4, 3.8125), (0, 4.0)):
+        link = S.KVLink(16.0, 0.25, 1.0, layers=layers)
+        sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
+        assert sim["finish"].tolist() == [finish] and sim["kv_transfer"]["bytes"] == 4.0
+    # a slow link: of 100 bytes at 10 bytes/s in a 2 s prefill, 4 layers: 100 - 10 x 2 x 3/4
+    # = 85 left; a prefill long enough leaves the last layer's 25
+    assert S.KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 2.0) == 85.0
+    assert S.KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 60.0) == 25.0
+    assert S.kv_link(OPT, A100, layerwise=True).layers == 40 and S.kv_link(OPT, A100).layers == 0
