@@ -2732,10 +2732,16 @@ class PagedBlocks(KVManager):
 PREFIX_REPORT = "prefix_cache"  # a run's result: what its prefix caches hit
 
 
-def leading(truths, n):
-    """How many of the first n truths are true before the first false (C-speed)."""
-    flags = list(truths)
-    return flags.index(False) if False in flags else n
+def leading(has, keys, start, stop):
+    """How many of keys[start:stop], from the first, `has` holds before the first it does not
+    (C-speed, in slices growing from 8: a miss early costs little)."""
+    i, size = start, 8
+    while i < stop:
+        flags = list(map(has, keys[i:min(i + size, stop)]))
+        if False in flags:
+            return i - start + flags.index(False)
+        i, size = i + size, size * 4
+    return stop - start
 
 
 class PrefixCache(PagedBlocks):
@@ -2748,7 +2754,8 @@ class PrefixCache(PagedBlocks):
     recently freed first (a request frees its blocks last first, so a prefix's tail goes before
     its head), until an allocation takes it; with `host_tokens`, it then moves to a host tier
     (least recently stored first out), where a later hit loads it back. Cost: O(blocks of the
-    request) at admission and release, and O(blocks allocated) as steps allocate.
+    request) at admission and release, and O(blocks allocated) as steps allocate, each at C
+    speed (see BlockQueue).
     """
 
     in_both, caching, tracks_prefixes = False, None, True
@@ -2757,13 +2764,10 @@ class PrefixCache(PagedBlocks):
         super().__init__(kv)
         self.preempts = not math.isinf(self.capacity)
         self.ref = {}  # key -> running requests holding its block (0: cached, free)
-        # the free queue: a key (a cached block) or a run of `count` uncached blocks (a tuple
-        # -> count); one run holds every block never used
-        self.free = collections.OrderedDict()
+        self.free = BlockQueue()  # the cached blocks no one holds, and the uncached blocks
         if self.preempts:
-            self.free[("uncached", -1)] = int(self.capacity // self.block)
-        self.runs = itertools.count()
-        self.host, self.host_blocks = collections.OrderedDict(), int(kv.host_tokens // self.block)
+            self.free.push_run(int(self.capacity // self.block))  # (every block never used)
+        self.host, self.host_blocks = BlockQueue(), int(kv.host_tokens // self.block)
         self.host_token_s = kv.host_token_s
         self.pending = None  # the last lookup: (r, keys, blocks hit on the card, in host)
         # prompt tokens at first admissions: asked for, found per tier
@@ -2779,13 +2783,15 @@ class PrefixCache(PagedBlocks):
             self.pending = None
             return ledger.cached[r]
         to_prefill = ledger.to_prefill[r]
-        keys = self.pending[1] if self.pending and self.pending[0] == r else \
+        pending = self.pending
+        keys = pending[1] if pending and pending[0] == r else \
             identity.block_keys(r, to_prefill, b)
         most = min(len(keys), (to_prefill - 1) // b)  # (one prompt token left to compute)
-        card = leading(map(self.ref.__contains__, keys[:most]), most)
-        host = leading(map(self.host.__contains__, keys[card:most]), most - card) \
-            if self.host else 0
-        counts = list(map(self.ref.__getitem__, keys[:card]))
+        ref = self.ref
+        card = leading(ref.__contains__, keys, 0, most)
+        host = self.host.where
+        host = leading(host.__contains__, keys, card, most) if host else 0
+        counts = list(map(ref.__getitem__, keys[:card]))
         self.pending = (r, keys, card, host, counts)
         return max(ledger.cached[r], (card + host) * b)
 
@@ -2809,13 +2815,11 @@ class PrefixCache(PagedBlocks):
         ref, b, hit = self.ref, self.block, keys[:card]
         taken = counts.count(0)  # hit blocks no one held: they leave the free queue
         if taken and self.preempts:
-            for key, count in zip(hit, counts):
-                if not count:
-                    del self.free[key]
+            self.free.remove(itertools.compress(hit, map((0).__eq__, counts)))
         ref.update(zip(hit, map((1).__add__, counts)))
         self.shared += b * (card - taken)
-        for key in keys[card:card + host]:  # loaded back from the host tier
-            del self.host[key]
+        if host:  # loaded back from the host tier
+            self.host.remove(keys[card:card + host])
         seq.keys, seq.held, seq.registered, seq.loading = keys, hit, card, host * b
         if r in self.hits:  # readmitted after preemption: it finds what it had computed
             self.readmitted_hit += (card + host) * b
@@ -2839,28 +2843,23 @@ class PrefixCache(PagedBlocks):
         ref.update(dict.fromkeys(new, 1))
         seq.held += new
         seq.registered = upto
-        if self.host:
-            for key in new:
-                self.host.pop(key, None)
+        host = self.host.where
+        if host and not host.keys().isdisjoint(new):
+            self.host.remove([key for key in new if key in host])
 
     def take(self, blocks):
         """Allocate blocks from the head of the free queue, evicting the cached ones there."""
-        free, ref, popitem = self.free, self.ref, self.free.popitem
-        while blocks > 0 and free:
-            key, count = popitem(False)
-            if count:  # a run of uncached blocks
-                if count > blocks:
-                    free[key] = count - blocks
-                    free.move_to_end(key, last=False)
-                blocks -= count
-                continue
-            del ref[key]
-            self.evicted += 1
-            blocks -= 1
+        if blocks <= 0 or not self.preempts:
+            return
+        evicted = self.free.pop(blocks)
+        if evicted:
+            collections.deque(map(self.ref.__delitem__, evicted), 0)
+            self.evicted += len(evicted)
             if self.host_blocks:
-                self.host[key] = None
-                if len(self.host) > self.host_blocks:
-                    self.host.popitem(last=False)
+                host = self.host
+                host.push(evicted)
+                if len(host) > self.host_blocks:
+                    host.pop(len(host) - self.host_blocks)
 
     def advance(self, steps, plan, k, a, e):
         before = self.total
@@ -2897,8 +2896,8 @@ class PrefixCache(PagedBlocks):
         if self.preempts:  # its uncached blocks first: they are its tail
             uncached = self.blocks(ctx) // self.block - len(seq.held)
             if uncached:
-                self.free[("uncached", next(self.runs))] = uncached
-            self.free.update(dict.fromkeys(freed))
+                self.free.push_run(uncached)
+            self.free.push(freed)
 
     def report(self):
         return {PREFIX_REPORT: {
@@ -2931,7 +2930,8 @@ def kv_manager(kv):
 # -----------------------------------------------------------------------------
 # queues and orders: who takes a free seat first (pure Python)
 # The waiting requests in arrival order, or by a key (true or predicted length), with the
-# starvation guard; the Ledger holds every request's state and times.
+# starvation guard; the Ledger holds every request's state and times; and the blocks a prefix
+# cache frees, in the order it takes them back (BlockQueue).
 
 
 ORDERS = ("fcfs", "sjf", "predicted", "longest")
@@ -3097,6 +3097,76 @@ def waiting_queue(ledger, ids, order=None):
     return PriorityQueue(ledger, ids, order.rank, order.ranked, order.max_wait_s)
 
 
+class BlockQueue:
+    """Block keys in the order they were pushed, oldest first, and runs of blocks with no key
+    (`count` uncached blocks): a prefix cache's free queue, or its host tier. A key is in the
+    queue while `where` names the batch that pushed it last; a key removed (or pushed again)
+    leaves a stale entry behind, skipped when the head reaches it. Every operation costs
+    O(its keys) at C speed (maps over lists and dicts), none a Python step per block."""
+    __slots__ = ("where", "batches", "ids")
+
+    def __init__(self):
+        self.where = {}  # key -> the batch that pushed it
+        self.batches = collections.deque()  # [batch id (None: a run), keys (count), next]
+        self.ids = itertools.count()
+
+    def __len__(self):
+        return len(self.where)
+
+    def __iter__(self):
+        """The keys, oldest first."""
+        where = self.where
+        for batch, keys, i in self.batches:
+            if batch is not None:
+                yield from (key for key in keys[i:] if where.get(key) == batch)
+
+    def blocks(self):
+        """Blocks in the queue: its keys and its runs' blocks."""
+        return len(self.where) + sum(keys for batch, keys, _ in self.batches if batch is None)
+
+    def push(self, keys):
+        if keys:
+            batch = next(self.ids)
+            self.batches.append([batch, keys, 0])
+            self.where.update(dict.fromkeys(keys, batch))
+
+    def push_run(self, count):
+        self.batches.append([None, count, 0])
+
+    def remove(self, keys):
+        """Take these keys (all in the queue) out."""
+        collections.deque(map(self.where.__delitem__, keys), 0)
+
+    def pop(self, blocks):
+        """Take up to `blocks` blocks from the head. -> the keys taken (a run's blocks count
+        but have none)."""
+        batches, where, out = self.batches, self.where, []
+        while blocks > 0 and batches:
+            head = batches[0]
+            batch, keys, i = head
+            if batch is None:  # a run of blocks with no key
+                if keys > blocks:
+                    head[1] = keys - blocks
+                else:
+                    batches.popleft()
+                blocks -= keys
+                continue
+            part = keys[i:i + blocks]
+            found = list(map(where.get, part, itertools.repeat(-1, len(part))))
+            if found.count(batch) != len(part):  # (some taken out or pushed again since)
+                part = list(itertools.compress(part, map(batch.__eq__, found)))
+            i += len(found)
+            if i < len(keys):
+                head[2] = i
+            else:
+                batches.popleft()
+            blocks -= len(part)
+            out += part
+        self.remove(out)
+        return out
+
+
+
 # -----------------------------------------------------------------------------
 # replicas and schedulers: what one replica is, what a step prefills, who decodes (pure Python)
 # A Replica is the spec every simulation and study is given (its seats, prices, scheduler,
@@ -3129,10 +3199,12 @@ class PrefillQueue:
     def __init__(self):
         self.seqs, self.left, self.cached = [], 0, 0
 
-    def join(self, seq):
-        self.seqs.append(seq)
-        self.left += seq.prompt_left
-        self.cached += seq.num_cached
+    def join(self, seqs):
+        """The requests `seqs` (admitted in this order) join."""
+        self.seqs += seqs
+        for seq in seqs:
+            self.left += seq.prompt_left
+            self.cached += seq.num_cached
 
     def leave(self, seq):
         self.seqs.remove(seq)
@@ -3316,8 +3388,7 @@ class ServingSim:
         self.kv = kv = kv_manager(replica.kv)
         self.tracks, self.preempts = kv.tracks, kv.preempts
         self.retry = []                  # preempted ids (a heap: the oldest first)
-        self.pending = None              # the planned run: (chunks, steps, blocked), see plan
-        self.end_s = None                # when it ends, once asked (see pending_end)
+        self.pending = self.end_s = None  # the planned run (see plan), its end (pending_end)
         self.running = {}                # admission order -> Seq, oldest first
         self.prefill, self.decode = PrefillQueue(), DecodeBatch()  # the running, by phase
         self.t, self.steps, self.busy, self.done, self.iterations, self.admissions = \
@@ -3406,30 +3477,33 @@ class ServingSim:
         r = retry[0] if retry else head(t)
         if r is None:  # (the usual event: nobody to admit, found before anything is set up)
             return False
-        kv, ledger, tracks, need = self.kv, self.ledger, self.tracks, 0
+        kv, ledger, tracks, need, pop = self.kv, self.ledger, self.tracks, 0, self.waiting.pop
+        lookup = kv.lookup if kv.tracks_prefixes else None  # (else ledger.cached's, read)
+        known, to_prefill, start = ledger.cached, ledger.to_prefill, ledger.start
         room, watermark, running, admitted = kv.capacity - taken, kv.watermark, \
             self.running, self.admissions
+        joined, blocked = [], False  # (the prefill queue is joined once, at the end)
         while True:
-            cached = kv.lookup(ledger, r) if tracks else ledger.cached[r]
-            prompt_left = ledger.to_prefill[r] - cached
+            cached = lookup(ledger, r) if lookup else known[r]
+            prompt_left = to_prefill[r] - cached
             if tracks:  # (the null manager needs nothing and holds nothing)
                 need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
                 if need + watermark > room:
-                    self.admissions = admitted
-                    return True
+                    blocked = True
+                    break
             if retry:
                 heapq.heappop(retry)
             else:
-                self.waiting.pop()
+                pop()
             seq = Seq(r, admitted, prompt_left, ledger.remaining[r], cached)
             running[admitted] = seq
             admitted += 1
-            if ledger.start[r] != ledger.start[r]:  # (nan: its first admission)
-                ledger.start[r] = t
+            if start[r] != start[r]:  # (nan: its first admission)
+                start[r] = t
             if tracks:
                 kv.admit(seq, need)
             if prompt_left:
-                self.prefill.join(seq)
+                joined.append(seq)
             else:  # (its prefill ran elsewhere: it decodes from the next step)
                 self.decode.join((seq,), self.steps)
                 if tracks:
@@ -3441,13 +3515,13 @@ class ServingSim:
             if r is None:
                 break
         self.admissions = admitted
-        return False
+        self.prefill.join(joined)
+        return blocked
 
     def spare(self):
         """Prompt tokens this step could still take in (chunked: its token budget)."""
-        if self.chunk_tokens is None:
-            return math.inf
-        return self.chunk_tokens - self.decode.tokens - self.prefill.left
+        return math.inf if self.chunk_tokens is None else \
+            self.chunk_tokens - self.decode.tokens - self.prefill.left
 
     def could_join(self, blocked):
         """Whether a request arriving now could be admitted at the next step."""
