@@ -1110,13 +1110,17 @@ class SharedPrompts:
 
     def __init__(self, system, system_tokens, conversation):
         self.system, self.system_tokens, self.conversation = system, system_tokens, conversation
+        # (as lists, read once a request: a NumPy scalar costs more than the keys)
+        self.lists = (np.asarray(system).tolist(), np.asarray(system_tokens).tolist(),
+                      np.asarray(conversation).tolist())
 
     def take(self, index):
         return SharedPrompts(self.system[index], self.system_tokens, self.conversation[index])
 
     def block_keys(self, r, tokens, block):
-        s, c = int(self.system[r]), int(self.conversation[r])
-        shared = int(self.system_tokens[s]) // block if s >= 0 else 0
+        system, system_tokens, conversation = self.lists
+        s, c = system[r], conversation[r]
+        shared = system_tokens[s] // block if s >= 0 else 0
         n = min(tokens // block, shared)
         keys = list(range((s + 1) << 32, ((s + 1) << 32) + n))  # (a system prompt's blocks)
         if c >= 0:  # then the conversation's: its transcript starts with its system prompt
@@ -1125,7 +1129,7 @@ class SharedPrompts:
 
     def covers_output(self, r):
         """The answer is part of the transcript the next turn sends again."""
-        return self.conversation[r] >= 0
+        return self.lists[2][r] >= 0
 
 
 TRACE_COLUMNS = [  # (prompt column, output column, timestamp column or None)
@@ -2494,12 +2498,13 @@ class KVManager:
     in_both    one of the policies --kv-policy both compares; caching: the policy that is this
                one keeping computed prefixes (--enable-prefix-caching), if any
     tracks_prefixes   it keeps computed prefixes (its result has a prefix_cache report)
+    loads      a step may wait for KV loaded into the card (a host tier's): see loaded
     block      tokens per block (1: token-exact); capacity: tokens the cache holds; watermark:
                tokens admission keeps free; total: tokens allocated now
     A step's plan is [(Seq, prompt tokens it prefills)]; step j of a run of k takes
     a + e (j - 1) seconds.
     """
-    tracks = preempts = served = tracks_prefixes = False
+    tracks = preempts = served = tracks_prefixes = loads = False
     in_both, caching = True, None
     block, capacity, watermark, total = 1, math.inf, 0, 0
     shared = 0  # tokens held by more than one running request, counted once more than held
@@ -2768,7 +2773,7 @@ class PrefixCache(PagedBlocks):
         if self.preempts:
             self.free.push_run(int(self.capacity // self.block))  # (every block never used)
         self.host, self.host_blocks = BlockQueue(), int(kv.host_tokens // self.block)
-        self.host_token_s = kv.host_token_s
+        self.host_token_s, self.loads = kv.host_token_s, self.host_blocks > 0
         self.pending = None  # the last lookup: (r, keys, blocks hit on the card, in host)
         # prompt tokens at first admissions: asked for, found per tier
         self.queried = self.hit = self.host_hit = 0
@@ -2855,16 +2860,15 @@ class PrefixCache(PagedBlocks):
         if evicted:
             collections.deque(map(self.ref.__delitem__, evicted), 0)
             self.evicted += len(evicted)
-            if self.host_blocks:
-                host = self.host
-                host.push(evicted)
-                if len(host) > self.host_blocks:
-                    host.pop(len(host) - self.host_blocks)
+            if self.host_blocks:  # (which keeps its newest host_blocks)
+                self.host.push(evicted)
+                self.host.pop(len(self.host) - self.host_blocks)
 
     def advance(self, steps, plan, k, a, e):
         before = self.total
         integral = super().advance(steps, plan, k, a, e)
-        self.take((self.total - before) // self.block)
+        if self.total > before:
+            self.take((self.total - before) // self.block)
         for seq, c in plan:
             seq.loading = 0  # (loaded in the run's first step)
             if seq.keys:
@@ -2879,11 +2883,12 @@ class PrefixCache(PagedBlocks):
         return (price[0] + load_s,) + price[1:] if load_s else price
 
     def release(self, seq, ctx):
-        if seq.keys and ctx // self.block > len(seq.keys) and \
-                self.identity.covers_output(seq.id):  # (its answer: the next turn's prompt)
-            seq.keys = self.identity.block_keys(seq.id, ctx, self.block)
-        if seq.keys:
-            self.register(seq, ctx)
+        keys, n = seq.keys, ctx // self.block
+        if keys:
+            if n > len(keys) and self.identity.covers_output(seq.id):  # (its answer: the
+                seq.keys = keys = self.identity.block_keys(seq.id, ctx, self.block)  # next turn's)
+            if min(n, len(keys)) > seq.registered:
+                self.register(seq, ctx)
         super().release(seq, ctx)
         ref, held = self.ref, seq.held[::-1]
         counts = list(map(ref.__getitem__, held))
@@ -3141,6 +3146,9 @@ class BlockQueue:
         """Take up to `blocks` blocks from the head. -> the keys taken (a run's blocks count
         but have none)."""
         batches, where, out = self.batches, self.where, []
+        if batches and batches[0][0] is None and batches[0][1] > blocks > 0:  # (the usual:
+            batches[0][1] -= blocks  # a run's blocks)
+            return out
         while blocks > 0 and batches:
             head = batches[0]
             batch, keys, i = head
@@ -3162,7 +3170,8 @@ class BlockQueue:
                 batches.popleft()
             blocks -= len(part)
             out += part
-        self.remove(out)
+        if out:
+            self.remove(out)
         return out
 
 
@@ -3560,7 +3569,7 @@ class ServingSim:
         decode = self.decode  # (DecodeBatch.cached, inline)
         price = self.costs.run_price(plan, decode.size, decode.base_sum + decode.tokens
                                      * self.steps, k, self.fused)
-        if self.tracks and plan:
+        if plan and self.kv.loads:
             price = self.kv.loaded(price, plan)
         prefill_s, decode_s, first_s, growth_s, tokens = price
         running, held = len(self.running), 0
@@ -3696,7 +3705,8 @@ class FleetReplica(ServingSim):
             plan, k, _ = self.pending
             price = self.costs.run_price(plan, self.decode.size,
                                          self.decode.cached(self.steps), k, self.fused)
-            prefill_s, decode_s = self.kv.loaded(price, plan)[:2] if self.tracks else price[:2]
+            prefill_s, decode_s = self.kv.loaded(price, plan)[:2] if self.kv.loads else \
+                price[:2]
             self.end_s = self.t + (prefill_s + decode_s)
         return self.end_s
 
