@@ -6350,7 +6350,11 @@ def fewest_replicas(req, replica, slo, fleet, rate, start):
 
 def unit_rate(run, req, n, seed):
     """n requests, the run's cycled, arriving at one per second (Poisson, or gamma with
-    --burstiness; a search scales the draw to each rate), and the replica's order for them."""
+    --burstiness; a search scales the draw to each rate), and the replica's order for them.
+    Prompts known by their blocks are not cycled (a prompt sent again would find itself
+    cached): at most the run's requests, in their order."""
+    if req.identity is not None:
+        n = min(n, len(req.output))
     cycled = req.take(np.arange(n) % len(req.output))
     unit = arrival_times(n, 1.0, run.burstiness, np.random.default_rng(seed))
     return cycled.take(arrival_s=unit), run_order(run, cycled.output)
@@ -6366,7 +6370,7 @@ def capacity_study(run, req, replica):
     draws = [unit_rate(run, req, m, run.seed + SEED_OFFSET["capacity"] + s)
              for s in range(CAPACITY_SEEDS)]
     log(f"C capacity: bisecting one replica's rate at the SLO, {CAPACITY_SEEDS} draws of "
-        f"{m:,} arrivals on {min(run.jobs, CAPACITY_SEEDS)} worker processes")
+        f"{len(draws[0][0].output):,} arrivals on {min(run.jobs, CAPACITY_SEEDS)} worker processes")
     searches = run_parallel([(capacity_one, (r, dataclasses.replace(replica, order=o), slo))
                              for r, o in draws], run.jobs)
     rates = sorted(rate for rate, _ in searches)
@@ -6374,7 +6378,8 @@ def capacity_study(run, req, replica):
     log(f"C capacity: one replica serves {one:,.3g} requests/s (draws {rates[0]:,.3g}-"
         f"{rates[-1]:,.3g})")
     result = {"slo_ttft_s": run.slo_ttft_s, "slo_tpot_s": run.slo_tpot_s,
-              "attainment": slo.attainment, "requests": m, "seeds": CAPACITY_SEEDS,
+              "attainment": slo.attainment, "requests": len(draws[0][0].output),
+              "seeds": CAPACITY_SEEDS, "longest_output": int(req.output.max()),
               "gpus_per_replica": run.tp, "scheduler": "continuous",
               "kv_policy": replica.kv.policy if replica.kv else None,
               "one_replica": {"rate_rps": one, "rates_rps": rates,
@@ -6397,20 +6402,27 @@ def fleet_capacity(run, req, replica, slo, one, m):
                          f"requests/s at the SLO, so even {REPLICAS_MAX:,} replicas cannot")
     # as many requests per replica (at the count the search starts from) as one replica's
     # search had: a finite run past capacity fails a loose SLO late, so the horizon matters
-    n = min(m * start, 200_000)
     seed = run.seed + SEED_OFFSET["replicas"]
-    base, order = unit_rate(run, req, n, seed)
-    replica, routers = dataclasses.replace(replica, order=order), run_routers(run)
-    log(f"C capacity: the fewest replicas for {run.target_rate:g} requests/s under "
-        f"{len(routers)} routers, from {start:,} up")
-    found = run_parallel([(fewest_replicas, (base, replica, slo, Fleet(start, router, seed),
-                                             run.target_rate, start)) for router in routers],
-                         run.jobs)
-    return {"target_rate": run.target_rate, "fleet_requests": n, "routers": {
-        router: {"replicas": replicas, "attainment": tried.get(replicas),
-                 "below": tried.get(replicas - 1) if replicas else None,
-                 "tried": sorted(tried.items())}
-        for router, (replicas, tried) in zip(routers, found)}}
+    base, order = unit_rate(run, req, min(m * start, 200_000), seed)
+    replica = dataclasses.replace(replica, order=order)
+    searches = [("routers", router, replica) for router in run_routers(run)]
+    if replica.kv and KV_MANAGERS[replica.kv.policy].tracks_prefixes:  # and the same without
+        plain = dataclasses.replace(replica, kv=dataclasses.replace(replica.kv, policy=next(
+            p for p, manager in KV_MANAGERS.items() if manager.caching == replica.kv.policy)))
+        searches += [("without_caching", router, plain) for _, router, _ in searches
+                     if ROUTERS[router].in_all]  # (cache-aware: least-requests, without)
+    log(f"C capacity: the fewest replicas for {run.target_rate:g} requests/s, "
+        f"{len(searches)} searches (routers, with and without caching), from {start:,} up")
+    found = run_parallel([(fewest_replicas, (base, spec, slo, Fleet(start, router, seed),
+                                             run.target_rate, start))
+                          for _, router, spec in searches], run.jobs)
+    result = {"target_rate": run.target_rate, "fleet_requests": len(base.output)}
+    for (group, router, _), (replicas, tried) in zip(searches, found):
+        result.setdefault(group, {})[router] = {
+            "replicas": replicas, "attainment": tried.get(replicas),
+            "below": tried.get(replicas - 1) if replicas else None,
+            "tried": sorted(tried.items())}
+    return result
 
 
 # C's prefix caching: what the prefix caches hit, and their hits against the cache's capacity
@@ -7433,8 +7445,11 @@ def capacity_text(T, cap):
                                   high=rate(one["rates_rps"][-1]))]
     if "routers" not in cap:
         return "\n".join(lines)
-    rows = [{"label": router, **r, "needed": f"{r['replicas']:,}" if r["replicas"] else
-             T["too_many"].format(n=REPLICAS_MAX)} for router, r in cap["routers"].items()]
+    rows = [{"label": T["router_plain"].format(router=router) if group == "without_caching"
+             else router, **r, "needed": f"{r['replicas']:,}" if r["replicas"] else
+             T["too_many"].format(n=REPLICAS_MAX)}
+            for group in ("routers", "without_caching")
+            for router, r in cap.get(group, {}).items()]
     lines += ["", T["replicas_needed"].format(rate=cap["target_rate"],
                                               requests=cap["fleet_requests"]),
               spec_table(T, rows, [("router", "label", "text"), ("replicas_col", "needed", "text"),
@@ -7489,7 +7504,8 @@ def capacity_answer(T, results):
     lines.append(T["answer_assumes"].format(
         arrivals=T["answer_arrivals_" + arrivals["kind"][9:]].format(**arrivals),
         prompt=C["prompt_tokens"]["p50"], output=C["output_tokens"]["p50"],
-        longest=C["lengths"]["max"], source=describe(T, C["source"]), slots=C["slots"],
+        longest=cap.get("longest_output") or C["lengths"]["max"],
+        source=describe(T, C["source"]), slots=C["slots"],
         chunk=cfg["chunk_tokens"], kv=T[cap["kv_policy"]] if cap["kv_policy"] else "-",
         vllm="" if C["slots"] == VLLM_MAX_NUM_SEQS else T["answer_vllm_slots"].format(
             n=VLLM_MAX_NUM_SEQS)))
@@ -8159,7 +8175,8 @@ def plot_who_waits(results, path):
 
 
 ROUTER_STYLES = {"round-robin": (GREY, "o"), "least-requests": (BLUE, "s"),
-                 "power-of-two": ("#2ca02c", "^"), "least-kv": (PREFILL, "D")}
+                 "power-of-two": ("#2ca02c", "^"), "least-kv": (PREFILL, "D"),
+                 "cache-aware": ("#9467bd", "v")}
 
 
 def plot_capacity(results, path):
@@ -8184,10 +8201,12 @@ def plot_capacity(results, path):
     ax.set_title("one replica", fontsize=9)
     if fleet:
         ax2 = axes[0][1]
-        for router, r in cap["routers"].items():
-            color, marker = ROUTER_STYLES[router]
-            n, met2 = zip(*r["tried"])
-            ax2.plot(n, met2, marker + "-", color=color, label=router, alpha=0.8)
+        for group, line in (("routers", "-"), ("without_caching", "--")):
+            for router, r in cap.get(group, {}).items():
+                color, marker = ROUTER_STYLES[router]
+                n, met2 = zip(*r["tried"])
+                ax2.plot(n, met2, marker + line, color=color, alpha=0.8, label=router if
+                         group == "routers" else f"{router}, no prefix caching")
         ax2.set_xlabel("replicas")
         ax2.xaxis.get_major_locator().set_params(integer=True)
         ax2.set_title(f"at {cap['target_rate']:g} requests/s", fontsize=9)
@@ -9530,6 +9549,7 @@ TEXT_EN = {**SHARED_TEXT,
                        "Poisson arrivals per count tried)",
     "replicas_col": "replicas", "attained_col": "SLO met at that count",
     "below_col": "with one fewer", "too_many": "more than {n:,}",
+    "router_plain": "{router}, no prefix caching",
     "answer": "answer: {replicas} ({gpus}), with {router}{tie}",
     "warn_moved": "warning: the machine's speed moved during this run: its ceilings, measured "
                   "again at the end, went from {bandwidth:,.1f} to {bandwidth_end:,.1f} GB/s "
@@ -9887,6 +9907,7 @@ TEXT_KO = {**SHARED_TEXT,
                        "포아송 도착 {requests:,}개)",
     "replicas_col": "복제본", "attained_col": "그 개수에서 SLO 충족",
     "below_col": "하나 적을 때", "too_many": "{n:,}개 넘게",
+    "router_plain": "{router}, 접두사 캐시 없이",
     "answer": "답: 복제본 {replicas} (GPU {gpus}), 라우터 {router}{tie}",
     "warn_moved": "경고: 이번 실행 동안 기계의 속도가 바뀌었다: 끝에서 다시 잰 천장이 "
                   "{bandwidth:,.1f}에서 {bandwidth_end:,.1f} GB/s로 ({bandwidth_moved:+.0%}), "

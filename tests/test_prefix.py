@@ -391,3 +391,30 @@ def test_the_block_queue_takes_blocks_as_an_ordered_dict_of_keys_and_runs_would(
             assert queue.pop(blocks) == want
         assert list(queue) == [k for k in ref if not isinstance(k, tuple)]
         assert queue.blocks() == sum(count or 1 for count in ref.values())
+
+
+def test_the_fewest_replicas_with_and_without_caching_under_each_router(tmp_path, capsys):
+    path = os.path.join(MOONCAKE, "conversation_trace.jsonl")
+    if not os.path.exists(path):
+        pytest.skip("the Mooncake traces are not beside the project")
+    with open(path) as f:  # a slice of the conversation trace: its first 80 requests
+        (tmp_path / "slice.jsonl").write_text("".join(next(f) for _ in range(80)))
+    results, out = run_main(["--experiments", "C", "--trace", str(tmp_path / "slice.jsonl"),
+                             "--rate", "trace", "--model", "llama-3-8b", "--gpu", "h100",
+                             "--enable-prefix-caching", "--router", "all", "--slo-ttft-ms",
+                             "2000", "--target-rate", "2", "--no-figures", "--out",
+                             str(tmp_path / "out")], capsys)
+    cap = json.loads((tmp_path / "out" / "results.json").read_text())["C"]["capacity"]
+    assert cap["kv_policy"] == "prefix" and cap["fleet_requests"] == 80  # (not cycled)
+    assert cap["requests"] == 80 and cap["longest_output"] > 0
+    with_caching, without = cap["routers"], cap["without_caching"]
+    assert {"round-robin", "cache-aware"} <= set(with_caching)
+    assert set(without) == set(with_caching) - {"cache-aware"}  # (it routes by the cache)
+    for r in [*with_caching.values(), *without.values()]:
+        assert r["replicas"] >= 1 and r["attainment"] >= 0.9
+        assert r["below"] is None or r["below"] < 0.9
+        assert dict(r["tried"])[r["replicas"]] == r["attainment"]
+    assert said("round-robin, no prefix caching", out.out)
+    assert said("cache-aware", out.out.split("replicas needed for 2 requests/s")[1])
+    ko = S.format_tables(results, "ko")
+    assert "round-robin, 접두사 캐시 없이" in ko
