@@ -1113,6 +1113,7 @@ class SharedPrompts:
         # (as lists, read once a request: a NumPy scalar costs more than the keys)
         self.lists = (np.asarray(system).tolist(), np.asarray(system_tokens).tolist(),
                       np.asarray(conversation).tolist())
+        self.opening = {}  # (system prompt, blocks) -> their keys, made once (not to be changed)
 
     def take(self, index):
         return SharedPrompts(self.system[index], self.system_tokens, self.conversation[index])
@@ -1122,9 +1123,12 @@ class SharedPrompts:
         s, c = system[r], conversation[r]
         shared = system_tokens[s] // block if s >= 0 else 0
         n = min(tokens // block, shared)
-        keys = list(range((s + 1) << 32, ((s + 1) << 32) + n))  # (a system prompt's blocks)
+        keys = self.opening.get((s, n))
+        if keys is None:  # (a system prompt's blocks)
+            keys = self.opening[s, n] = list(range((s + 1) << 32, ((s + 1) << 32) + n))
         if c >= 0:  # then the conversation's: its transcript starts with its system prompt
-            keys += range(-((c + 1) << 32) - n, -((c + 1) << 32) - tokens // block, -1)
+            keys = keys + list(range(-((c + 1) << 32) - n, -((c + 1) << 32) - tokens // block,
+                                     -1))
         return keys
 
     def covers_output(self, r):
@@ -2899,7 +2903,7 @@ class PrefixCache(PagedBlocks):
         self.total += still  # (held still by others)
         self.shared -= still
         if self.preempts:  # its uncached blocks first: they are its tail
-            uncached = self.blocks(ctx) // self.block - len(seq.held)
+            uncached = -(-ctx // self.block) - len(seq.held)
             if uncached:
                 self.free.push_run(uncached)
             self.free.push(freed)
