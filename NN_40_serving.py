@@ -1084,11 +1084,18 @@ class HashedPrompts:
 
     def __init__(self, hash_ids, hash_tokens=HASH_BLOCK_TOKENS):
         self.hash_ids, self.hash_tokens = hash_ids, hash_tokens  # (n,) object array of tuples
+        self.last = (None, None)  # ((r, tokens, block), its keys): a router asks every replica
 
     def take(self, index):
         return HashedPrompts(self.hash_ids[index], self.hash_tokens)
 
     def block_keys(self, r, tokens, block):
+        if self.last[0] == (r, tokens, block):
+            return self.last[1]
+        self.last = ((r, tokens, block), self.chained_keys(r, tokens, block))
+        return self.last[1]
+
+    def chained_keys(self, r, tokens, block):
         per, ids, n = self.hash_tokens // block, self.hash_ids[r], tokens // block
         chains, chain = [], 0
         for i in range(min(-(-n // per), len(ids))):
