@@ -2750,8 +2750,8 @@ PREFIX_REPORT = "prefix_cache"  # a run's result: what its prefix caches hit
 
 def leading(has, keys, start, stop):
     """How many of keys[start:stop], from the first, `has` holds before the first it does not
-    (C-speed, in slices growing from 8: a miss early costs little)."""
-    i, size = start, 8
+    (C-speed, in slices growing from 32: a miss early costs little)."""
+    i, size = start, 32
     while i < stop:
         flags = list(map(has, keys[i:min(i + size, stop)]))
         if False in flags:
@@ -2786,9 +2786,8 @@ class PrefixCache(PagedBlocks):
         self.host, self.host_blocks = BlockQueue(), int(kv.host_tokens // self.block)
         self.host_token_s, self.loads = kv.host_token_s, self.host_blocks > 0
         self.pending = None  # the last lookup: (r, keys, blocks hit on the card, in host)
-        # prompt tokens at first admissions: asked for, found per tier
-        self.queried = self.hit = self.host_hit = 0
-        self.evicted = self.readmitted_hit = 0
+        # prompt tokens at first admissions (asked, found per tier), blocks evicted, hits readmitted
+        self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
         self.hits = {}  # request -> tokens hit at its first admission
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
 
@@ -2807,7 +2806,7 @@ class PrefixCache(PagedBlocks):
         card = leading(ref.__contains__, keys, 0, most)
         host = self.host.where
         host = leading(host.__contains__, keys, card, most) if host else 0
-        counts = list(map(ref.__getitem__, keys[:card]))
+        counts = list(map(ref.__getitem__, keys[:card])) if card else []
         self.pending = (r, keys, card, host, counts)
         return max(ledger.cached[r], (card + host) * b)
 
@@ -2882,7 +2881,8 @@ class PrefixCache(PagedBlocks):
             self.take((self.total - before) // self.block)
         for seq, c in plan:
             seq.loading = 0  # (loaded in the run's first step)
-            if seq.keys:
+            if seq.keys and min((seq.num_cached + c * k) // self.block, len(seq.keys)) > \
+                    seq.registered:
                 self.register(seq, seq.num_cached + c * k)
         return integral
 
