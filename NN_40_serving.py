@@ -1130,11 +1130,18 @@ class HashedPrompts:
 
     def __init__(self, hash_ids, hash_tokens=HASH_BLOCK_TOKENS):
         self.hash_ids, self.hash_tokens = hash_ids, hash_tokens  # (n,) object array of tuples
+        self.last = (None, None)  # ((r, tokens, block), its keys): a router asks every replica
 
     def take(self, index):
         return HashedPrompts(self.hash_ids[index], self.hash_tokens)
 
     def block_keys(self, r, tokens, block):
+        if self.last[0] == (r, tokens, block):
+            return self.last[1]
+        self.last = ((r, tokens, block), self.chained_keys(r, tokens, block))
+        return self.last[1]
+
+    def chained_keys(self, r, tokens, block):
         per, ids, n = self.hash_tokens // block, self.hash_ids[r], tokens // block
         chains, chain = [], 0
         for i in range(min(-(-n // per), len(ids))):
@@ -1156,22 +1163,30 @@ class SharedPrompts:
 
     def __init__(self, system, system_tokens, conversation):
         self.system, self.system_tokens, self.conversation = system, system_tokens, conversation
+        # (as lists, read once a request: a NumPy scalar costs more than the keys)
+        self.lists = (np.asarray(system).tolist(), np.asarray(system_tokens).tolist(),
+                      np.asarray(conversation).tolist())
+        self.opening = {}  # (system prompt, blocks) -> their keys, made once (not to be changed)
 
     def take(self, index):
         return SharedPrompts(self.system[index], self.system_tokens, self.conversation[index])
 
     def block_keys(self, r, tokens, block):
-        s, c = int(self.system[r]), int(self.conversation[r])
-        shared = int(self.system_tokens[s]) // block if s >= 0 else 0
+        system, system_tokens, conversation = self.lists
+        s, c = system[r], conversation[r]
+        shared = system_tokens[s] // block if s >= 0 else 0
         n = min(tokens // block, shared)
-        keys = list(range((s + 1) << 32, ((s + 1) << 32) + n))  # (a system prompt's blocks)
+        keys = self.opening.get((s, n))
+        if keys is None:  # (a system prompt's blocks)
+            keys = self.opening[s, n] = list(range((s + 1) << 32, ((s + 1) << 32) + n))
         if c >= 0:  # then the conversation's: its transcript starts with its system prompt
-            keys += range(-((c + 1) << 32) - n, -((c + 1) << 32) - tokens // block, -1)
+            keys = keys + list(range(-((c + 1) << 32) - n, -((c + 1) << 32) - tokens // block,
+                                     -1))
         return keys
 
     def covers_output(self, r):
         """The answer is part of the transcript the next turn sends again."""
-        return self.conversation[r] >= 0
+        return self.lists[2][r] >= 0
 
 
 TRACE_COLUMNS = [  # (prompt column, output column, timestamp column or None)
@@ -2540,12 +2555,13 @@ class KVManager:
     in_both    one of the policies --kv-policy both compares; caching: the policy that is this
                one keeping computed prefixes (--enable-prefix-caching), if any
     tracks_prefixes   it keeps computed prefixes (its result has a prefix_cache report)
+    loads      a step may wait for KV loaded into the card (a host tier's): see loaded
     block      tokens per block (1: token-exact); capacity: tokens the cache holds; watermark:
                tokens admission keeps free; total: tokens allocated now
     A step's plan is [(Seq, prompt tokens it prefills)]; step j of a run of k takes
     a + e (j - 1) seconds.
     """
-    tracks = preempts = served = tracks_prefixes = False
+    tracks = preempts = served = tracks_prefixes = loads = False
     in_both, caching = True, None
     block, capacity, watermark, total = 1, math.inf, 0, 0
     shared = 0  # tokens held by more than one running request, counted once more than held
@@ -2778,10 +2794,16 @@ class PagedBlocks(KVManager):
 PREFIX_REPORT = "prefix_cache"  # a run's result: what its prefix caches hit
 
 
-def leading(truths, n):
-    """How many of the first n truths are true before the first false (C-speed)."""
-    flags = list(truths)
-    return flags.index(False) if False in flags else n
+def leading(has, keys, start, stop):
+    """How many of keys[start:stop], from the first, `has` holds before the first it does not
+    (C-speed, in slices growing from 32: a miss early costs little)."""
+    i, size = start, 32
+    while i < stop:
+        flags = list(map(has, keys[i:min(i + size, stop)]))
+        if False in flags:
+            return i - start + flags.index(False)
+        i, size = i + size, size * 4
+    return stop - start
 
 
 class PrefixCache(PagedBlocks):
@@ -2794,7 +2816,8 @@ class PrefixCache(PagedBlocks):
     recently freed first (a request frees its blocks last first, so a prefix's tail goes before
     its head), until an allocation takes it; with `host_tokens`, it then moves to a host tier
     (least recently stored first out), where a later hit loads it back. Cost: O(blocks of the
-    request) at admission and release, and O(blocks allocated) as steps allocate.
+    request) at admission and release, and O(blocks allocated) as steps allocate, each at C
+    speed (see BlockQueue).
     """
 
     in_both, caching, tracks_prefixes = False, None, True
@@ -2803,18 +2826,14 @@ class PrefixCache(PagedBlocks):
         super().__init__(kv)
         self.preempts = not math.isinf(self.capacity)
         self.ref = {}  # key -> running requests holding its block (0: cached, free)
-        # the free queue: a key (a cached block) or a run of `count` uncached blocks (a tuple
-        # -> count); one run holds every block never used
-        self.free = collections.OrderedDict()
+        self.free = BlockQueue()  # the cached blocks no one holds, and the uncached blocks
         if self.preempts:
-            self.free[("uncached", -1)] = int(self.capacity // self.block)
-        self.runs = itertools.count()
-        self.host, self.host_blocks = collections.OrderedDict(), int(kv.host_tokens // self.block)
-        self.host_token_s = kv.host_token_s
+            self.free.push_run(int(self.capacity // self.block))  # (every block never used)
+        self.host, self.host_blocks = BlockQueue(), int(kv.host_tokens // self.block)
+        self.host_token_s, self.loads = kv.host_token_s, self.host_blocks > 0
         self.pending = None  # the last lookup: (r, keys, blocks hit on the card, in host)
-        # prompt tokens at first admissions: asked for, found per tier
-        self.queried = self.hit = self.host_hit = 0
-        self.evicted = self.readmitted_hit = 0
+        # prompt tokens at first admissions (asked, found per tier), blocks evicted, hits readmitted
+        self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
         self.hits = {}  # request -> tokens hit at its first admission
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
 
@@ -2825,13 +2844,15 @@ class PrefixCache(PagedBlocks):
             self.pending = None
             return ledger.cached[r]
         to_prefill = ledger.to_prefill[r]
-        keys = self.pending[1] if self.pending and self.pending[0] == r else \
+        pending = self.pending
+        keys = pending[1] if pending and pending[0] == r else \
             identity.block_keys(r, to_prefill, b)
         most = min(len(keys), (to_prefill - 1) // b)  # (one prompt token left to compute)
-        card = leading(map(self.ref.__contains__, keys[:most]), most)
-        host = leading(map(self.host.__contains__, keys[card:most]), most - card) \
-            if self.host else 0
-        counts = list(map(self.ref.__getitem__, keys[:card]))
+        ref = self.ref
+        card = leading(ref.__contains__, keys, 0, most)
+        host = self.host.where
+        host = leading(host.__contains__, keys, card, most) if host else 0
+        counts = list(map(ref.__getitem__, keys[:card])) if card else []
         self.pending = (r, keys, card, host, counts)
         return max(ledger.cached[r], (card + host) * b)
 
@@ -2855,13 +2876,11 @@ class PrefixCache(PagedBlocks):
         ref, b, hit = self.ref, self.block, keys[:card]
         taken = counts.count(0)  # hit blocks no one held: they leave the free queue
         if taken and self.preempts:
-            for key, count in zip(hit, counts):
-                if not count:
-                    del self.free[key]
+            self.free.remove(itertools.compress(hit, map((0).__eq__, counts)))
         ref.update(zip(hit, map((1).__add__, counts)))
         self.shared += b * (card - taken)
-        for key in keys[card:card + host]:  # loaded back from the host tier
-            del self.host[key]
+        if host:  # loaded back from the host tier
+            self.host.remove(keys[card:card + host])
         seq.keys, seq.held, seq.registered, seq.loading = keys, hit, card, host * b
         if r in self.hits:  # readmitted after preemption: it finds what it had computed
             self.readmitted_hit += (card + host) * b
@@ -2885,36 +2904,31 @@ class PrefixCache(PagedBlocks):
         ref.update(dict.fromkeys(new, 1))
         seq.held += new
         seq.registered = upto
-        if self.host:
-            for key in new:
-                self.host.pop(key, None)
+        host = self.host.where
+        if host and not host.keys().isdisjoint(new):
+            self.host.remove([key for key in new if key in host])
 
     def take(self, blocks):
         """Allocate blocks from the head of the free queue, evicting the cached ones there."""
-        free, ref, popitem = self.free, self.ref, self.free.popitem
-        while blocks > 0 and free:
-            key, count = popitem(False)
-            if count:  # a run of uncached blocks
-                if count > blocks:
-                    free[key] = count - blocks
-                    free.move_to_end(key, last=False)
-                blocks -= count
-                continue
-            del ref[key]
-            self.evicted += 1
-            blocks -= 1
-            if self.host_blocks:
-                self.host[key] = None
-                if len(self.host) > self.host_blocks:
-                    self.host.popitem(last=False)
+        if blocks <= 0 or not self.preempts:
+            return
+        evicted = self.free.pop(blocks)
+        if evicted:
+            collections.deque(map(self.ref.__delitem__, evicted), 0)
+            self.evicted += len(evicted)
+            if self.host_blocks:  # (which keeps its newest host_blocks)
+                self.host.push(evicted)
+                self.host.pop(len(self.host) - self.host_blocks)
 
     def advance(self, steps, plan, k, a, e):
         before = self.total
         integral = super().advance(steps, plan, k, a, e)
-        self.take((self.total - before) // self.block)
+        if self.total > before:
+            self.take((self.total - before) // self.block)
         for seq, c in plan:
             seq.loading = 0  # (loaded in the run's first step)
-            if seq.keys:
+            if seq.keys and min((seq.num_cached + c * k) // self.block, len(seq.keys)) > \
+                    seq.registered:
                 self.register(seq, seq.num_cached + c * k)
         return integral
 
@@ -2926,11 +2940,12 @@ class PrefixCache(PagedBlocks):
         return (price[0] + load_s,) + price[1:] if load_s else price
 
     def release(self, seq, ctx):
-        if seq.keys and ctx // self.block > len(seq.keys) and \
-                self.identity.covers_output(seq.id):  # (its answer: the next turn's prompt)
-            seq.keys = self.identity.block_keys(seq.id, ctx, self.block)
-        if seq.keys:
-            self.register(seq, ctx)
+        keys, n = seq.keys, ctx // self.block
+        if keys:
+            if n > len(keys) and self.identity.covers_output(seq.id):  # (its answer: the
+                seq.keys = keys = self.identity.block_keys(seq.id, ctx, self.block)  # next turn's)
+            if min(n, len(keys)) > seq.registered:
+                self.register(seq, ctx)
         super().release(seq, ctx)
         ref, held = self.ref, seq.held[::-1]
         counts = list(map(ref.__getitem__, held))
@@ -2941,10 +2956,10 @@ class PrefixCache(PagedBlocks):
         self.total += still  # (held still by others)
         self.shared -= still
         if self.preempts:  # its uncached blocks first: they are its tail
-            uncached = self.blocks(ctx) // self.block - len(seq.held)
+            uncached = -(-ctx // self.block) - len(seq.held)
             if uncached:
-                self.free[("uncached", next(self.runs))] = uncached
-            self.free.update(dict.fromkeys(freed))
+                self.free.push_run(uncached)
+            self.free.push(freed)
 
     def report(self):
         return {PREFIX_REPORT: {
@@ -2977,7 +2992,8 @@ def kv_manager(kv):
 # -----------------------------------------------------------------------------
 # queues and orders: who takes a free seat first (pure Python)
 # The waiting requests in arrival order, or by a key (true or predicted length), with the
-# starvation guard; the Ledger holds every request's state and times.
+# starvation guard; the Ledger holds every request's state and times; and the blocks a prefix
+# cache frees, in the order it takes them back (BlockQueue).
 
 
 ORDERS = ("fcfs", "sjf", "predicted", "longest")
@@ -3143,6 +3159,80 @@ def waiting_queue(ledger, ids, order=None):
     return PriorityQueue(ledger, ids, order.rank, order.ranked, order.max_wait_s)
 
 
+class BlockQueue:
+    """Block keys in the order they were pushed, oldest first, and runs of blocks with no key
+    (`count` uncached blocks): a prefix cache's free queue, or its host tier. A key is in the
+    queue while `where` names the batch that pushed it last; a key removed (or pushed again)
+    leaves a stale entry behind, skipped when the head reaches it. Every operation costs
+    O(its keys) at C speed (maps over lists and dicts), none a Python step per block."""
+    __slots__ = ("where", "batches", "ids")
+
+    def __init__(self):
+        self.where = {}  # key -> the batch that pushed it
+        self.batches = collections.deque()  # [batch id (None: a run), keys (count), next]
+        self.ids = itertools.count()
+
+    def __len__(self):
+        return len(self.where)
+
+    def __iter__(self):
+        """The keys, oldest first."""
+        where = self.where
+        for batch, keys, i in self.batches:
+            if batch is not None:
+                yield from (key for key in keys[i:] if where.get(key) == batch)
+
+    def blocks(self):
+        """Blocks in the queue: its keys and its runs' blocks."""
+        return len(self.where) + sum(keys for batch, keys, _ in self.batches if batch is None)
+
+    def push(self, keys):
+        if keys:
+            batch = next(self.ids)
+            self.batches.append([batch, keys, 0])
+            self.where.update(dict.fromkeys(keys, batch))
+
+    def push_run(self, count):
+        self.batches.append([None, count, 0])
+
+    def remove(self, keys):
+        """Take these keys (all in the queue) out."""
+        collections.deque(map(self.where.__delitem__, keys), 0)
+
+    def pop(self, blocks):
+        """Take up to `blocks` blocks from the head. -> the keys taken (a run's blocks count
+        but have none)."""
+        batches, where, out = self.batches, self.where, []
+        if batches and batches[0][0] is None and batches[0][1] > blocks > 0:  # (the usual:
+            batches[0][1] -= blocks  # a run's blocks)
+            return out
+        while blocks > 0 and batches:
+            head = batches[0]
+            batch, keys, i = head
+            if batch is None:  # a run of blocks with no key
+                if keys > blocks:
+                    head[1] = keys - blocks
+                else:
+                    batches.popleft()
+                blocks -= keys
+                continue
+            part = keys[i:i + blocks]
+            found = list(map(where.get, part, itertools.repeat(-1, len(part))))
+            if found.count(batch) != len(part):  # (some taken out or pushed again since)
+                part = list(itertools.compress(part, map(batch.__eq__, found)))
+            i += len(found)
+            if i < len(keys):
+                head[2] = i
+            else:
+                batches.popleft()
+            blocks -= len(part)
+            out += part
+        if out:
+            self.remove(out)
+        return out
+
+
+
 # -----------------------------------------------------------------------------
 # replicas and schedulers: what one replica is, what a step prefills, who decodes (pure Python)
 # A Replica is the spec every simulation and study is given (its seats, prices, scheduler,
@@ -3175,10 +3265,12 @@ class PrefillQueue:
     def __init__(self):
         self.seqs, self.left, self.cached = [], 0, 0
 
-    def join(self, seq):
-        self.seqs.append(seq)
-        self.left += seq.prompt_left
-        self.cached += seq.num_cached
+    def join(self, seqs):
+        """The requests `seqs` (admitted in this order) join."""
+        self.seqs += seqs
+        for seq in seqs:
+            self.left += seq.prompt_left
+            self.cached += seq.num_cached
 
     def leave(self, seq):
         self.seqs.remove(seq)
@@ -3362,8 +3454,7 @@ class ServingSim:
         self.kv = kv = kv_manager(replica.kv)
         self.tracks, self.preempts = kv.tracks, kv.preempts
         self.retry = []                  # preempted ids (a heap: the oldest first)
-        self.pending = None              # the planned run: (chunks, steps, blocked), see plan
-        self.end_s = None                # when it ends, once asked (see pending_end)
+        self.pending = self.end_s = None  # the planned run (see plan), its end (pending_end)
         self.running = {}                # admission order -> Seq, oldest first
         self.prefill, self.decode = PrefillQueue(), DecodeBatch()  # the running, by phase
         self.t, self.steps, self.busy, self.done, self.iterations, self.admissions = \
@@ -3452,30 +3543,33 @@ class ServingSim:
         r = retry[0] if retry else head(t)
         if r is None:  # (the usual event: nobody to admit, found before anything is set up)
             return False
-        kv, ledger, tracks, need = self.kv, self.ledger, self.tracks, 0
+        kv, ledger, tracks, need, pop = self.kv, self.ledger, self.tracks, 0, self.waiting.pop
+        lookup = kv.lookup if kv.tracks_prefixes else None  # (else ledger.cached's, read)
+        known, to_prefill, start = ledger.cached, ledger.to_prefill, ledger.start
         room, watermark, running, admitted = kv.capacity - taken, kv.watermark, \
             self.running, self.admissions
+        joined, blocked = [], False  # (the prefill queue is joined once, at the end)
         while True:
-            cached = kv.lookup(ledger, r) if tracks else ledger.cached[r]
-            prompt_left = ledger.to_prefill[r] - cached
+            cached = lookup(ledger, r) if lookup else known[r]
+            prompt_left = to_prefill[r] - cached
             if tracks:  # (the null manager needs nothing and holds nothing)
                 need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
                 if need + watermark > room:
-                    self.admissions = admitted
-                    return True
+                    blocked = True
+                    break
             if retry:
                 heapq.heappop(retry)
             else:
-                self.waiting.pop()
+                pop()
             seq = Seq(r, admitted, prompt_left, ledger.remaining[r], cached)
             running[admitted] = seq
             admitted += 1
-            if ledger.start[r] != ledger.start[r]:  # (nan: its first admission)
-                ledger.start[r] = t
+            if start[r] != start[r]:  # (nan: its first admission)
+                start[r] = t
             if tracks:
                 kv.admit(seq, need)
             if prompt_left:
-                self.prefill.join(seq)
+                joined.append(seq)
             else:  # (its prefill ran elsewhere: it decodes from the next step)
                 self.decode.join((seq,), self.steps)
                 if tracks:
@@ -3487,13 +3581,13 @@ class ServingSim:
             if r is None:
                 break
         self.admissions = admitted
-        return False
+        self.prefill.join(joined)
+        return blocked
 
     def spare(self):
         """Prompt tokens this step could still take in (chunked: its token budget)."""
-        if self.chunk_tokens is None:
-            return math.inf
-        return self.chunk_tokens - self.decode.tokens - self.prefill.left
+        return math.inf if self.chunk_tokens is None else \
+            self.chunk_tokens - self.decode.tokens - self.prefill.left
 
     def could_join(self, blocked):
         """Whether a request arriving now could be admitted at the next step."""
@@ -3532,7 +3626,7 @@ class ServingSim:
         decode = self.decode  # (DecodeBatch.cached, inline)
         price = self.costs.run_price(plan, decode.size, decode.base_sum + decode.tokens
                                      * self.steps, k, self.fused)
-        if self.tracks and plan:
+        if plan and self.kv.loads:
             price = self.kv.loaded(price, plan)
         prefill_s, decode_s, first_s, growth_s, tokens = price
         running, held = len(self.running), 0
@@ -3668,7 +3762,8 @@ class FleetReplica(ServingSim):
             plan, k, _ = self.pending
             price = self.costs.run_price(plan, self.decode.size,
                                          self.decode.cached(self.steps), k, self.fused)
-            prefill_s, decode_s = self.kv.loaded(price, plan)[:2] if self.tracks else price[:2]
+            prefill_s, decode_s = self.kv.loaded(price, plan)[:2] if self.kv.loads else \
+                price[:2]
             self.end_s = self.t + (prefill_s + decode_s)
         return self.end_s
 
@@ -6485,7 +6580,11 @@ def fewest_replicas(req, replica, slo, fleet, rate, start):
 
 def unit_rate(run, req, n, seed):
     """n requests, the run's cycled, arriving at one per second (Poisson, or gamma with
-    --burstiness; a search scales the draw to each rate), and the replica's order for them."""
+    --burstiness; a search scales the draw to each rate), and the replica's order for them.
+    Prompts known by their blocks are not cycled (a prompt sent again would find itself
+    cached): at most the run's requests, in their order."""
+    if req.identity is not None:
+        n = min(n, len(req.output))
     cycled = req.take(np.arange(n) % len(req.output))
     unit = arrival_times(n, 1.0, run.burstiness, np.random.default_rng(seed))
     return cycled.take(arrival_s=unit), run_order(run, cycled.output)
@@ -6501,7 +6600,7 @@ def capacity_study(run, req, replica):
     draws = [unit_rate(run, req, m, run.seed + SEED_OFFSET["capacity"] + s)
              for s in range(CAPACITY_SEEDS)]
     log(f"C capacity: bisecting one replica's rate at the SLO, {CAPACITY_SEEDS} draws of "
-        f"{m:,} arrivals on {min(run.jobs, CAPACITY_SEEDS)} worker processes")
+        f"{len(draws[0][0].output):,} arrivals on {min(run.jobs, CAPACITY_SEEDS)} worker processes")
     searches = run_parallel([(capacity_one, (r, dataclasses.replace(replica, order=o), slo))
                              for r, o in draws], run.jobs)
     rates = sorted(rate for rate, _ in searches)
@@ -6509,7 +6608,8 @@ def capacity_study(run, req, replica):
     log(f"C capacity: one replica serves {one:,.3g} requests/s (draws {rates[0]:,.3g}-"
         f"{rates[-1]:,.3g})")
     result = {"slo_ttft_s": run.slo_ttft_s, "slo_tpot_s": run.slo_tpot_s,
-              "attainment": slo.attainment, "requests": m, "seeds": CAPACITY_SEEDS,
+              "attainment": slo.attainment, "requests": len(draws[0][0].output),
+              "seeds": CAPACITY_SEEDS, "longest_output": int(req.output.max()),
               "gpus_per_replica": run.tp, "scheduler": "continuous",
               "kv_policy": replica.kv.policy if replica.kv else None,
               "one_replica": {"rate_rps": one, "rates_rps": rates,
@@ -6532,20 +6632,27 @@ def fleet_capacity(run, req, replica, slo, one, m):
                          f"requests/s at the SLO, so even {REPLICAS_MAX:,} replicas cannot")
     # as many requests per replica (at the count the search starts from) as one replica's
     # search had: a finite run past capacity fails a loose SLO late, so the horizon matters
-    n = min(m * start, 200_000)
     seed = run.seed + SEED_OFFSET["replicas"]
-    base, order = unit_rate(run, req, n, seed)
-    replica, routers = dataclasses.replace(replica, order=order), run_routers(run)
-    log(f"C capacity: the fewest replicas for {run.target_rate:g} requests/s under "
-        f"{len(routers)} routers, from {start:,} up")
-    found = run_parallel([(fewest_replicas, (base, replica, slo, Fleet(start, router, seed),
-                                             run.target_rate, start)) for router in routers],
-                         run.jobs)
-    return {"target_rate": run.target_rate, "fleet_requests": n, "routers": {
-        router: {"replicas": replicas, "attainment": tried.get(replicas),
-                 "below": tried.get(replicas - 1) if replicas else None,
-                 "tried": sorted(tried.items())}
-        for router, (replicas, tried) in zip(routers, found)}}
+    base, order = unit_rate(run, req, min(m * start, 200_000), seed)
+    replica = dataclasses.replace(replica, order=order)
+    searches = [("routers", router, replica) for router in run_routers(run)]
+    if replica.kv and KV_MANAGERS[replica.kv.policy].tracks_prefixes:  # and the same without
+        plain = dataclasses.replace(replica, kv=dataclasses.replace(replica.kv, policy=next(
+            p for p, manager in KV_MANAGERS.items() if manager.caching == replica.kv.policy)))
+        searches += [("without_caching", router, plain) for _, router, _ in searches
+                     if ROUTERS[router].in_all]  # (cache-aware: least-requests, without)
+    log(f"C capacity: the fewest replicas for {run.target_rate:g} requests/s, "
+        f"{len(searches)} searches (routers, with and without caching), from {start:,} up")
+    found = run_parallel([(fewest_replicas, (base, spec, slo, Fleet(start, router, seed),
+                                             run.target_rate, start))
+                          for _, router, spec in searches], run.jobs)
+    result = {"target_rate": run.target_rate, "fleet_requests": len(base.output)}
+    for (group, router, _), (replicas, tried) in zip(searches, found):
+        result.setdefault(group, {})[router] = {
+            "replicas": replicas, "attainment": tried.get(replicas),
+            "below": tried.get(replicas - 1) if replicas else None,
+            "tried": sorted(tried.items())}
+    return result
 
 
 # C's prefix caching: what the prefix caches hit, and their hits against the cache's capacity
@@ -7568,8 +7675,11 @@ def capacity_text(T, cap):
                                   high=rate(one["rates_rps"][-1]))]
     if "routers" not in cap:
         return "\n".join(lines)
-    rows = [{"label": router, **r, "needed": f"{r['replicas']:,}" if r["replicas"] else
-             T["too_many"].format(n=REPLICAS_MAX)} for router, r in cap["routers"].items()]
+    rows = [{"label": T["router_plain"].format(router=router) if group == "without_caching"
+             else router, **r, "needed": f"{r['replicas']:,}" if r["replicas"] else
+             T["too_many"].format(n=REPLICAS_MAX)}
+            for group in ("routers", "without_caching")
+            for router, r in cap.get(group, {}).items()]
     lines += ["", T["replicas_needed"].format(rate=cap["target_rate"],
                                               requests=cap["fleet_requests"]),
               spec_table(T, rows, [("router", "label", "text"), ("replicas_col", "needed", "text"),
@@ -7624,7 +7734,8 @@ def capacity_answer(T, results):
     lines.append(T["answer_assumes"].format(
         arrivals=T["answer_arrivals_" + arrivals["kind"][9:]].format(**arrivals),
         prompt=C["prompt_tokens"]["p50"], output=C["output_tokens"]["p50"],
-        longest=C["lengths"]["max"], source=describe(T, C["source"]), slots=C["slots"],
+        longest=cap.get("longest_output") or C["lengths"]["max"],
+        source=describe(T, C["source"]), slots=C["slots"],
         chunk=cfg["chunk_tokens"], kv=T[cap["kv_policy"]] if cap["kv_policy"] else "-",
         vllm="" if C["slots"] == VLLM_MAX_NUM_SEQS else T["answer_vllm_slots"].format(
             n=VLLM_MAX_NUM_SEQS)))
@@ -8297,7 +8408,8 @@ def plot_who_waits(results, path):
 
 
 ROUTER_STYLES = {"round-robin": (GREY, "o"), "least-requests": (BLUE, "s"),
-                 "power-of-two": ("#2ca02c", "^"), "least-kv": (PREFILL, "D")}
+                 "power-of-two": ("#2ca02c", "^"), "least-kv": (PREFILL, "D"),
+                 "cache-aware": ("#9467bd", "v")}
 
 
 def plot_capacity(results, path):
@@ -8322,10 +8434,12 @@ def plot_capacity(results, path):
     ax.set_title("one replica", fontsize=9)
     if fleet:
         ax2 = axes[0][1]
-        for router, r in cap["routers"].items():
-            color, marker = ROUTER_STYLES[router]
-            n, met2 = zip(*r["tried"])
-            ax2.plot(n, met2, marker + "-", color=color, label=router, alpha=0.8)
+        for group, line in (("routers", "-"), ("without_caching", "--")):
+            for router, r in cap.get(group, {}).items():
+                color, marker = ROUTER_STYLES[router]
+                n, met2 = zip(*r["tried"])
+                ax2.plot(n, met2, marker + line, color=color, alpha=0.8, label=router if
+                         group == "routers" else f"{router}, no prefix caching")
         ax2.set_xlabel("replicas")
         ax2.xaxis.get_major_locator().set_params(integer=True)
         ax2.set_title(f"at {cap['target_rate']:g} requests/s", fontsize=9)
@@ -9723,6 +9837,7 @@ TEXT_EN = {**SHARED_TEXT,
                        "Poisson arrivals per count tried)",
     "replicas_col": "replicas", "attained_col": "SLO met at that count",
     "below_col": "with one fewer", "too_many": "more than {n:,}",
+    "router_plain": "{router}, no prefix caching",
     "answer": "answer: {replicas} ({gpus}), with {router}{tie}",
     "warn_moved": "warning: the machine's speed moved during this run: its ceilings, measured "
                   "again at the end, went from {bandwidth:,.1f} to {bandwidth_end:,.1f} GB/s "
@@ -10083,6 +10198,7 @@ TEXT_KO = {**SHARED_TEXT,
                        "포아송 도착 {requests:,}개)",
     "replicas_col": "복제본", "attained_col": "그 개수에서 SLO 충족",
     "below_col": "하나 적을 때", "too_many": "{n:,}개 넘게",
+    "router_plain": "{router}, 접두사 캐시 없이",
     "answer": "답: 복제본 {replicas} (GPU {gpus}), 라우터 {router}{tie}",
     "warn_moved": "경고: 이번 실행 동안 기계의 속도가 바뀌었다: 끝에서 다시 잰 천장이 "
                   "{bandwidth:,.1f}에서 {bandwidth_end:,.1f} GB/s로 ({bandwidth_moved:+.0%}), "

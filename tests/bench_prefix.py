@@ -6,6 +6,9 @@ token hit ratio.
     python tests/bench_prefix.py [--requests 1000000] [--repeats 2] [--rate 40]
     python tests/bench_prefix.py --traces   (both Mooncake traces on 4 replicas: each cache
                                              tier, then each router on the conversation trace)
+    python tests/bench_prefix.py --capacity [--target-rate 4]   (the fewest replicas for the
+        conversation trace at TTFT <= 2 s for 90%, with and without caching, round-robin and
+        cache-aware: fewest_replicas, as the capacity study runs it)
 """
 import argparse
 import os
@@ -58,9 +61,13 @@ def main():
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--rate", type=float, default=40.0)
     ap.add_argument("--traces", action="store_true")
+    ap.add_argument("--capacity", action="store_true")
+    ap.add_argument("--target-rate", type=float, default=4.0)
     args = ap.parse_args()
     if args.traces:
         return traces()
+    if args.capacity:
+        return capacity(args.target_rate)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}; llama-3-8b on h100, 256 slots, chunked 2048, paged KV "
           f"blocks of 16 on the card", flush=True)
@@ -114,6 +121,36 @@ def traces(host_gb=200):
     for label, kv in tiers[1:3]:
         for router in ("round-robin", "least-requests", "cache-aware"):
             fleet(f"conversation: {label}", req, kv, router)
+
+
+def search(args):
+    """One fewest_replicas search (a worker process's)."""
+    label, req, rep, router, rate, start = args
+    t0 = time.perf_counter()
+    n, tried = S.fewest_replicas(req, rep, S.SLO(2.0, None, 0.9), S.Fleet(start, router, 0),
+                                 rate, start)
+    return (f"{label:22s} {router:12s} {n} replicas (SLO met {tried[n]:.1%}, with one fewer "
+            f"{tried.get(n - 1, float('nan')):.1%})  {time.perf_counter() - t0:6.1f} s")
+
+
+def capacity(rate, seed=13):
+    """The conversation trace's 12,031 requests re-timed as Poisson arrivals at `rate` (in the
+    trace's order), continuous batching, llama-3-8b on H100 replicas (the card's KV budget)."""
+    req = S.read_hashed_trace(CONVERSATION, block=16)
+    req = req.take(arrival_s=S.arrival_times(len(req.output), 1.0, 1.0,
+                                              np.random.default_rng(seed)))
+    card = replica("paged").kv.capacity_tokens
+    start = max(1, int(0.7 * rate / 0.43))  # (one replica: about 0.43 requests/s at the SLO)
+    calls = [(label, req, S.dataclasses.replace(replica("paged"), scheduler="continuous", kv=kv),
+              router, rate, start)
+             for label, kv in (("card prefix cache", budget("prefix", card)),
+                               ("no caching", budget("paged", card)))
+             for router in ("round-robin", "cache-aware")]
+    print(f"conversation trace at {rate:g} requests/s, TTFT <= 2 s for 90%; load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    for line in S.run_parallel([(search, (c,)) for c in calls], 2):
+        print(line, flush=True)
+    print(f"load average now {os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def prefill(cache, seq):
 
 
 def free_blocks(cache):
-    return sum(count or 1 for count in cache.free.values())
+    return cache.free.blocks()
 
 
 def test_hashed_prompts_share_keys_while_their_ids_agree():
@@ -349,8 +349,72 @@ def test_an_evicted_block_moves_to_the_host_tier_and_its_hit_is_loaded():
     assert cache.lookup(ledger, 1) == 8  # both found in the host tier
     second = admit(cache, ledger, 1)
     assert second.loading == 8 and cache.load_s([(second, 2)]) == 4.0  # 8 tokens x 0.5 s
-    assert cache.host == {} and cache.ref == {k: 1 for k in first.keys}  # back on the card
+    assert len(cache.host) == 0 and cache.ref == {k: 1 for k in first.keys}  # back on the card
     p = cache.report()["prefix_cache"]
     assert (p["hit_tokens"], p["host_hit_tokens"], p["evicted_blocks"]) == (0, 8, 2)
     cache.advance(0, [(second, 2)], 1, 1.0, 0.0)
     assert cache.load_s([(second, 2)]) == 0.0  # loaded once, in its first step
+
+
+def test_the_block_queue_takes_blocks_as_an_ordered_dict_of_keys_and_runs_would():
+    """BlockQueue against a plain reference: an OrderedDict of keys (None) and runs (a count),
+    popped from the head one entry at a time, on random pushes, removals and pops."""
+    rng = np.random.default_rng(5)
+    queue, ref, runs = S.BlockQueue(), __import__("collections").OrderedDict(), 0
+    for _ in range(3000):
+        op = rng.integers(4)
+        if op == 0:  # push keys not in the queue, some pushed and taken before
+            keys = [int(k) for k in rng.choice(60, size=rng.integers(0, 6), replace=False)
+                    if int(k) not in ref]
+            queue.push(keys)
+            ref.update(dict.fromkeys(keys))
+        elif op == 1:
+            count = int(rng.integers(1, 4))
+            queue.push_run(count)
+            ref[("run", runs)], runs = count, runs + 1
+        elif op == 2 and ref:  # take some keys out from anywhere
+            keys = [k for k in ref if not isinstance(k, tuple) and rng.random() < 0.2]
+            queue.remove(keys)
+            for key in keys:
+                del ref[key]
+        else:
+            blocks, want = int(rng.integers(1, 8)), []
+            left = blocks
+            while left > 0 and ref:
+                key, count = ref.popitem(last=False)
+                if count and count > left:
+                    ref[key] = count - left
+                    ref.move_to_end(key, last=False)
+                left -= count or 1
+                if count is None:
+                    want.append(key)
+            assert queue.pop(blocks) == want
+        assert list(queue) == [k for k in ref if not isinstance(k, tuple)]
+        assert queue.blocks() == sum(count or 1 for count in ref.values())
+
+
+def test_the_fewest_replicas_with_and_without_caching_under_each_router(tmp_path, capsys):
+    path = os.path.join(MOONCAKE, "conversation_trace.jsonl")
+    if not os.path.exists(path):
+        pytest.skip("the Mooncake traces are not beside the project")
+    with open(path) as f:  # a slice of the conversation trace: its first 80 requests
+        (tmp_path / "slice.jsonl").write_text("".join(next(f) for _ in range(80)))
+    results, out = run_main(["--experiments", "C", "--trace", str(tmp_path / "slice.jsonl"),
+                             "--rate", "trace", "--model", "llama-3-8b", "--gpu", "h100",
+                             "--enable-prefix-caching", "--router", "all", "--slo-ttft-ms",
+                             "2000", "--target-rate", "2", "--no-figures", "--out",
+                             str(tmp_path / "out")], capsys)
+    cap = json.loads((tmp_path / "out" / "results.json").read_text())["C"]["capacity"]
+    assert cap["kv_policy"] == "prefix" and cap["fleet_requests"] == 80  # (not cycled)
+    assert cap["requests"] == 80 and cap["longest_output"] > 0
+    with_caching, without = cap["routers"], cap["without_caching"]
+    assert {"round-robin", "cache-aware"} <= set(with_caching)
+    assert set(without) == set(with_caching) - {"cache-aware"}  # (it routes by the cache)
+    for r in [*with_caching.values(), *without.values()]:
+        assert r["replicas"] >= 1 and r["attainment"] >= 0.9
+        assert r["below"] is None or r["below"] < 0.9
+        assert dict(r["tried"])[r["replicas"]] == r["attainment"]
+    assert said("round-robin, no prefix caching", out.out)
+    assert said("cache-aware", out.out.split("replicas needed for 2 requests/s")[1])
+    ko = S.format_tables(results, "ko")
+    assert "round-robin, 접두사 캐시 없이" in ko
