@@ -2988,6 +2988,43 @@ def kendall_tau(x, y, max_n=3000, seed=0):
     return agree / math.sqrt(pairs_x * pairs_y) if pairs_x and pairs_y else 0.0
 
 
+class RequestTimes(NamedTuple):
+    """A run's per-request record, simulated (ServingSim) or measured (D's Engine) alike:
+    when each request arrived, was admitted, emitted its first token and its last (s), the
+    steps of those two tokens, and its output tokens. Summarised once, by summary."""
+    arrival: np.ndarray
+    start: np.ndarray
+    first_token: np.ndarray
+    finish: np.ndarray
+    first_step: np.ndarray
+    finish_step: np.ndarray
+    output: np.ndarray
+
+    def ttft(self):
+        return self.first_token - self.arrival
+
+    def e2e(self):
+        return self.finish - self.arrival
+
+    def tpot(self):
+        """Seconds per output token after the first, of the requests emitting more than one."""
+        multi = self.output > 1
+        return (self.finish[multi] - self.first_token[multi]) / (self.output[multi] - 1)
+
+    def summary(self):
+        """The makespan and the TTFT, TPOT and E2E percentiles (see percentiles)."""
+        return {"makespan_s": float(self.finish.max() - self.arrival.min()),
+                "ttft_s": percentiles(self.ttft()), "tpot_s": percentiles(self.tpot()),
+                "e2e_s": percentiles(self.e2e())}
+
+    def stamps(self):
+        """The times and steps by name, as a simulation's result holds them."""
+        return {key: getattr(self, key) for key in STAMPS}
+
+
+STAMPS = ("start", "first_token", "finish", "first_step", "finish_step")
+
+
 class Ledger:
     """Every request's state and times, written by whichever simulation serves it (one, or
     one of a fleet's replicas: each request is served by exactly one)."""
@@ -2996,13 +3033,20 @@ class Ledger:
         self.arrival, self.prompt, self.output = (a.tolist() for a in (req.arrival_s, req.prompt,
                                                                        req.output))
         n = len(self.output)
-        self.start, self.first, self.finish = [math.nan] * n, [math.nan] * n, [math.nan] * n
+        self.start, self.first_token, self.finish = [math.nan] * n, [math.nan] * n, \
+            [math.nan] * n
         self.first_step, self.finish_step = [0] * n, [0] * n  # (in the serving simulation's steps)
         self.to_prefill, self.remaining = list(self.prompt), list(self.output)
         self.cached = [0] * n if req.cached is None else req.cached.tolist()  # (at admission)
         self.identity = req.identity  # what the prompts are made of (None: unknown)
         self.generated = [0] * n  # tokens each request has emitted
         self.taken = bytearray(n)  # taken out of a waiting queue (see PriorityQueue)
+
+    def times(self):
+        """The record of the run written here (built once, at its end)."""
+        return RequestTimes(*(np.array(v) for v in (
+            self.arrival, self.start, self.first_token, self.finish, self.first_step,
+            self.finish_step, self.output)))
 
 
 class FifoQueue:
@@ -3510,7 +3554,7 @@ class ServingSim:
     def emit_first_tokens(self, emitted, held, running, t):
         """The requests whose prefill has just ended emit a token at t; each then decodes
         (or, with nothing left to emit, finishes)."""
-        first, first_step, steps = self.ledger.first, self.ledger.first_step, self.steps
+        first, first_step, steps = self.ledger.first_token, self.ledger.first_step, self.steps
         cached, decoders, finished = 0, [], []
         for s in emitted:
             if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
@@ -3586,9 +3630,8 @@ class ServingSim:
 
     def result(self):
         ledger = self.ledger
-        sim = {"start": np.array(ledger.start), "first_token": np.array(ledger.first),
-               "finish": np.array(ledger.finish), "first_step": np.array(ledger.first_step),
-               "finish_step": np.array(ledger.finish_step), "steps": self.steps,
+        times = ledger.times()
+        sim = {"times": times, **times.stamps(), "steps": self.steps,
                "occupancy": self.busy / (self.steps * self.slots) if self.steps else 0.0,
                "longest_step_s": self.longest_step_s, "prefill_s": self.prefill_s,
                "decode_s": self.decode_s, "iterations": self.iterations}
@@ -3942,9 +3985,8 @@ def pools_result(req, stages):
             {"requests": int((where == i).sum()), "output_tokens": int(output[where == i].sum()),
              "steps": r["steps"], "occupancy": r["occupancy"]} for i, r in enumerate(res)]}
         results += res
-    fleet = {key: np.array(getattr(ledger, name)) for key, name in (
-        ("start", "start"), ("first_token", "first"), ("finish", "finish"),
-        ("first_step", "first_step"), ("finish_step", "finish_step"))}
+    times = ledger.times()
+    fleet = {"times": times, **times.stamps()}
     per_replica = [p for pool in pools.values() for p in pool["per_replica"]]
     steps = sum(res["steps"] for res in results)
     fleet.update(replica=pools[stages[0].pool.name]["replica"],
@@ -3994,23 +4036,24 @@ def percentiles(values):
 
 
 def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
-    ttft = sim["first_token"] - req.arrival_s
-    e2e = sim["finish"] - req.arrival_s
-    multi = req.output > 1
-    tpot = (sim["finish"][multi] - sim["first_token"][multi]) / (req.output[multi] - 1)
-    span = float(sim["finish"].max() - req.arrival_s.min())
+    """A simulation's summary: its record's (RequestTimes.summary) beside its steps and
+    throughput, and with an SLO the goodput and the share of requests meeting it."""
+    times = sim["times"]
+    summary = times.summary()
+    span, n = summary["makespan_s"], len(times.arrival)
     metrics = {"steps": sim["steps"], "iterations": sim["iterations"],
                "simulation_s": sim.get("wall_s"), "makespan_s": span,
-               "throughput_rps": len(e2e) / span, "output_tokens_per_s": req.output.sum() / span,
+               "throughput_rps": n / span, "output_tokens_per_s": req.output.sum() / span,
                "occupancy": sim["occupancy"], "longest_step_s": sim["longest_step_s"],
-               "ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot), "e2e_s": percentiles(e2e)}
+               "ttft_s": summary["ttft_s"], "tpot_s": summary["tpot_s"],
+               "e2e_s": summary["e2e_s"]}
     if slo_ttft_s or slo_tpot_s:
-        ok = np.ones(len(e2e), bool)
+        ok = np.ones(n, bool)
         if slo_ttft_s:
-            ok &= ttft <= slo_ttft_s
+            ok &= times.ttft() <= slo_ttft_s
         if slo_tpot_s:
-            per_token = np.zeros(len(e2e))
-            per_token[multi] = tpot
+            per_token = np.zeros(n)
+            per_token[times.output > 1] = times.tpot()
             ok &= per_token <= slo_tpot_s
         metrics["goodput_rps"] = float(ok.sum() / span)
         metrics["slo_attained"] = float(ok.mean())
@@ -5934,8 +5977,8 @@ def schedulers_study(run, req, replica, kv_budgets, log):
         sim = sims[f"C {name}"]
         result["schedulers"][name] = serving_metrics(req, sim, run.slo_ttft_s, run.slo_tpot_s)
         result["distributions"][name] = {
-            "ttft_s": quantile_curve(np.sort(sim["first_token"] - req.arrival_s)),
-            "e2e_s": quantile_curve(np.sort(sim["finish"] - req.arrival_s))}
+            "ttft_s": quantile_curve(np.sort(sim["times"].ttft())),
+            "e2e_s": quantile_curve(np.sort(sim["times"].e2e()))}
     if run.save_requests:
         save_requests_csv(run.save_requests, req, {name: sims[f"C {name}"]
                                                    for name in SCHEDULERS})
@@ -6070,7 +6113,7 @@ def order_latencies(req, sim, edges):
     arrival."""
     m = serving_metrics(req, sim)
     out = req.output
-    ttft, e2e = sim["first_token"] - req.arrival_s, sim["finish"] - req.arrival_s
+    ttft, e2e = sim["times"].ttft(), sim["times"].e2e()
     wait, per_token = sim["start"] - req.arrival_s, e2e / out
     buckets = []
     for name, mask in (("short", out <= edges[0]), ("medium", (out > edges[0])
@@ -6347,7 +6390,7 @@ def prefix_metrics(req, sim):
     hit = np.zeros(len(req.output))
     if p["hits"]:
         hit[list(p["hits"])] = list(p["hits"].values())
-    share, ttft = hit / req.prompt, sim["first_token"] - req.arrival_s
+    share, ttft = hit / req.prompt, sim["times"].ttft()
     queried, card, host = p["queried_tokens"], p["hit_tokens"], p["host_hit_tokens"]
     buckets = []
     for name, low, high in HIT_BUCKETS:
@@ -6486,13 +6529,11 @@ class Engine:
         self.running, self.position = [], []  # the request and next position of each row
         self.next_token = torch.zeros(self.slots, dtype=torch.long, device=self.device)
         self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-        ledger = self.ledger
         self.elog = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0,
                     "attention_calls": 0, "decode_steps": 0, "padded_decode_steps": 0,
                     "passes": [],  # (tokens, cached tokens, seconds)
                     "prefill_passes": [],  # their indices in passes
-                    "hit_tokens": [0] * n, "first_step": [0] * n, "finish_step": [0] * n, "start_s": ledger.start,
-                    "first_s": ledger.first, "finish_s": ledger.finish, "idle_s": 0.0}
+                    "hit_tokens": [0] * n, "idle_s": 0.0}
 
     def serve(self):
         self.sync()
@@ -6504,6 +6545,7 @@ class Engine:
             self.retire(self.forward(new))
         self.sync()
         self.elog["wall_s"] = time.perf_counter() - self.t0
+        self.elog["times"] = self.ledger.times()  # (its times on the wall clock from t0)
         return self.generated, self.elog
 
     def admit(self):
@@ -6585,11 +6627,11 @@ class Engine:
         elog["t_s"].append(now)
         elog["running"].append(len(running))
         for r in new:
-            elog["first_step"][r], ledger.first[r] = step, now
+            ledger.first_step[r], ledger.first_token[r] = step, now
         finished = [i for i, r in enumerate(running)
                     if len(self.generated[r]) == self.output_lens[r]]
         for row in reversed(finished):
-            elog["finish_step"][running[row]], ledger.finish[running[row]] = step, now
+            ledger.finish_step[running[row]], ledger.finish[running[row]] = step, now
             last = len(running) - 1
             if row != last:
                 m = position[last]
@@ -6675,19 +6717,19 @@ def engine_costs(bench, prompt_len, pad):
 LATENCIES = ("makespan_s", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s")
 
 
-def latencies(arrival, first, finish):
-    """The run's makespan and its requests' TTFT and E2E, p50 and p90."""
-    ttft, e2e = np.asarray(first) - arrival, np.asarray(finish) - arrival
-    (t50, t90), (e50, e90) = np.percentile(ttft, [50, 90]), np.percentile(e2e, [50, 90])
-    return {"makespan_s": float(np.max(finish) - np.min(arrival)), "ttft_p50_s": float(t50),
-            "ttft_p90_s": float(t90), "e2e_p50_s": float(e50), "e2e_p90_s": float(e90)}
+def latencies(times):
+    """A run's makespan and its requests' TTFT and E2E, p50 and p90 (RequestTimes.summary's)."""
+    summary = times.summary()
+    ttft, e2e = summary["ttft_s"], summary["e2e_s"]
+    return {"makespan_s": summary["makespan_s"], "ttft_p50_s": ttft["p50"],
+            "ttft_p90_s": ttft["p90"], "e2e_p50_s": e2e["p50"], "e2e_p90_s": e2e["p90"]}
 
 
-def steps_check(elog, sim):
+def steps_check(engine_times, sim_times):
     """Every request's first-token step and finish step, the engine's against the
     simulation's; the first request where they differ."""
-    engine = np.array([elog["first_step"], elog["finish_step"]])
-    simulated = np.array([sim["first_step"], sim["finish_step"]])
+    engine = np.array([engine_times.first_step, engine_times.finish_step])
+    simulated = np.array([sim_times.first_step, sim_times.finish_step])
     differ = np.flatnonzero((engine != simulated).any(axis=0))
     check = {"requests": engine.shape[1], "agree": int(engine.shape[1] - len(differ))}
     if len(differ):
@@ -6854,6 +6896,7 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
     is_prefill[elog["prefill_passes"]] = True
     decode, prefill = passes[~is_prefill], passes[is_prefill]
     steps, wall, slots = len(elog["t_s"]), elog["wall_s"], replica.slots
+    measured = elog["times"]
     t, running = zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))
     return {
         "wall_s": wall, "output_tokens_per_s": float(req.output.sum()) / wall, "steps": steps,
@@ -6866,20 +6909,20 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
         "predicted": {"wall_s": float(sim["finish"].max()), "steps": sim["steps"],
                       "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"],
                       "cost_model": "spread" if several else "one_span"},
-        "steps_check": steps_check(elog, sim) if at_zero else None,
-        "latency": {"measured": latencies(req.arrival_s, elog["first_s"], elog["finish_s"]),
-                    "passes": latencies(req.arrival_s, replay["first_token"], replay["finish"]),
-                    "priced": latencies(req.arrival_s, sim["first_token"], sim["finish"])},
+        "steps_check": steps_check(measured, sim["times"]) if at_zero else None,
+        "latency": {"measured": latencies(measured), "passes": latencies(replay["times"]),
+                    "priced": latencies(sim["times"])},
         # the step costs timed beforehand against the run's own passes (sums by kind)
         "passes_priced": {kind: {"passes": len(p), "measured_s": float(p[:, 2].sum()),
                                  "priced_s": float(sum(replica.costs.pass_s(int(k), v)
                                                        for k, v, _ in p))}
                           for kind, p in (("decode", decode), ("prefill", prefill))},
-        "per_request": {"engine_first_step": elog["first_step"],
-                        "engine_finish_step": elog["finish_step"],
+        "per_request": {"engine_first_step": measured.first_step.tolist(),
+                        "engine_finish_step": measured.finish_step.tolist(),
                         "simulated_first_step": sim["first_step"],
                         "simulated_finish_step": sim["finish_step"],
-                        "measured_first_s": elog["first_s"], "measured_finish_s": elog["finish_s"],
+                        "measured_first_s": measured.first_token.tolist(),
+                        "measured_finish_s": measured.finish.tolist(),
                         "passes_first_s": replay["first_token"],
                         "passes_finish_s": replay["finish"]},
         "timeline": {"t_s": t, "running": running},

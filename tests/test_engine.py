@@ -58,19 +58,21 @@ def test_every_request_takes_the_steps_the_simulation_gives_it(policy, order):
                                             policy, order=o))
     assert len(log["t_s"]) == sim["steps"]
     assert sum(log["running"]) == round(sim["occupancy"] * sim["steps"] * 8)
-    assert log["first_step"] == sim["first_step"].tolist()
-    assert log["finish_step"] == sim["finish_step"].tolist()
-    assert S.steps_check(log, sim) == {"requests": 40, "agree": 40}
+    assert log["times"].first_step.tolist() == sim["first_step"].tolist()
+    assert log["times"].finish_step.tolist() == sim["finish_step"].tolist()
+    assert S.steps_check(log["times"], sim["times"]) == {"requests": 40, "agree": 40}
     if order != "fcfs":  # (the order changes who runs when: the check is not vacuous)
         fcfs = S.simulate_serving(req, S.Replica(8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                                  policy))
-        assert S.steps_check(log, fcfs)["agree"] < 40
+        assert S.steps_check(log["times"], fcfs["times"])["agree"] < 40
 
 
 def test_steps_check_names_the_first_request_that_differs():
-    log = {"first_step": [1, 1, 3, 4], "finish_step": [5, 2, 7, 9]}
-    sim = {"first_step": np.array([1, 1, 3, 5]), "finish_step": np.array([5, 2, 8, 9])}
-    assert S.steps_check(log, sim) == {"requests": 4, "agree": 2, "first_mismatch": {
+    def times(first_step, finish_step):
+        return S.RequestTimes(*[np.zeros(4)] * 4, np.array(first_step), np.array(finish_step),
+                              np.ones(4))
+    engine, sim = times([1, 1, 3, 4], [5, 2, 7, 9]), times([1, 1, 3, 5], [5, 2, 8, 9])
+    assert S.steps_check(engine, sim) == {"requests": 4, "agree": 2, "first_mismatch": {
         "request": 2, "engine": [3, 7], "simulated": [3, 8]}}
 
 
@@ -103,12 +105,14 @@ def test_arrivals_are_honoured_on_the_wall_clock(monkeypatch):
     cache = S.new_kv_cache(TINY, 2, 4 + max(lengths), "cpu")
     generated, log = S.run_engine(model, cache, prompts, lengths, "continuous",
                                   arrival_s=arrival)
-    assert all(start >= a for start, a in zip(log["start_s"], arrival))
+    times = log["times"]
+    assert all(start >= a for start, a in zip(times.start, arrival))
     # the first four are done within a few ms of the clock: it sleeps to each later arrival
-    assert max(log["finish_s"][:4]) < 0.2 and log["idle_s"] == pytest.approx(sum(clock.slept))
-    assert 0.2 <= log["start_s"][4] < 0.2 + 1e-3 and log["idle_s"] > 0.1
+    assert max(times.finish[:4]) < 0.2 and log["idle_s"] == pytest.approx(sum(clock.slept))
+    assert 0.2 <= times.start[4] < 0.2 + 1e-3 and log["idle_s"] > 0.1
     assert [len(g) for g in generated] == lengths
-    assert all(s <= f <= e for s, f, e in zip(log["start_s"], log["first_s"], log["finish_s"]))
+    assert all(s <= f <= e for s, f, e in zip(times.start, times.first_token, times.finish))
+    assert times.arrival.tolist() == arrival and (times.ttft() >= 0).all()
 
 
 def test_fitting_an_engines_passes_by_hand():
@@ -377,7 +381,7 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
     sim = S.simulate_serving(req, S.Replica(4, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                             kv=S.KVBudget("prefix", math.inf, 16)))
     assert (list(sim["first_step"]), list(sim["finish_step"])) == \
-        (log["first_step"], log["finish_step"])
+        (log["times"].first_step.tolist(), log["times"].finish_step.tolist())
     assert sim["prefix_cache"]["hits"] == dict(enumerate(log["hit_tokens"]))
 
 

@@ -326,7 +326,7 @@ def test_a_request_prefilled_elsewhere_decodes_from_its_first_step():
     req = S.Requests(np.zeros(1), np.array([100]), np.array([10]))
     ledger = S.Ledger(req)
     ledger.to_prefill[0] = ledger.cached[0] = 101
-    ledger.remaining[0], ledger.first[0] = 9, -1.0
+    ledger.remaining[0], ledger.first_token[0] = 9, -1.0
     sim = S.ServingSim(req, S.Replica(4, COSTS, "continuous", kv=S.KVBudget("paged", 512, 16)),
                        ledger=ledger).serve()
     assert sim["steps"] == 9 and sim["finish_step"][0] == 9 and sim["first_token"][0] == -1.0

@@ -203,6 +203,11 @@ def test_latency_definitions_by_hand():
     assert sim["steps"] == 3 and m["occupancy"] == (1 + 2 + 2) / (3 * 2)
     assert m["makespan_s"] == 4.0 and m["throughput_rps"] == 2 / 4.0
     assert m["output_tokens_per_s"] == 5 / 4.0
+    # the record the metrics summarise: the same times, by request
+    times = sim["times"]
+    assert times.ttft().tolist() == [1.0, 2.5] and times.e2e().tolist() == [4.0, 3.5]
+    assert times.tpot().tolist() == [1.5, 1.0] and times.finish_step.tolist() == [3, 3]
+    assert times.first_step.tolist() == [1, 2] and times.start.tolist() == [0.0, 1.0]
 
 
 def test_iterations_do_not_grow_with_output_lengths():
