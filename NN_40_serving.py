@@ -1013,6 +1013,16 @@ def kv_crossover_batch(cfg, context):
 # the trace's own timestamps. Calls the helpers only.
 
 
+def seed_for(run, stream, k=0):
+    """The seed of a run's random stream by name (SEED_OFFSET; k: the stream's k-th draw)."""
+    return run.seed + SEED_OFFSET[stream] + k
+
+
+def random_stream(run, stream):
+    """A run's NumPy generator for the stream `stream` (see seed_for)."""
+    return np.random.default_rng(seed_for(run, stream))
+
+
 def lognormal_lengths(n, seed, mu=LENGTH_MU, sigma=LENGTH_SIGMA, max_len=LENGTH_MAX):
     """n generated lengths: floor(e^x), x ~ N(mu, sigma^2) (median e^mu), in [1, max_len]."""
     draws = np.random.default_rng(seed).lognormal(mu, sigma, size=n)
@@ -1440,7 +1450,7 @@ def make_requests(run):
         if need > 0.5 * free:
             raise UsageError(f"--requests {run.requests:,}: C would need about {gib(need)} of "
                              f"memory, and {gib(free)} is free")
-    rng = np.random.default_rng(run.seed + SEED_OFFSET["arrivals"])
+    rng = random_stream(run, "arrivals")
     trace_times = identity = None
     if run.trace and is_hashed_trace(run.trace):
         if run.prefix_len or run.turns > 1:
@@ -1473,8 +1483,8 @@ def make_requests(run):
     prefix = PrefixWorkload(run.prefix_len, run.num_prefixes, run.prefix_share, run.prefix_zipf,
                             run.turns, run.think_time_s)
     if identity is None and (prefix.prefix_len or prefix.turns > 1):
-        return shared_prompts(Requests(arrival, prompt, output), prefix, np.random.default_rng(
-            run.seed + SEED_OFFSET["prefixes"]))
+        return shared_prompts(Requests(arrival, prompt, output), prefix,
+                              random_stream(run, "prefixes"))
     return Requests(arrival, prompt, output, identity=identity)
 
 
@@ -5872,7 +5882,7 @@ def run_order(run, output, name=None):
     """The queue's Order for C's requests: --order with --max-wait-s, or the order `name` with
     no guard; the predicted lengths are the same draw (--predict-sigma) in every study."""
     return queue_order(name or run.order, output, run.predict_sigma,
-                       run.seed + SEED_OFFSET["predicted"],
+                       seed_for(run, "predicted"),
                        None if name else run.max_wait_s)
 
 
@@ -5904,16 +5914,16 @@ def work_of(sims):
     return Work(len(sims), sum(s["iterations"] for s in sims), sum(s["wall_s"] for s in sims))
 
 
-def run_batching_sim(run, req, log, results, kv_budgets=None):
+def run_batching_sim(run, req, log, costs, kv_budgets=None):
     """C: static vs continuous batching in steps (the post's table, then in every order of the
-    queue), then in seconds under the step-cost model for all three schedulers, (kv_budgets:
-    kv_setup's) the KV-cache study, who waits under each order, a sweep of arrival rates, and
-    with --replicas or an SLO the routers and the capacity search; the independent
-    simulations run in --jobs worker processes."""
+    queue), then in seconds priced by `costs` (StepCosts: step_costs's) for all three
+    schedulers, (kv_budgets: kv_setup's) the KV-cache study, who waits under each order, a
+    sweep of arrival rates, and with --replicas or an SLO the routers and the capacity search;
+    the independent simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
     budgets = kv_budgets[1] if kv_budgets else ()
     profile = engine_profile(run.engine_profile)  # (its seats and budget: C's flags')
-    replica = profile.replica(step_costs(run, results), slots=run.slots, scheduler="continuous",
+    replica = profile.replica(costs, slots=run.slots, scheduler="continuous",
                               chunk_tokens=run.chunk_tokens, order=run_order(run, req.output),
                               fused=bool(run.gpu) and profile.fused)
     fleet_replica = dataclasses.replace(replica, kv=study_budget(budgets))  # (and capacity's)
@@ -6152,7 +6162,7 @@ def rate_sweep(run, req, replica, continuous):
     capacity = continuous["throughput_rps"]
     rates = run.rates or tuple(round(f * capacity, 6) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0,
                                                                 1.2))
-    rng = np.random.default_rng(run.seed + SEED_OFFSET["sweep"])
+    rng = random_stream(run, "sweep")
     swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.burstiness, rng))
              for rate in rates]
     sims = run_parallel([(timed_task, (f"C sweep {rate:g}/s {name}", simulate_serving, r,
@@ -6221,7 +6231,7 @@ def replicas_study(run, req, replica):
     routers = run_routers(run)
     fleets = run_parallel([(timed_task, (
         f"C fleet {router}", simulate_fleet, req, replica,
-        Fleet(run.replicas, router, run.seed + SEED_OFFSET["fleet"]))) for router in routers],
+        Fleet(run.replicas, router, seed_for(run, "fleet")))) for router in routers],
         run.jobs)
     return {"replicas": run.replicas, "slots": run.slots, "requests": len(req.output),
             "scheduler": "continuous", "kv_policy": replica.kv.policy if replica.kv else None,
@@ -6322,7 +6332,7 @@ def capacity_study(run, req, replica):
     replica = dataclasses.replace(replica, scheduler="continuous")
     slo = SLO(run.slo_ttft_s, run.slo_tpot_s, run.slo_attainment)
     m = max(CAPACITY_REQUESTS, len(req.output))
-    draws = [unit_rate(run, req, m, run.seed + SEED_OFFSET["capacity"] + s)
+    draws = [unit_rate(run, req, m, seed_for(run, "capacity", s))
              for s in range(CAPACITY_SEEDS)]
     log(f"C capacity: bisecting one replica's rate at the SLO, {CAPACITY_SEEDS} draws of "
         f"{m:,} arrivals on {min(run.jobs, CAPACITY_SEEDS)} worker processes")
@@ -6357,7 +6367,7 @@ def fleet_capacity(run, req, replica, slo, one, m):
     # as many requests per replica (at the count the search starts from) as one replica's
     # search had: a finite run past capacity fails a loose SLO late, so the horizon matters
     n = min(m * start, 200_000)
-    seed = run.seed + SEED_OFFSET["replicas"]
+    seed = seed_for(run, "replicas")
     base, order = unit_rate(run, req, n, seed)
     replica, routers = dataclasses.replace(replica, order=order), run_routers(run)
     log(f"C capacity: the fewest replicas for {run.target_rate:g} requests/s under "
@@ -6658,7 +6668,7 @@ def engine_requests(run):
         raise UsageError(f"D: {n:,} requests of {P:,} prompt tokens would need about "
                          f"{gib(need)} of memory, and {gib(free)} is free")
     lengths = np.maximum(lognormal_lengths(n, run.seed) // run.engine_shrink, 1)
-    rng = np.random.default_rng(run.seed + SEED_OFFSET["engine_arrivals"])
+    rng = random_stream(run, "engine_arrivals")
     arrival = arrival_times(n, run.rate, run.burstiness, rng) if isinstance(run.rate, float) \
         else None
     return lengths, arrival
@@ -6811,7 +6821,7 @@ def log_step_costs(log, name, costs):
 def engine_prompts(run, vocab, n, system):
     """D's prompts, random tokens on the CPU; each system prompt's tokens open every prompt
     it opens (system: see engine_system_prompts)."""
-    g = torch.Generator(device="cpu").manual_seed(run.seed + SEED_OFFSET["prompts"])
+    g = torch.Generator(device="cpu").manual_seed(seed_for(run, "prompts"))
     prompts = torch.randint(vocab, (n, run.engine_prompt_len), generator=g)
     if system is not None:
         texts = torch.randint(vocab, (run.num_prefixes, run.prefix_len), generator=g)
@@ -6828,7 +6838,7 @@ def engine_system_prompts(run, arrival, lengths):
     prefix = PrefixWorkload(run.prefix_len, run.num_prefixes, run.prefix_share, run.prefix_zipf)
     opened = shared_prompts(Requests(np.zeros(n) if arrival is None else arrival, np.zeros(n),
                                      lengths), prefix,
-                            np.random.default_rng(run.seed + SEED_OFFSET["prefixes"]))
+                            random_stream(run, "prefixes"))
     return np.asarray(opened.identity.system)
 
 
@@ -9279,7 +9289,8 @@ def run_experiment(name, run, device, results, benches, inputs):
     elif name == "B":
         results["B"] = run_prefill_decode(bench, ceilings, log)
     elif name == "C":
-        results["C"] = run_batching_sim(run, inputs.requests, log, results, inputs.kv_budgets)
+        results["C"] = run_batching_sim(run, inputs.requests, log, step_costs(run, results),
+                                        inputs.kv_budgets)
         if device and "peak" in results["C"].get("kv", {}):  # the budget is real
             results["C"]["kv"]["device_check"] = kv_device_check(bench, results["C"]["kv"])
     elif name == "D":

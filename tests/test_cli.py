@@ -214,7 +214,7 @@ def test_context_past_the_position_table(tiny_args, capsys):
 
 
 def test_ctrl_c_prints_finished_tables(tiny_args, tmp_path, capsys, monkeypatch):
-    def interrupt(run, req, log, results, kv):
+    def interrupt(run, req, log, costs, kv):
         raise KeyboardInterrupt
     monkeypatch.setattr(S, "run_batching_sim", interrupt)
     with pytest.raises(SystemExit) as exit_info:
