@@ -392,26 +392,21 @@ class GPU:
 _NVLINK3, _NVLINK4, _NVLINK5 = ("NVLink 3", 300.0), ("NVLink 4", 450.0), ("NVLink 5", 900.0)
 _PCIE4, _PCIE5 = ("PCIe 4.0 x16", 32.0), ("PCIe 5.0 x16", 64.0)
 
-
-def _card(name, bandwidth_gbs, tflops, memory_gb, fp8_tflops, link, memory_mib):
-    return GPU(name, bandwidth_gbs, tflops, memory_gb, fp8_tflops, *link, memory_mib)
-
-
 GPUS = {  # README cites the spec sheets; memory_mib: nvidia-smi's total (the RTX 4090's as
     # torch reported it in LLMServingSim's vLLM run)
-    "rtx-3090": _card("RTX 3090", 936.0, 71.0, 24.0, None, _PCIE4, 24576),
-    "rtx-4090": _card("RTX 4090", 1008.0, 165.2, 24.0, 330.3, _PCIE4, 24081),
-    "rtx-5080": _card("RTX 5080", 960.0, 112.6, 16.0, 225.1, _PCIE5, 16303),
-    "rtx-pro-6000": _card("RTX PRO 6000 Blackwell", 1792.0, 503.8, 96.0, 1007.6, _PCIE5,
-                          97887),
-    "l40s": _card("L40S", 864.0, 362.1, 48.0, 733.0, _PCIE4, 46068),
-    "a100-40gb": _card("A100 40GB SXM", 1555.0, 312.0, 40.0, None, _NVLINK3, 40960),
-    "a100-80gb": _card("A100 80GB SXM", 2039.0, 312.0, 80.0, None, _NVLINK3, 81920),
-    "a100-pcie-80gb": _card("A100 80GB PCIe", 1935.0, 312.0, 80.0, None, _PCIE4, 81920),
-    "h100-pcie": _card("H100 PCIe", 2000.0, 756.0, 80.0, 1513.0, _PCIE5, 81559),
-    "h100": _card("H100 SXM", 3350.0, 989.4, 80.0, 1978.9, _NVLINK4, 81559),
-    "h200": _card("H200 SXM", 4800.0, 989.4, 141.0, 1978.9, _NVLINK4, 143771),
-    "b200": _card("B200", 8000.0, 2250.0, 180.0, 4500.0, _NVLINK5, 183359),
+    "rtx-3090": GPU("RTX 3090", 936.0, 71.0, 24.0, None, *_PCIE4, 24576),
+    "rtx-4090": GPU("RTX 4090", 1008.0, 165.2, 24.0, 330.3, *_PCIE4, 24081),
+    "rtx-5080": GPU("RTX 5080", 960.0, 112.6, 16.0, 225.1, *_PCIE5, 16303),
+    "rtx-pro-6000": GPU("RTX PRO 6000 Blackwell", 1792.0, 503.8, 96.0, 1007.6, *_PCIE5,
+                        97887),
+    "l40s": GPU("L40S", 864.0, 362.1, 48.0, 733.0, *_PCIE4, 46068),
+    "a100-40gb": GPU("A100 40GB SXM", 1555.0, 312.0, 40.0, None, *_NVLINK3, 40960),
+    "a100-80gb": GPU("A100 80GB SXM", 2039.0, 312.0, 80.0, None, *_NVLINK3, 81920),
+    "a100-pcie-80gb": GPU("A100 80GB PCIe", 1935.0, 312.0, 80.0, None, *_PCIE4, 81920),
+    "h100-pcie": GPU("H100 PCIe", 2000.0, 756.0, 80.0, 1513.0, *_PCIE5, 81559),
+    "h100": GPU("H100 SXM", 3350.0, 989.4, 80.0, 1978.9, *_NVLINK4, 81559),
+    "h200": GPU("H200 SXM", 4800.0, 989.4, 141.0, 1978.9, *_NVLINK4, 143771),
+    "b200": GPU("B200", 8000.0, 2250.0, 180.0, 4500.0, *_NVLINK5, 183359),
 }
 
 # Each card's link to its host's memory, one way (a prefix cache's host tier loads over it):
@@ -4646,11 +4641,9 @@ class Block(nn.Module):
             self.fc = Linear(h, (2 if self.gated else 1) * cfg.ffn)  # (gate; up)
             self.out = Linear(cfg.ffn, h)
 
-    def forward(self, x, cache, index, positions, spans, mask, rope):
-        # x (B, T, h); cache (2, B_cache, KVH, S_max, D); index (B,) the cache row of each batch
-        # row; positions (B, T); spans: see attention_spans (None for a prefill); mask: None,
-        # or (B, 1, 1, keys) when one span pads its rows to the longest, or (B, 1, T, keys) for
-        # a prefill after a cached prefix (spans None); rope: None or cos, sin
+    def forward(self, x, cache, at):
+        # x (B, T, h); cache (2, B_cache, KVH, S_max, D); at: the StepLayout
+        index, positions, spans, mask, rope = at
         B, T, h = x.shape
         H, KVH = self.heads, self.kv_heads
         D, G = self.head_dim, H // KVH  # head width; query heads per K/V head
@@ -4686,6 +4679,18 @@ class Block(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
+class StepLayout(NamedTuple):
+    """Where a step's tokens sit, the same for every block: index (B,) the cache row of each
+    batch row; positions (B, T); spans: see attention_spans (None for a prefill); mask: None,
+    or (B, 1, 1, keys) when one span pads its rows to the longest, or (B, 1, T, keys) for a
+    prefill after a cached prefix (spans None); rope: None or (cos, sin)."""
+    index: torch.Tensor
+    positions: torch.Tensor
+    spans: list
+    mask: torch.Tensor
+    rope: tuple
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -4717,8 +4722,9 @@ class Transformer(nn.Module):
         else:
             angles = positions[:, None, :, None].float() * self.inv_freq  # (B, 1, T, D/2)
             rope = angles.cos(), angles.sin()
+        at = StepLayout(index, positions, spans, mask, rope)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache[layer], index, positions, spans, mask, rope)
+            x = block(x, cache[layer], at)
         return self.lm_head(self.ln_f(x[:, -1]))
 
 
@@ -5368,10 +5374,11 @@ HOST_SYNC_OPS = {"item", "_local_scalar_dense", "nonzero", "masked_select", "uni
 DEVICE_SIDE_OPS = {"_grouped_mm"}  # (its CPU fallback reads the group ends with .item())
 
 
-def attention_kernel(device, dtype, batch, heads, queries, keys, head_dim, causal=False,
-                     padded=False):
-    """The attention kernel PyTorch runs for this shape under the backends allowed now: one
-    call on random tensors of the shape (at most 8 rows), its ops logged."""
+def attention_kernel(device, dtype, query_shape, keys, causal=False, padded=False):
+    """The attention kernel PyTorch runs for a query of query_shape (batch, heads, queries,
+    head_dim) over `keys` keys under the backends allowed now: one call on random tensors of
+    the shape (at most 8 rows), its ops logged."""
+    batch, heads, queries, head_dim = query_shape
     g = torch.Generator(device="cpu").manual_seed(5)
     b = min(batch, 8)
     q = torch.randn(b, heads, queries, head_dim, generator=g).to(device, dtype)
@@ -5570,13 +5577,15 @@ def measure_ceilings(run, device, log):
 LAUNCH_BOUND_SHARE = 0.25
 
 
-def roofline_row(cfg, ceilings, timing, batch, new_tokens, context, cuda=False):
-    """Timing + the accounting of the step it timed: rates, intensity, MBU, MFU and bound.
+def roofline_row(cfg, ceilings, timing, shape, cuda=False):
+    """Timing + the accounting of the step it timed, of shape (batch, new tokens a row,
+    context): rates, intensity, MBU, MFU and bound.
 
     MBU = achieved bytes/s (weights + KV cache + activations, the step_cost model) / measured
     bandwidth; MFU = achieved FLOP/s / measured matmul rate. The bound is the side of the
     ridge point (peak FLOP/s / peak bytes/s) the step's intensity falls on.
     """
+    batch, new_tokens, context = shape
     cost = step_cost(cfg, batch, new_tokens, context)
     s = timing["median_ms"] / 1e3
     tokens = batch * new_tokens
@@ -5612,7 +5621,7 @@ def decode_row(bench, ceilings, batch, context, mode):
     for layer in moe:
         layer.reset_tally()
     row = timed_or_skipped(row, lambda: roofline_row(
-        bench.cfg, ceilings, bench.time_decode(batch, context, mode), batch, 1, context,
+        bench.cfg, ceilings, bench.time_decode(batch, context, mode), (batch, 1, context),
         bench.device.type == "cuda"))
     if moe and "skipped" not in row:  # (every timed step's mean, and the bytes it read)
         read, calls = np.sum([m.tallies() for m in moe], axis=0)
@@ -5629,7 +5638,7 @@ def prefill_row(bench, ceilings, tokens, mode):
         row["skipped"] = reason
         return row
     return timed_or_skipped(row, lambda: roofline_row(
-        bench.cfg, ceilings, bench.time_prefill(tokens, mode=mode), 1, tokens, 0,
+        bench.cfg, ceilings, bench.time_prefill(tokens, mode=mode), (1, tokens, 0),
         bench.device.type == "cuda"))
 
 
@@ -5684,16 +5693,16 @@ def decode_kernel(bench, batch, keys, pad=False):
     cfg = bench.cfg
     if cfg.arch == "post":
         return None
-    return attention_kernel(bench.device, DTYPES[cfg.dtype], batch, cfg.n_kv_heads,
-                            cfg.heads // cfg.n_kv_heads, keys, cfg.head_dim, padded=pad)
+    return attention_kernel(bench.device, DTYPES[cfg.dtype], (
+        batch, cfg.n_kv_heads, cfg.heads // cfg.n_kv_heads, cfg.head_dim), keys, padded=pad)
 
 
 def prefill_kernel(bench, tokens):
     cfg = bench.cfg
     if cfg.arch == "post":
         return None
-    return attention_kernel(bench.device, DTYPES[cfg.dtype], 1, cfg.heads, tokens, tokens,
-                            cfg.head_dim, causal=True)
+    return attention_kernel(bench.device, DTYPES[cfg.dtype],
+                            (1, cfg.heads, tokens, cfg.head_dim), tokens, causal=True)
 
 
 def attention_policy(*kernels):
@@ -6474,24 +6483,29 @@ def host_tier(run, per_token):
 # rows admitted together share a position and one attention span.
 
 
-def run_engine(model, cache, prompts, output_lens, policy, pad=False, order=None,
-               arrival_s=None, prefix=None):
-    """Serve every request under `policy` ("static" or "continuous"), greedily.
+class EngineRequests(NamedTuple):
+    """What D's engine serves. prompts: (n, P) tokens on the model's device; output_lens:
+    tokens each request generates (exactly that many: end-of-sequence is ignored, as serving
+    benchmarks do); arrival_s: each one's arrival on the wall clock, seconds after the start
+    (None: all at once); prefix: an EnginePrefix, whose system prompts' K/V the engine keeps
+    once computed (None: every prompt prefilled whole)."""
+    prompts: torch.Tensor
+    output_lens: list
+    arrival_s: object = None
+    prefix: object = None
 
-    prompts: (n, P) tokens on the model's device; output_lens: tokens each request generates
-    (exactly that many: end-of-sequence is ignored, as serving benchmarks do). Requests wait in
-    the simulation's own queue (order: an Order; None: first come, first served), each from its
-    arrival on the wall clock (arrival_s, seconds after the start; None: all at once). Each
-    step admits waiting requests into free rows (continuous: every step; static: only once the
+
+def run_engine(model, cache, requests, policy, pad=False, order=None):
+    """Serve every request (EngineRequests) under `policy` ("static" or "continuous"),
+    greedily. Requests wait in the simulation's own queue (order: an Order; None: first come,
+    first served), each from its arrival on the wall clock. Each step admits waiting requests into free rows (continuous: every step; static: only once the
     batch has emptied), prefills them (the prefill emits their first token), then decodes every
     other running request one token. pad: a decode whose rows sit at several positions attends
-    in one call padded to the longest row (see decode_step). prefix: an EnginePrefix, whose
-    system prompts' K/V the engine keeps once computed (None: every prompt prefilled whole).
+    in one call padded to the longest row (see decode_step).
     -> generated tokens per request, and a log: every pass timed, every step's time and
     occupancy, and per request the steps and seconds of its admission, first token and last.
     """
-    return Engine(model, cache, prompts, output_lens, policy, pad, order, arrival_s,
-                  prefix).serve()
+    return Engine(model, cache, requests, policy, pad, order).serve()
 
 
 class EnginePrefix:
@@ -6523,11 +6537,10 @@ class Engine:
     plan and commit: admission from the simulation's own queue, then the passes on the device,
     then the tokens recorded and the finished requests' rows refilled."""
 
-    def __init__(self, model, cache, prompts, output_lens, policy, pad, order, arrival_s,
-                 prefix=None):
+    def __init__(self, model, cache, requests, policy, pad, order):
+        prompts, output_lens, arrival_s, self.prefix = requests
         self.model, self.cache, self.prompts, self.policy, self.pad = model, cache, prompts, \
             policy, pad
-        self.prefix = prefix
         self.device, self.prompt_len = prompts.device, prompts.shape[1]
         self.slots, n = cache.shape[2], len(output_lens)
         self.output_lens = list(output_lens)
@@ -6770,7 +6783,7 @@ def run_serving_engine(bench, lengths, arrival, log):
     prompts = engine_prompts(run, cfg.vocab, n, system).to(device)
     cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2), device)
     warm = min(2, n, slots)  # warm the engine: a prefill and a decode step
-    run_engine(bench.model, cache, prompts[:warm], [2] * warm, "continuous", pad)
+    run_engine(bench.model, cache, EngineRequests(prompts[:warm], [2] * warm), "continuous", pad)
     at_zero = arrival is None
     req = Requests(np.zeros(n) if at_zero else arrival, np.full(n, P), lengths)
     replica = Replica(slots, one_span, order=run_order(run, lengths))
@@ -6791,8 +6804,8 @@ def run_serving_engine(bench, lengths, arrival, log):
         runs.append(("prefix", EnginePrefix(system, run.prefix_len)))
     for name, prefix in runs:
         policy = "continuous" if prefix else name
-        generated, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy,
-                                     pad, replica.order, arrival, prefix)
+        generated, elog = run_engine(bench.model, cache, EngineRequests(
+            prompts, lengths.tolist(), arrival, prefix), policy, pad, replica.order)
         served = req if not prefix else dataclasses.replace(req, identity=SharedPrompts(
             system, np.full(run.num_prefixes, run.prefix_len), np.full(n, -1)))
         kv = KVBudget("prefix", math.inf, run.block_tokens) if prefix else None

@@ -37,7 +37,7 @@ def test_every_request_generates_what_it_would_alone(policy):
     prompts = torch.randint(TINY.vocab, (len(lengths), 6), generator=torch.Generator()
                             .manual_seed(0))
     cache = S.new_kv_cache(TINY, 4, 6 + max(lengths), "cpu")
-    generated, log = S.run_engine(model, cache, prompts, lengths, policy)
+    generated, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths), policy)
     for prompt, n, tokens in zip(prompts, lengths, generated):
         assert tokens == generate_alone(model, prompt, n)
     assert max(log["running"]) == 4 and len(set(lengths)) > 4
@@ -52,7 +52,8 @@ def test_every_request_takes_the_steps_the_simulation_gives_it(policy, order):
     prompts = torch.randint(TINY.vocab, (40, 4))
     cache = S.new_kv_cache(TINY, 8, 4 + int(lengths.max()), "cpu")
     o = S.queue_order(order, lengths, 0.8, 1)
-    _, log = S.run_engine(model, cache, prompts, lengths.tolist(), policy, order=o)
+    _, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths.tolist()), policy,
+                          order=o)
     req = S.Requests(np.zeros(40), np.full(40, 4), lengths)
     sim = S.simulate_serving(req, S.Replica(8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                             policy, order=o))
@@ -103,8 +104,8 @@ def test_arrivals_are_honoured_on_the_wall_clock(monkeypatch):
     arrival = [0.0, 0.0, 0.05, 0.08, 0.2, 0.21]  # the engine idles until the fifth arrives
     prompts = torch.randint(TINY.vocab, (6, 4))
     cache = S.new_kv_cache(TINY, 2, 4 + max(lengths), "cpu")
-    generated, log = S.run_engine(model, cache, prompts, lengths, "continuous",
-                                  arrival_s=arrival)
+    generated, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths, arrival),
+                                  "continuous")
     times = log["times"]
     assert all(start >= a for start, a in zip(times.start, arrival))
     # the first four are done within a few ms of the clock: it sleeps to each later arrival
@@ -251,7 +252,8 @@ def test_a_padded_engine_still_generates_what_it_would_alone(device):
     prompts = torch.randint(TINY.vocab, (len(lengths), 6), generator=torch.Generator()
                             .manual_seed(0)).to(device)
     cache = S.new_kv_cache(TINY, 4, 6 + max(lengths), device)
-    generated, log = S.run_engine(model, cache, prompts, lengths, "continuous", pad=True)
+    generated, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths),
+                                  "continuous", pad=True)
     assert 0 < log["padded_decode_steps"] < log["decode_steps"]
     assert log["attention_calls"] == log["decode_steps"]  # one call per layer, every step
     for prompt, n, tokens in zip(prompts, lengths, generated):
@@ -366,9 +368,9 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
     prompts[system >= 0, :prefix_len] = texts[system[system >= 0]]
     lengths = [5, 3, 7, 2, 9, 4, 1, 6, 3, 8, 2, 5]
     cache = S.new_kv_cache(TINY, 4, P + 10, "cpu")
-    plain, _ = S.run_engine(model, cache, prompts, lengths, "continuous")
-    cached, log = S.run_engine(model, cache, prompts, lengths, "continuous",
-                               prefix=S.EnginePrefix(system, prefix_len))
+    plain, _ = S.run_engine(model, cache, S.EngineRequests(prompts, lengths), "continuous")
+    cached, log = S.run_engine(model, cache, S.EngineRequests(
+        prompts, lengths, prefix=S.EnginePrefix(system, prefix_len)), "continuous")
     assert cached == plain
     # the first four are prefilled together and share nothing; 3 and 9 open with no system
     # prompt; the rest find theirs, computed in an earlier step

@@ -209,7 +209,7 @@ def timing_ms(ms):
 def test_a_step_above_a_ceiling_is_flagged_not_printed(tiny_args, capsys):
     cost = S.step_cost(TINY, 1, 1, 8)
     fast_ms = 1e3 * cost["bytes"] / 200e9  # twice the 100 GB/s ceiling
-    row = S.roofline_row(TINY, CEILINGS, timing_ms(fast_ms), 1, 1, 8)
+    row = S.roofline_row(TINY, CEILINGS, timing_ms(fast_ms), (1, 1, 8))
     assert row["above_ceiling"] == ["mbu"] and row["mbu"] == pytest.approx(2.0)
     T = S.TEXT["en"]
     assert S.cell(T, row, "mbu", ".0%") == "> ceiling" and S.cell(T, row, "mfu", ".1%") != ""
@@ -220,11 +220,11 @@ def test_a_step_above_a_ceiling_is_flagged_not_printed(tiny_args, capsys):
 def test_a_step_far_below_both_roofs_is_launch_or_overhead_bound():
     cost = S.step_cost(TINY, 1, 1, 8)
     slow_ms = 1e3 * cost["bytes"] / 10e9  # 10% of the bandwidth, far less of the FLOP rate
-    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), 1, 1, 8)["bound"] == "overhead"
-    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), 1, 1, 8, cuda=True)["bound"] \
+    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), (1, 1, 8))["bound"] == "overhead"
+    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), (1, 1, 8), cuda=True)["bound"] \
         == "launch"
     fair_ms = 1e3 * cost["bytes"] / 50e9  # half the bandwidth: memory-bound as ever
-    assert S.roofline_row(TINY, CEILINGS, timing_ms(fair_ms), 1, 1, 8)["bound"] == "memory"
+    assert S.roofline_row(TINY, CEILINGS, timing_ms(fair_ms), (1, 1, 8))["bound"] == "memory"
 
 
 def test_a_view_past_2_31_elements_is_skipped_before_allocation(monkeypatch):
@@ -502,7 +502,7 @@ def test_a_failed_capture_is_timed_eagerly_and_says_so(fake_cuda, monkeypatch):
     with torch.inference_mode():
         timing = bench.time_decode(2, 8, mode="graph")
     assert timing["n"] == 5 and timing["graph_failed"].startswith("RuntimeError: operation")
-    row = S.roofline_row(TINY, CEILINGS, timing, 2, 1, 8)
+    row = S.roofline_row(TINY, CEILINGS, timing, (2, 1, 8))
     assert S.cell(S.TEXT["en"], {**row, "mode": "graph"}, "mode", "s") == \
         "eager (graph failed)"
 

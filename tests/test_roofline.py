@@ -29,13 +29,13 @@ def test_mbu_and_mfu_use_the_step_cost_model():
     ceilings = {"bandwidth_gbs": 1000.0, "matmul_tflops": 100.0, "ridge_flop_per_byte": 100.0}
     timing = {"median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.2, "n": 10}
     cfg = S.ModelConfig()
-    row = S.roofline_row(cfg, ceilings, timing, 8, 1, 128)
+    row = S.roofline_row(cfg, ceilings, timing, (8, 1, 128))
     cost = S.step_cost(cfg, 8, 1, 128)
     assert row["bytes"] == cost["bytes"] and row["flops"] == cost["flops"]
     assert row["mbu"] == pytest.approx(cost["bytes"] / 2e-3 / 1e12)
     assert row["mfu"] == pytest.approx(cost["flops"] / 2e-3 / 100e12)
     assert row["bound"] == "memory"  # intensity ~8 < ridge 100
-    prefill = S.roofline_row(cfg, ceilings, timing, 1, 2048, 0)
+    prefill = S.roofline_row(cfg, ceilings, timing, (1, 2048, 0))
     assert prefill["bound"] == "compute"
 
 
