@@ -467,86 +467,7 @@ VLLM_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs, beside --slots' 32 (th
 
 ENGINE_QUICK = {"requests": 16, "shrink": 16, "prompt_len": 8, "slots": 4}
 
-
-@dataclass(frozen=True)
-class RunConfig:
-    model: ModelConfig
-    experiments: str = EXPERIMENTS
-    device: str = None            # "cuda" or "cpu"; None when only C runs
-    batch_sizes: tuple = (1, 8, 32, 128, 256)
-    context: int = 128            # tokens already in each row's KV cache when a decode step runs
-    contexts: tuple = (128,)      # A sweeps every batch size at each of these contexts
-    graphs: str = "eager"         # "eager", "graph" or "both": CUDA graphs for decode (CUDA only)
-    peak_bandwidth_gbs: float = None  # replace the measured ceilings
-    peak_tflops: float = None
-    prefill_lengths: tuple = (512, 2048)
-    decode_batches: tuple = (1, 32)
-    requests: int = 600
-    slots: int = 32
-    seed: int = LENGTH_SEED
-    lengths_file: str = None
-    prompt_len: int = 128         # prompt tokens of each generated request
-    trace: str = None             # a request trace CSV (replaces the generated lengths)
-    trace_limit: int = None
-    rate: object = None           # requests/s (float), "trace" (its timestamps), None (all at 0)
-    burstiness: float = 1.0       # shape of the gamma gaps: 1 = Poisson, below 1 burstier
-    rates: tuple = None           # the rate sweep (default: fractions of capacity)
-    chunk_tokens: int = 512       # chunked prefill: tokens per step, decodes included
-    cost: str = None              # "measured", "analytic"; default measured when A ran
-    slo_ttft_s: float = None
-    slo_tpot_s: float = None
-    order: str = "fcfs"           # the waiting queue's order (see Order)
-    predict_sigma: float = 0.8    # "predicted": log-normal error of the predicted lengths
-    max_wait_s: float = None      # the starvation guard (None: off)
-    save_requests: str = None
-    engine_requests: int = None   # D's requests, slots, prompt tokens and output divisor
-    engine_slots: int = None      # (by default ENGINE_CPU on CPU, ENGINE_QUICK with --quick,
-    engine_prompt_len: int = None  # else --requests, --slots and --prompt-len as they are)
-    engine_shrink: int = 1
-    engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
-    gpu: str = None               # a named card (GPUS) C prices and budgets for
-    tp: int = 1                   # C: cards per replica, tensor parallel
-    ep: int = 1                   # C: each replica one card of an expert-parallel group
-    weight_first_rows: int = 0    # CPU matmuls of up to this many rows as W x^T (see linear)
-    engine_profile: str = "tensorrt-llm"  # how C prices the card (ENGINE_PROFILES)
-    replicas: int = 1             # C: identical replicas behind a router
-    router: str = "all"           # the routers C's fleet and capacity studies compare
-    slo_attainment: float = 0.9   # the share of requests that must meet the SLO
-    target_rate: float = None     # requests/s C finds the fewest replicas for
-    kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged", "prefix" or "both"
-    enable_prefix_caching: bool = False  # paged blocks keep computed prefixes (policy "prefix")
-    host_kv_gb: float = None      # prefix: a second tier of blocks in host memory
-    prefix_len: int = 0           # generated requests: system prompts' tokens (0: none)
-    num_prefixes: int = 1         # how many system prompts
-    prefix_share: float = 1.0     # share of conversations a system prompt opens
-    prefix_zipf: float = 1.0      # their popularity: the i-th as 1 / i^zipf
-    turns: int = 1                # turns per conversation
-    think_time_s: float = 0.0     # mean gap between a conversation's turns
-    prefix_study: bool = False    # the prefix cache's hits against its capacity (a figure)
-    kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
-    kv_tokens: int = None         # the KV cache in tokens (replaces kv_memory_gb)
-    block_tokens: int = 16        # paged: tokens per block
-    max_output: int = None        # reserve: output tokens reserved per request
-    watermark: float = 0.01       # paged: share of the blocks admission keeps free (vLLM's)
-    jobs: int = 1                 # worker processes for C's independent simulations
-    warmup: int = 3               # untimed calls at each shape
-    reps: int = 50                # timed calls at each shape (fewer if a call is slow)
-    time_budget_s: float = 2.0    # per shape: stop repeating after this, but keep >= 5 calls
-    out: str = "figures"
-    figures: bool = True
-    dpi: int = 100
-    format: str = "png"
-    lang: str = "en"
-    quick: bool = False
-    preset: tuple = ()            # the model fields the CPU preset set ("layers=4", ...)
-    dtype_given: bool = False     # --dtype was given (else on CPU a probe chooses)
-
-    @property
-    def kv_policies(self):
-        policies = tuple(p for p, m in KV_MANAGERS.items() if m.in_both) \
-            if self.kv_policy == "both" else (self.kv_policy,)
-        return tuple(KV_MANAGERS[p].caching or p if self.enable_prefix_caching else p
-                     for p in policies)
+# The run's settings (RunConfig) are grouped as the flags that fill them: see the flag types.
 
 
 # -----------------------------------------------------------------------------
@@ -1010,7 +931,7 @@ def kv_crossover_batch(cfg, context):
 
 def seed_for(run, stream, k=0):
     """The seed of a run's random stream by name (SEED_OFFSET; k: the stream's k-th draw)."""
-    return run.seed + SEED_OFFSET[stream] + k
+    return run.workload.seed + SEED_OFFSET[stream] + k
 
 
 def random_stream(run, stream):
@@ -1052,9 +973,9 @@ def read_lengths_file(path):
 
 
 def request_lengths(run):
-    if run.lengths_file:
-        return read_lengths_file(run.lengths_file)
-    return lognormal_lengths(run.requests, run.seed)
+    if run.workload.lengths_file:
+        return read_lengths_file(run.workload.lengths_file)
+    return lognormal_lengths(run.workload.requests, run.workload.seed)
 
 
 @dataclass(frozen=True)
@@ -1440,43 +1361,44 @@ def arrival_times(n, rate, burstiness, rng):
 
 def make_requests(run):
     """The requests of C: lengths (log-normal law, lengths file or trace) and arrivals."""
-    if not (run.trace or run.lengths_file):
-        need, free = run.requests * REQUEST_BYTES, free_host_memory_bytes()
+    work = run.workload
+    if not (work.trace or work.lengths_file):
+        need, free = work.requests * REQUEST_BYTES, free_host_memory_bytes()
         if need > 0.5 * free:
-            raise UsageError(f"--requests {run.requests:,}: C would need about {gib(need)} of "
+            raise UsageError(f"--requests {work.requests:,}: C would need about {gib(need)} of "
                              f"memory, and {gib(free)} is free")
     rng = random_stream(run, "arrivals")
     trace_times = identity = None
-    if run.trace and is_hashed_trace(run.trace):
-        if run.prefix_len or run.turns > 1:
-            raise UsageError(f"{run.trace}: its hash ids say which prompts share what; "
+    if work.trace and is_hashed_trace(work.trace):
+        if work.prefix_len or work.turns > 1:
+            raise UsageError(f"{work.trace}: its hash ids say which prompts share what; "
                              "--prefix-len and --turns shape generated requests only")
-        traced = read_hashed_trace(run.trace, run.trace_limit, run.block_tokens)
+        traced = read_hashed_trace(work.trace, work.trace_limit, run.scheduler.block_tokens)
         prompt, output, trace_times, identity = traced.prompt, traced.output, \
             traced.arrival_s, traced.identity
-    elif run.trace:
-        prompt, output, trace_times = read_trace(run.trace, run.trace_limit)
+    elif work.trace:
+        prompt, output, trace_times = read_trace(work.trace, work.trace_limit)
     else:
         output = request_lengths(run)
-        prompt = np.full(len(output), run.prompt_len, dtype=np.int64)
-    rates = [("--rate", run.rate, len(output))] if isinstance(run.rate, float) else []
-    rates += [("--rates", rate, min(len(output), SWEEP_REQUESTS)) for rate in run.rates or ()]
+        prompt = np.full(len(output), work.prompt_len, dtype=np.int64)
+    rates = [("--rate", work.rate, len(output))] if isinstance(work.rate, float) else []
+    rates += [("--rates", rate, min(len(output), SWEEP_REQUESTS)) for rate in work.rates or ()]
     for flag, rate, n in rates:
         if n / rate > MAX_SPAN_S:
             raise UsageError(f"{flag} {rate:g}: {n:,} requests at that rate arrive over "
                              f"{n / rate:.3g} s, past the {MAX_SPAN_S:.0e} s C's clock keeps "
                              "to the millisecond; raise the rate")
-    if run.rate == "trace":
+    if work.rate == "trace":
         if trace_times is None:
             raise UsageError("--rate trace: the trace has no timestamps")
         arrival = trace_times
     else:
-        rate = run.rate  # (with turns: conversations open at rate / turns)
+        rate = work.rate  # (with turns: conversations open at rate / turns)
         if rate and identity is None:
-            rate /= run.turns
-        arrival = arrival_times(len(output), rate, run.burstiness, rng)
-    prefix = PrefixWorkload(run.prefix_len, run.num_prefixes, run.prefix_share, run.prefix_zipf,
-                            run.turns, run.think_time_s)
+            rate /= work.turns
+        arrival = arrival_times(len(output), rate, work.burstiness, rng)
+    prefix = PrefixWorkload(work.prefix_len, work.num_prefixes, work.prefix_share,
+                            work.prefix_zipf, work.turns, work.think_time_s)
     if identity is None and (prefix.prefix_len or prefix.turns > 1):
         return shared_prompts(Requests(arrival, prompt, output), prefix,
                               random_stream(run, "prefixes"))
@@ -2277,7 +2199,7 @@ def replay_run(run, profile):
     cfg, card = MODELS[run.model], GPUS[run.gpu]
     req = every_nth(run.requests, run.replicas) if run.replicas > 1 else run.requests
     kv = KVBudget("paged", run.kv_tokens or card_kv_tokens(cfg, card, profile, run.tp, run.ep),
-                  RunConfig.block_tokens, int(req.output.max()), RunConfig.watermark)
+                  SchedulerConfig.block_tokens, int(req.output.max()), SchedulerConfig.watermark)
     if check_kv_budget(req, kv):
         return None
     replica = Replica(run.slots, card_costs(cfg, card, profile, run.tp, run.ep),
@@ -4965,16 +4887,16 @@ def with_probed_dtype(run):
     """On CPU with no --dtype, the run with the type probe_dtypes measures fastest here. In
     float32 the CPU preset (where it set the layers) keeps half its layers: a decode step then
     reads the bytes it reads in a 2-byte type, and the run takes the time it takes there."""
-    if run.device != "cpu" or run.dtype_given:
+    if run.hardware.device != "cpu" or run.hardware.dtype_given:
         return run, None
-    probe = probe_dtypes(min(run.model.hidden, 1024))
+    probe = probe_dtypes(min(run.hardware.model.hidden, 1024))
     chosen = choose_dtype(probe)
-    model, preset = dataclasses.replace(run.model, dtype=chosen), run.preset
+    model, preset = dataclasses.replace(run.hardware.model, dtype=chosen), run.hardware.preset
     if chosen == "float32" and f"layers={CPU_PRESET.layers}" in preset:
         layers = max(1, CPU_PRESET.layers // 2)
         model = dataclasses.replace(model, layers=layers)
         preset = tuple(f"layers={layers}" if p.startswith("layers=") else p for p in preset)
-    return dataclasses.replace(run, model=model, preset=preset), {
+    return run.replace(model=model, preset=preset), {
         "chosen": chosen, "times": probe, "preference": DTYPE_PREFERENCE}
 
 
@@ -5007,10 +4929,10 @@ def probe_layouts(width, dtype, budget_s=0.03):
 def with_probed_layout(run):
     """On CPU, where a model is built, the run with the matmul layout probe_layouts measures
     fastest here (see linear). -> (run, the probe or None)"""
-    if run.device != "cpu" or not set(run.experiments) & set("ABD"):
+    if run.hardware.device != "cpu" or not set(run.measurement.experiments) & set("ABD"):
         return run, None
-    probe = probe_layouts(min(run.model.hidden, 1024), run.model.dtype)
-    return dataclasses.replace(run, weight_first_rows=probe["weight_first_rows"]), probe
+    probe = probe_layouts(min(run.hardware.model.hidden, 1024), run.hardware.model.dtype)
+    return run.replace(weight_first_rows=probe["weight_first_rows"]), probe
 
 
 def device_name(device):
@@ -5088,21 +5010,22 @@ def check_memory(run, device, engine_lengths=None):
     """The model's weights with the least that A and B need (a batch-1 decode step) and, for
     D, its engine's KV cache, before anything is allocated: one line if it cannot fit. (A and B
     rows too large for what is left are marked as not fitting, not refused.)"""
-    cfg = run.model
+    cfg = run.hardware.model
     weights = weight_bytes(cfg)
-    need = weights + memory_needed_bytes(cfg, 1, run.context + 1, 1)
+    need = weights + memory_needed_bytes(cfg, 1, run.measurement.context + 1, 1)
     what = "its weights"
-    if cfg.experts and "A" in run.experiments:  # (A times its dense twin beside it)
+    if cfg.experts and "A" in run.measurement.experiments:  # (A times its dense twin beside it)
         need += weight_bytes(dense_twin(cfg))
         what = "its weights and its dense twin's"
     if engine_lengths is not None:
-        longest = run.engine_prompt_len + int(engine_lengths.max())
-        engine = weights + memory_needed_bytes(cfg, run.engine_slots, longest,
-                                               run.engine_prompt_len) \
-            + run.num_prefixes * run.prefix_len * kv_bytes_per_token(cfg)  # (its prefix cache)
+        longest = run.engine.engine_prompt_len + int(engine_lengths.max())
+        engine = weights + memory_needed_bytes(cfg, run.engine.engine_slots, longest,
+                                               run.engine.engine_prompt_len) \
+            + run.workload.num_prefixes * run.workload.prefix_len \
+            * kv_bytes_per_token(cfg)  # (its prefix cache)
         if engine > need:
-            need, what = engine, f"its weights and D's KV cache ({run.engine_slots} rows x " \
-                                 f"{longest:,} tokens)"
+            need, what = engine, f"its weights and D's KV cache " \
+                                 f"({run.engine.engine_slots} rows x {longest:,} tokens)"
     free = free_memory_bytes(device)
     if need > 0.9 * free:
         raise UsageError(f"the model ({cfg.name}, {param_count(cfg) / 1e9:.2f} B parameters): "
@@ -5113,18 +5036,19 @@ def check_memory(run, device, engine_lengths=None):
 def check_card_fits(run):
     """The model must split over --tp cards, and one card's shard of the weights fit on it,
     before C plans for it."""
-    card, weights = GPUS[run.gpu], card_weight_bytes(run.model, run.tp, run.ep)
-    if run.ep > 1 and (not run.model.experts or run.model.experts % run.ep):
-        raise UsageError(f"--ep {run.ep} spreads a mixture's experts: the model's "
-                         f"{run.model.experts} experts must divide over the cards")
-    if run.model.heads % run.tp:
-        raise UsageError(f"--tp {run.tp} must divide the model's {run.model.heads} heads (each "
+    hw, model = run.hardware, run.hardware.model
+    card, weights = GPUS[hw.gpu], card_weight_bytes(model, hw.tp, hw.ep)
+    if hw.ep > 1 and (not model.experts or model.experts % hw.ep):
+        raise UsageError(f"--ep {hw.ep} spreads a mixture's experts: the model's "
+                         f"{model.experts} experts must divide over the cards")
+    if model.heads % hw.tp:
+        raise UsageError(f"--tp {hw.tp} must divide the model's {model.heads} heads (each "
                          "card holds whole heads)")
     if weights > card.memory_bytes:
-        raise UsageError(f"{run.model.name} in {run.model.weight_format} needs "
-                         f"{weights / 1e9:,.1f} GB of weights on each of {run.tp * run.ep} x "
+        raise UsageError(f"{model.name} in {model.weight_format} needs "
+                         f"{weights / 1e9:,.1f} GB of weights on each of {hw.tp * hw.ep} x "
                          f"{card.name} ({card.memory_bytes / 1e9:,.1f} GB): "
-                         + fitting_split(run.model, card, run.ep))
+                         + fitting_split(model, card, hw.ep))
 
 
 def fitting_split(cfg, card, ep):
@@ -5141,21 +5065,22 @@ def fitting_split(cfg, card, ep):
 
 def kv_budget_bytes(run, device):
     """(bytes for C's KV cache, where the figure comes from); see KV_MEMORY_FRACTION."""
-    cfg = run.model
+    cfg = run.hardware.model
     weights = weight_bytes(cfg)
-    if run.kv_tokens:
-        return run.kv_tokens * kv_bytes_per_token(cfg), {"kind": "memory_tokens",
-                                                         "tokens": run.kv_tokens}
-    if run.kv_memory_gb:
-        return run.kv_memory_gb * 1e9, {"kind": "memory_flag"}
-    if run.gpu:  # (the card C plans for, whatever this machine has; tp of them)
-        card, profile = GPUS[run.gpu], engine_profile(run.engine_profile)
-        tokens = card_kv_tokens(cfg, card, profile, run.tp, run.ep)
+    if run.scheduler.kv_tokens:
+        return run.scheduler.kv_tokens * kv_bytes_per_token(cfg), {"kind": "memory_tokens",
+                                                         "tokens": run.scheduler.kv_tokens}
+    if run.scheduler.kv_memory_gb:
+        return run.scheduler.kv_memory_gb * 1e9, {"kind": "memory_flag"}
+    if run.hardware.gpu:  # (the card C plans for, whatever this machine has; tp of them)
+        card, profile = GPUS[run.hardware.gpu], engine_profile(run.hardware.engine_profile)
+        tokens = card_kv_tokens(cfg, card, profile, run.hardware.tp, run.hardware.ep)
         return (tokens * kv_bytes_per_token(cfg),
                 {"kind": "memory_card", "fraction": profile.kv_fraction, "card": card.name,
-                 "total_gb": card.memory_bytes / 1e9, "tp": run.tp,
+                 "total_gb": card.memory_bytes / 1e9, "tp": run.hardware.tp,
                  "reserved_gb": profile.reserved_gb,
-                 "ep": run.ep, "weights_gib": card_weight_bytes(cfg, run.tp, run.ep) / 2**30})
+                 "ep": run.hardware.ep,
+                 "weights_gib": card_weight_bytes(cfg, run.hardware.tp, run.hardware.ep) / 2**30})
     if device is not None and device.type == "cuda":
         total = torch.cuda.mem_get_info(cuda_index(device))[1]
         return (KV_MEMORY_FRACTION * total - weights,
@@ -5192,7 +5117,7 @@ def sdpa_policy():
 def engine_attention(run, device):
     """Whether D's engine pads its decode attention: --engine-attention, or by default on CUDA,
     where one padded call beats a launch per span of rows."""
-    return {"padded": True, "spans": False}.get(run.engine_attention, device.type == "cuda")
+    return {"padded": True, "spans": False}.get(run.engine.engine_attention, device.type == "cuda")
 
 
 # -----------------------------------------------------------------------------
@@ -5400,10 +5325,11 @@ class Bench:
     """The model on its device, the measured ceilings, and the timing settings of A and B."""
 
     def __init__(self, run, device):
-        self.run, self.cfg, self.device = run, run.model, device
-        self.model = build_model(self.cfg, device, seed=run.seed,
-                                 weight_first_rows=run.weight_first_rows)
-        self.modes = ("eager", "graph") if run.graphs == "both" else (run.graphs,)
+        self.run, self.cfg, self.device = run, run.hardware.model, device
+        self.model = build_model(self.cfg, device, seed=run.workload.seed,
+                                 weight_first_rows=run.hardware.weight_first_rows)
+        graphs = run.measurement.graphs
+        self.modes = ("eager", "graph") if graphs == "both" else (graphs,)
 
     def time(self, step, mode="eager", budget_s=None, feed=None):
         """Time feed() + step(), step as it is (eager) or replayed from a CUDA graph captured
@@ -5422,8 +5348,9 @@ class Bench:
             if feed is not None:
                 feed()
             run()
-        timing = time_region(fn, self.device, self.run.warmup, self.run.reps,
-                             budget_s or self.run.time_budget_s)
+        timed = self.run.measurement
+        timing = time_region(fn, self.device, timed.warmup, timed.reps,
+                             budget_s or timed.time_budget_s)
         if failed:
             timing["graph_failed"] = failed
         timing["ran"] = "eager" if failed or mode == "eager" else "graph"  # (the mode it ran in)
@@ -5530,11 +5457,12 @@ def measure_ceilings(run, device, log):
     the best of several sizes (a CPU's matmul library is faster at some than at others).
     --peak-bandwidth-gbs / --peak-tflops replace a measurement.
     """
-    dtype = DTYPES[run.model.dtype]
+    dtype = DTYPES[run.hardware.model.dtype]
     cuda = device.type == "cuda"
     ceilings = {}
-    if run.peak_bandwidth_gbs:
-        ceilings.update(bandwidth_gbs=run.peak_bandwidth_gbs, bandwidth_source={"kind": "given"})
+    if run.hardware.peak_bandwidth_gbs:
+        ceilings.update(bandwidth_gbs=run.hardware.peak_bandwidth_gbs,
+                        bandwidth_source={"kind": "given"})
     else:
         n_bytes = (2 if cuda else 0.25) * 2**30
         # fp32: the copy moves bytes. (On CPU a random 4 MB block is tiled across it: drawing
@@ -5542,29 +5470,29 @@ def measure_ceilings(run, device, log):
         n = int(n_bytes // 4)
         src = torch.randn(n, device=device) if cuda else torch.randn(2**20).repeat(n // 2**20)
         dst = torch.empty_like(src)
-        timing = time_region(lambda: dst.copy_(src), device, run.warmup, run.reps,
-                             run.time_budget_s)
+        timing = time_region(lambda: dst.copy_(src), device, run.measurement.warmup,
+                             run.measurement.reps, run.measurement.time_budget_s)
         ceilings.update(bandwidth_gbs=2 * n_bytes / (timing["median_ms"] / 1e3) / 1e9,
                         bandwidth_source={"kind": "measured_copy", "gib": n_bytes / 2**30})
         del src, dst
-    if run.peak_tflops:
-        ceilings.update(matmul_tflops=run.peak_tflops, matmul_source={"kind": "given"})
+    if run.hardware.peak_tflops:
+        ceilings.update(matmul_tflops=run.hardware.peak_tflops, matmul_source={"kind": "given"})
     else:
         g = torch.Generator(device=device).manual_seed(2)  # (drawn where they are multiplied)
         n, largest = CEILING_MATMUL_N[device.type]
         best = (0.0, n)
         while True:
             a, b = (torch.randn(n, n, generator=g, device=device).to(dtype) for _ in range(2))
-            timing = time_region(lambda: a @ b, device, run.warmup, run.reps,
-                                 run.time_budget_s / 2)
+            timing = time_region(lambda: a @ b, device, run.measurement.warmup,
+                                 run.measurement.reps, run.measurement.time_budget_s / 2)
             best = max(best, (2 * n**3 / (timing["median_ms"] / 1e3) / 1e12, n))
             del a, b
             if n >= largest or timing["median_ms"] / 1e3 >= CEILING_MATMUL_SHARE * \
-                    run.time_budget_s:
+                    run.measurement.time_budget_s:
                 break
             n *= 2
         ceilings.update(matmul_tflops=best[0], matmul_source={
-            "kind": "measured_matmul", "n": best[1], "dtype": run.model.dtype})
+            "kind": "measured_matmul", "n": best[1], "dtype": run.hardware.model.dtype})
     ceilings["ridge_flop_per_byte"] = ceilings["matmul_tflops"] * 1e3 / ceilings["bandwidth_gbs"]
     log(f"ceilings: {ceilings['bandwidth_gbs']:.1f} GB/s, {ceilings['matmul_tflops']:.3g} "
         f"TFLOP/s")
@@ -5646,9 +5574,9 @@ def run_decode_sweep(bench, ceilings, log):
     """A: decode step time and throughput against batch size, at each context, each mode."""
     run = bench.run
     rows = []
-    for context in run.contexts:
+    for context in run.measurement.contexts:
         for mode in bench.modes:
-            for batch in run.batch_sizes:
+            for batch in run.measurement.batch_sizes:
                 rows.append(decode_row(bench, ceilings, batch, context, mode))
                 log(f"A context {context} {mode} batch {batch}: " + row_progress(rows[-1]))
             group = [r for r in rows if r["context"] == context and r["mode"] == mode]
@@ -5659,10 +5587,11 @@ def run_decode_sweep(bench, ceilings, log):
                     r["wait_vs_1"] = r["step_ms"] / base["step_ms"]
                 if base and "bytes_read" in r:  # (a mixture of experts: the bytes it read)
                     r["bytes_vs_1"] = r["bytes_read"] / base["bytes_read"]
-    crossover = {str(c): kv_crossover_batch(bench.cfg, c) for c in run.contexts}
+    crossover = {str(c): kv_crossover_batch(bench.cfg, c) for c in run.measurement.contexts}
     largest = max(measured(rows), key=lambda r: r["batch"] * r["context"], default=None)
     twin = dense_twin_sweep(bench, ceilings, rows, log) if bench.cfg.experts else {}
-    return {"context": run.context, "contexts": list(run.contexts), "modes": list(bench.modes),
+    return {"context": run.measurement.context, "contexts": list(run.measurement.contexts),
+            "modes": list(bench.modes),
             "kv_crossover_batch": crossover, "rows": rows, **twin, **attention_policy(
                 largest and decode_kernel(bench, largest["batch"], largest["context"] + 1))}
 
@@ -5673,12 +5602,13 @@ def dense_twin_sweep(bench, ceilings, rows, log):
     the MoE step could not be captured), its time beside the MoE row's (dense_twin_ms) only
     where both ran in one mode."""
     run, mode = bench.run, bench.modes[-1]
-    twin = Bench(dataclasses.replace(run, model=dense_twin(bench.cfg)), bench.device)
-    moe_rows = {r["batch"]: r for r in rows if r["context"] == run.context and r["mode"] == mode}
+    twin = Bench(run.replace(model=dense_twin(bench.cfg)), bench.device)
+    moe_rows = {r["batch"]: r for r in rows
+                if r["context"] == run.measurement.context and r["mode"] == mode}
     by_batch = {}
-    for batch in run.batch_sizes:
+    for batch in run.measurement.batch_sizes:
         ran = moe_rows.get(batch, {}).get("ran", mode)
-        row = by_batch[batch] = decode_row(twin, ceilings, batch, run.context, ran)
+        row = by_batch[batch] = decode_row(twin, ceilings, batch, run.measurement.context, ran)
         log(f"A dense twin {ran} batch {batch}: " + row_progress(row))
     for r in moe_rows.values():
         twin_row = by_batch.get(r["batch"], {})
@@ -5717,7 +5647,7 @@ def run_prefill_decode(bench, ceilings, log):
     run = bench.run
     rows = []
     for mode in bench.modes:  # (C prices prefill and decode from one mode: both are timed in each)
-        for tokens in run.prefill_lengths:
+        for tokens in run.measurement.prefill_lengths:
             rows.append(prefill_row(bench, ceilings, tokens, mode))
             log(f"B prefill {mode} {tokens}: " + row_progress(rows[-1]))
     chain = []
@@ -5725,14 +5655,14 @@ def run_prefill_decode(bench, ceilings, log):
         # the bare chain right before the decodes, so both see the machine in the same state
         chain.append(bench.linear_chain(mode))
         log(f"B linear chain {mode}: {chain[-1]['step_ms']:.3f} ms, {chain[-1]['gbs']:.1f} GB/s")
-        for batch in run.decode_batches:
+        for batch in run.measurement.decode_batches:
             rows.append({"phase": "decode", "tokens": 1,
-                         **decode_row(bench, ceilings, batch, run.context, mode)})
+                         **decode_row(bench, ceilings, batch, run.measurement.context, mode)})
             log(f"B decode {mode} x{batch}: " + row_progress(rows[-1]))
     longest = max((r["tokens"] for r in measured(rows) if r["phase"] == "prefill"), default=None)
     return {"rows": rows, "linear_chain": chain, **attention_policy(
         longest and prefill_kernel(bench, longest),
-        decode_kernel(bench, max(run.decode_batches), run.context + 1))}
+        decode_kernel(bench, max(run.measurement.decode_batches), run.measurement.context + 1))}
 
 
 def row_progress(row):
@@ -5770,8 +5700,9 @@ def kv_device_check(bench, kv):
         next_tokens = itertools.cycle(random_tokens(cfg, (batch,), bench.device, seed=batch))
         timing = time_region(lambda: decode_step(bench.model, cache, next(next_tokens),
                                                  positions, pad=pad),
-                             bench.device, bench.run.warmup, min(bench.run.reps, 10),
-                             bench.run.time_budget_s)
+                             bench.device, bench.run.measurement.warmup,
+                             min(bench.run.measurement.reps, 10),
+                             bench.run.measurement.time_budget_s)
         return {"step_ms": timing["median_ms"], "p10_ms": timing["p10_ms"],
                 "p90_ms": timing["p90_ms"]}
     return timed_or_skipped(check, time_it)
@@ -5823,11 +5754,11 @@ def seed_spread(n, slots):
 
 def post_table(run, lengths):
     """The post's table: static vs continuous in decode steps, all requests at t=0."""
-    result = {"requests": len(lengths), "slots": run.slots, "lengths": {
+    result = {"requests": len(lengths), "slots": run.scheduler.slots, "lengths": {
         "median": float(np.median(lengths)), "mean": float(lengths.mean()),
         "max": int(lengths.max()), "total": int(lengths.sum())}}
     for policy in ("static", "continuous"):
-        sim = simulate_slots(lengths, run.slots, policy, max_points=20_000)
+        sim = simulate_slots(lengths, run.scheduler.slots, policy, max_points=20_000)
         result[policy] = {"steps": sim["steps"], "occupancy": sim["occupancy"],
                           "occupied": sim["occupied"].tolist(),
                           "occupied_bin_steps": sim["occupied_bin_steps"]}
@@ -5852,47 +5783,49 @@ def orders_steps(lengths, slots, orders):
     return result
 
 
-def step_costs(run, results):
-    """C's prices: measured (A's rows; the default when A ran and no --gpu is named), or the
-    named card's analytic roofline, or one of --peak-*, this run's ceilings or the post's."""
-    if run.cost == "measured" or (run.cost is None and "A" in results and not run.gpu):
-        return measured_costs(run.model, results)  # (run_config refuses it without A)
-    if run.gpu and not (run.peak_bandwidth_gbs or run.peak_tflops):
-        return card_costs(run.model, GPUS[run.gpu], engine_profile(run.engine_profile),
-                          run.tp, run.ep)
+def step_costs(hw, results):
+    """C's prices on hardware hw (a HardwareConfig): measured (A's rows; the default when A ran
+    and no --gpu is named), or the named card's analytic roofline, or one of --peak-*, this
+    run's ceilings or the post's."""
+    if hw.cost == "measured" or (hw.cost is None and "A" in results and not hw.gpu):
+        return measured_costs(hw.model, results)  # (run_config refuses it without A)
+    if hw.gpu and not (hw.peak_bandwidth_gbs or hw.peak_tflops):
+        return card_costs(hw.model, GPUS[hw.gpu], engine_profile(hw.engine_profile), hw.tp,
+                          hw.ep)
     ceil = results["environment"].get("ceilings", {})
-    return analytic_costs(run.model, run.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
+    return analytic_costs(hw.model, hw.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
                           or REFERENCE_BANDWIDTH_GBS,
-                          run.peak_tflops or ceil.get("matmul_tflops") or REFERENCE_TFLOPS)
+                          hw.peak_tflops or ceil.get("matmul_tflops") or REFERENCE_TFLOPS)
 
 
 def arrivals(run):
     """How C's requests arrive, as a description for the tables."""
-    if run.rate is None:
+    if run.workload.rate is None:
         return {"kind": "arrivals_zero"}
-    if run.rate == "trace":
+    if run.workload.rate == "trace":
         return {"kind": "arrivals_trace"}
-    if run.burstiness == 1:
-        return {"kind": "arrivals_poisson", "rate": run.rate}
-    return {"kind": "arrivals_gamma", "rate": run.rate, "burstiness": run.burstiness}
+    if run.workload.burstiness == 1:
+        return {"kind": "arrivals_poisson", "rate": run.workload.rate}
+    return {"kind": "arrivals_gamma", "rate": run.workload.rate,
+            "burstiness": run.workload.burstiness}
 
 
 def workload(run):
     """Where C's request lengths come from, as a description for the tables."""
-    if run.trace:
-        return {"kind": "source_trace", "name": os.path.basename(run.trace)}
-    if run.lengths_file:
-        return {"kind": "source_file", "path": run.lengths_file}
+    if run.workload.trace:
+        return {"kind": "source_trace", "name": os.path.basename(run.workload.trace)}
+    if run.workload.lengths_file:
+        return {"kind": "source_file", "path": run.workload.lengths_file}
     return {"kind": "source_law", "mu": LENGTH_MU, "sigma": LENGTH_SIGMA, "max": LENGTH_MAX,
-            "seed": run.seed}
+            "seed": run.workload.seed}
 
 
 def run_order(run, output, name=None):
     """The queue's Order for C's requests: --order with --max-wait-s, or the order `name` with
     no guard; the predicted lengths are the same draw (--predict-sigma) in every study."""
-    return queue_order(name or run.order, output, run.predict_sigma,
+    return queue_order(name or run.scheduler.order, output, run.scheduler.predict_sigma,
                        seed_for(run, "predicted"),
-                       None if name else run.max_wait_s)
+                       None if name else run.scheduler.max_wait_s)
 
 
 def order_info(order, output, seed=0):
@@ -5931,34 +5864,37 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
     the independent simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
     budgets = kv_budgets[1] if kv_budgets else ()
-    profile = engine_profile(run.engine_profile)  # (its seats and budget: C's flags')
-    replica = profile.replica(costs, slots=run.slots, scheduler="continuous",
-                              chunk_tokens=run.chunk_tokens, order=run_order(run, req.output),
-                              fused=bool(run.gpu) and profile.fused)
+    profile = engine_profile(run.hardware.engine_profile)  # (its seats and budget: C's flags')
+    replica = profile.replica(costs, slots=run.scheduler.slots, scheduler="continuous",
+                              chunk_tokens=run.scheduler.chunk_tokens,
+                              order=run_order(run, req.output),
+                              fused=bool(run.hardware.gpu) and profile.fused)
     fleet_replica = dataclasses.replace(replica, kv=study_budget(budgets))  # (and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
-    if run.slo_ttft_s or run.slo_tpot_s:
+    if run.slo.slo_ttft_s or run.slo.slo_tpot_s:
         capacity = capacity_study(run, req, fleet_replica)
     share = req
-    if run.replicas > 1:  # the single-replica studies: one replica's share under round-robin
-        share = every_nth(req, run.replicas)
+    # the single-replica studies: one replica's share under round-robin
+    if run.scheduler.replicas > 1:
+        share = every_nth(req, run.scheduler.replicas)
         replica = dataclasses.replace(replica, order=run_order(run, share.output))
     result, work = schedulers_study(run, share, replica, kv_budgets, log)
     result["who_waits"], result["orders"], waited = who_waits(run, share, replica, budgets)
     result["rate_sweep"], swept = rate_sweep(run, share, replica,
                                              result["schedulers"]["continuous"])
     works = [work, waited, swept]
-    if run.replicas > 1:
+    if run.scheduler.replicas > 1:
         result["replicas"], fleets = replicas_study(run, req, fleet_replica)
         works.append(fleets)
     if capacity:
         result["capacity"] = capacity
-    if run.prefix_study and kv_budgets:
+    if run.scheduler.prefix_study and kv_budgets:
         result["prefix_study"], studied = prefix_study(run, share, replica, *kv_budgets)
         works.append(studied)
     total = Work(*map(sum, zip(*works)))
-    result["simulation"] = {"runs": total.runs, "jobs": run.jobs, "iterations": total.iterations,
-                            "simulation_s": total.seconds, "wall_s": time.perf_counter() - t0}
+    result["simulation"] = {"runs": total.runs, "jobs": run.measurement.jobs,
+                            "iterations": total.iterations, "simulation_s": total.seconds,
+                            "wall_s": time.perf_counter() - t0}
     return result
 
 
@@ -5966,15 +5902,16 @@ def schedulers_study(run, req, replica, kv_budgets, log):
     """C's main tables: the post's in steps (in every order of the queue too), then the three
     schedulers in seconds, and with kv_budgets (kv_setup's) the same under each budget, and
     the KV study. -> (result, Work)"""
-    result = {} if run.trace else post_table(run, req.output)
+    result = {} if run.workload.trace else post_table(run, req.output)
     if "static" in result:
         log(f"C: static {result['static']['steps']:,} steps, continuous "
             f"{result['continuous']['steps']:,} steps")
-        result["orders_steps"] = orders_steps(req.output, run.slots, [
+        result["orders_steps"] = orders_steps(req.output, run.scheduler.slots, [
             run_order(run, req.output, name) for name in ORDERS])
-    result.update(source=workload(run), requests=len(req.output), slots=run.slots,
-                  share_of=run.replicas, cost_model=replica.costs.as_dict(),
-                  order=order_info(replica.order, req.output, run.seed), arrivals=arrivals(run),
+    result.update(source=workload(run), requests=len(req.output), slots=run.scheduler.slots,
+                  share_of=run.scheduler.replicas, cost_model=replica.costs.as_dict(),
+                  order=order_info(replica.order, req.output, run.workload.seed),
+                  arrivals=arrivals(run),
                   prompt_tokens=percentiles(req.prompt), output_tokens=percentiles(req.output),
                   schedulers={}, distributions={})
     runs = [(f"C {name}", dataclasses.replace(replica, scheduler=name)) for name in SCHEDULERS]
@@ -5983,9 +5920,9 @@ def schedulers_study(run, req, replica, kv_budgets, log):
             replica, scheduler=name, kv=budget)) for budget in kv_budgets[1][::-1]
             for name in SCHEDULERS] + runs
     calls = [(timed_task, (label, simulate_serving, req, r)) for label, r in runs]
-    if "static" in result and not run.lengths_file:
-        calls.append((seed_spread, (len(req.output), run.slots)))
-    done = run_parallel(calls, run.jobs)
+    if "static" in result and not run.workload.lengths_file:
+        calls.append((seed_spread, (len(req.output), run.scheduler.slots)))
+    done = run_parallel(calls, run.measurement.jobs)
     if len(done) > len(runs):
         result["seed_spread"] = done.pop()
     sims = dict(zip((label for label, _ in runs), done))
@@ -5994,16 +5931,17 @@ def schedulers_study(run, req, replica, kv_budgets, log):
             f"{sim['iterations']:,} iterations in {sim['wall_s']:.2f} s")
     for name in SCHEDULERS:
         sim = sims[f"C {name}"]
-        result["schedulers"][name] = serving_metrics(req, sim, run.slo_ttft_s, run.slo_tpot_s)
+        result["schedulers"][name] = serving_metrics(req, sim, run.slo.slo_ttft_s,
+                                                     run.slo.slo_tpot_s)
         result["distributions"][name] = {
             "ttft_s": quantile_curve(np.sort(sim["times"].ttft())),
             "e2e_s": quantile_curve(np.sort(sim["times"].e2e()))}
-    if run.save_requests:
-        save_requests_csv(run.save_requests, req, {name: sims[f"C {name}"]
+    if run.output.save_requests:
+        save_requests_csv(run.output.save_requests, req, {name: sims[f"C {name}"]
                                                    for name in SCHEDULERS})
     if kv_budgets:
         result["kv"] = kv_study(req, sims, *kv_budgets)
-    if run.trace and is_engine_run(run.trace):
+    if run.workload.trace and is_engine_run(run.workload.trace):
         result["engine_run"] = engine_run_study(run, req, sims)
     return result, work_of(list(sims.values()))
 
@@ -6013,7 +5951,7 @@ def engine_run_study(run, req, sims):
     chunk and KV budget: the engine's own settings where given) beside what the engine
     measured: TTFT, TPOT and E2E at p50, p90 and p99, and C's error on each, under each
     scheduler (with the paged KV budget where C has one)."""
-    logged = read_engine_run(run.trace, run.trace_limit)
+    logged = read_engine_run(run.workload.trace, run.workload.trace_limit)
     keys, stats = ("ttft_s", "tpot_s", "e2e_s"), ("p50", "p90", "p99")
     measured = {k: percentiles(logged[k]) for k in keys}
     simulated = {}
@@ -6023,8 +5961,8 @@ def engine_run_study(run, req, sims):
         simulated[label[2:]] = {**{k: metrics[k] for k in keys}, "error": {
             k: {p: metrics[k][p] / measured[k][p] - 1 for p in stats} for k in keys}}
     return {"settings": logged["settings"], "measured": measured, "simulated": simulated,
-            "run": {"slots": run.slots, "chunk_tokens": run.chunk_tokens,
-                    "kv_tokens": run.kv_tokens, "rate": run.rate}}
+            "run": {"slots": run.scheduler.slots, "chunk_tokens": run.scheduler.chunk_tokens,
+                    "kv_tokens": run.scheduler.kv_tokens, "rate": run.workload.rate}}
 
 
 def kv_setup(run, req, device):
@@ -6032,17 +5970,17 @@ def kv_setup(run, req, device):
     -> (the budget's description, the budgets every request fits); a policy a request does not
     fit is left out, and info["unfit"] says why, so its rows print as not fitting."""
     memory_bytes, source = kv_budget_bytes(run, device)
-    per_token = kv_bytes_per_token(run.model)
-    generated = not (run.trace or run.lengths_file)
-    max_output = run.max_output or (LENGTH_MAX if generated else int(req.output.max()))
+    per_token = kv_bytes_per_token(run.hardware.model)
+    generated = not (run.workload.trace or run.workload.lengths_file)
+    max_output = run.scheduler.max_output or (LENGTH_MAX if generated else int(req.output.max()))
     info = {"memory_bytes": memory_bytes, "memory_source": source, "bytes_per_token": per_token,
             "budget_tokens": max(int(memory_bytes // per_token), 0),
-            "block_tokens": run.block_tokens, "max_output": max_output,
-            "watermark": run.watermark, "unfit": {}, **host_tier(run, per_token)}
+            "block_tokens": run.scheduler.block_tokens, "max_output": max_output,
+            "watermark": run.scheduler.watermark, "unfit": {}, **host_tier(run, per_token)}
     budgets = []
-    for policy in run.kv_policies:
-        kv = KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output,
-                      run.watermark, info["host_tokens"],
+    for policy in run.scheduler.kv_policies:
+        kv = KVBudget(policy, info["budget_tokens"], run.scheduler.block_tokens, max_output,
+                      run.scheduler.watermark, info["host_tokens"],
                       per_token / (info["host_link_gbs"] * 1e9))
         why = check_kv_budget(req, kv) if info["budget_tokens"] else {"kind": "kv_no_memory"}
         if why:
@@ -6106,18 +6044,18 @@ def who_waits(run, req, replica, budgets):
     def simulate(orders):
         return dict(zip(orders, run_parallel([(timed_task, (
             f"C who waits {name}", simulate_serving, req, dataclasses.replace(base, order=order)))
-            for name, order in orders.items()], run.jobs)))
+            for name, order in orders.items()], run.measurement.jobs)))
     orders = {name: run_order(run, req.output, name) for name in ORDERS}
     sims = simulate(orders)
-    guard, source = run.max_wait_s, "guard_flag"
+    guard, source = run.scheduler.max_wait_s, "guard_flag"
     if guard is None:
         guard = float(np.percentile(sims["fcfs"]["start"] - req.arrival_s, 99))
         source = "guard_fcfs"
     sims.update(simulate({f"{name}_guarded": dataclasses.replace(orders[name], max_wait_s=guard)
                           for name in ("sjf", "predicted")}))
     edges = [int(e) for e in np.quantile(req.output, [1 / 3, 2 / 3])]
-    predicted = order_info(orders["predicted"], req.output, run.seed)
-    info = {"requests": n, "slots": run.slots, "scheduler": "continuous",
+    predicted = order_info(orders["predicted"], req.output, run.workload.seed)
+    info = {"requests": n, "slots": run.scheduler.slots, "scheduler": "continuous",
             "kv_policy": budget.policy if budget else None, "arrivals": arrivals(run),
             "guard_s": guard, "guard_source": source, "length_edges": edges,
             "sigma": predicted["sigma"], "kendall_tau": predicted["kendall_tau"]}
@@ -6169,14 +6107,15 @@ def rate_sweep(run, req, replica, continuous):
     """
     req = req.take(slice(SWEEP_REQUESTS))
     capacity = continuous["throughput_rps"]
-    rates = run.rates or tuple(round(f * capacity, 6) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0,
-                                                                1.2))
+    rates = run.workload.rates or tuple(round(f * capacity, 6)
+                                        for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.2))
     rng = random_stream(run, "sweep")
-    swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.burstiness, rng))
+    swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.workload.burstiness, rng))
              for rate in rates]
     sims = run_parallel([(timed_task, (f"C sweep {rate:g}/s {name}", simulate_serving, r,
                                        dataclasses.replace(replica, scheduler=name, kv=None)))
-                         for rate, r in zip(rates, swept) for name in SCHEDULERS], run.jobs)
+                         for rate, r in zip(rates, swept) for name in SCHEDULERS],
+                        run.measurement.jobs)
     points = []
     for i, (rate, r) in enumerate(zip(rates, swept)):
         row = {"rate_rps": rate}
@@ -6227,9 +6166,9 @@ def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
 
 
 def run_routers(run):
-    if run.router != "all":
-        return (run.router,)
-    caching = any(KV_MANAGERS[policy].tracks_prefixes for policy in run.kv_policies)
+    if run.scheduler.router != "all":
+        return (run.scheduler.router,)
+    caching = any(KV_MANAGERS[policy].tracks_prefixes for policy in run.scheduler.kv_policies)
     return tuple(name for name, router in ROUTERS.items() if router.in_all or caching)
 
 
@@ -6240,12 +6179,13 @@ def replicas_study(run, req, replica):
     routers = run_routers(run)
     fleets = run_parallel([(timed_task, (
         f"C fleet {router}", simulate_fleet, req, replica,
-        Fleet(run.replicas, router, seed_for(run, "fleet")))) for router in routers],
-        run.jobs)
-    return {"replicas": run.replicas, "slots": run.slots, "requests": len(req.output),
+        Fleet(run.scheduler.replicas, router, seed_for(run, "fleet")))) for router in routers],
+        run.measurement.jobs)
+    return {"replicas": run.scheduler.replicas, "slots": run.scheduler.slots,
+            "requests": len(req.output),
             "scheduler": "continuous", "kv_policy": replica.kv.policy if replica.kv else None,
             "arrivals": arrivals(run),
-            "routers": {router: fleet_summary(req, fleet, run.slo_ttft_s, run.slo_tpot_s)
+            "routers": {router: fleet_summary(req, fleet, run.slo.slo_ttft_s, run.slo.slo_tpot_s)
                         for router, fleet in zip(routers, fleets)}}, work_of(fleets)
 
 
@@ -6330,7 +6270,7 @@ def unit_rate(run, req, n, seed):
     """n requests, the run's cycled, arriving at one per second (Poisson, or gamma with
     --burstiness; a search scales the draw to each rate), and the replica's order for them."""
     cycled = req.take(np.arange(n) % len(req.output))
-    unit = arrival_times(n, 1.0, run.burstiness, np.random.default_rng(seed))
+    unit = arrival_times(n, 1.0, run.workload.burstiness, np.random.default_rng(seed))
     return cycled.take(arrival_s=unit), run_order(run, cycled.output)
 
 
@@ -6339,26 +6279,26 @@ def capacity_study(run, req, replica):
     bisected to 1%), and with --target-rate, the fewest replicas under each router; continuous
     batching under the replica's KV budget."""
     replica = dataclasses.replace(replica, scheduler="continuous")
-    slo = SLO(run.slo_ttft_s, run.slo_tpot_s, run.slo_attainment)
+    slo = SLO(run.slo.slo_ttft_s, run.slo.slo_tpot_s, run.slo.slo_attainment)
     m = max(CAPACITY_REQUESTS, len(req.output))
     draws = [unit_rate(run, req, m, seed_for(run, "capacity", s))
              for s in range(CAPACITY_SEEDS)]
     log(f"C capacity: bisecting one replica's rate at the SLO, {CAPACITY_SEEDS} draws of "
-        f"{m:,} arrivals on {min(run.jobs, CAPACITY_SEEDS)} worker processes")
+        f"{m:,} arrivals on {min(run.measurement.jobs, CAPACITY_SEEDS)} worker processes")
     searches = run_parallel([(capacity_one, (r, dataclasses.replace(replica, order=o), slo))
-                             for r, o in draws], run.jobs)
+                             for r, o in draws], run.measurement.jobs)
     rates = sorted(rate for rate, _ in searches)
     one = rates[len(rates) // 2]
     log(f"C capacity: one replica serves {one:,.3g} requests/s (draws {rates[0]:,.3g}-"
         f"{rates[-1]:,.3g})")
-    result = {"slo_ttft_s": run.slo_ttft_s, "slo_tpot_s": run.slo_tpot_s,
+    result = {"slo_ttft_s": run.slo.slo_ttft_s, "slo_tpot_s": run.slo.slo_tpot_s,
               "attainment": slo.attainment, "requests": m, "seeds": CAPACITY_SEEDS,
-              "gpus_per_replica": run.tp, "scheduler": "continuous",
+              "gpus_per_replica": run.hardware.tp, "scheduler": "continuous",
               "kv_policy": replica.kv.policy if replica.kv else None,
               "one_replica": {"rate_rps": one, "rates_rps": rates,
                               "output_tokens_per_s": one * float(req.output.mean()),
                               "tried": searches[0][1]}}
-    if run.target_rate is not None:
+    if run.slo.target_rate is not None:
         result.update(fleet_capacity(run, req, replica, slo, one, m))
     return result
 
@@ -6369,9 +6309,9 @@ def fleet_capacity(run, req, replica, slo, one, m):
     if one == 0.0:
         raise UsageError("no arrival rate meets the SLO on one replica (even a nearly idle one "
                          "misses it): loosen --slo-ttft-ms / --slo-tpot-ms")
-    start = max(1, math.floor(0.7 * run.target_rate / one)) if math.isfinite(one) else 1
+    start = max(1, math.floor(0.7 * run.slo.target_rate / one)) if math.isfinite(one) else 1
     if start > REPLICAS_MAX:
-        raise UsageError(f"--target-rate {run.target_rate:g}: one replica serves {one:.3g} "
+        raise UsageError(f"--target-rate {run.slo.target_rate:g}: one replica serves {one:.3g} "
                          f"requests/s at the SLO, so even {REPLICAS_MAX:,} replicas cannot")
     # as many requests per replica (at the count the search starts from) as one replica's
     # search had: a finite run past capacity fails a loose SLO late, so the horizon matters
@@ -6379,12 +6319,12 @@ def fleet_capacity(run, req, replica, slo, one, m):
     seed = seed_for(run, "replicas")
     base, order = unit_rate(run, req, n, seed)
     replica, routers = dataclasses.replace(replica, order=order), run_routers(run)
-    log(f"C capacity: the fewest replicas for {run.target_rate:g} requests/s under "
+    log(f"C capacity: the fewest replicas for {run.slo.target_rate:g} requests/s under "
         f"{len(routers)} routers, from {start:,} up")
     found = run_parallel([(fewest_replicas, (base, replica, slo, Fleet(start, router, seed),
-                                             run.target_rate, start)) for router in routers],
-                         run.jobs)
-    return {"target_rate": run.target_rate, "fleet_requests": n, "routers": {
+                                             run.slo.target_rate, start)) for router in routers],
+                         run.measurement.jobs)
+    return {"target_rate": run.slo.target_rate, "fleet_requests": n, "routers": {
         router: {"replicas": replicas, "attainment": tried.get(replicas),
                  "below": tried.get(replicas - 1) if replicas else None,
                  "tried": sorted(tried.items())}
@@ -6449,7 +6389,7 @@ def prefix_study(run, req, replica, info, budgets):
         ("unlimited", None, dataclasses.replace(kv, capacity_tokens=math.inf, host_tokens=0))]
     sims = run_parallel([(timed_task, (f"C prefix {tier} {share}", simulate_serving, req,
                                        dataclasses.replace(base, kv=budget)))
-                         for tier, share, budget in runs], run.jobs)
+                         for tier, share, budget in runs], run.measurement.jobs)
     result = {"budget_tokens": info["budget_tokens"], "host_tokens": host,
               "host_link": info["host_link"], "host_link_gbs": info["host_link_gbs"],
               **{tier: [] for tier in ("card", "card_host", "unlimited")}}
@@ -6457,10 +6397,10 @@ def prefix_study(run, req, replica, info, budgets):
         m = kv_metrics(req, sim, budget)
         result[tier].append({"share": share, "capacity_tokens": budget.capacity_tokens,
                              "ttft_s": m["ttft_s"], **m[PREFIX_REPORT]})
-    if run.slo_ttft_s or run.slo_tpot_s:
+    if run.slo.slo_ttft_s or run.slo.slo_tpot_s:
         paged = dataclasses.replace(kv, policy=next(p for p, m in KV_MANAGERS.items()
                                                     if m.caching == kv.policy))
-        without = capacity_study(dataclasses.replace(run, target_rate=None), req,
+        without = capacity_study(run.replace(target_rate=None), req,
                                  dataclasses.replace(base, kv=paged))
         result["capacity_without_caching_rps"] = without["one_replica"]["rate_rps"]
     return result, work_of(sims)
@@ -6468,9 +6408,10 @@ def prefix_study(run, req, replica, info, budgets):
 
 def host_tier(run, per_token):
     """A prefix cache's host tier (--host-kv-gb): its tokens, and the card's link to it."""
-    link, gbs = HOST_LINKS.get(run.gpu) or (
-        (GPUS[run.gpu].link, GPUS[run.gpu].link_gbs) if run.gpu else _PCIE4)
-    host_bytes = (run.host_kv_gb or 0) * 1e9
+    link, gbs = HOST_LINKS.get(run.hardware.gpu) or (
+        (GPUS[run.hardware.gpu].link, GPUS[run.hardware.gpu].link_gbs) if run.hardware.gpu
+        else _PCIE4)
+    host_bytes = (run.scheduler.host_kv_gb or 0) * 1e9
     return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
             "host_link": link, "host_link_gbs": gbs}
 
@@ -6675,29 +6616,30 @@ class Engine:
 def engine_requests(run):
     """D's requests: output lengths of C's law (divided by --engine-shrink, at least 1), and
     their arrivals (--rate: Poisson, on the wall clock; else all at once)."""
-    n, P = run.engine_requests, run.engine_prompt_len
+    n, P = run.engine.engine_requests, run.engine.engine_prompt_len
     need, free = n * (P + 32) * 8, free_host_memory_bytes()
     if need > 0.5 * free:  # its prompts, and a list of tokens for each
         raise UsageError(f"D: {n:,} requests of {P:,} prompt tokens would need about "
                          f"{gib(need)} of memory, and {gib(free)} is free")
-    lengths = np.maximum(lognormal_lengths(n, run.seed) // run.engine_shrink, 1)
+    lengths = np.maximum(lognormal_lengths(n, run.workload.seed) // run.engine.engine_shrink, 1)
     rng = random_stream(run, "engine_arrivals")
-    arrival = arrival_times(n, run.rate, run.burstiness, rng) if isinstance(run.rate, float) \
-        else None
+    arrival = arrival_times(n, run.workload.rate, run.workload.burstiness, rng) \
+        if isinstance(run.workload.rate, float) else None
     return lengths, arrival
 
 
 def check_engine(run, lengths):
     """D's requests must fit the model's positions; its system prompts (which open its
     prompts, --prompt-len tokens of their own following) must be whole blocks."""
-    if run.prefix_len % run.block_tokens:
-        raise UsageError(f"D: --prefix-len {run.prefix_len} must be whole blocks of "
-                         f"--block-tokens {run.block_tokens}, as the engine keeps them")
-    longest = run.engine_prompt_len + int(lengths.max())
-    if longest > run.model.max_positions:
-        raise UsageError(f"D: a request of {longest:,} tokens (prompt {run.engine_prompt_len} + "
-                         f"output {lengths.max():,}) exceeds --max-positions "
-                         f"{run.model.max_positions:,}")
+    if run.workload.prefix_len % run.scheduler.block_tokens:
+        raise UsageError(f"D: --prefix-len {run.workload.prefix_len} must be whole blocks of "
+                         f"--block-tokens {run.scheduler.block_tokens}, as the engine keeps them")
+    longest = run.engine.engine_prompt_len + int(lengths.max())
+    if longest > run.hardware.model.max_positions:
+        raise UsageError(f"D: a request of {longest:,} tokens (prompt "
+                         f"{run.engine.engine_prompt_len} + output {lengths.max():,}) exceeds "
+                         "--max-positions "
+                         f"{run.hardware.model.max_positions:,}")
 
 
 def engine_costs(bench, prompt_len, pad):
@@ -6711,9 +6653,9 @@ def engine_costs(bench, prompt_len, pad):
     per span (each row its own: a call per row, an upper bound on the engine's) or, with pad,
     in one padded call (its cost per cached token then carries the padding read).
     -> (costs of one-span decodes, costs of spread decodes, the timed rows)"""
-    run, budget_s = bench.run, bench.run.time_budget_s / 2
+    run, budget_s = bench.run, bench.run.measurement.time_budget_s / 2
     long_context = min(prompt_len + 512, bench.cfg.max_positions - 1)
-    batches = sorted({1, max(1, run.engine_slots // 4), run.engine_slots})
+    batches = sorted({1, max(1, run.engine.engine_slots // 4), run.engine.engine_slots})
 
     def row(t, **shape):
         return {**shape, "step_ms": t["mean_ms"], "median_ms": t["median_ms"],
@@ -6727,7 +6669,7 @@ def engine_costs(bench, prompt_len, pad):
                for b in batches if b > 1]  # (a single row has nothing to spread)
     prefills = [row(bench.time_prefill(prompt_len, batch, budget_s=budget_s), batch=batch,
                     tokens=batch * prompt_len, spread=False, padded=False)
-                for batch in sorted({1, run.engine_slots})]
+                for batch in sorted({1, run.engine.engine_slots})]
     source = {"kind": "pricing_engine", "device": device_name(bench.device)}
     one_span = fit_step_costs([r for r in decode if not r["spread"]], prefills, prompt_len,
                               0.0, source)
@@ -6770,7 +6712,7 @@ def run_serving_engine(bench, lengths, arrival, log):
     timing passes predict a run?) and priced with the run's own passes (the scheduling
     model's test, free of the machine's drift between timing and running)."""
     run, cfg, device = bench.run, bench.cfg, bench.device
-    n, P, slots = len(lengths), run.engine_prompt_len, run.engine_slots
+    n, P, slots = len(lengths), run.engine.engine_prompt_len, run.engine.engine_slots
     pad = engine_attention(run, device)
     one_span, spread, cost_rows = engine_costs(bench, P, pad)
     for name, costs in (("one span", one_span), ("spread", spread)):
@@ -6788,12 +6730,12 @@ def run_serving_engine(bench, lengths, arrival, log):
     req = Requests(np.zeros(n) if at_zero else arrival, np.full(n, P), lengths)
     replica = Replica(slots, one_span, order=run_order(run, lengths))
     result = {"requests": n, "slots": slots, "prompt_tokens": P,
-              "shrink": run.engine_shrink * divisor,
+              "shrink": run.engine.engine_shrink * divisor,
               "bound": {"bound_s": ENGINE_BOUND_S, "priced_s": priced_s[0],
                         "shrunk_by": divisor, "priced_shrunk_s": priced_s[1]},
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
                           "max": int(lengths.max()), "total": int(lengths.sum())},
-              "order": order_info(replica.order, lengths, run.seed),
+              "order": order_info(replica.order, lengths, run.workload.seed),
               "arrivals": arrivals(run) if not at_zero else {"kind": "arrivals_zero"},
               "attention": "padded" if pad else "spans",
               **attention_policy(decode_kernel(bench, slots, P + int(lengths.max()), pad)),
@@ -6801,14 +6743,14 @@ def run_serving_engine(bench, lengths, arrival, log):
               "cost_model_spread": spread.as_dict()}
     runs = [("static", None), ("continuous", None)]
     if system is not None:  # the continuous run again, with its prefix cache
-        runs.append(("prefix", EnginePrefix(system, run.prefix_len)))
+        runs.append(("prefix", EnginePrefix(system, run.workload.prefix_len)))
     for name, prefix in runs:
         policy = "continuous" if prefix else name
         generated, elog = run_engine(bench.model, cache, EngineRequests(
             prompts, lengths.tolist(), arrival, prefix), policy, pad, replica.order)
         served = req if not prefix else dataclasses.replace(req, identity=SharedPrompts(
-            system, np.full(run.num_prefixes, run.prefix_len), np.full(n, -1)))
-        kv = KVBudget("prefix", math.inf, run.block_tokens) if prefix else None
+            system, np.full(run.workload.num_prefixes, run.workload.prefix_len), np.full(n, -1)))
+        kv = KVBudget("prefix", math.inf, run.scheduler.block_tokens) if prefix else None
         result[name] = d = engine_against_simulation(
             served, elog, dataclasses.replace(replica, scheduler=policy, kv=kv), spread, at_zero)
         log(f"D {name}: {d['wall_s']:.2f} s measured, {d['predicted']['wall_s']:.2f} s "
@@ -6835,20 +6777,23 @@ def engine_prompts(run, vocab, n, system):
     """D's prompts, random tokens on the CPU; each system prompt's tokens open every prompt
     it opens (system: see engine_system_prompts)."""
     g = torch.Generator(device="cpu").manual_seed(seed_for(run, "prompts"))
-    prompts = torch.randint(vocab, (n, run.engine_prompt_len), generator=g)
+    prompts = torch.randint(vocab, (n, run.engine.engine_prompt_len), generator=g)
     if system is not None:
-        texts = torch.randint(vocab, (run.num_prefixes, run.prefix_len), generator=g)
-        prompts[system >= 0, :run.prefix_len] = texts[system[system >= 0]]
+        texts = torch.randint(vocab, (run.workload.num_prefixes, run.workload.prefix_len),
+                              generator=g)
+        prompts[system >= 0, :run.workload.prefix_len] = texts[system[system >= 0]]
     return prompts
 
 
 def engine_system_prompts(run, arrival, lengths):
     """D's system prompts (--prefix-len): the one opening each request (-1: none), drawn as C
     draws them (shared_prompts), or None where D's prompts share nothing."""
-    if not run.prefix_len:
+    if not run.workload.prefix_len:
         return None
     n = len(lengths)
-    prefix = PrefixWorkload(run.prefix_len, run.num_prefixes, run.prefix_share, run.prefix_zipf)
+    work = run.workload
+    prefix = PrefixWorkload(work.prefix_len, work.num_prefixes, work.prefix_share,
+                            work.prefix_zipf)
     opened = shared_prompts(Requests(np.zeros(n) if arrival is None else arrival, np.zeros(n),
                                      lengths), prefix,
                             random_stream(run, "prefixes"))
@@ -6862,7 +6807,7 @@ def prefix_check(result, elog, generated, plain, run):
     cached, plain_run = result["prefix"], result["continuous"]
     saved = plain_run["wall_s"] - cached["wall_s"]
     predicted = plain_run["predicted"]["wall_s"] - cached["predicted"]["wall_s"]
-    return {"tokens_identical": generated == plain, "prefix_tokens": run.prefix_len,
+    return {"tokens_identical": generated == plain, "prefix_tokens": run.workload.prefix_len,
             "prompt_tokens": result["requests"] * result["prompt_tokens"],
             "hit_tokens": int(sum(elog["hit_tokens"])),
             "hit_tokens_simulated": cached.get("hit_tokens_simulated"),
@@ -6882,12 +6827,12 @@ def bounded_lengths(run, lengths, arrival, one_span, spread):
     with the costs just timed (static one-span, continuous spread), the outputs divided until
     they fit. -> (lengths, divisor, (priced s as given, priced s as run)); a one-line error
     where outputs of a token each would still take longer."""
-    n, P = len(lengths), run.engine_prompt_len
+    n, P = len(lengths), run.engine.engine_prompt_len
     arrival = np.zeros(n) if arrival is None else arrival
 
     def priced(out):
         req = Requests(arrival, np.full(n, P), out)
-        replica = Replica(run.engine_slots, one_span, order=run_order(run, out))
+        replica = Replica(run.engine.engine_slots, one_span, order=run_order(run, out))
         return sum(float(simulate_serving(req, dataclasses.replace(
             replica, scheduler=policy, costs=costs))["finish"].max())
             for policy, costs in (("static", one_span), ("continuous", spread)))
@@ -8340,6 +8285,7 @@ def draw_one(plot, results, path, dpi, fmt):
 
 # -----------------------------------------------------------------------------
 # flag types: argparse types that refuse a bad value in one line, and the parser's form
+# Then what the flags fill: RunConfig, a frozen group of settings for each group of flags.
 
 
 def integer(low=1, high=COUNT_MAX):
@@ -8498,13 +8444,161 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             action, self._get_default_metavar_for_optional(action))
 
 
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """The requests C (and D) serve: how many, their lengths, arrivals and shared prefixes."""
+    requests: int = 600
+    seed: int = LENGTH_SEED
+    lengths_file: str = None
+    prompt_len: int = 128         # prompt tokens of each generated request
+    trace: str = None             # a request trace CSV (replaces the generated lengths)
+    trace_limit: int = None
+    rate: object = None           # requests/s (float), "trace" (its timestamps), None (all at 0)
+    burstiness: float = 1.0       # shape of the gamma gaps: 1 = Poisson, below 1 burstier
+    rates: tuple = None           # the rate sweep (default: fractions of capacity)
+    prefix_len: int = 0           # generated requests: system prompts' tokens (0: none)
+    num_prefixes: int = 1         # how many system prompts
+    prefix_share: float = 1.0     # share of conversations a system prompt opens
+    prefix_zipf: float = 1.0      # their popularity: the i-th as 1 / i^zipf
+    turns: int = 1                # turns per conversation
+    think_time_s: float = 0.0     # mean gap between a conversation's turns
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """The model and what it runs on (A, B, D's device; C's card and prices)."""
+    model: ModelConfig
+    device: str = None            # "cuda" or "cpu"; None when only C runs
+    peak_bandwidth_gbs: float = None  # replace the measured ceilings
+    peak_tflops: float = None
+    cost: str = None              # "measured", "analytic"; default measured when A ran
+    gpu: str = None               # a named card (GPUS) C prices and budgets for
+    tp: int = 1                   # C: cards per replica, tensor parallel
+    ep: int = 1                   # C: each replica one card of an expert-parallel group
+    weight_first_rows: int = 0    # CPU matmuls of up to this many rows as W x^T (see linear)
+    engine_profile: str = "tensorrt-llm"  # how C prices the card (ENGINE_PROFILES)
+    preset: tuple = ()            # the model fields the CPU preset set ("layers=4", ...)
+    dtype_given: bool = False     # --dtype was given (else on CPU a probe chooses)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """C's replicas: seats, the step budget, the queue's order, the router, the KV cache."""
+    slots: int = 32
+    chunk_tokens: int = 512       # chunked prefill: tokens per step, decodes included
+    order: str = "fcfs"           # the waiting queue's order (see Order)
+    predict_sigma: float = 0.8    # "predicted": log-normal error of the predicted lengths
+    max_wait_s: float = None      # the starvation guard (None: off)
+    replicas: int = 1             # C: identical replicas behind a router
+    router: str = "all"           # the routers C's fleet and capacity studies compare
+    kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged", "prefix" or "both"
+    enable_prefix_caching: bool = False  # paged blocks keep computed prefixes (policy "prefix")
+    host_kv_gb: float = None      # prefix: a second tier of blocks in host memory
+    prefix_study: bool = False    # the prefix cache's hits against its capacity (a figure)
+    kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
+    kv_tokens: int = None         # the KV cache in tokens (replaces kv_memory_gb)
+    block_tokens: int = 16        # paged: tokens per block
+    max_output: int = None        # reserve: output tokens reserved per request
+    watermark: float = 0.01       # paged: share of the blocks admission keeps free (vLLM's)
+
+    @property
+    def kv_policies(self):
+        policies = tuple(p for p, m in KV_MANAGERS.items() if m.in_both) \
+            if self.kv_policy == "both" else (self.kv_policy,)
+        return tuple(KV_MANAGERS[p].caching or p if self.enable_prefix_caching else p
+                     for p in policies)
+
+
+@dataclass(frozen=True)
+class SLOConfig:
+    """The latency bounds C's goodput and capacity search hold requests to."""
+    slo_ttft_s: float = None
+    slo_tpot_s: float = None
+    slo_attainment: float = 0.9   # the share of requests that must meet the SLO
+    target_rate: float = None     # requests/s C finds the fewest replicas for
+
+
+@dataclass(frozen=True)
+class MeasurementConfig:
+    """What runs and how it is timed: the experiments, A's and B's shapes, repetitions."""
+    experiments: str = EXPERIMENTS
+    quick: bool = False
+    batch_sizes: tuple = (1, 8, 32, 128, 256)
+    context: int = 128            # tokens already in each row's KV cache when a decode step runs
+    contexts: tuple = (128,)      # A sweeps every batch size at each of these contexts
+    graphs: str = "eager"         # "eager", "graph" or "both": CUDA graphs for decode (CUDA only)
+    prefill_lengths: tuple = (512, 2048)
+    decode_batches: tuple = (1, 32)
+    jobs: int = 1                 # worker processes for C's independent simulations
+    warmup: int = 3               # untimed calls at each shape
+    reps: int = 50                # timed calls at each shape (fewer if a call is slow)
+    time_budget_s: float = 2.0    # per shape: stop repeating after this, but keep >= 5 calls
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """D's engine: its requests, slots, prompt tokens, output divisor and attention."""
+    engine_requests: int = None   # (by default ENGINE_CPU on CPU, ENGINE_QUICK with --quick,
+    engine_slots: int = None      # else --requests, --slots and --prompt-len as they are)
+    engine_prompt_len: int = None
+    engine_shrink: int = 1
+    engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where the results, tables and figures go, and in which language."""
+    out: str = "figures"
+    figures: bool = True
+    dpi: int = 100
+    format: str = "png"
+    lang: str = "en"
+    save_requests: str = None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A run's settings, a frozen group for each group of flags (run.workload.requests,
+    run.scheduler.slots, ...). RunConfig.of and replace take fields by their own names."""
+    workload: WorkloadConfig
+    hardware: HardwareConfig
+    scheduler: SchedulerConfig
+    slo: SLOConfig
+    measurement: MeasurementConfig
+    engine: EngineConfig
+    output: OutputConfig
+
+    @classmethod
+    def of(cls, **fields):
+        """A run from fields by name, each group's defaults for the rest."""
+        unknown = set(fields) - set(RUN_FIELDS)
+        if unknown:
+            raise TypeError(f"RunConfig has no field {', '.join(sorted(unknown))}")
+        return cls(**{name: group(**{f: v for f, v in fields.items() if RUN_GROUP[f] == name})
+                      for name, group in RUN_GROUPS.items()})
+
+    def replace(self, **fields):
+        """This run with fields changed by name (each in its group)."""
+        return dataclasses.replace(self, **{name: dataclasses.replace(
+            getattr(self, name), **{f: v for f, v in fields.items() if RUN_GROUP[f] == name})
+            for name in {RUN_GROUP[f] for f in fields}})
+
+    def flat(self):
+        """Every field by name, the groups in order (results.json's "config")."""
+        return {k: v for name in RUN_GROUPS
+                for k, v in dataclasses.asdict(getattr(self, name)).items()}
+
+
+RUN_GROUPS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+RUN_FIELDS = {f.name: f for group in RUN_GROUPS.values() for f in dataclasses.fields(group)}
+RUN_GROUP = {f: name for name, group in RUN_GROUPS.items()
+             for f in (g.name for g in dataclasses.fields(group))}
+
 
 # -----------------------------------------------------------------------------
 # flags: argv to a RunConfig, in groups by task
 
 HELP_WIDTH = 100
-
-RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 METAVARS = {integer: "N", integers: "N,..", number: "X", numbers: "X,..",
             milliseconds: "MS", attainment: "P", fraction: "X", rate_value: "RATE"}
@@ -8760,28 +8854,29 @@ def run_config(args):
     if args.arch == "post":  # no KV cache: the context changes nothing
         contexts = (args.context,)
     graphs = {"on": "graph", "off": "eager", "both": "both", None: "both" if cuda else "eager"}
-    run = RunConfig(**{**{k: v for k, v in vars(args).items() if k in RUN_FIELDS},
+    run = RunConfig.of(**{**{k: v for k, v in vars(args).items() if k in RUN_FIELDS},
                        "model": model, "experiments": experiments,
                        "device": device and device.type, "graphs": graphs[args.graphs],
                        "contexts": tuple(sorted(set(contexts) | {args.context})),
                        "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default,
                        "preset": preset, "dtype_given": args.dtype is not None,
                        "engine_profile": args.engine_profile or DEFAULT_PROFILE})
-    longest = max(max(run.contexts) + 1, max(run.prefill_lengths))
+    longest = max(max(run.measurement.contexts) + 1, max(run.measurement.prefill_lengths))
     if device is not None and model.arch == "transformer" and longest > model.max_positions:
         raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
                          f"{model.max_positions}")
-    if run.gpu:
+    if run.hardware.gpu:
         check_card_fits(run)
-    if run.quick:
+    if run.measurement.quick:
         run = quick_run(run)
-    engine = ENGINE_QUICK if run.quick else ENGINE_CPU if on_cpu else {
-        "requests": run.requests, "slots": run.slots, "prompt_len": run.prompt_len, "shrink": 1}
-    return dataclasses.replace(run, engine_requests=args.engine_requests or engine["requests"],
-                               engine_slots=args.engine_slots or engine["slots"],
-                               engine_prompt_len=run.prefix_len  # (the system prompt first)
-                               + (args.prompt_len or engine["prompt_len"]),
-                               engine_shrink=args.engine_shrink or engine["shrink"])
+    engine = ENGINE_QUICK if run.measurement.quick else ENGINE_CPU if on_cpu else {
+        "requests": run.workload.requests, "slots": run.scheduler.slots,
+        "prompt_len": run.workload.prompt_len, "shrink": 1}
+    return run.replace(engine_requests=args.engine_requests or engine["requests"],
+                       engine_slots=args.engine_slots or engine["slots"],
+                       engine_prompt_len=run.workload.prefix_len  # (the system prompt first)
+                       + (args.prompt_len or engine["prompt_len"]),
+                       engine_shrink=args.engine_shrink or engine["shrink"])
 
 
 def chosen_experiments(args):
@@ -8867,12 +8962,13 @@ def model_config(args, on_cpu):
 
 def quick_run(run):
     """--quick: every experiment small enough for a smoke run."""
-    context = min(run.context, 64)
-    return dataclasses.replace(
-        run, batch_sizes=tuple(b for b in run.batch_sizes if b <= 32) or (1,), context=context,
-        contexts=(context,), prefill_lengths=tuple(max(1, t // 8) for t in run.prefill_lengths),
-        warmup=min(run.warmup, 1), reps=min(run.reps, 5), prompt_len=min(run.prompt_len, 32),
-        time_budget_s=0.2)
+    timed = run.measurement
+    context = min(timed.context, 64)
+    return run.replace(
+        batch_sizes=tuple(b for b in timed.batch_sizes if b <= 32) or (1,), context=context,
+        contexts=(context,), prefill_lengths=tuple(max(1, t // 8) for t in timed.prefill_lengths),
+        warmup=min(timed.warmup, 1), reps=min(timed.reps, 5),
+        prompt_len=min(run.workload.prompt_len, 32), time_budget_s=0.2)
 
 
 # -----------------------------------------------------------------------------
@@ -9151,14 +9247,14 @@ def _main(argv):
     if args.placement_search:
         return run_placement_search(args)
     run, device, inputs, probes = prepare_run(args)
-    cfg = run.model
+    cfg = run.hardware.model
     results = {"environment": environment(run, device, argv),
                "config": {"model": {**dataclasses.asdict(cfg), "params": param_count(cfg),
                                     "weight_bytes": weight_bytes(cfg),
                                     "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn},
-                          **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
+                          **{k: v for k, v in run.flat().items() if k != "model"}}}
     results["environment"].update(probes)
-    print(banner(results, TEXT[run.lang]), flush=True)
+    print(banner(results, TEXT[run.output.lang]), flush=True)
     interrupted = run_experiments(run, device, results, inputs)
     finish_run(run, results, interrupted)
     return results
@@ -9177,7 +9273,7 @@ def prepare_run(args):
     input read once, D's requests against the positions, the model and D's cache against
     the device's memory. -> (run, device, Inputs, the probes run: {name: probe})"""
     run = run_config(args)
-    device = run.device and torch.device(run.device)
+    device = run.hardware.device and torch.device(run.hardware.device)
     if device and device.type == "cuda":
         check_cuda_arch(device)
     run, dtype_probe = with_probed_dtype(run)
@@ -9185,15 +9281,15 @@ def prepare_run(args):
     probes = {k: v for k, v in (("dtype_probe", dtype_probe), ("layout_probe", layout_probe))
               if v}
     requests = kv = None
-    if "C" in run.experiments:
+    if "C" in run.measurement.experiments:
         requests = make_requests(run)
         kv = kv_setup(run, requests, device)
-    lengths, arrival = engine_requests(run) if "D" in run.experiments else (None, None)
+    lengths, arrival = engine_requests(run) if "D" in run.measurement.experiments else (None, None)
     if lengths is not None:  # D's cache must hold the longest request
         check_engine(run, lengths)
     if device:  # the model (and D's cache) must fit, before anything is allocated
         check_memory(run, device, lengths)
-    prepare_out_dir(run.out)
+    prepare_out_dir(run.output.out)
     return run, device, Inputs(requests, kv, lengths, arrival), probes
 
 
@@ -9203,7 +9299,7 @@ def run_experiments(run, device, results, inputs):
     stage, benches = None, []
     try:
         with interrupt_on_sigterm(), torch.inference_mode(), sdpa_policy():
-            for stage in run.experiments:
+            for stage in run.measurement.experiments:
                 run_experiment(stage, run, device, results, benches, inputs)
             remeasure_ceilings(run, device, results)
     except KeyboardInterrupt:
@@ -9236,20 +9332,21 @@ def interrupt_on_sigterm():
 def finish_run(run, results, interrupted):
     """The tables, results.json and (unless interrupted) the figures; then the exit status:
     130 after Ctrl-C, 1 after a late failure (a figure's among them)."""
-    T = TEXT[run.lang]
+    T = TEXT[run.output.lang]
     results["machine_warnings"] = machine_warnings(results)
-    print("\n" + format_tables(results, run.lang) + "\n", flush=True)
-    json_path = os.path.join(run.out, "results.json")
+    print("\n" + format_tables(results, run.output.lang) + "\n", flush=True)
+    json_path = os.path.join(run.output.out, "results.json")
     write_atomic(json_path, to_json(results))
     written = []
-    if run.figures and not interrupted:
+    if run.output.figures and not interrupted:
         try:
-            written, missing = draw_figures(results, run.out, run.dpi, run.format, run.jobs)
+            written, missing = draw_figures(results, run.output.out, run.output.dpi,
+                                            run.output.format, run.measurement.jobs)
             results["figures"] = {"written": written, "not_drawn": missing}
         except Exception as e:  # (a worker's too: a figure failed late, like an experiment)
             results["failed"] = {"experiment": "figures", "error": one_line(e)}
         write_atomic(json_path, to_json(results))
-    older = tidy_figures(run.out, written)
+    older = tidy_figures(run.output.out, written)
     if older:
         results["figures"] = {**results.get("figures", {}), "older": older}
         write_atomic(json_path, to_json(results))
@@ -9295,15 +9392,15 @@ def run_experiment(name, run, device, results, benches, inputs):
     if name in "AB" and "ceilings" not in results["environment"]:
         ceilings = measure_ceilings(run, device, log)
         results["environment"]["ceilings"] = ceilings
-        print(ceilings_line(TEXT[run.lang], ceilings, run.device), flush=True)
+        print(ceilings_line(TEXT[run.output.lang], ceilings, run.hardware.device), flush=True)
     ceilings = results["environment"].get("ceilings")
     if name == "A":
         results["A"] = run_decode_sweep(bench, ceilings, log)
     elif name == "B":
         results["B"] = run_prefill_decode(bench, ceilings, log)
     elif name == "C":
-        results["C"] = run_batching_sim(run, inputs.requests, log, step_costs(run, results),
-                                        inputs.kv_budgets)
+        results["C"] = run_batching_sim(run, inputs.requests, log,
+                                        step_costs(run.hardware, results), inputs.kv_budgets)
         if device and "peak" in results["C"].get("kv", {}):  # the budget is real
             results["C"]["kv"]["device_check"] = kv_device_check(bench, results["C"]["kv"])
     elif name == "D":
@@ -9316,7 +9413,7 @@ def remeasure_ceilings(run, device, results):
     """The ceilings measured again at the end of the run (after D, D's own): a busy machine's
     speed moves, and A's, B's and D's numbers with it (see machine_warnings)."""
     env = results["environment"]
-    if "ceilings" in env and not (run.peak_bandwidth_gbs and run.peak_tflops):
+    if "ceilings" in env and not (run.hardware.peak_bandwidth_gbs and run.hardware.peak_tflops):
         after = results.get("D", {}).get("machine", {}).get("after")
         env["ceilings_end"] = after or measure_ceilings(run, device, log)
 

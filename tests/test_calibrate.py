@@ -69,7 +69,7 @@ def test_an_unknown_name_is_one_line_with_the_closest(text, kind, near, capsys):
 def test_flags_take_names_as_people_write_them():
     run = S.parse_args(["--experiments", "C", "--model", "meta-llama/Llama-3.1-8B-Instruct",
                         "--gpu", "NVIDIA H100 SXM5 80GB"])
-    assert run.model.name == "llama-3.1-8b" and run.gpu == "h100"
+    assert run.hardware.model.name == "llama-3.1-8b" and run.hardware.gpu == "h100"
 
 
 @pytest.mark.parametrize("name, total, active", [

@@ -309,7 +309,7 @@ UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, {"kind": "pricing_engine", "device":
 def test_d_past_its_bound_shrinks_its_outputs_by_hand():
     # every pass 1 s; 4 requests of 40 tokens on 2 slots: static, two batches of a prefill and
     # 39 decodes (80 s); continuous the same (80 s): 160 s past 120, so outputs are halved
-    run = S.RunConfig(model=TINY, engine_slots=2, engine_prompt_len=4)
+    run = S.RunConfig.of(model=TINY, engine_slots=2, engine_prompt_len=4)
     lengths = np.full(4, 40)
     got, divisor, (first, shrunk) = S.bounded_lengths(run, lengths, None, UNIT, UNIT)
     assert S.ENGINE_BOUND_S == 120 and (first, divisor, shrunk) == (160, 2, 80)

@@ -84,3 +84,20 @@ def run_and_check(flag, value, tmp_path, capsys):
     assert "Traceback" not in err
     if code == 2:
         assert len(err.strip().splitlines()) == 1 and "error" in err, err
+
+
+def test_the_run_is_its_flags_groups_each_frozen():
+    # each field in exactly one group; of and replace take fields by their own names
+    run = S.parse_args(C_ONLY + ["--gpu", "h100", "--slo-ttft-ms", "500", "--order", "sjf"])
+    assert (run.scheduler.slots, run.hardware.gpu, run.slo.slo_ttft_s) == (4, "h100", 0.5)
+    assert (run.workload.requests, run.scheduler.order, run.measurement.jobs) == (40, "sjf", 1)
+    names = [f for group in S.RUN_GROUPS.values() for f in S.dataclasses.fields(group)]
+    assert len(names) == len({f.name for f in names}) == len(run.flat())
+    moved = run.replace(slots=8, rate=2.0)
+    assert (moved.scheduler.slots, moved.workload.rate, run.scheduler.slots) == (8, 2.0, 4)
+    assert moved.hardware is run.hardware  # (the groups it did not touch, as they were)
+    assert S.RunConfig.of(model=run.hardware.model, slots=4).scheduler.order == "fcfs"
+    with pytest.raises(S.dataclasses.FrozenInstanceError):
+        run.scheduler.slots = 1
+    with pytest.raises(TypeError, match="no field sloots"):
+        S.RunConfig.of(model=run.hardware.model, sloots=4)
