@@ -3556,16 +3556,19 @@ class ServingSim:
                 for s in self.running.values()]
 
     def result(self):
-        ledger = self.ledger
-        times = ledger.times()
-        sim = {"times": times, **times.stamps(), "steps": self.steps,
-               "occupancy": self.busy / (self.steps * self.slots) if self.steps else 0.0,
-               "longest_step_s": self.longest_step_s, "prefill_s": self.prefill_s,
-               "decode_s": self.decode_s, "iterations": self.iterations}
-        if self.tracks:
-            sim["kv"], sim["generated"] = self.memory.totals, np.array(ledger.generated)
-        sim.update(self.kv.report())
-        return sim
+        """The run's record (the ledger's times, and the tokens generated) with own_result."""
+        times = self.ledger.times()
+        generated = {"generated": np.array(self.ledger.generated)} if self.tracks else {}
+        return {"times": times, **times.stamps(), **self.own_result(), **generated}
+
+    def own_result(self):
+        """Its own counts, no per-request arrays (a pool's replica returns these alone)."""
+        memory = {"kv": self.memory.totals} if self.tracks else {}
+        return {"steps": self.steps,
+                "occupancy": self.busy / (self.steps * self.slots) if self.steps else 0.0,
+                "longest_step_s": self.longest_step_s, "prefill_s": self.prefill_s,
+                "decode_s": self.decode_s, "iterations": self.iterations, **memory,
+                **self.kv.report()}
 
 
 class FleetReplica(ServingSim):
@@ -3904,7 +3907,7 @@ def pools_result(req, stages):
     ledger = stages[0].ledger
     results, pools = [], {}
     for stage in stages:
-        res = [server.result() for server in stage.servers]
+        res = [server.own_result() for server in stage.servers]  # (the times: once, below)
         where = np.array(stage.where)
         output = req.output if stage.last else np.ones_like(req.output)
         output = output - (stage is not stages[0])  # (the decode pool: all but the first)
