@@ -5993,16 +5993,23 @@ def kv_setup(run, req, device):
     return info, budgets
 
 
-def kv_metrics(req, sim, kv):
-    """Memory use of one simulated run: time averages over the makespan, and its latencies."""
-    m, mem = serving_metrics(req, sim), sim["kv"]
+def memory_metrics(req, sim, kv, makespan_s):
+    """Memory use of a simulated run (a fleet's: its replicas' summed, peaks the largest one's):
+    time averages over the makespan."""
+    mem = sim["kv"]
     utilization = mem["held_s"] / mem["alloc_s"] if mem["alloc_s"] else 0.0
-    fragmentation = kv_manager(kv).fragmentation(req, sim, utilization)
-    return {"utilization": utilization, "fragmentation": fragmentation,
+    return {"utilization": utilization,
+            "fragmentation": kv_manager(kv).fragmentation(req, sim, utilization),
             "peak_concurrency": mem["peak_running"],
-            "mean_concurrency": mem["running_s"] / m["makespan_s"],
+            "mean_concurrency": mem["running_s"] / makespan_s,
             "preemptions": mem["preemptions"], "recomputed_tokens": mem["recomputed_tokens"],
-            "max_allocated_tokens": mem["max_alloc"],
+            "max_allocated_tokens": mem["max_alloc"]}
+
+
+def kv_metrics(req, sim, kv):
+    """Memory use of one simulated run (memory_metrics), and its latencies."""
+    m = serving_metrics(req, sim)
+    return {**memory_metrics(req, sim, kv, m["makespan_s"]),
             **{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "makespan_s", "steps",
                                  "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")},
             **prefix_metrics(req, sim)}
@@ -6152,10 +6159,12 @@ def every_nth(req, n, offset=0):
     return req.take(slice(offset, None, n))
 
 
-def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
-    """A router's latencies and SLO over all requests, and how evenly it spread them."""
+def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s, kv=None):
+    """A router's latencies and SLO over all requests, how evenly it spread them, and with a
+    KV budget (kv) the memory its replicas used (memory_metrics)."""
     m = serving_metrics(req, fleet, slo_ttft_s, slo_tpot_s)
     per = fleet["per_replica"]
+    memory = memory_metrics(req, fleet, kv, m["makespan_s"]) if "kv" in fleet else {}
     return {**{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "ttft_s", "tpot_s",
                                  "e2e_s", "goodput_rps", "slo_attained") if k in m},
             **prefix_metrics(req, fleet), "wait_s": percentiles(fleet["start"] - req.arrival_s),
@@ -6165,7 +6174,7 @@ def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
                         "requests_max": max(p["requests"] for p in per),
                         "tokens_min": min(p["output_tokens"] for p in per),
                         "tokens_max": max(p["output_tokens"] for p in per),
-                        "busiest_occupancy": max(p["occupancy"] for p in per)}}
+                        "busiest_occupancy": max(p["occupancy"] for p in per)}, **memory}
 
 
 def run_routers(run):
@@ -6188,7 +6197,8 @@ def replicas_study(run, req, replica):
             "requests": len(req.output),
             "scheduler": "continuous", "kv_policy": replica.kv.policy if replica.kv else None,
             "arrivals": arrivals(run),
-            "routers": {router: fleet_summary(req, fleet, run.slo.slo_ttft_s, run.slo.slo_tpot_s)
+            "routers": {router: fleet_summary(req, fleet, run.slo.slo_ttft_s, run.slo.slo_tpot_s,
+                                              replica.kv)
                         for router, fleet in zip(routers, fleets)}}, work_of(fleets)
 
 

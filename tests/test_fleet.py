@@ -57,6 +57,24 @@ def test_round_robin_is_independent_replicas_of_every_nth_request(n):
                                                             for i in range(n)]
 
 
+def test_a_fleet_keeps_its_replicas_memory_metrics():
+    req = poisson(1200, 3 * 120.0, prompt=600)
+    kv = S.KVBudget("paged", 12_000, 16)
+    replica = S.Replica(32, COSTS, "continuous", 512, kv=kv)
+    fleet = S.fleet_summary(req, S.simulate_fleet(req, replica, S.Fleet(3, "round-robin")),
+                            None, None, kv)
+    alone = [S.kv_metrics(r, S.simulate_serving(r, replica), kv)
+             for r in (S.every_nth(req, 3, i) for i in range(3))]
+    assert fleet["preemptions"] == sum(m["preemptions"] for m in alone) > 0
+    assert fleet["recomputed_tokens"] == sum(m["recomputed_tokens"] for m in alone)
+    for key in ("peak_concurrency", "max_allocated_tokens"):
+        assert fleet[key] == max(m[key] for m in alone)
+    used = [m["utilization"] for m in alone]  # (held over allocated, summed: between theirs)
+    assert min(used) <= fleet["utilization"] <= max(used)
+    assert "utilization" not in S.fleet_summary(  # (no KV budget: no memory to report)
+        req, S.simulate_fleet(req, S.Replica(32, COSTS, "continuous", 512), S.Fleet(3)), None, None)
+
+
 def routed(router, arrival, output, replicas=2, prompt=None, kv=None):
     prompt = np.full(len(output), 4) if prompt is None else np.array(prompt)
     req = S.Requests(np.array(arrival, float), prompt, np.array(output))
@@ -180,8 +198,8 @@ def test_replicas_and_capacity_end_to_end(tmp_path, capsys):
     fleet = C["replicas"]
     assert fleet["replicas"] == 3 and fleet["requests"] == 2000
     for router, m in fleet["routers"].items():
-        assert {"ttft_s", "tpot_s", "e2e_s", "goodput_rps", "slo_attained", "per_replica"} <= \
-            set(m)
+        assert {"ttft_s", "tpot_s", "e2e_s", "goodput_rps", "slo_attained", "per_replica",
+                "utilization", "preemptions", "peak_concurrency"} <= set(m)
         assert sum(p["requests"] for p in m["per_replica"]) == 2000
         assert m["balance"]["requests_min"] <= 2000 / 3 <= m["balance"]["requests_max"]
     cap = C["capacity"]
