@@ -2533,7 +2533,7 @@ class Reservation(KVManager):
     def fragmentation(self, req, sim, utilization):
         """Reserved for output the request never produced."""
         alloc_s = sim["kv"]["alloc_s"]
-        unused = (self.max_output - req.output) * (sim["finish"] - sim["start"])
+        unused = (self.max_output - req.output) * (sim["times"].finish - sim["times"].start)
         return float(unused.sum()) / alloc_s if alloc_s else 0.0
 
 
@@ -2943,13 +2943,6 @@ class RequestTimes(NamedTuple):
         return {"makespan_s": float(self.finish.max() - self.arrival.min()),
                 "ttft_s": percentiles(self.ttft()), "tpot_s": percentiles(self.tpot()),
                 "e2e_s": percentiles(self.e2e())}
-
-    def stamps(self):
-        """The times and steps by name, as a simulation's result holds them."""
-        return {key: getattr(self, key) for key in STAMPS}
-
-
-STAMPS = ("start", "first_token", "finish", "first_step", "finish_step")
 
 
 class Ledger:
@@ -3557,9 +3550,8 @@ class ServingSim:
 
     def result(self):
         """The run's record (the ledger's times, and the tokens generated) with own_result."""
-        times = self.ledger.times()
         generated = {"generated": np.array(self.ledger.generated)} if self.tracks else {}
-        return {"times": times, **times.stamps(), **self.own_result(), **generated}
+        return {"times": self.ledger.times(), **self.own_result(), **generated}
 
     def own_result(self):
         """Its own counts, no per-request arrays (a pool's replica returns these alone)."""
@@ -3625,10 +3617,10 @@ def simulate_serving(req, replica, progress=None):
     """Run the requests through one Replica; per-request times and steps. progress: called
     with a line of progress now and then on a long run.
 
-    A prefill pass and a decode pass in one step are priced as two passes. -> start,
-    first_token and finish of every request (s), the steps of its first token and its finish,
-    steps, occupancy, the loop's iterations, and with kv the memory it held and allocated
-    (integrals over time, peaks, a thinned series).
+    A prefill pass and a decode pass in one step are priced as two passes. -> "times" (a
+    RequestTimes: every request's start, first token and finish (s) and their steps), steps,
+    occupancy, the loop's iterations, and with kv the memory it held and allocated (integrals
+    over time, peaks, a thinned series).
     """
     return ServingSim(req, replica, progress).serve()
 
@@ -3915,8 +3907,7 @@ def pools_result(req, stages):
             {"requests": int((where == i).sum()), "output_tokens": int(output[where == i].sum()),
              "steps": r["steps"], "occupancy": r["occupancy"]} for i, r in enumerate(res)]}
         results += res
-    times = ledger.times()
-    fleet = {"times": times, **times.stamps()}
+    fleet = {"times": ledger.times()}
     per_replica = [p for pool in pools.values() for p in pool["per_replica"]]
     steps = sum(res["steps"] for res in results)
     fleet.update(replica=pools[stages[0].pool.name]["replica"],
@@ -5930,7 +5921,7 @@ def schedulers_study(run, req, replica, kv_budgets, log):
         result["seed_spread"] = done.pop()
     sims = dict(zip((label for label, _ in runs), done))
     for label, sim in sims.items():
-        log(f"{label}: {sim['steps']:,} steps, {sim['finish'].max():,.2f} s simulated, "
+        log(f"{label}: {sim['steps']:,} steps, {sim['times'].finish.max():,.2f} s simulated, "
             f"{sim['iterations']:,} iterations in {sim['wall_s']:.2f} s")
     for name in SCHEDULERS:
         sim = sims[f"C {name}"]
@@ -6059,7 +6050,7 @@ def who_waits(run, req, replica, budgets):
     sims = simulate(orders)
     guard, source = run.scheduler.max_wait_s, "guard_flag"
     if guard is None:
-        guard = float(np.percentile(sims["fcfs"]["start"] - req.arrival_s, 99))
+        guard = float(np.percentile(sims["fcfs"]["times"].start - req.arrival_s, 99))
         source = "guard_fcfs"
     sims.update(simulate({f"{name}_guarded": dataclasses.replace(orders[name], max_wait_s=guard)
                           for name in ("sjf", "predicted")}))
@@ -6081,7 +6072,7 @@ def order_latencies(req, sim, edges):
     m = serving_metrics(req, sim)
     out = req.output
     ttft, e2e = sim["times"].ttft(), sim["times"].e2e()
-    wait, per_token = sim["start"] - req.arrival_s, e2e / out
+    wait, per_token = sim["times"].start - req.arrival_s, e2e / out
     buckets = []
     for name, mask in (("short", out <= edges[0]), ("medium", (out > edges[0])
                                                     & (out <= edges[1])),
@@ -6140,10 +6131,11 @@ def rate_sweep(run, req, replica, continuous):
 def save_requests_csv(path, req, sims):
     lines = ["scheduler,id,arrival,prompt,output,start,first_token,finish"]
     for name, sim in sims.items():
+        times = sim["times"]
         for i in range(len(req.output)):
             lines.append(f"{name},{i},{req.arrival_s[i]:.6f},{req.prompt[i]},{req.output[i]},"
-                         f"{sim['start'][i]:.6f},{sim['first_token'][i]:.6f},"
-                         f"{sim['finish'][i]:.6f}")
+                         f"{times.start[i]:.6f},{times.first_token[i]:.6f},"
+                         f"{times.finish[i]:.6f}")
     try:
         write_atomic(path, "\n".join(lines) + "\n")
     except OSError as e:
@@ -6167,7 +6159,8 @@ def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s, kv=None):
     memory = memory_metrics(req, fleet, kv, m["makespan_s"]) if "kv" in fleet else {}
     return {**{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "ttft_s", "tpot_s",
                                  "e2e_s", "goodput_rps", "slo_attained") if k in m},
-            **prefix_metrics(req, fleet), "wait_s": percentiles(fleet["start"] - req.arrival_s),
+            **prefix_metrics(req, fleet),
+            "wait_s": percentiles(fleet["times"].start - req.arrival_s),
             "per_replica": per, "iterations": fleet["iterations"],
             "simulation_s": fleet.get("wall_s"),
             "balance": {"requests_min": min(p["requests"] for p in per),
@@ -6847,7 +6840,7 @@ def bounded_lengths(run, lengths, arrival, one_span, spread):
         req = Requests(arrival, np.full(n, P), out)
         replica = Replica(run.engine.engine_slots, one_span, order=run_order(run, out))
         return sum(float(simulate_serving(req, dataclasses.replace(
-            replica, scheduler=policy, costs=costs))["finish"].max())
+            replica, scheduler=policy, costs=costs))["times"].finish.max())
             for policy, costs in (("static", one_span), ("continuous", spread)))
     first = seconds = priced(lengths)
     divisor, shrunk = 1, lengths
@@ -6887,7 +6880,7 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
         "idle_s": elog["idle_s"], "decode_steps": elog["decode_steps"],
         "padded_decode_steps": elog["padded_decode_steps"],
         "attention_calls_per_decode": elog["attention_calls"] / max(elog["decode_steps"], 1),
-        "predicted": {"wall_s": float(sim["finish"].max()), "steps": sim["steps"],
+        "predicted": {"wall_s": float(sim["times"].finish.max()), "steps": sim["steps"],
                       "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"],
                       "cost_model": "spread" if several else "one_span"},
         "steps_check": steps_check(measured, sim["times"]) if at_zero else None,
@@ -6900,12 +6893,12 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
                           for kind, p in (("decode", decode), ("prefill", prefill))},
         "per_request": {"engine_first_step": measured.first_step.tolist(),
                         "engine_finish_step": measured.finish_step.tolist(),
-                        "simulated_first_step": sim["first_step"],
-                        "simulated_finish_step": sim["finish_step"],
+                        "simulated_first_step": sim["times"].first_step,
+                        "simulated_finish_step": sim["times"].finish_step,
                         "measured_first_s": measured.first_token.tolist(),
                         "measured_finish_s": measured.finish.tolist(),
-                        "passes_first_s": replay["first_token"],
-                        "passes_finish_s": replay["finish"]},
+                        "passes_first_s": replay["times"].first_token,
+                        "passes_finish_s": replay["times"].finish},
         "timeline": {"t_s": t, "running": running},
         **({"hit_tokens_simulated": sim[PREFIX_REPORT]["hit_tokens"]} if PREFIX_REPORT in sim
            else {})}

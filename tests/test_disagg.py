@@ -86,7 +86,7 @@ def test_a_pipeline_replica_decodes_by_hand():
     pp = S.PipelineCosts(UNIT, 2, 0.25, 0.0)
     req = S.Requests(np.array([0.0]), np.array([4]), np.array([3]))
     sim = S.simulate_serving(req, S.Replica(4, pp))
-    assert sim["first_token"].tolist() == [1.25] and sim["finish"].tolist() == [3.75]
+    assert sim["times"].first_token.tolist() == [1.25] and sim["times"].finish.tolist() == [3.75]
 
 
 @pytest.mark.parametrize("first, gap, k", list(itertools.product(
@@ -105,9 +105,9 @@ def test_prefill_first_emits_the_first_token_before_the_decode_pass():
     req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
     late = S.simulate_serving(req, S.Replica(2, UNIT))
     first = S.simulate_serving(req, S.Replica(2, UNIT, prefill_first=True))
-    assert late["first_token"].tolist() == [1.0, 3.0]
-    assert first["first_token"].tolist() == [1.0, 2.0]
-    assert first["finish"].tolist() == late["finish"].tolist() == [4.0, 4.0]
+    assert late["times"].first_token.tolist() == [1.0, 3.0]
+    assert first["times"].first_token.tolist() == [1.0, 2.0]
+    assert first["times"].finish.tolist() == late["times"].finish.tolist() == [4.0, 4.0]
 
 
 def test_kv_bytes_of_a_hand_off_by_hand():
@@ -131,25 +131,27 @@ def test_a_hand_off_waits_for_its_kv_exactly():
     pools = [S.Pool("prefill", S.Replica(1, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
     link = S.KVLink(16.0, 0.25, 1.0)
     sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
-    assert sim["first_token"].tolist() == [1.5, 3.0] and sim["finish"].tolist() == [4.0, 5.0]
+    times = sim["times"]
+    assert times.first_token.tolist() == [1.5, 3.0] and times.finish.tolist() == [4.0, 5.0]
     assert sim["kv_transfer"] == {"sends": 2, "bytes": 8.0, "link_s": 0.5, "queued_s": 0.0}
     # two prompts prefilled in one step share their replica's link: the second is sent after
     # the first (1.5-1.75, then 1.75-2.0), in at 2.0 and 2.25; B joins at A's next step, 3
     req = S.Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
     pools = [S.Pool("prefill", S.Replica(2, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
     sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
-    assert sim["first_token"].tolist() == [1.5, 1.5] and sim["finish"].tolist() == [4.0, 5.0]
+    times = sim["times"]
+    assert times.first_token.tolist() == [1.5, 1.5] and times.finish.tolist() == [4.0, 5.0]
     assert sim["kv_transfer"]["queued_s"] == 0.25
     # without a link the hand-off is at the first token, as before
     sim = S.simulate_pools(req, pools, ["prefill", "decode"])
-    assert sim["finish"].tolist() == [3.5, 3.5] and "kv_transfer" not in sim
+    assert sim["times"].finish.tolist() == [3.5, 3.5] and "kv_transfer" not in sim
 
 
 def test_a_one_token_request_sends_nothing():
     req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([1, 3]))
     pools = [S.Pool("prefill", S.Replica(1, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
     sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=S.KVLink(16.0, 0.25, 1.0))
-    assert sim["kv_transfer"]["sends"] == 1 and sim["finish"].tolist() == [1.5, 5.5]
+    assert sim["kv_transfer"]["sends"] == 1 and sim["times"].finish.tolist() == [1.5, 5.5]
 
 
 @pytest.mark.parametrize("name, engine, placement", [

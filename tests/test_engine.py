@@ -59,8 +59,8 @@ def test_every_request_takes_the_steps_the_simulation_gives_it(policy, order):
                                             policy, order=o))
     assert len(log["t_s"]) == sim["steps"]
     assert sum(log["running"]) == round(sim["occupancy"] * sim["steps"] * 8)
-    assert log["times"].first_step.tolist() == sim["first_step"].tolist()
-    assert log["times"].finish_step.tolist() == sim["finish_step"].tolist()
+    assert log["times"].first_step.tolist() == sim["times"].first_step.tolist()
+    assert log["times"].finish_step.tolist() == sim["times"].finish_step.tolist()
     assert S.steps_check(log["times"], sim["times"]) == {"requests": 40, "agree": 40}
     if order != "fcfs":  # (the order changes who runs when: the check is not vacuous)
         fcfs = S.simulate_serving(req, S.Replica(8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
@@ -382,7 +382,7 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
     req = S.Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
     sim = S.simulate_serving(req, S.Replica(4, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                             kv=S.KVBudget("prefix", math.inf, 16)))
-    assert (list(sim["first_step"]), list(sim["finish_step"])) == \
+    assert (list(sim["times"].first_step), list(sim["times"].finish_step)) == \
         (log["times"].first_step.tolist(), log["times"].finish_step.tolist())
     assert sim["prefix_cache"]["hits"] == dict(enumerate(log["hit_tokens"]))
 
