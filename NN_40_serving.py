@@ -8543,10 +8543,11 @@ class MeasurementConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """D's engine: its requests, slots, prompt tokens, output divisor and attention."""
-    engine_requests: int = None   # (by default ENGINE_CPU on CPU, ENGINE_QUICK with --quick,
-    engine_slots: int = None      # else --requests, --slots and --prompt-len as they are)
-    engine_prompt_len: int = None
+    """D's engine: its requests, slots, prompt tokens, output divisor and attention. The
+    defaults: the run's own; run_config resolves them by device (engine_fields)."""
+    engine_requests: int = WorkloadConfig.requests
+    engine_slots: int = SchedulerConfig.slots
+    engine_prompt_len: int = WorkloadConfig.prompt_len  # (with --prefix-len: the prefix first)
     engine_shrink: int = 1
     engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
 
@@ -8577,14 +8578,13 @@ class RunConfig:
     @classmethod
     def of(cls, **fields):
         """A run from fields by name, each group's defaults for the rest."""
-        unknown = set(fields) - set(RUN_FIELDS)
-        if unknown:
-            raise TypeError(f"RunConfig has no field {', '.join(sorted(unknown))}")
+        known_fields(fields)
         return cls(**{name: group(**{f: v for f, v in fields.items() if RUN_GROUP[f] == name})
                       for name, group in RUN_GROUPS.items()})
 
     def replace(self, **fields):
         """This run with fields changed by name (each in its group)."""
+        known_fields(fields)
         return dataclasses.replace(self, **{name: dataclasses.replace(
             getattr(self, name), **{f: v for f, v in fields.items() if RUN_GROUP[f] == name})
             for name in {RUN_GROUP[f] for f in fields}})
@@ -8593,6 +8593,13 @@ class RunConfig:
         """Every field by name, the groups in order (results.json's "config")."""
         return {k: v for name in RUN_GROUPS
                 for k, v in dataclasses.asdict(getattr(self, name)).items()}
+
+
+def known_fields(fields):
+    """RunConfig.of's and replace's names, each a field of a group, or a TypeError naming them."""
+    unknown = set(fields) - set(RUN_FIELDS)
+    if unknown:
+        raise TypeError(f"RunConfig has no field {', '.join(sorted(unknown))}")
 
 
 RUN_GROUPS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
@@ -8866,23 +8873,27 @@ def run_config(args):
                        "contexts": tuple(sorted(set(contexts) | {args.context})),
                        "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default,
                        "preset": preset, "dtype_given": args.dtype is not None,
-                       "engine_profile": args.engine_profile or DEFAULT_PROFILE})
+                       "engine_profile": args.engine_profile or DEFAULT_PROFILE,
+                       **engine_fields(args, on_cpu)})
     longest = max(max(run.measurement.contexts) + 1, max(run.measurement.prefill_lengths))
     if device is not None and model.arch == "transformer" and longest > model.max_positions:
         raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
                          f"{model.max_positions}")
     if run.hardware.gpu:
         check_card_fits(run)
-    if run.measurement.quick:
-        run = quick_run(run)
-    engine = ENGINE_QUICK if run.measurement.quick else ENGINE_CPU if on_cpu else {
-        "requests": run.workload.requests, "slots": run.scheduler.slots,
-        "prompt_len": run.workload.prompt_len, "shrink": 1}
-    return run.replace(engine_requests=args.engine_requests or engine["requests"],
-                       engine_slots=args.engine_slots or engine["slots"],
-                       engine_prompt_len=run.workload.prefix_len  # (the system prompt first)
-                       + (args.prompt_len or engine["prompt_len"]),
-                       engine_shrink=args.engine_shrink or engine["shrink"])
+    return quick_run(run) if run.measurement.quick else run
+
+
+def engine_fields(args, on_cpu):
+    """D's engine as the flags give it, else ENGINE_QUICK with --quick, ENGINE_CPU on CPU, else
+    the run's own requests, slots and prompt tokens; the system prompt (--prefix-len) first."""
+    engine = ENGINE_QUICK if args.quick else ENGINE_CPU if on_cpu else {
+        "requests": args.requests, "slots": args.slots,
+        "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default, "shrink": 1}
+    return {"engine_requests": args.engine_requests or engine["requests"],
+            "engine_slots": args.engine_slots or engine["slots"],
+            "engine_prompt_len": args.prefix_len + (args.prompt_len or engine["prompt_len"]),
+            "engine_shrink": args.engine_shrink or engine["shrink"]}
 
 
 def chosen_experiments(args):

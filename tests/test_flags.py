@@ -101,3 +101,22 @@ def test_the_run_is_its_flags_groups_each_frozen():
         run.scheduler.slots = 1
     with pytest.raises(TypeError, match="no field sloots"):
         S.RunConfig.of(model=run.hardware.model, sloots=4)
+    with pytest.raises(TypeError, match="^RunConfig has no field sloots$"):
+        run.replace(slots=8, sloots=4)
+
+
+@pytest.mark.parametrize("args, engine", [
+    (["--device", "cpu"], (S.ENGINE_CPU["requests"], S.ENGINE_CPU["slots"], S.ENGINE_CPU["prompt_len"],
+          S.ENGINE_CPU["shrink"])),
+    (["--quick", "--device", "cpu"], (16, 4, 8, 16)),
+    (["--experiments", "C", "--requests", "50", "--slots", "6", "--prompt-len", "20",
+      "--prefix-len", "64"], (50, 6, 64 + 20, 1)),
+    (["--experiments", "C", "--engine-requests", "7", "--engine-slots", "3", "--engine-shrink",
+      "2"], (7, 3, 128, 2)),
+])
+def test_the_engine_is_resolved_once_by_run_config(args, engine):
+    # on CPU, with --quick, C alone (the run's own sizes) or as given: set in one place
+    run = S.parse_args(args)
+    got = run.engine
+    assert (got.engine_requests, got.engine_slots, got.engine_prompt_len,
+            got.engine_shrink) == engine
