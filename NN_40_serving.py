@@ -8672,6 +8672,8 @@ def workload_flags(p):
 
 
 def prefix_flags(p):
+    """Two RunConfig groups' flags in one: the workload's prompts that repeat (--prefix-len
+    to --think-time-s) and the scheduler's cache that keeps them (the other three)."""
     w = p.add_argument_group("shared prefixes: prompts that repeat, and the cache that keeps them")
     add_flag(w, "--enable-prefix-caching", action="store_true",
              help="paged blocks keep computed prefixes (the policy 'prefix'; vLLM's flag)")
@@ -8736,6 +8738,10 @@ def model_flags(p):
              "peaks: roofline, tensorrt-llm, gpt-fast, vllm, or --calibrate's file")
     add_flag(m, "--cost", choices=["measured", "analytic"], shown="measured when A runs",
              help="C's prices: A/B's rows or a roofline")
+    add_flag(m, "--peak-bandwidth-gbs", type=number(1e-3, 1e7), shown="measured",
+             help="bandwidth ceiling, GB/s, to use instead")
+    add_flag(m, "--peak-tflops", type=number(1e-6, 1e7), shown="measured",
+             help="matmul TFLOP/s ceiling to use instead")
 
 
 def scheduler_flags(p):
@@ -8791,10 +8797,6 @@ def measurement_flags(p):
     add_flag(m, "--decode-batches", type=integers, help="B's decode batches")
     add_flag(m, "--warmup", type=integer(0), help="untimed calls a shape")
     add_flag(m, "--reps", type=integer(), help="timed calls a shape, at most")
-    add_flag(m, "--peak-bandwidth-gbs", type=number(1e-3, 1e7), shown="measured",
-             help="bandwidth to use instead")
-    add_flag(m, "--peak-tflops", type=number(1e-6, 1e7), shown="measured",
-             help="matmul TFLOP/s to use instead")
     add_flag(m, "--jobs", type=integer(1, 1024), default=os.cpu_count() or 1,
              shown=f"the cores: {os.cpu_count()}", help="C's worker processes")
 

@@ -105,6 +105,22 @@ def test_the_run_is_its_flags_groups_each_frozen():
         run.replace(slots=8, sloots=4)
 
 
+# each flag group's fields (its dests that are RunConfig fields; the model's shape flags, --goodput
+# and the output group's modes are not) in the one config group of its title's first word, save
+# the shared prefixes': the workload's prompts that repeat, the scheduler's cache that keeps them
+FLAG_GROUPS = {"workload": {"workload"}, "shared": {"workload", "scheduler"},
+               "model": {"hardware"}, "scheduler": {"scheduler"}, "SLOs": {"slo"},
+               "measurement": {"measurement"}, "engine": {"engine"}, "output": {"output"}}
+
+
+def test_each_flag_group_fills_its_config_group():
+    groups = [g for g in S.build_parser()._action_groups if g._group_actions]
+    assert [g.title.split()[0].rstrip(":") for g in groups] == list(FLAG_GROUPS)
+    for group in groups:
+        filled = {S.RUN_GROUP[a.dest] for a in group._group_actions if a.dest in S.RUN_GROUP}
+        assert filled == FLAG_GROUPS[group.title.split()[0].rstrip(":")], group.title
+
+
 @pytest.mark.parametrize("args, engine", [
     (["--device", "cpu"], (S.ENGINE_CPU["requests"], S.ENGINE_CPU["slots"], S.ENGINE_CPU["prompt_len"],
           S.ENGINE_CPU["shrink"])),
