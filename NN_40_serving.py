@@ -55,9 +55,10 @@ import torch.nn.functional as F
 
 
 # -----------------------------------------------------------------------------
-# configuration: the model's shape, the cards, the run, and every limit and seed
-# Owns the frozen configs (ModelConfig, GPU, RunConfig) and the constants every section reads:
-# the named models and cards, the post's length law, the limits on sizes and counts, the seeds.
+# configuration: the model's shape, the cards, and every limit and seed
+# Owns the frozen configs of the model and the cards (ModelConfig, GPU) and the constants every
+# section reads: the named models and cards, the post's length law, the limits on sizes and
+# counts, the random streams' offsets. (The run's settings, RunConfig, follow the flag types.)
 
 
 class UsageError(Exception):
@@ -428,8 +429,10 @@ REFERENCE_BANDWIDTH_GBS, REFERENCE_TFLOPS = 960.0, 105.5
 LENGTH_MU, LENGTH_SIGMA, LENGTH_MAX, LENGTH_SEED = 4.2, 0.9, 2048, 3
 
 # Every random draw of a run, as an offset from --seed (the post's lengths and the model's
-# weights are --seed itself; a capacity search's k-th draw is "capacity" + k): distinct offsets
-# keep the draws independent of one another, and every run repeatable.
+# weights are --seed itself; a capacity search's k-th draw is "capacity" + k), named by
+# seed_for / random_stream, every run repeatable. The offsets differ, but a pool's router seeds
+# its second draw (power-of-two's other replica) with its seed + 1, "fleet" + 1: the seed of
+# "prefixes". The two streams draw different things (replicas, system prompts) in one run.
 SEED_OFFSET = {"arrivals": 1, "sweep": 2, "prompts": 3, "predicted": 4, "engine_arrivals": 5,
                "fleet": 6, "capacity": 10, "replicas": 20, "prefixes": 7}
 # The KV cache's memory in C, unless --kv-memory-gb: on CUDA, this share of the device's memory
@@ -466,8 +469,6 @@ ENGINE_CPU = {"requests": 96, "shrink": 8, "prompt_len": 16, "slots": 8}
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs, beside --slots' 32 (the post's)
 
 ENGINE_QUICK = {"requests": 16, "shrink": 16, "prompt_len": 8, "slots": 4}
-
-# The run's settings (RunConfig) are grouped as the flags that fill them: see the flag types.
 
 
 # -----------------------------------------------------------------------------
@@ -6445,12 +6446,14 @@ class EngineRequests(NamedTuple):
 def run_engine(model, cache, requests, policy, pad=False, order=None):
     """Serve every request (EngineRequests) under `policy` ("static" or "continuous"),
     greedily. Requests wait in the simulation's own queue (order: an Order; None: first come,
-    first served), each from its arrival on the wall clock. Each step admits waiting requests into free rows (continuous: every step; static: only once the
-    batch has emptied), prefills them (the prefill emits their first token), then decodes every
-    other running request one token. pad: a decode whose rows sit at several positions attends
-    in one call padded to the longest row (see decode_step).
+    first served), each from its arrival on the wall clock. Each step admits waiting requests
+    into free rows (continuous: every step; static: only once the batch has emptied), prefills
+    them (the prefill emits their first token), then decodes every other running request one
+    token. pad: a decode whose rows sit at several positions attends in one call padded to the
+    longest row (see decode_step).
     -> generated tokens per request, and a log: every pass timed, every step's time and
-    occupancy, and per request the steps and seconds of its admission, first token and last.
+    occupancy, and log["times"], a RequestTimes: per request the seconds (from the run's start)
+    of its admission, first token and last, and the steps of those two tokens.
     """
     return Engine(model, cache, requests, policy, pad, order).serve()
 
