@@ -55,9 +55,10 @@ import torch.nn.functional as F
 
 
 # -----------------------------------------------------------------------------
-# configuration: the model's shape, the cards, the run, and every limit and seed
-# Owns the frozen configs (ModelConfig, GPU, RunConfig) and the constants every section reads:
-# the named models and cards, the post's length law, the limits on sizes and counts, the seeds.
+# configuration: the model's shape, the cards, and every limit and seed
+# Owns the frozen configs of the model and the cards (ModelConfig, GPU) and the constants every
+# section reads: the named models and cards, the post's length law, the limits on sizes and
+# counts, the random streams' offsets. (The run's settings, RunConfig, follow the flag types.)
 
 
 class UsageError(Exception):
@@ -392,26 +393,21 @@ class GPU:
 _NVLINK3, _NVLINK4, _NVLINK5 = ("NVLink 3", 300.0), ("NVLink 4", 450.0), ("NVLink 5", 900.0)
 _PCIE4, _PCIE5 = ("PCIe 4.0 x16", 32.0), ("PCIe 5.0 x16", 64.0)
 
-
-def _card(name, bandwidth_gbs, tflops, memory_gb, fp8_tflops, link, memory_mib):
-    return GPU(name, bandwidth_gbs, tflops, memory_gb, fp8_tflops, *link, memory_mib)
-
-
 GPUS = {  # README cites the spec sheets; memory_mib: nvidia-smi's total (the RTX 4090's as
     # torch reported it in LLMServingSim's vLLM run)
-    "rtx-3090": _card("RTX 3090", 936.0, 71.0, 24.0, None, _PCIE4, 24576),
-    "rtx-4090": _card("RTX 4090", 1008.0, 165.2, 24.0, 330.3, _PCIE4, 24081),
-    "rtx-5080": _card("RTX 5080", 960.0, 112.6, 16.0, 225.1, _PCIE5, 16303),
-    "rtx-pro-6000": _card("RTX PRO 6000 Blackwell", 1792.0, 503.8, 96.0, 1007.6, _PCIE5,
-                          97887),
-    "l40s": _card("L40S", 864.0, 362.1, 48.0, 733.0, _PCIE4, 46068),
-    "a100-40gb": _card("A100 40GB SXM", 1555.0, 312.0, 40.0, None, _NVLINK3, 40960),
-    "a100-80gb": _card("A100 80GB SXM", 2039.0, 312.0, 80.0, None, _NVLINK3, 81920),
-    "a100-pcie-80gb": _card("A100 80GB PCIe", 1935.0, 312.0, 80.0, None, _PCIE4, 81920),
-    "h100-pcie": _card("H100 PCIe", 2000.0, 756.0, 80.0, 1513.0, _PCIE5, 81559),
-    "h100": _card("H100 SXM", 3350.0, 989.4, 80.0, 1978.9, _NVLINK4, 81559),
-    "h200": _card("H200 SXM", 4800.0, 989.4, 141.0, 1978.9, _NVLINK4, 143771),
-    "b200": _card("B200", 8000.0, 2250.0, 180.0, 4500.0, _NVLINK5, 183359),
+    "rtx-3090": GPU("RTX 3090", 936.0, 71.0, 24.0, None, *_PCIE4, 24576),
+    "rtx-4090": GPU("RTX 4090", 1008.0, 165.2, 24.0, 330.3, *_PCIE4, 24081),
+    "rtx-5080": GPU("RTX 5080", 960.0, 112.6, 16.0, 225.1, *_PCIE5, 16303),
+    "rtx-pro-6000": GPU("RTX PRO 6000 Blackwell", 1792.0, 503.8, 96.0, 1007.6, *_PCIE5,
+                        97887),
+    "l40s": GPU("L40S", 864.0, 362.1, 48.0, 733.0, *_PCIE4, 46068),
+    "a100-40gb": GPU("A100 40GB SXM", 1555.0, 312.0, 40.0, None, *_NVLINK3, 40960),
+    "a100-80gb": GPU("A100 80GB SXM", 2039.0, 312.0, 80.0, None, *_NVLINK3, 81920),
+    "a100-pcie-80gb": GPU("A100 80GB PCIe", 1935.0, 312.0, 80.0, None, *_PCIE4, 81920),
+    "h100-pcie": GPU("H100 PCIe", 2000.0, 756.0, 80.0, 1513.0, *_PCIE5, 81559),
+    "h100": GPU("H100 SXM", 3350.0, 989.4, 80.0, 1978.9, *_NVLINK4, 81559),
+    "h200": GPU("H200 SXM", 4800.0, 989.4, 141.0, 1978.9, *_NVLINK4, 143771),
+    "b200": GPU("B200", 8000.0, 2250.0, 180.0, 4500.0, *_NVLINK5, 183359),
 }
 
 # Each card's link to its host's memory, one way (a prefix cache's host tier loads over it):
@@ -433,8 +429,10 @@ REFERENCE_BANDWIDTH_GBS, REFERENCE_TFLOPS = 960.0, 105.5
 LENGTH_MU, LENGTH_SIGMA, LENGTH_MAX, LENGTH_SEED = 4.2, 0.9, 2048, 3
 
 # Every random draw of a run, as an offset from --seed (the post's lengths and the model's
-# weights are --seed itself; a capacity search's k-th draw is "capacity" + k): distinct offsets
-# keep the draws independent of one another, and every run repeatable.
+# weights are --seed itself; a capacity search's k-th draw is "capacity" + k), named by
+# seed_for / random_stream, every run repeatable. The offsets differ, but a pool's router seeds
+# its second draw (power-of-two's other replica) with its seed + 1, "fleet" + 1: the seed of
+# "prefixes". The two streams draw different things (replicas, system prompts) in one run.
 SEED_OFFSET = {"arrivals": 1, "sweep": 2, "prompts": 3, "predicted": 4, "engine_arrivals": 5,
                "fleet": 6, "capacity": 10, "replicas": 20, "prefixes": 7}
 # The KV cache's memory in C, unless --kv-memory-gb: on CUDA, this share of the device's memory
@@ -471,87 +469,6 @@ ENGINE_CPU = {"requests": 96, "shrink": 8, "prompt_len": 16, "slots": 8}
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs, beside --slots' 32 (the post's)
 
 ENGINE_QUICK = {"requests": 16, "shrink": 16, "prompt_len": 8, "slots": 4}
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    model: ModelConfig
-    experiments: str = EXPERIMENTS
-    device: str = None            # "cuda" or "cpu"; None when only C runs
-    batch_sizes: tuple = (1, 8, 32, 128, 256)
-    context: int = 128            # tokens already in each row's KV cache when a decode step runs
-    contexts: tuple = (128,)      # A sweeps every batch size at each of these contexts
-    graphs: str = "eager"         # "eager", "graph" or "both": CUDA graphs for decode (CUDA only)
-    peak_bandwidth_gbs: float = None  # replace the measured ceilings
-    peak_tflops: float = None
-    prefill_lengths: tuple = (512, 2048)
-    decode_batches: tuple = (1, 32)
-    requests: int = 600
-    slots: int = 32
-    seed: int = LENGTH_SEED
-    lengths_file: str = None
-    prompt_len: int = 128         # prompt tokens of each generated request
-    trace: str = None             # a request trace CSV (replaces the generated lengths)
-    trace_limit: int = None
-    rate: object = None           # requests/s (float), "trace" (its timestamps), None (all at 0)
-    burstiness: float = 1.0       # shape of the gamma gaps: 1 = Poisson, below 1 burstier
-    rates: tuple = None           # the rate sweep (default: fractions of capacity)
-    chunk_tokens: int = 512       # chunked prefill: tokens per step, decodes included
-    cost: str = None              # "measured", "analytic"; default measured when A ran
-    slo_ttft_s: float = None
-    slo_tpot_s: float = None
-    order: str = "fcfs"           # the waiting queue's order (see Order)
-    predict_sigma: float = 0.8    # "predicted": log-normal error of the predicted lengths
-    max_wait_s: float = None      # the starvation guard (None: off)
-    save_requests: str = None
-    engine_requests: int = None   # D's requests, slots, prompt tokens and output divisor
-    engine_slots: int = None      # (by default ENGINE_CPU on CPU, ENGINE_QUICK with --quick,
-    engine_prompt_len: int = None  # else --requests, --slots and --prompt-len as they are)
-    engine_shrink: int = 1
-    engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
-    gpu: str = None               # a named card (GPUS) C prices and budgets for
-    tp: int = 1                   # C: cards per replica, tensor parallel
-    ep: int = 1                   # C: each replica one card of an expert-parallel group
-    weight_first_rows: int = 0    # CPU matmuls of up to this many rows as W x^T (see linear)
-    engine_profile: str = "tensorrt-llm"  # how C prices the card (ENGINE_PROFILES)
-    replicas: int = 1             # C: identical replicas behind a router
-    router: str = "all"           # the routers C's fleet and capacity studies compare
-    slo_attainment: float = 0.9   # the share of requests that must meet the SLO
-    target_rate: float = None     # requests/s C finds the fewest replicas for
-    kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged", "prefix" or "both"
-    enable_prefix_caching: bool = False  # paged blocks keep computed prefixes (policy "prefix")
-    host_kv_gb: float = None      # prefix: a second tier of blocks in host memory
-    prefix_len: int = 0           # generated requests: system prompts' tokens (0: none)
-    num_prefixes: int = 1         # how many system prompts
-    prefix_share: float = 1.0     # share of conversations a system prompt opens
-    prefix_zipf: float = 1.0      # their popularity: the i-th as 1 / i^zipf
-    turns: int = 1                # turns per conversation
-    think_time_s: float = 0.0     # mean gap between a conversation's turns
-    prefix_study: bool = False    # the prefix cache's hits against its capacity (a figure)
-    kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
-    kv_tokens: int = None         # the KV cache in tokens (replaces kv_memory_gb)
-    block_tokens: int = 16        # paged: tokens per block
-    max_output: int = None        # reserve: output tokens reserved per request
-    watermark: float = 0.01       # paged: share of the blocks admission keeps free (vLLM's)
-    jobs: int = 1                 # worker processes for C's independent simulations
-    warmup: int = 3               # untimed calls at each shape
-    reps: int = 50                # timed calls at each shape (fewer if a call is slow)
-    time_budget_s: float = 2.0    # per shape: stop repeating after this, but keep >= 5 calls
-    out: str = "figures"
-    figures: bool = True
-    dpi: int = 100
-    format: str = "png"
-    lang: str = "en"
-    quick: bool = False
-    preset: tuple = ()            # the model fields the CPU preset set ("layers=4", ...)
-    dtype_given: bool = False     # --dtype was given (else on CPU a probe chooses)
-
-    @property
-    def kv_policies(self):
-        policies = tuple(p for p, m in KV_MANAGERS.items() if m.in_both) \
-            if self.kv_policy == "both" else (self.kv_policy,)
-        return tuple(KV_MANAGERS[p].caching or p if self.enable_prefix_caching else p
-                     for p in policies)
 
 
 # -----------------------------------------------------------------------------
@@ -1059,6 +976,16 @@ def kv_crossover_batch(cfg, context):
 # the trace's own timestamps. Calls the helpers only.
 
 
+def seed_for(run, stream, k=0):
+    """The seed of a run's random stream by name (SEED_OFFSET; k: the stream's k-th draw)."""
+    return run.workload.seed + SEED_OFFSET[stream] + k
+
+
+def random_stream(run, stream):
+    """A run's NumPy generator for the stream `stream` (see seed_for)."""
+    return np.random.default_rng(seed_for(run, stream))
+
+
 def lognormal_lengths(n, seed, mu=LENGTH_MU, sigma=LENGTH_SIGMA, max_len=LENGTH_MAX):
     """n generated lengths: floor(e^x), x ~ N(mu, sigma^2) (median e^mu), in [1, max_len]."""
     draws = np.random.default_rng(seed).lognormal(mu, sigma, size=n)
@@ -1093,9 +1020,9 @@ def read_lengths_file(path):
 
 
 def request_lengths(run):
-    if run.lengths_file:
-        return read_lengths_file(run.lengths_file)
-    return lognormal_lengths(run.requests, run.seed)
+    if run.workload.lengths_file:
+        return read_lengths_file(run.workload.lengths_file)
+    return lognormal_lengths(run.workload.requests, run.workload.seed)
 
 
 @dataclass(frozen=True)
@@ -1496,46 +1423,47 @@ def arrival_times(n, rate, burstiness, rng):
 
 def make_requests(run):
     """The requests of C: lengths (log-normal law, lengths file or trace) and arrivals."""
-    if not (run.trace or run.lengths_file):
-        need, free = run.requests * REQUEST_BYTES, free_host_memory_bytes()
+    work = run.workload
+    if not (work.trace or work.lengths_file):
+        need, free = work.requests * REQUEST_BYTES, free_host_memory_bytes()
         if need > 0.5 * free:
-            raise UsageError(f"--requests {run.requests:,}: C would need about {gib(need)} of "
+            raise UsageError(f"--requests {work.requests:,}: C would need about {gib(need)} of "
                              f"memory, and {gib(free)} is free")
-    rng = np.random.default_rng(run.seed + SEED_OFFSET["arrivals"])
+    rng = random_stream(run, "arrivals")
     trace_times = identity = None
-    if run.trace and is_hashed_trace(run.trace):
-        if run.prefix_len or run.turns > 1:
-            raise UsageError(f"{run.trace}: its hash ids say which prompts share what; "
+    if work.trace and is_hashed_trace(work.trace):
+        if work.prefix_len or work.turns > 1:
+            raise UsageError(f"{work.trace}: its hash ids say which prompts share what; "
                              "--prefix-len and --turns shape generated requests only")
-        traced = read_hashed_trace(run.trace, run.trace_limit, run.block_tokens)
+        traced = read_hashed_trace(work.trace, work.trace_limit, run.scheduler.block_tokens)
         prompt, output, trace_times, identity = traced.prompt, traced.output, \
             traced.arrival_s, traced.identity
-    elif run.trace:
-        prompt, output, trace_times = read_trace(run.trace, run.trace_limit)
+    elif work.trace:
+        prompt, output, trace_times = read_trace(work.trace, work.trace_limit)
     else:
         output = request_lengths(run)
-        prompt = np.full(len(output), run.prompt_len, dtype=np.int64)
-    rates = [("--rate", run.rate, len(output))] if isinstance(run.rate, float) else []
-    rates += [("--rates", rate, min(len(output), SWEEP_REQUESTS)) for rate in run.rates or ()]
+        prompt = np.full(len(output), work.prompt_len, dtype=np.int64)
+    rates = [("--rate", work.rate, len(output))] if isinstance(work.rate, float) else []
+    rates += [("--rates", rate, min(len(output), SWEEP_REQUESTS)) for rate in work.rates or ()]
     for flag, rate, n in rates:
         if n / rate > MAX_SPAN_S:
             raise UsageError(f"{flag} {rate:g}: {n:,} requests at that rate arrive over "
                              f"{n / rate:.3g} s, past the {MAX_SPAN_S:.0e} s C's clock keeps "
                              "to the millisecond; raise the rate")
-    if run.rate == "trace":
+    if work.rate == "trace":
         if trace_times is None:
             raise UsageError("--rate trace: the trace has no timestamps")
         arrival = trace_times
     else:
-        rate = run.rate  # (with turns: conversations open at rate / turns)
+        rate = work.rate  # (with turns: conversations open at rate / turns)
         if rate and identity is None:
-            rate /= run.turns
-        arrival = arrival_times(len(output), rate, run.burstiness, rng)
-    prefix = PrefixWorkload(run.prefix_len, run.num_prefixes, run.prefix_share, run.prefix_zipf,
-                            run.turns, run.think_time_s)
+            rate /= work.turns
+        arrival = arrival_times(len(output), rate, work.burstiness, rng)
+    prefix = PrefixWorkload(work.prefix_len, work.num_prefixes, work.prefix_share,
+                            work.prefix_zipf, work.turns, work.think_time_s)
     if identity is None and (prefix.prefix_len or prefix.turns > 1):
-        return shared_prompts(Requests(arrival, prompt, output), prefix, np.random.default_rng(
-            run.seed + SEED_OFFSET["prefixes"]))
+        return shared_prompts(Requests(arrival, prompt, output), prefix,
+                              random_stream(run, "prefixes"))
     return Requests(arrival, prompt, output, identity=identity)
 
 
@@ -2333,7 +2261,7 @@ def replay_run(run, profile):
     cfg, card = MODELS[run.model], GPUS[run.gpu]
     req = every_nth(run.requests, run.replicas) if run.replicas > 1 else run.requests
     kv = KVBudget("paged", run.kv_tokens or card_kv_tokens(cfg, card, profile, run.tp, run.ep),
-                  RunConfig.block_tokens, int(req.output.max()), RunConfig.watermark)
+                  SchedulerConfig.block_tokens, int(req.output.max()), SchedulerConfig.watermark)
     if check_kv_budget(req, kv):
         return None
     replica = Replica(run.slots, card_costs(cfg, card, profile, run.tp, run.ep),
@@ -2668,7 +2596,7 @@ class Reservation(KVManager):
     def fragmentation(self, req, sim, utilization):
         """Reserved for output the request never produced."""
         alloc_s = sim["kv"]["alloc_s"]
-        unused = (self.max_output - req.output) * (sim["finish"] - sim["start"])
+        unused = (self.max_output - req.output) * (sim["times"].finish - sim["times"].start)
         return float(unused.sum()) / alloc_s if alloc_s else 0.0
 
 
@@ -3050,6 +2978,36 @@ def kendall_tau(x, y, max_n=3000, seed=0):
     return agree / math.sqrt(pairs_x * pairs_y) if pairs_x and pairs_y else 0.0
 
 
+class RequestTimes(NamedTuple):
+    """A run's per-request record, simulated (ServingSim) or measured (D's Engine) alike:
+    when each request arrived, was admitted, emitted its first token and its last (s), the
+    steps of those two tokens, and its output tokens. Summarised once, by summary."""
+    arrival: np.ndarray
+    start: np.ndarray
+    first_token: np.ndarray
+    finish: np.ndarray
+    first_step: np.ndarray
+    finish_step: np.ndarray
+    output: np.ndarray
+
+    def ttft(self):
+        return self.first_token - self.arrival
+
+    def e2e(self):
+        return self.finish - self.arrival
+
+    def tpot(self):
+        """Seconds per output token after the first, of the requests emitting more than one."""
+        multi = self.output > 1
+        return (self.finish[multi] - self.first_token[multi]) / (self.output[multi] - 1)
+
+    def summary(self):
+        """The makespan and the TTFT, TPOT and E2E percentiles (see percentiles)."""
+        return {"makespan_s": float(self.finish.max() - self.arrival.min()),
+                "ttft_s": percentiles(self.ttft()), "tpot_s": percentiles(self.tpot()),
+                "e2e_s": percentiles(self.e2e())}
+
+
 class Ledger:
     """Every request's state and times, written by whichever simulation serves it (one, or
     one of a fleet's replicas: each request is served by exactly one)."""
@@ -3058,13 +3016,20 @@ class Ledger:
         self.arrival, self.prompt, self.output = (a.tolist() for a in (req.arrival_s, req.prompt,
                                                                        req.output))
         n = len(self.output)
-        self.start, self.first, self.finish = [math.nan] * n, [math.nan] * n, [math.nan] * n
+        self.start, self.first_token, self.finish = [math.nan] * n, [math.nan] * n, \
+            [math.nan] * n
         self.first_step, self.finish_step = [0] * n, [0] * n  # (in the serving simulation's steps)
         self.to_prefill, self.remaining = list(self.prompt), list(self.output)
         self.cached = [0] * n if req.cached is None else req.cached.tolist()  # (at admission)
         self.identity = req.identity  # what the prompts are made of (None: unknown)
         self.generated = [0] * n  # tokens each request has emitted
         self.taken = bytearray(n)  # taken out of a waiting queue (see PriorityQueue)
+
+    def times(self):
+        """The record of the run written here (built once, at its end)."""
+        return RequestTimes(*(np.array(v) for v in (
+            self.arrival, self.start, self.first_token, self.finish, self.first_step,
+            self.finish_step, self.output)))
 
 
 class FifoQueue:
@@ -3650,7 +3615,7 @@ class ServingSim:
     def emit_first_tokens(self, emitted, held, running, t):
         """The requests whose prefill has just ended emit a token at t; each then decodes
         (or, with nothing left to emit, finishes)."""
-        first, first_step, steps = self.ledger.first, self.ledger.first_step, self.steps
+        first, first_step, steps = self.ledger.first_token, self.ledger.first_step, self.steps
         cached, decoders, finished = 0, [], []
         for s in emitted:
             if first[s.id] != first[s.id]:  # (nan; a readmitted request keeps its first)
@@ -3714,9 +3679,8 @@ class ServingSim:
         memory = self.memory
         held = memory.run(decode.base_sum + decode.tokens * self.steps + self.prefill.cached
                           - self.kv.shared, tokens + decode.tokens, k, a, e, emitted)
-        totals = memory.totals
-        totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
-        totals["running_s"] += (prefill_s + decode_s) * len(self.running)
+        memory.totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
+        memory.totals["running_s"] += (prefill_s + decode_s) * len(self.running)
         return held
 
     def contexts(self):
@@ -3725,17 +3689,18 @@ class ServingSim:
                 for s in self.running.values()]
 
     def result(self):
-        ledger = self.ledger
-        sim = {"start": np.array(ledger.start), "first_token": np.array(ledger.first),
-               "finish": np.array(ledger.finish), "first_step": np.array(ledger.first_step),
-               "finish_step": np.array(ledger.finish_step), "steps": self.steps,
-               "occupancy": self.busy / (self.steps * self.slots) if self.steps else 0.0,
-               "longest_step_s": self.longest_step_s, "prefill_s": self.prefill_s,
-               "decode_s": self.decode_s, "iterations": self.iterations}
-        if self.tracks:
-            sim["kv"], sim["generated"] = self.memory.totals, np.array(ledger.generated)
-        sim.update(self.kv.report())
-        return sim
+        """The run's record (the ledger's times, and the tokens generated) with own_result."""
+        generated = {"generated": np.array(self.ledger.generated)} if self.tracks else {}
+        return {"times": self.ledger.times(), **self.own_result(), **generated}
+
+    def own_result(self):
+        """Its own counts, no per-request arrays (a pool's replica returns these alone)."""
+        memory = {"kv": self.memory.totals} if self.tracks else {}
+        busy = self.busy / (self.steps * self.slots) if self.steps else 0.0
+        return {"steps": self.steps, "occupancy": busy,
+                "longest_step_s": self.longest_step_s, "prefill_s": self.prefill_s,
+                "decode_s": self.decode_s, "iterations": self.iterations, **memory,
+                **self.kv.report()}
 
 
 class FleetReplica(ServingSim):
@@ -3793,10 +3758,10 @@ def simulate_serving(req, replica, progress=None):
     """Run the requests through one Replica; per-request times and steps. progress: called
     with a line of progress now and then on a long run.
 
-    A prefill pass and a decode pass in one step are priced as two passes. -> start,
-    first_token and finish of every request (s), the steps of its first token and its finish,
-    steps, occupancy, the loop's iterations, and with kv the memory it held and allocated
-    (integrals over time, peaks, a thinned series).
+    A prefill pass and a decode pass in one step are priced as two passes. -> "times" (a
+    RequestTimes: every request's start, first token and finish (s) and their steps), steps,
+    occupancy, the loop's iterations, and with kv the memory it held and allocated (integrals
+    over time, peaks, a thinned series).
     """
     return ServingSim(req, replica, progress).serve()
 
@@ -4169,7 +4134,7 @@ def pools_result(req, stages):
     ledger = stages[0].ledger
     results, pools = [], {}
     for stage in stages:
-        res = [server.result() for server in stage.servers]
+        res = [server.own_result() for server in stage.servers]  # (the times: once, below)
         where = np.array(stage.where)
         output = req.output if stage.last else np.ones_like(req.output)
         output = output - (stage is not stages[0])  # (the decode pool: all but the first)
@@ -4177,9 +4142,7 @@ def pools_result(req, stages):
             {"requests": int((where == i).sum()), "output_tokens": int(output[where == i].sum()),
              "steps": r["steps"], "occupancy": r["occupancy"]} for i, r in enumerate(res)]}
         results += res
-    fleet = {key: np.array(getattr(ledger, name)) for key, name in (
-        ("start", "start"), ("first_token", "first"), ("finish", "finish"),
-        ("first_step", "first_step"), ("finish_step", "finish_step"))}
+    fleet = {"times": ledger.times()}
     per_replica = [p for pool in pools.values() for p in pool["per_replica"]]
     steps = sum(res["steps"] for res in results)
     fleet.update(replica=pools[stages[0].pool.name]["replica"],
@@ -4229,23 +4192,24 @@ def percentiles(values):
 
 
 def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
-    ttft = sim["first_token"] - req.arrival_s
-    e2e = sim["finish"] - req.arrival_s
-    multi = req.output > 1
-    tpot = (sim["finish"][multi] - sim["first_token"][multi]) / (req.output[multi] - 1)
-    span = float(sim["finish"].max() - req.arrival_s.min())
+    """A simulation's summary: its record's (RequestTimes.summary) beside its steps and
+    throughput, and with an SLO the goodput and the share of requests meeting it."""
+    times = sim["times"]
+    summary = times.summary()
+    span, n = summary["makespan_s"], len(times.arrival)
     metrics = {"steps": sim["steps"], "iterations": sim["iterations"],
                "simulation_s": sim.get("wall_s"), "makespan_s": span,
-               "throughput_rps": len(e2e) / span, "output_tokens_per_s": req.output.sum() / span,
+               "throughput_rps": n / span, "output_tokens_per_s": req.output.sum() / span,
                "occupancy": sim["occupancy"], "longest_step_s": sim["longest_step_s"],
-               "ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot), "e2e_s": percentiles(e2e)}
+               "ttft_s": summary["ttft_s"], "tpot_s": summary["tpot_s"],
+               "e2e_s": summary["e2e_s"]}
     if slo_ttft_s or slo_tpot_s:
-        ok = np.ones(len(e2e), bool)
+        ok = np.ones(n, bool)
         if slo_ttft_s:
-            ok &= ttft <= slo_ttft_s
+            ok &= times.ttft() <= slo_ttft_s
         if slo_tpot_s:
-            per_token = np.zeros(len(e2e))
-            per_token[multi] = tpot
+            per_token = np.zeros(n)
+            per_token[times.output > 1] = times.tpot()
             ok &= per_token <= slo_tpot_s
         metrics["goodput_rps"] = float(ok.sum() / span)
         metrics["slo_attained"] = float(ok.mean())
@@ -4907,11 +4871,9 @@ class Block(nn.Module):
             self.fc = Linear(h, (2 if self.gated else 1) * cfg.ffn)  # (gate; up)
             self.out = Linear(cfg.ffn, h)
 
-    def forward(self, x, cache, index, positions, spans, mask, rope):
-        # x (B, T, h); cache (2, B_cache, KVH, S_max, D); index (B,) the cache row of each batch
-        # row; positions (B, T); spans: see attention_spans (None for a prefill); mask: None,
-        # or (B, 1, 1, keys) when one span pads its rows to the longest, or (B, 1, T, keys) for
-        # a prefill after a cached prefix (spans None); rope: None or cos, sin
+    def forward(self, x, cache, at):
+        # x (B, T, h); cache (2, B_cache, KVH, S_max, D); at: the StepLayout
+        index, positions, spans, mask, rope = at
         B, T, h = x.shape
         H, KVH = self.heads, self.kv_heads
         D, G = self.head_dim, H // KVH  # head width; query heads per K/V head
@@ -4947,6 +4909,18 @@ class Block(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
+class StepLayout(NamedTuple):
+    """Where a step's tokens sit, the same for every block: index (B,) the cache row of each
+    batch row; positions (B, T); spans: see attention_spans (None for a prefill); mask: None,
+    or (B, 1, 1, keys) when one span pads its rows to the longest, or (B, 1, T, keys) for a
+    prefill after a cached prefix (spans None); rope: None or (cos, sin)."""
+    index: torch.Tensor
+    positions: torch.Tensor
+    spans: list
+    mask: torch.Tensor
+    rope: tuple
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -4978,8 +4952,9 @@ class Transformer(nn.Module):
         else:
             angles = positions[:, None, :, None].float() * self.inv_freq  # (B, 1, T, D/2)
             rope = angles.cos(), angles.sin()
+        at = StepLayout(index, positions, spans, mask, rope)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache[layer], index, positions, spans, mask, rope)
+            x = block(x, cache[layer], at)
         return self.lm_head(self.ln_f(x[:, -1]))
 
 
@@ -5220,16 +5195,16 @@ def with_probed_dtype(run):
     """On CPU with no --dtype, the run with the type probe_dtypes measures fastest here. In
     float32 the CPU preset (where it set the layers) keeps half its layers: a decode step then
     reads the bytes it reads in a 2-byte type, and the run takes the time it takes there."""
-    if run.device != "cpu" or run.dtype_given:
+    if run.hardware.device != "cpu" or run.hardware.dtype_given:
         return run, None
-    probe = probe_dtypes(min(run.model.hidden, 1024))
+    probe = probe_dtypes(min(run.hardware.model.hidden, 1024))
     chosen = choose_dtype(probe)
-    model, preset = dataclasses.replace(run.model, dtype=chosen), run.preset
+    model, preset = dataclasses.replace(run.hardware.model, dtype=chosen), run.hardware.preset
     if chosen == "float32" and f"layers={CPU_PRESET.layers}" in preset:
         layers = max(1, CPU_PRESET.layers // 2)
         model = dataclasses.replace(model, layers=layers)
         preset = tuple(f"layers={layers}" if p.startswith("layers=") else p for p in preset)
-    return dataclasses.replace(run, model=model, preset=preset), {
+    return run.replace(model=model, preset=preset), {
         "chosen": chosen, "times": probe, "preference": DTYPE_PREFERENCE}
 
 
@@ -5262,10 +5237,10 @@ def probe_layouts(width, dtype, budget_s=0.03):
 def with_probed_layout(run):
     """On CPU, where a model is built, the run with the matmul layout probe_layouts measures
     fastest here (see linear). -> (run, the probe or None)"""
-    if run.device != "cpu" or not set(run.experiments) & set("ABD"):
+    if run.hardware.device != "cpu" or not set(run.measurement.experiments) & set("ABD"):
         return run, None
-    probe = probe_layouts(min(run.model.hidden, 1024), run.model.dtype)
-    return dataclasses.replace(run, weight_first_rows=probe["weight_first_rows"]), probe
+    probe = probe_layouts(min(run.hardware.model.hidden, 1024), run.hardware.model.dtype)
+    return run.replace(weight_first_rows=probe["weight_first_rows"]), probe
 
 
 def device_name(device):
@@ -5343,21 +5318,22 @@ def check_memory(run, device, engine_lengths=None):
     """The model's weights with the least that A and B need (a batch-1 decode step) and, for
     D, its engine's KV cache, before anything is allocated: one line if it cannot fit. (A and B
     rows too large for what is left are marked as not fitting, not refused.)"""
-    cfg = run.model
+    cfg = run.hardware.model
     weights = weight_bytes(cfg)
-    need = weights + memory_needed_bytes(cfg, 1, run.context + 1, 1)
+    need = weights + memory_needed_bytes(cfg, 1, run.measurement.context + 1, 1)
     what = "its weights"
-    if cfg.experts and "A" in run.experiments:  # (A times its dense twin beside it)
+    if cfg.experts and "A" in run.measurement.experiments:  # (A times its dense twin beside it)
         need += weight_bytes(dense_twin(cfg))
         what = "its weights and its dense twin's"
     if engine_lengths is not None:
-        longest = run.engine_prompt_len + int(engine_lengths.max())
-        engine = weights + memory_needed_bytes(cfg, run.engine_slots, longest,
-                                               run.engine_prompt_len) \
-            + run.num_prefixes * run.prefix_len * kv_bytes_per_token(cfg)  # (its prefix cache)
+        longest = run.engine.engine_prompt_len + int(engine_lengths.max())
+        engine = weights + memory_needed_bytes(cfg, run.engine.engine_slots, longest,
+                                               run.engine.engine_prompt_len) \
+            + run.workload.num_prefixes * run.workload.prefix_len \
+            * kv_bytes_per_token(cfg)  # (its prefix cache)
         if engine > need:
-            need, what = engine, f"its weights and D's KV cache ({run.engine_slots} rows x " \
-                                 f"{longest:,} tokens)"
+            need, what = engine, f"its weights and D's KV cache " \
+                                 f"({run.engine.engine_slots} rows x {longest:,} tokens)"
     free = free_memory_bytes(device)
     if need > 0.9 * free:
         raise UsageError(f"the model ({cfg.name}, {param_count(cfg) / 1e9:.2f} B parameters): "
@@ -5368,18 +5344,19 @@ def check_memory(run, device, engine_lengths=None):
 def check_card_fits(run):
     """The model must split over --tp cards, and one card's shard of the weights fit on it,
     before C plans for it."""
-    card, weights = GPUS[run.gpu], card_weight_bytes(run.model, run.tp, run.ep)
-    if run.ep > 1 and (not run.model.experts or run.model.experts % run.ep):
-        raise UsageError(f"--ep {run.ep} spreads a mixture's experts: the model's "
-                         f"{run.model.experts} experts must divide over the cards")
-    if run.model.heads % run.tp:
-        raise UsageError(f"--tp {run.tp} must divide the model's {run.model.heads} heads (each "
+    hw, model = run.hardware, run.hardware.model
+    card, weights = GPUS[hw.gpu], card_weight_bytes(model, hw.tp, hw.ep)
+    if hw.ep > 1 and (not model.experts or model.experts % hw.ep):
+        raise UsageError(f"--ep {hw.ep} spreads a mixture's experts: the model's "
+                         f"{model.experts} experts must divide over the cards")
+    if model.heads % hw.tp:
+        raise UsageError(f"--tp {hw.tp} must divide the model's {model.heads} heads (each "
                          "card holds whole heads)")
     if weights > card.memory_bytes:
-        raise UsageError(f"{run.model.name} in {run.model.weight_format} needs "
-                         f"{weights / 1e9:,.1f} GB of weights on each of {run.tp * run.ep} x "
+        raise UsageError(f"{model.name} in {model.weight_format} needs "
+                         f"{weights / 1e9:,.1f} GB of weights on each of {hw.tp * hw.ep} x "
                          f"{card.name} ({card.memory_bytes / 1e9:,.1f} GB): "
-                         + fitting_split(run.model, card, run.ep))
+                         + fitting_split(model, card, hw.ep))
 
 
 def fitting_split(cfg, card, ep):
@@ -5396,21 +5373,22 @@ def fitting_split(cfg, card, ep):
 
 def kv_budget_bytes(run, device):
     """(bytes for C's KV cache, where the figure comes from); see KV_MEMORY_FRACTION."""
-    cfg = run.model
+    cfg = run.hardware.model
     weights = weight_bytes(cfg)
-    if run.kv_tokens:
-        return run.kv_tokens * kv_bytes_per_token(cfg), {"kind": "memory_tokens",
-                                                         "tokens": run.kv_tokens}
-    if run.kv_memory_gb:
-        return run.kv_memory_gb * 1e9, {"kind": "memory_flag"}
-    if run.gpu:  # (the card C plans for, whatever this machine has; tp of them)
-        card, profile = GPUS[run.gpu], engine_profile(run.engine_profile)
-        tokens = card_kv_tokens(cfg, card, profile, run.tp, run.ep)
+    if run.scheduler.kv_tokens:
+        return run.scheduler.kv_tokens * kv_bytes_per_token(cfg), {"kind": "memory_tokens",
+                                                         "tokens": run.scheduler.kv_tokens}
+    if run.scheduler.kv_memory_gb:
+        return run.scheduler.kv_memory_gb * 1e9, {"kind": "memory_flag"}
+    if run.hardware.gpu:  # (the card C plans for, whatever this machine has; tp of them)
+        card, profile = GPUS[run.hardware.gpu], engine_profile(run.hardware.engine_profile)
+        tokens = card_kv_tokens(cfg, card, profile, run.hardware.tp, run.hardware.ep)
         return (tokens * kv_bytes_per_token(cfg),
                 {"kind": "memory_card", "fraction": profile.kv_fraction, "card": card.name,
-                 "total_gb": card.memory_bytes / 1e9, "tp": run.tp,
+                 "total_gb": card.memory_bytes / 1e9, "tp": run.hardware.tp,
                  "reserved_gb": profile.reserved_gb,
-                 "ep": run.ep, "weights_gib": card_weight_bytes(cfg, run.tp, run.ep) / 2**30})
+                 "ep": run.hardware.ep,
+                 "weights_gib": card_weight_bytes(cfg, run.hardware.tp, run.hardware.ep) / 2**30})
     if device is not None and device.type == "cuda":
         total = torch.cuda.mem_get_info(cuda_index(device))[1]
         return (KV_MEMORY_FRACTION * total - weights,
@@ -5447,7 +5425,7 @@ def sdpa_policy():
 def engine_attention(run, device):
     """Whether D's engine pads its decode attention: --engine-attention, or by default on CUDA,
     where one padded call beats a launch per span of rows."""
-    return {"padded": True, "spans": False}.get(run.engine_attention, device.type == "cuda")
+    return {"padded": True, "spans": False}.get(run.engine.engine_attention, device.type == "cuda")
 
 
 # -----------------------------------------------------------------------------
@@ -5629,10 +5607,11 @@ HOST_SYNC_OPS = {"item", "_local_scalar_dense", "nonzero", "masked_select", "uni
 DEVICE_SIDE_OPS = {"_grouped_mm"}  # (its CPU fallback reads the group ends with .item())
 
 
-def attention_kernel(device, dtype, batch, heads, queries, keys, head_dim, causal=False,
-                     padded=False):
-    """The attention kernel PyTorch runs for this shape under the backends allowed now: one
-    call on random tensors of the shape (at most 8 rows), its ops logged."""
+def attention_kernel(device, dtype, query_shape, keys, causal=False, padded=False):
+    """The attention kernel PyTorch runs for a query of query_shape (batch, heads, queries,
+    head_dim) over `keys` keys under the backends allowed now: one call on random tensors of
+    the shape (at most 8 rows), its ops logged."""
+    batch, heads, queries, head_dim = query_shape
     g = torch.Generator(device="cpu").manual_seed(5)
     b = min(batch, 8)
     q = torch.randn(b, heads, queries, head_dim, generator=g).to(device, dtype)
@@ -5654,10 +5633,11 @@ class Bench:
     """The model on its device, the measured ceilings, and the timing settings of A and B."""
 
     def __init__(self, run, device):
-        self.run, self.cfg, self.device = run, run.model, device
-        self.model = build_model(self.cfg, device, seed=run.seed,
-                                 weight_first_rows=run.weight_first_rows)
-        self.modes = ("eager", "graph") if run.graphs == "both" else (run.graphs,)
+        self.run, self.cfg, self.device = run, run.hardware.model, device
+        self.model = build_model(self.cfg, device, seed=run.workload.seed,
+                                 weight_first_rows=run.hardware.weight_first_rows)
+        graphs = run.measurement.graphs
+        self.modes = ("eager", "graph") if graphs == "both" else (graphs,)
 
     def time(self, step, mode="eager", budget_s=None, feed=None):
         """Time feed() + step(), step as it is (eager) or replayed from a CUDA graph captured
@@ -5676,8 +5656,9 @@ class Bench:
             if feed is not None:
                 feed()
             run()
-        timing = time_region(fn, self.device, self.run.warmup, self.run.reps,
-                             budget_s or self.run.time_budget_s)
+        timed = self.run.measurement
+        timing = time_region(fn, self.device, timed.warmup, timed.reps,
+                             budget_s or timed.time_budget_s)
         if failed:
             timing["graph_failed"] = failed
         timing["ran"] = "eager" if failed or mode == "eager" else "graph"  # (the mode it ran in)
@@ -5784,11 +5765,12 @@ def measure_ceilings(run, device, log):
     the best of several sizes (a CPU's matmul library is faster at some than at others).
     --peak-bandwidth-gbs / --peak-tflops replace a measurement.
     """
-    dtype = DTYPES[run.model.dtype]
+    dtype = DTYPES[run.hardware.model.dtype]
     cuda = device.type == "cuda"
     ceilings = {}
-    if run.peak_bandwidth_gbs:
-        ceilings.update(bandwidth_gbs=run.peak_bandwidth_gbs, bandwidth_source={"kind": "given"})
+    if run.hardware.peak_bandwidth_gbs:
+        ceilings.update(bandwidth_gbs=run.hardware.peak_bandwidth_gbs,
+                        bandwidth_source={"kind": "given"})
     else:
         n_bytes = (2 if cuda else 0.25) * 2**30
         # fp32: the copy moves bytes. (On CPU a random 4 MB block is tiled across it: drawing
@@ -5796,29 +5778,29 @@ def measure_ceilings(run, device, log):
         n = int(n_bytes // 4)
         src = torch.randn(n, device=device) if cuda else torch.randn(2**20).repeat(n // 2**20)
         dst = torch.empty_like(src)
-        timing = time_region(lambda: dst.copy_(src), device, run.warmup, run.reps,
-                             run.time_budget_s)
+        timing = time_region(lambda: dst.copy_(src), device, run.measurement.warmup,
+                             run.measurement.reps, run.measurement.time_budget_s)
         ceilings.update(bandwidth_gbs=2 * n_bytes / (timing["median_ms"] / 1e3) / 1e9,
                         bandwidth_source={"kind": "measured_copy", "gib": n_bytes / 2**30})
         del src, dst
-    if run.peak_tflops:
-        ceilings.update(matmul_tflops=run.peak_tflops, matmul_source={"kind": "given"})
+    if run.hardware.peak_tflops:
+        ceilings.update(matmul_tflops=run.hardware.peak_tflops, matmul_source={"kind": "given"})
     else:
         g = torch.Generator(device=device).manual_seed(2)  # (drawn where they are multiplied)
         n, largest = CEILING_MATMUL_N[device.type]
         best = (0.0, n)
         while True:
             a, b = (torch.randn(n, n, generator=g, device=device).to(dtype) for _ in range(2))
-            timing = time_region(lambda: a @ b, device, run.warmup, run.reps,
-                                 run.time_budget_s / 2)
+            timing = time_region(lambda: a @ b, device, run.measurement.warmup,
+                                 run.measurement.reps, run.measurement.time_budget_s / 2)
             best = max(best, (2 * n**3 / (timing["median_ms"] / 1e3) / 1e12, n))
             del a, b
             if n >= largest or timing["median_ms"] / 1e3 >= CEILING_MATMUL_SHARE * \
-                    run.time_budget_s:
+                    run.measurement.time_budget_s:
                 break
             n *= 2
         ceilings.update(matmul_tflops=best[0], matmul_source={
-            "kind": "measured_matmul", "n": best[1], "dtype": run.model.dtype})
+            "kind": "measured_matmul", "n": best[1], "dtype": run.hardware.model.dtype})
     ceilings["ridge_flop_per_byte"] = ceilings["matmul_tflops"] * 1e3 / ceilings["bandwidth_gbs"]
     log(f"ceilings: {ceilings['bandwidth_gbs']:.1f} GB/s, {ceilings['matmul_tflops']:.3g} "
         f"TFLOP/s")
@@ -5831,13 +5813,15 @@ def measure_ceilings(run, device, log):
 LAUNCH_BOUND_SHARE = 0.25
 
 
-def roofline_row(cfg, ceilings, timing, batch, new_tokens, context, cuda=False):
-    """Timing + the accounting of the step it timed: rates, intensity, MBU, MFU and bound.
+def roofline_row(cfg, ceilings, timing, shape, cuda=False):
+    """Timing + the accounting of the step it timed, of shape (batch, new tokens a row,
+    context): rates, intensity, MBU, MFU and bound.
 
     MBU = achieved bytes/s (weights + KV cache + activations, the step_cost model) / measured
     bandwidth; MFU = achieved FLOP/s / measured matmul rate. The bound is the side of the
     ridge point (peak FLOP/s / peak bytes/s) the step's intensity falls on.
     """
+    batch, new_tokens, context = shape
     cost = step_cost(cfg, batch, new_tokens, context)
     s = timing["median_ms"] / 1e3
     tokens = batch * new_tokens
@@ -5873,7 +5857,7 @@ def decode_row(bench, ceilings, batch, context, mode):
     for layer in moe:
         layer.reset_tally()
     row = timed_or_skipped(row, lambda: roofline_row(
-        bench.cfg, ceilings, bench.time_decode(batch, context, mode), batch, 1, context,
+        bench.cfg, ceilings, bench.time_decode(batch, context, mode), (batch, 1, context),
         bench.device.type == "cuda"))
     if moe and "skipped" not in row:  # (every timed step's mean, and the bytes it read)
         read, calls = np.sum([m.tallies() for m in moe], axis=0)
@@ -5890,7 +5874,7 @@ def prefill_row(bench, ceilings, tokens, mode):
         row["skipped"] = reason
         return row
     return timed_or_skipped(row, lambda: roofline_row(
-        bench.cfg, ceilings, bench.time_prefill(tokens, mode=mode), 1, tokens, 0,
+        bench.cfg, ceilings, bench.time_prefill(tokens, mode=mode), (1, tokens, 0),
         bench.device.type == "cuda"))
 
 
@@ -5898,9 +5882,9 @@ def run_decode_sweep(bench, ceilings, log):
     """A: decode step time and throughput against batch size, at each context, each mode."""
     run = bench.run
     rows = []
-    for context in run.contexts:
+    for context in run.measurement.contexts:
         for mode in bench.modes:
-            for batch in run.batch_sizes:
+            for batch in run.measurement.batch_sizes:
                 rows.append(decode_row(bench, ceilings, batch, context, mode))
                 log(f"A context {context} {mode} batch {batch}: " + row_progress(rows[-1]))
             group = [r for r in rows if r["context"] == context and r["mode"] == mode]
@@ -5911,10 +5895,11 @@ def run_decode_sweep(bench, ceilings, log):
                     r["wait_vs_1"] = r["step_ms"] / base["step_ms"]
                 if base and "bytes_read" in r:  # (a mixture of experts: the bytes it read)
                     r["bytes_vs_1"] = r["bytes_read"] / base["bytes_read"]
-    crossover = {str(c): kv_crossover_batch(bench.cfg, c) for c in run.contexts}
+    crossover = {str(c): kv_crossover_batch(bench.cfg, c) for c in run.measurement.contexts}
     largest = max(measured(rows), key=lambda r: r["batch"] * r["context"], default=None)
     twin = dense_twin_sweep(bench, ceilings, rows, log) if bench.cfg.experts else {}
-    return {"context": run.context, "contexts": list(run.contexts), "modes": list(bench.modes),
+    return {"context": run.measurement.context, "contexts": list(run.measurement.contexts),
+            "modes": list(bench.modes),
             "kv_crossover_batch": crossover, "rows": rows, **twin, **attention_policy(
                 largest and decode_kernel(bench, largest["batch"], largest["context"] + 1))}
 
@@ -5925,12 +5910,13 @@ def dense_twin_sweep(bench, ceilings, rows, log):
     the MoE step could not be captured), its time beside the MoE row's (dense_twin_ms) only
     where both ran in one mode."""
     run, mode = bench.run, bench.modes[-1]
-    twin = Bench(dataclasses.replace(run, model=dense_twin(bench.cfg)), bench.device)
-    moe_rows = {r["batch"]: r for r in rows if r["context"] == run.context and r["mode"] == mode}
+    twin = Bench(run.replace(model=dense_twin(bench.cfg)), bench.device)
+    moe_rows = {r["batch"]: r for r in rows
+                if r["context"] == run.measurement.context and r["mode"] == mode}
     by_batch = {}
-    for batch in run.batch_sizes:
+    for batch in run.measurement.batch_sizes:
         ran = moe_rows.get(batch, {}).get("ran", mode)
-        row = by_batch[batch] = decode_row(twin, ceilings, batch, run.context, ran)
+        row = by_batch[batch] = decode_row(twin, ceilings, batch, run.measurement.context, ran)
         log(f"A dense twin {ran} batch {batch}: " + row_progress(row))
     for r in moe_rows.values():
         twin_row = by_batch.get(r["batch"], {})
@@ -5945,16 +5931,16 @@ def decode_kernel(bench, batch, keys, pad=False):
     cfg = bench.cfg
     if cfg.arch == "post":
         return None
-    return attention_kernel(bench.device, DTYPES[cfg.dtype], batch, cfg.n_kv_heads,
-                            cfg.heads // cfg.n_kv_heads, keys, cfg.head_dim, padded=pad)
+    return attention_kernel(bench.device, DTYPES[cfg.dtype], (
+        batch, cfg.n_kv_heads, cfg.heads // cfg.n_kv_heads, cfg.head_dim), keys, padded=pad)
 
 
 def prefill_kernel(bench, tokens):
     cfg = bench.cfg
     if cfg.arch == "post":
         return None
-    return attention_kernel(bench.device, DTYPES[cfg.dtype], 1, cfg.heads, tokens, tokens,
-                            cfg.head_dim, causal=True)
+    return attention_kernel(bench.device, DTYPES[cfg.dtype],
+                            (1, cfg.heads, tokens, cfg.head_dim), tokens, causal=True)
 
 
 def attention_policy(*kernels):
@@ -5969,7 +5955,7 @@ def run_prefill_decode(bench, ceilings, log):
     run = bench.run
     rows = []
     for mode in bench.modes:  # (C prices prefill and decode from one mode: both are timed in each)
-        for tokens in run.prefill_lengths:
+        for tokens in run.measurement.prefill_lengths:
             rows.append(prefill_row(bench, ceilings, tokens, mode))
             log(f"B prefill {mode} {tokens}: " + row_progress(rows[-1]))
     chain = []
@@ -5977,14 +5963,14 @@ def run_prefill_decode(bench, ceilings, log):
         # the bare chain right before the decodes, so both see the machine in the same state
         chain.append(bench.linear_chain(mode))
         log(f"B linear chain {mode}: {chain[-1]['step_ms']:.3f} ms, {chain[-1]['gbs']:.1f} GB/s")
-        for batch in run.decode_batches:
+        for batch in run.measurement.decode_batches:
             rows.append({"phase": "decode", "tokens": 1,
-                         **decode_row(bench, ceilings, batch, run.context, mode)})
+                         **decode_row(bench, ceilings, batch, run.measurement.context, mode)})
             log(f"B decode {mode} x{batch}: " + row_progress(rows[-1]))
     longest = max((r["tokens"] for r in measured(rows) if r["phase"] == "prefill"), default=None)
     return {"rows": rows, "linear_chain": chain, **attention_policy(
         longest and prefill_kernel(bench, longest),
-        decode_kernel(bench, max(run.decode_batches), run.context + 1))}
+        decode_kernel(bench, max(run.measurement.decode_batches), run.measurement.context + 1))}
 
 
 def row_progress(row):
@@ -6022,8 +6008,9 @@ def kv_device_check(bench, kv):
         next_tokens = itertools.cycle(random_tokens(cfg, (batch,), bench.device, seed=batch))
         timing = time_region(lambda: decode_step(bench.model, cache, next(next_tokens),
                                                  positions, pad=pad),
-                             bench.device, bench.run.warmup, min(bench.run.reps, 10),
-                             bench.run.time_budget_s)
+                             bench.device, bench.run.measurement.warmup,
+                             min(bench.run.measurement.reps, 10),
+                             bench.run.measurement.time_budget_s)
         return {"step_ms": timing["median_ms"], "p10_ms": timing["p10_ms"],
                 "p90_ms": timing["p90_ms"]}
     return timed_or_skipped(check, time_it)
@@ -6075,11 +6062,11 @@ def seed_spread(n, slots):
 
 def post_table(run, lengths):
     """The post's table: static vs continuous in decode steps, all requests at t=0."""
-    result = {"requests": len(lengths), "slots": run.slots, "lengths": {
+    result = {"requests": len(lengths), "slots": run.scheduler.slots, "lengths": {
         "median": float(np.median(lengths)), "mean": float(lengths.mean()),
         "max": int(lengths.max()), "total": int(lengths.sum())}}
     for policy in ("static", "continuous"):
-        sim = simulate_slots(lengths, run.slots, policy, max_points=20_000)
+        sim = simulate_slots(lengths, run.scheduler.slots, policy, max_points=20_000)
         result[policy] = {"steps": sim["steps"], "occupancy": sim["occupancy"],
                           "occupied": sim["occupied"].tolist(),
                           "occupied_bin_steps": sim["occupied_bin_steps"]}
@@ -6104,47 +6091,49 @@ def orders_steps(lengths, slots, orders):
     return result
 
 
-def step_costs(run, results):
-    """C's prices: measured (A's rows; the default when A ran and no --gpu is named), or the
-    named card's analytic roofline, or one of --peak-*, this run's ceilings or the post's."""
-    if run.cost == "measured" or (run.cost is None and "A" in results and not run.gpu):
-        return measured_costs(run.model, results)  # (run_config refuses it without A)
-    if run.gpu and not (run.peak_bandwidth_gbs or run.peak_tflops):
-        return card_costs(run.model, GPUS[run.gpu], engine_profile(run.engine_profile),
-                          run.tp, run.ep)
+def step_costs(hw, results):
+    """C's prices on hardware hw (a HardwareConfig): measured (A's rows; the default when A ran
+    and no --gpu is named), or the named card's analytic roofline, or one of --peak-*, this
+    run's ceilings or the post's."""
+    if hw.cost == "measured" or (hw.cost is None and "A" in results and not hw.gpu):
+        return measured_costs(hw.model, results)  # (run_config refuses it without A)
+    if hw.gpu and not (hw.peak_bandwidth_gbs or hw.peak_tflops):
+        return card_costs(hw.model, GPUS[hw.gpu], engine_profile(hw.engine_profile), hw.tp,
+                          hw.ep)
     ceil = results["environment"].get("ceilings", {})
-    return analytic_costs(run.model, run.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
+    return analytic_costs(hw.model, hw.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
                           or REFERENCE_BANDWIDTH_GBS,
-                          run.peak_tflops or ceil.get("matmul_tflops") or REFERENCE_TFLOPS)
+                          hw.peak_tflops or ceil.get("matmul_tflops") or REFERENCE_TFLOPS)
 
 
 def arrivals(run):
     """How C's requests arrive, as a description for the tables."""
-    if run.rate is None:
+    if run.workload.rate is None:
         return {"kind": "arrivals_zero"}
-    if run.rate == "trace":
+    if run.workload.rate == "trace":
         return {"kind": "arrivals_trace"}
-    if run.burstiness == 1:
-        return {"kind": "arrivals_poisson", "rate": run.rate}
-    return {"kind": "arrivals_gamma", "rate": run.rate, "burstiness": run.burstiness}
+    if run.workload.burstiness == 1:
+        return {"kind": "arrivals_poisson", "rate": run.workload.rate}
+    return {"kind": "arrivals_gamma", "rate": run.workload.rate,
+            "burstiness": run.workload.burstiness}
 
 
 def workload(run):
     """Where C's request lengths come from, as a description for the tables."""
-    if run.trace:
-        return {"kind": "source_trace", "name": os.path.basename(run.trace)}
-    if run.lengths_file:
-        return {"kind": "source_file", "path": run.lengths_file}
+    if run.workload.trace:
+        return {"kind": "source_trace", "name": os.path.basename(run.workload.trace)}
+    if run.workload.lengths_file:
+        return {"kind": "source_file", "path": run.workload.lengths_file}
     return {"kind": "source_law", "mu": LENGTH_MU, "sigma": LENGTH_SIGMA, "max": LENGTH_MAX,
-            "seed": run.seed}
+            "seed": run.workload.seed}
 
 
 def run_order(run, output, name=None):
     """The queue's Order for C's requests: --order with --max-wait-s, or the order `name` with
     no guard; the predicted lengths are the same draw (--predict-sigma) in every study."""
-    return queue_order(name or run.order, output, run.predict_sigma,
-                       run.seed + SEED_OFFSET["predicted"],
-                       None if name else run.max_wait_s)
+    return queue_order(name or run.scheduler.order, output, run.scheduler.predict_sigma,
+                       seed_for(run, "predicted"),
+                       None if name else run.scheduler.max_wait_s)
 
 
 def order_info(order, output, seed=0):
@@ -6175,42 +6164,45 @@ def work_of(sims):
     return Work(len(sims), sum(s["iterations"] for s in sims), sum(s["wall_s"] for s in sims))
 
 
-def run_batching_sim(run, req, log, results, kv_budgets=None):
+def run_batching_sim(run, req, log, costs, kv_budgets=None):
     """C: static vs continuous batching in steps (the post's table, then in every order of the
-    queue), then in seconds under the step-cost model for all three schedulers, (kv_budgets:
-    kv_setup's) the KV-cache study, who waits under each order, a sweep of arrival rates, and
-    with --replicas or an SLO the routers and the capacity search; the independent
-    simulations run in --jobs worker processes."""
+    queue), then in seconds priced by `costs` (StepCosts: step_costs's) for all three
+    schedulers, (kv_budgets: kv_setup's) the KV-cache study, who waits under each order, a
+    sweep of arrival rates, and with --replicas or an SLO the routers and the capacity search;
+    the independent simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
     budgets = kv_budgets[1] if kv_budgets else ()
-    profile = engine_profile(run.engine_profile)  # (its seats and budget: C's flags')
-    replica = profile.replica(step_costs(run, results), slots=run.slots, scheduler="continuous",
-                              chunk_tokens=run.chunk_tokens, order=run_order(run, req.output),
-                              fused=bool(run.gpu) and profile.fused)
+    profile = engine_profile(run.hardware.engine_profile)  # (its seats and budget: C's flags')
+    replica = profile.replica(costs, slots=run.scheduler.slots, scheduler="continuous",
+                              chunk_tokens=run.scheduler.chunk_tokens,
+                              order=run_order(run, req.output),
+                              fused=bool(run.hardware.gpu) and profile.fused)
     fleet_replica = dataclasses.replace(replica, kv=study_budget(budgets))  # (and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
-    if run.slo_ttft_s or run.slo_tpot_s:
+    if run.slo.slo_ttft_s or run.slo.slo_tpot_s:
         capacity = capacity_study(run, req, fleet_replica)
     share = req
-    if run.replicas > 1:  # the single-replica studies: one replica's share under round-robin
-        share = every_nth(req, run.replicas)
+    # the single-replica studies: one replica's share under round-robin
+    if run.scheduler.replicas > 1:
+        share = every_nth(req, run.scheduler.replicas)
         replica = dataclasses.replace(replica, order=run_order(run, share.output))
     result, work = schedulers_study(run, share, replica, kv_budgets, log)
     result["who_waits"], result["orders"], waited = who_waits(run, share, replica, budgets)
     result["rate_sweep"], swept = rate_sweep(run, share, replica,
                                              result["schedulers"]["continuous"])
     works = [work, waited, swept]
-    if run.replicas > 1:
+    if run.scheduler.replicas > 1:
         result["replicas"], fleets = replicas_study(run, req, fleet_replica)
         works.append(fleets)
     if capacity:
         result["capacity"] = capacity
-    if run.prefix_study and kv_budgets:
+    if run.scheduler.prefix_study and kv_budgets:
         result["prefix_study"], studied = prefix_study(run, share, replica, *kv_budgets)
         works.append(studied)
     total = Work(*map(sum, zip(*works)))
-    result["simulation"] = {"runs": total.runs, "jobs": run.jobs, "iterations": total.iterations,
-                            "simulation_s": total.seconds, "wall_s": time.perf_counter() - t0}
+    result["simulation"] = {"runs": total.runs, "jobs": run.measurement.jobs,
+                            "iterations": total.iterations, "simulation_s": total.seconds,
+                            "wall_s": time.perf_counter() - t0}
     return result
 
 
@@ -6218,15 +6210,16 @@ def schedulers_study(run, req, replica, kv_budgets, log):
     """C's main tables: the post's in steps (in every order of the queue too), then the three
     schedulers in seconds, and with kv_budgets (kv_setup's) the same under each budget, and
     the KV study. -> (result, Work)"""
-    result = {} if run.trace else post_table(run, req.output)
+    result = {} if run.workload.trace else post_table(run, req.output)
     if "static" in result:
         log(f"C: static {result['static']['steps']:,} steps, continuous "
             f"{result['continuous']['steps']:,} steps")
-        result["orders_steps"] = orders_steps(req.output, run.slots, [
+        result["orders_steps"] = orders_steps(req.output, run.scheduler.slots, [
             run_order(run, req.output, name) for name in ORDERS])
-    result.update(source=workload(run), requests=len(req.output), slots=run.slots,
-                  share_of=run.replicas, cost_model=replica.costs.as_dict(),
-                  order=order_info(replica.order, req.output, run.seed), arrivals=arrivals(run),
+    result.update(source=workload(run), requests=len(req.output), slots=run.scheduler.slots,
+                  share_of=run.scheduler.replicas, cost_model=replica.costs.as_dict(),
+                  order=order_info(replica.order, req.output, run.workload.seed),
+                  arrivals=arrivals(run),
                   prompt_tokens=percentiles(req.prompt), output_tokens=percentiles(req.output),
                   schedulers={}, distributions={})
     runs = [(f"C {name}", dataclasses.replace(replica, scheduler=name)) for name in SCHEDULERS]
@@ -6235,27 +6228,28 @@ def schedulers_study(run, req, replica, kv_budgets, log):
             replica, scheduler=name, kv=budget)) for budget in kv_budgets[1][::-1]
             for name in SCHEDULERS] + runs
     calls = [(timed_task, (label, simulate_serving, req, r)) for label, r in runs]
-    if "static" in result and not run.lengths_file:
-        calls.append((seed_spread, (len(req.output), run.slots)))
-    done = run_parallel(calls, run.jobs)
+    if "static" in result and not run.workload.lengths_file:
+        calls.append((seed_spread, (len(req.output), run.scheduler.slots)))
+    done = run_parallel(calls, run.measurement.jobs)
     if len(done) > len(runs):
         result["seed_spread"] = done.pop()
     sims = dict(zip((label for label, _ in runs), done))
     for label, sim in sims.items():
-        log(f"{label}: {sim['steps']:,} steps, {sim['finish'].max():,.2f} s simulated, "
+        log(f"{label}: {sim['steps']:,} steps, {sim['times'].finish.max():,.2f} s simulated, "
             f"{sim['iterations']:,} iterations in {sim['wall_s']:.2f} s")
     for name in SCHEDULERS:
         sim = sims[f"C {name}"]
-        result["schedulers"][name] = serving_metrics(req, sim, run.slo_ttft_s, run.slo_tpot_s)
+        result["schedulers"][name] = serving_metrics(req, sim, run.slo.slo_ttft_s,
+                                                     run.slo.slo_tpot_s)
         result["distributions"][name] = {
-            "ttft_s": quantile_curve(np.sort(sim["first_token"] - req.arrival_s)),
-            "e2e_s": quantile_curve(np.sort(sim["finish"] - req.arrival_s))}
-    if run.save_requests:
-        save_requests_csv(run.save_requests, req, {name: sims[f"C {name}"]
+            "ttft_s": quantile_curve(np.sort(sim["times"].ttft())),
+            "e2e_s": quantile_curve(np.sort(sim["times"].e2e()))}
+    if run.output.save_requests:
+        save_requests_csv(run.output.save_requests, req, {name: sims[f"C {name}"]
                                                    for name in SCHEDULERS})
     if kv_budgets:
         result["kv"] = kv_study(req, sims, *kv_budgets)
-    if run.trace and is_engine_run(run.trace):
+    if run.workload.trace and is_engine_run(run.workload.trace):
         result["engine_run"] = engine_run_study(run, req, sims)
     return result, work_of(list(sims.values()))
 
@@ -6265,7 +6259,7 @@ def engine_run_study(run, req, sims):
     chunk and KV budget: the engine's own settings where given) beside what the engine
     measured: TTFT, TPOT and E2E at p50, p90 and p99, and C's error on each, under each
     scheduler (with the paged KV budget where C has one)."""
-    logged = read_engine_run(run.trace, run.trace_limit)
+    logged = read_engine_run(run.workload.trace, run.workload.trace_limit)
     keys, stats = ("ttft_s", "tpot_s", "e2e_s"), ("p50", "p90", "p99")
     measured = {k: percentiles(logged[k]) for k in keys}
     simulated = {}
@@ -6275,8 +6269,8 @@ def engine_run_study(run, req, sims):
         simulated[label[2:]] = {**{k: metrics[k] for k in keys}, "error": {
             k: {p: metrics[k][p] / measured[k][p] - 1 for p in stats} for k in keys}}
     return {"settings": logged["settings"], "measured": measured, "simulated": simulated,
-            "run": {"slots": run.slots, "chunk_tokens": run.chunk_tokens,
-                    "kv_tokens": run.kv_tokens, "rate": run.rate}}
+            "run": {"slots": run.scheduler.slots, "chunk_tokens": run.scheduler.chunk_tokens,
+                    "kv_tokens": run.scheduler.kv_tokens, "rate": run.workload.rate}}
 
 
 def kv_setup(run, req, device):
@@ -6284,17 +6278,17 @@ def kv_setup(run, req, device):
     -> (the budget's description, the budgets every request fits); a policy a request does not
     fit is left out, and info["unfit"] says why, so its rows print as not fitting."""
     memory_bytes, source = kv_budget_bytes(run, device)
-    per_token = kv_bytes_per_token(run.model)
-    generated = not (run.trace or run.lengths_file)
-    max_output = run.max_output or (LENGTH_MAX if generated else int(req.output.max()))
+    per_token = kv_bytes_per_token(run.hardware.model)
+    generated = not (run.workload.trace or run.workload.lengths_file)
+    max_output = run.scheduler.max_output or (LENGTH_MAX if generated else int(req.output.max()))
     info = {"memory_bytes": memory_bytes, "memory_source": source, "bytes_per_token": per_token,
             "budget_tokens": max(int(memory_bytes // per_token), 0),
-            "block_tokens": run.block_tokens, "max_output": max_output,
-            "watermark": run.watermark, "unfit": {}, **host_tier(run, per_token)}
+            "block_tokens": run.scheduler.block_tokens, "max_output": max_output,
+            "watermark": run.scheduler.watermark, "unfit": {}, **host_tier(run, per_token)}
     budgets = []
-    for policy in run.kv_policies:
-        kv = KVBudget(policy, info["budget_tokens"], run.block_tokens, max_output,
-                      run.watermark, info["host_tokens"],
+    for policy in run.scheduler.kv_policies:
+        kv = KVBudget(policy, info["budget_tokens"], run.scheduler.block_tokens, max_output,
+                      run.scheduler.watermark, info["host_tokens"],
                       per_token / (info["host_link_gbs"] * 1e9))
         why = check_kv_budget(req, kv) if info["budget_tokens"] else {"kind": "kv_no_memory"}
         if why:
@@ -6304,16 +6298,23 @@ def kv_setup(run, req, device):
     return info, budgets
 
 
-def kv_metrics(req, sim, kv):
-    """Memory use of one simulated run: time averages over the makespan, and its latencies."""
-    m, mem = serving_metrics(req, sim), sim["kv"]
+def memory_metrics(req, sim, kv, makespan_s):
+    """Memory use of a simulated run (a fleet's: its replicas' summed, peaks the largest one's):
+    time averages over the makespan."""
+    mem = sim["kv"]
     utilization = mem["held_s"] / mem["alloc_s"] if mem["alloc_s"] else 0.0
-    fragmentation = kv_manager(kv).fragmentation(req, sim, utilization)
-    return {"utilization": utilization, "fragmentation": fragmentation,
+    return {"utilization": utilization,
+            "fragmentation": kv_manager(kv).fragmentation(req, sim, utilization),
             "peak_concurrency": mem["peak_running"],
-            "mean_concurrency": mem["running_s"] / m["makespan_s"],
+            "mean_concurrency": mem["running_s"] / makespan_s,
             "preemptions": mem["preemptions"], "recomputed_tokens": mem["recomputed_tokens"],
-            "max_allocated_tokens": mem["max_alloc"],
+            "max_allocated_tokens": mem["max_alloc"]}
+
+
+def kv_metrics(req, sim, kv):
+    """Memory use of one simulated run (memory_metrics), and its latencies."""
+    m = serving_metrics(req, sim)
+    return {**memory_metrics(req, sim, kv, m["makespan_s"]),
             **{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "makespan_s", "steps",
                                  "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")},
             **prefix_metrics(req, sim)}
@@ -6358,18 +6359,18 @@ def who_waits(run, req, replica, budgets):
     def simulate(orders):
         return dict(zip(orders, run_parallel([(timed_task, (
             f"C who waits {name}", simulate_serving, req, dataclasses.replace(base, order=order)))
-            for name, order in orders.items()], run.jobs)))
+            for name, order in orders.items()], run.measurement.jobs)))
     orders = {name: run_order(run, req.output, name) for name in ORDERS}
     sims = simulate(orders)
-    guard, source = run.max_wait_s, "guard_flag"
+    guard, source = run.scheduler.max_wait_s, "guard_flag"
     if guard is None:
-        guard = float(np.percentile(sims["fcfs"]["start"] - req.arrival_s, 99))
+        guard = float(np.percentile(sims["fcfs"]["times"].start - req.arrival_s, 99))
         source = "guard_fcfs"
     sims.update(simulate({f"{name}_guarded": dataclasses.replace(orders[name], max_wait_s=guard)
                           for name in ("sjf", "predicted")}))
     edges = [int(e) for e in np.quantile(req.output, [1 / 3, 2 / 3])]
-    predicted = order_info(orders["predicted"], req.output, run.seed)
-    info = {"requests": n, "slots": run.slots, "scheduler": "continuous",
+    predicted = order_info(orders["predicted"], req.output, run.workload.seed)
+    info = {"requests": n, "slots": run.scheduler.slots, "scheduler": "continuous",
             "kv_policy": budget.policy if budget else None, "arrivals": arrivals(run),
             "guard_s": guard, "guard_source": source, "length_edges": edges,
             "sigma": predicted["sigma"], "kendall_tau": predicted["kendall_tau"]}
@@ -6384,8 +6385,8 @@ def order_latencies(req, sim, edges):
     arrival."""
     m = serving_metrics(req, sim)
     out = req.output
-    ttft, e2e = sim["first_token"] - req.arrival_s, sim["finish"] - req.arrival_s
-    wait, per_token = sim["start"] - req.arrival_s, e2e / out
+    ttft, e2e = sim["times"].ttft(), sim["times"].e2e()
+    wait, per_token = sim["times"].start - req.arrival_s, e2e / out
     buckets = []
     for name, mask in (("short", out <= edges[0]), ("medium", (out > edges[0])
                                                     & (out <= edges[1])),
@@ -6421,14 +6422,15 @@ def rate_sweep(run, req, replica, continuous):
     """
     req = req.take(slice(SWEEP_REQUESTS))
     capacity = continuous["throughput_rps"]
-    rates = run.rates or tuple(round(f * capacity, 6) for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0,
-                                                                1.2))
-    rng = np.random.default_rng(run.seed + SEED_OFFSET["sweep"])
-    swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.burstiness, rng))
+    rates = run.workload.rates or tuple(round(f * capacity, 6)
+                                        for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.2))
+    rng = random_stream(run, "sweep")
+    swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.workload.burstiness, rng))
              for rate in rates]
     sims = run_parallel([(timed_task, (f"C sweep {rate:g}/s {name}", simulate_serving, r,
                                        dataclasses.replace(replica, scheduler=name, kv=None)))
-                         for rate, r in zip(rates, swept) for name in SCHEDULERS], run.jobs)
+                         for rate, r in zip(rates, swept) for name in SCHEDULERS],
+                        run.measurement.jobs)
     points = []
     for i, (rate, r) in enumerate(zip(rates, swept)):
         row = {"rate_rps": rate}
@@ -6443,10 +6445,11 @@ def rate_sweep(run, req, replica, continuous):
 def save_requests_csv(path, req, sims):
     lines = ["scheduler,id,arrival,prompt,output,start,first_token,finish"]
     for name, sim in sims.items():
+        times = sim["times"]
         for i in range(len(req.output)):
             lines.append(f"{name},{i},{req.arrival_s[i]:.6f},{req.prompt[i]},{req.output[i]},"
-                         f"{sim['start'][i]:.6f},{sim['first_token'][i]:.6f},"
-                         f"{sim['finish'][i]:.6f}")
+                         f"{times.start[i]:.6f},{times.first_token[i]:.6f},"
+                         f"{times.finish[i]:.6f}")
     try:
         write_atomic(path, "\n".join(lines) + "\n")
     except OSError as e:
@@ -6462,26 +6465,29 @@ def every_nth(req, n, offset=0):
     return req.take(slice(offset, None, n))
 
 
-def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s):
-    """A router's latencies and SLO over all requests, and how evenly it spread them."""
+def fleet_summary(req, fleet, slo_ttft_s, slo_tpot_s, kv=None):
+    """A router's latencies and SLO over all requests, how evenly it spread them, and with a
+    KV budget (kv) the memory its replicas used (memory_metrics)."""
     m = serving_metrics(req, fleet, slo_ttft_s, slo_tpot_s)
     per = fleet["per_replica"]
+    memory = memory_metrics(req, fleet, kv, m["makespan_s"]) if "kv" in fleet else {}
     return {**{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "ttft_s", "tpot_s",
                                  "e2e_s", "goodput_rps", "slo_attained") if k in m},
-            **prefix_metrics(req, fleet), "wait_s": percentiles(fleet["start"] - req.arrival_s),
+            **prefix_metrics(req, fleet),
+            "wait_s": percentiles(fleet["times"].start - req.arrival_s),
             "per_replica": per, "iterations": fleet["iterations"],
             "simulation_s": fleet.get("wall_s"),
             "balance": {"requests_min": min(p["requests"] for p in per),
                         "requests_max": max(p["requests"] for p in per),
                         "tokens_min": min(p["output_tokens"] for p in per),
                         "tokens_max": max(p["output_tokens"] for p in per),
-                        "busiest_occupancy": max(p["occupancy"] for p in per)}}
+                        "busiest_occupancy": max(p["occupancy"] for p in per)}, **memory}
 
 
 def run_routers(run):
-    if run.router != "all":
-        return (run.router,)
-    caching = any(KV_MANAGERS[policy].tracks_prefixes for policy in run.kv_policies)
+    if run.scheduler.router != "all":
+        return (run.scheduler.router,)
+    caching = any(KV_MANAGERS[policy].tracks_prefixes for policy in run.scheduler.kv_policies)
     return tuple(name for name, router in ROUTERS.items() if router.in_all or caching)
 
 
@@ -6492,12 +6498,14 @@ def replicas_study(run, req, replica):
     routers = run_routers(run)
     fleets = run_parallel([(timed_task, (
         f"C fleet {router}", simulate_fleet, req, replica,
-        Fleet(run.replicas, router, run.seed + SEED_OFFSET["fleet"]))) for router in routers],
-        run.jobs)
-    return {"replicas": run.replicas, "slots": run.slots, "requests": len(req.output),
+        Fleet(run.scheduler.replicas, router, seed_for(run, "fleet")))) for router in routers],
+        run.measurement.jobs)
+    return {"replicas": run.scheduler.replicas, "slots": run.scheduler.slots,
+            "requests": len(req.output),
             "scheduler": "continuous", "kv_policy": replica.kv.policy if replica.kv else None,
             "arrivals": arrivals(run),
-            "routers": {router: fleet_summary(req, fleet, run.slo_ttft_s, run.slo_tpot_s)
+            "routers": {router: fleet_summary(req, fleet, run.slo.slo_ttft_s, run.slo.slo_tpot_s,
+                                              replica.kv)
                         for router, fleet in zip(routers, fleets)}}, work_of(fleets)
 
 
@@ -6586,7 +6594,7 @@ def unit_rate(run, req, n, seed):
     if req.identity is not None:
         n = min(n, len(req.output))
     cycled = req.take(np.arange(n) % len(req.output))
-    unit = arrival_times(n, 1.0, run.burstiness, np.random.default_rng(seed))
+    unit = arrival_times(n, 1.0, run.workload.burstiness, np.random.default_rng(seed))
     return cycled.take(arrival_s=unit), run_order(run, cycled.output)
 
 
@@ -6595,27 +6603,28 @@ def capacity_study(run, req, replica):
     bisected to 1%), and with --target-rate, the fewest replicas under each router; continuous
     batching under the replica's KV budget."""
     replica = dataclasses.replace(replica, scheduler="continuous")
-    slo = SLO(run.slo_ttft_s, run.slo_tpot_s, run.slo_attainment)
+    slo = SLO(run.slo.slo_ttft_s, run.slo.slo_tpot_s, run.slo.slo_attainment)
     m = max(CAPACITY_REQUESTS, len(req.output))
-    draws = [unit_rate(run, req, m, run.seed + SEED_OFFSET["capacity"] + s)
+    draws = [unit_rate(run, req, m, seed_for(run, "capacity", s))
              for s in range(CAPACITY_SEEDS)]
     log(f"C capacity: bisecting one replica's rate at the SLO, {CAPACITY_SEEDS} draws of "
-        f"{len(draws[0][0].output):,} arrivals on {min(run.jobs, CAPACITY_SEEDS)} worker processes")
+        f"{len(draws[0][0].output):,} arrivals on {min(run.measurement.jobs, CAPACITY_SEEDS)} "
+        "worker processes")
     searches = run_parallel([(capacity_one, (r, dataclasses.replace(replica, order=o), slo))
-                             for r, o in draws], run.jobs)
+                             for r, o in draws], run.measurement.jobs)
     rates = sorted(rate for rate, _ in searches)
     one = rates[len(rates) // 2]
     log(f"C capacity: one replica serves {one:,.3g} requests/s (draws {rates[0]:,.3g}-"
         f"{rates[-1]:,.3g})")
-    result = {"slo_ttft_s": run.slo_ttft_s, "slo_tpot_s": run.slo_tpot_s,
+    result = {"slo_ttft_s": run.slo.slo_ttft_s, "slo_tpot_s": run.slo.slo_tpot_s,
               "attainment": slo.attainment, "requests": len(draws[0][0].output),
               "seeds": CAPACITY_SEEDS, "longest_output": int(req.output.max()),
-              "gpus_per_replica": run.tp, "scheduler": "continuous",
+              "gpus_per_replica": run.hardware.tp, "scheduler": "continuous",
               "kv_policy": replica.kv.policy if replica.kv else None,
               "one_replica": {"rate_rps": one, "rates_rps": rates,
                               "output_tokens_per_s": one * float(req.output.mean()),
                               "tried": searches[0][1]}}
-    if run.target_rate is not None:
+    if run.slo.target_rate is not None:
         result.update(fleet_capacity(run, req, replica, slo, one, m))
     return result
 
@@ -6626,13 +6635,13 @@ def fleet_capacity(run, req, replica, slo, one, m):
     if one == 0.0:
         raise UsageError("no arrival rate meets the SLO on one replica (even a nearly idle one "
                          "misses it): loosen --slo-ttft-ms / --slo-tpot-ms")
-    start = max(1, math.floor(0.7 * run.target_rate / one)) if math.isfinite(one) else 1
+    start = max(1, math.floor(0.7 * run.slo.target_rate / one)) if math.isfinite(one) else 1
     if start > REPLICAS_MAX:
-        raise UsageError(f"--target-rate {run.target_rate:g}: one replica serves {one:.3g} "
+        raise UsageError(f"--target-rate {run.slo.target_rate:g}: one replica serves {one:.3g} "
                          f"requests/s at the SLO, so even {REPLICAS_MAX:,} replicas cannot")
     # as many requests per replica (at the count the search starts from) as one replica's
     # search had: a finite run past capacity fails a loose SLO late, so the horizon matters
-    seed = run.seed + SEED_OFFSET["replicas"]
+    seed = seed_for(run, "replicas")
     base, order = unit_rate(run, req, min(m * start, 200_000), seed)
     replica = dataclasses.replace(replica, order=order)
     searches = [("routers", router, replica) for router in run_routers(run)]
@@ -6641,12 +6650,12 @@ def fleet_capacity(run, req, replica, slo, one, m):
             p for p, manager in KV_MANAGERS.items() if manager.caching == replica.kv.policy)))
         searches += [("without_caching", router, plain) for _, router, _ in searches
                      if ROUTERS[router].in_all]  # (cache-aware: least-requests, without)
-    log(f"C capacity: the fewest replicas for {run.target_rate:g} requests/s, "
+    log(f"C capacity: the fewest replicas for {run.slo.target_rate:g} requests/s, "
         f"{len(searches)} searches (routers, with and without caching), from {start:,} up")
     found = run_parallel([(fewest_replicas, (base, spec, slo, Fleet(start, router, seed),
-                                             run.target_rate, start))
-                          for _, router, spec in searches], run.jobs)
-    result = {"target_rate": run.target_rate, "fleet_requests": len(base.output)}
+                                             run.slo.target_rate, start))
+                          for _, router, spec in searches], run.measurement.jobs)
+    result = {"target_rate": run.slo.target_rate, "fleet_requests": len(base.output)}
     for (group, router, _), (replicas, tried) in zip(searches, found):
         result.setdefault(group, {})[router] = {
             "replicas": replicas, "attainment": tried.get(replicas),
@@ -6673,7 +6682,7 @@ def prefix_metrics(req, sim):
     hit = np.zeros(len(req.output))
     if p["hits"]:
         hit[list(p["hits"])] = list(p["hits"].values())
-    share, ttft = hit / req.prompt, sim["first_token"] - req.arrival_s
+    share, ttft = hit / req.prompt, sim["times"].ttft()
     queried, card, host = p["queried_tokens"], p["hit_tokens"], p["host_hit_tokens"]
     buckets = []
     for name, low, high in HIT_BUCKETS:
@@ -6713,7 +6722,7 @@ def prefix_study(run, req, replica, info, budgets):
         ("unlimited", None, dataclasses.replace(kv, capacity_tokens=math.inf, host_tokens=0))]
     sims = run_parallel([(timed_task, (f"C prefix {tier} {share}", simulate_serving, req,
                                        dataclasses.replace(base, kv=budget)))
-                         for tier, share, budget in runs], run.jobs)
+                         for tier, share, budget in runs], run.measurement.jobs)
     result = {"budget_tokens": info["budget_tokens"], "host_tokens": host,
               "host_link": info["host_link"], "host_link_gbs": info["host_link_gbs"],
               **{tier: [] for tier in ("card", "card_host", "unlimited")}}
@@ -6721,10 +6730,10 @@ def prefix_study(run, req, replica, info, budgets):
         m = kv_metrics(req, sim, budget)
         result[tier].append({"share": share, "capacity_tokens": budget.capacity_tokens,
                              "ttft_s": m["ttft_s"], **m[PREFIX_REPORT]})
-    if run.slo_ttft_s or run.slo_tpot_s:
+    if run.slo.slo_ttft_s or run.slo.slo_tpot_s:
         paged = dataclasses.replace(kv, policy=next(p for p, m in KV_MANAGERS.items()
                                                     if m.caching == kv.policy))
-        without = capacity_study(dataclasses.replace(run, target_rate=None), req,
+        without = capacity_study(run.replace(target_rate=None), req,
                                  dataclasses.replace(base, kv=paged))
         result["capacity_without_caching_rps"] = without["one_replica"]["rate_rps"]
     return result, work_of(sims)
@@ -6732,9 +6741,10 @@ def prefix_study(run, req, replica, info, budgets):
 
 def host_tier(run, per_token):
     """A prefix cache's host tier (--host-kv-gb): its tokens, and the card's link to it."""
-    link, gbs = HOST_LINKS.get(run.gpu) or (
-        (GPUS[run.gpu].link, GPUS[run.gpu].link_gbs) if run.gpu else _PCIE4)
-    host_bytes = (run.host_kv_gb or 0) * 1e9
+    link, gbs = HOST_LINKS.get(run.hardware.gpu) or (
+        (GPUS[run.hardware.gpu].link, GPUS[run.hardware.gpu].link_gbs) if run.hardware.gpu
+        else _PCIE4)
+    host_bytes = (run.scheduler.host_kv_gb or 0) * 1e9
     return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
             "host_link": link, "host_link_gbs": gbs}
 
@@ -6747,24 +6757,31 @@ def host_tier(run, per_token):
 # rows admitted together share a position and one attention span.
 
 
-def run_engine(model, cache, prompts, output_lens, policy, pad=False, order=None,
-               arrival_s=None, prefix=None):
-    """Serve every request under `policy` ("static" or "continuous"), greedily.
+class EngineRequests(NamedTuple):
+    """What D's engine serves. prompts: (n, P) tokens on the model's device; output_lens:
+    tokens each request generates (exactly that many: end-of-sequence is ignored, as serving
+    benchmarks do); arrival_s: each one's arrival on the wall clock, seconds after the start
+    (None: all at once); prefix: an EnginePrefix, whose system prompts' K/V the engine keeps
+    once computed (None: every prompt prefilled whole)."""
+    prompts: torch.Tensor
+    output_lens: list
+    arrival_s: object = None
+    prefix: object = None
 
-    prompts: (n, P) tokens on the model's device; output_lens: tokens each request generates
-    (exactly that many: end-of-sequence is ignored, as serving benchmarks do). Requests wait in
-    the simulation's own queue (order: an Order; None: first come, first served), each from its
-    arrival on the wall clock (arrival_s, seconds after the start; None: all at once). Each
-    step admits waiting requests into free rows (continuous: every step; static: only once the
-    batch has emptied), prefills them (the prefill emits their first token), then decodes every
-    other running request one token. pad: a decode whose rows sit at several positions attends
-    in one call padded to the longest row (see decode_step). prefix: an EnginePrefix, whose
-    system prompts' K/V the engine keeps once computed (None: every prompt prefilled whole).
+
+def run_engine(model, cache, requests, policy, pad=False, order=None):
+    """Serve every request (EngineRequests) under `policy` ("static" or "continuous"),
+    greedily. Requests wait in the simulation's own queue (order: an Order; None: first come,
+    first served), each from its arrival on the wall clock. Each step admits waiting requests
+    into free rows (continuous: every step; static: only once the batch has emptied), prefills
+    them (the prefill emits their first token), then decodes every other running request one
+    token. pad: a decode whose rows sit at several positions attends in one call padded to the
+    longest row (see decode_step).
     -> generated tokens per request, and a log: every pass timed, every step's time and
-    occupancy, and per request the steps and seconds of its admission, first token and last.
+    occupancy, and log["times"], a RequestTimes: per request the seconds (from the run's start)
+    of its admission, first token and last, and the steps of those two tokens.
     """
-    return Engine(model, cache, prompts, output_lens, policy, pad, order, arrival_s,
-                  prefix).serve()
+    return Engine(model, cache, requests, policy, pad, order).serve()
 
 
 class EnginePrefix:
@@ -6796,11 +6813,10 @@ class Engine:
     plan and commit: admission from the simulation's own queue, then the passes on the device,
     then the tokens recorded and the finished requests' rows refilled."""
 
-    def __init__(self, model, cache, prompts, output_lens, policy, pad, order, arrival_s,
-                 prefix=None):
+    def __init__(self, model, cache, requests, policy, pad, order):
+        prompts, output_lens, arrival_s, self.prefix = requests
         self.model, self.cache, self.prompts, self.policy, self.pad = model, cache, prompts, \
             policy, pad
-        self.prefix = prefix
         self.device, self.prompt_len = prompts.device, prompts.shape[1]
         self.slots, n = cache.shape[2], len(output_lens)
         self.output_lens = list(output_lens)
@@ -6812,13 +6828,11 @@ class Engine:
         self.running, self.position = [], []  # the request and next position of each row
         self.next_token = torch.zeros(self.slots, dtype=torch.long, device=self.device)
         self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
-        ledger = self.ledger
         self.elog = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0,
                     "attention_calls": 0, "decode_steps": 0, "padded_decode_steps": 0,
                     "passes": [],  # (tokens, cached tokens, seconds)
                     "prefill_passes": [],  # their indices in passes
-                    "hit_tokens": [0] * n, "first_step": [0] * n, "finish_step": [0] * n, "start_s": ledger.start,
-                    "first_s": ledger.first, "finish_s": ledger.finish, "idle_s": 0.0}
+                    "hit_tokens": [0] * n, "idle_s": 0.0}
 
     def serve(self):
         self.sync()
@@ -6830,6 +6844,7 @@ class Engine:
             self.retire(self.forward(new))
         self.sync()
         self.elog["wall_s"] = time.perf_counter() - self.t0
+        self.elog["times"] = self.ledger.times()  # (its times on the wall clock from t0)
         return self.generated, self.elog
 
     def admit(self):
@@ -6911,11 +6926,11 @@ class Engine:
         elog["t_s"].append(now)
         elog["running"].append(len(running))
         for r in new:
-            elog["first_step"][r], ledger.first[r] = step, now
+            ledger.first_step[r], ledger.first_token[r] = step, now
         finished = [i for i, r in enumerate(running)
                     if len(self.generated[r]) == self.output_lens[r]]
         for row in reversed(finished):
-            elog["finish_step"][running[row]], ledger.finish[running[row]] = step, now
+            ledger.finish_step[running[row]], ledger.finish[running[row]] = step, now
             last = len(running) - 1
             if row != last:
                 m = position[last]
@@ -6936,29 +6951,30 @@ class Engine:
 def engine_requests(run):
     """D's requests: output lengths of C's law (divided by --engine-shrink, at least 1), and
     their arrivals (--rate: Poisson, on the wall clock; else all at once)."""
-    n, P = run.engine_requests, run.engine_prompt_len
+    n, P = run.engine.engine_requests, run.engine.engine_prompt_len
     need, free = n * (P + 32) * 8, free_host_memory_bytes()
     if need > 0.5 * free:  # its prompts, and a list of tokens for each
         raise UsageError(f"D: {n:,} requests of {P:,} prompt tokens would need about "
                          f"{gib(need)} of memory, and {gib(free)} is free")
-    lengths = np.maximum(lognormal_lengths(n, run.seed) // run.engine_shrink, 1)
-    rng = np.random.default_rng(run.seed + SEED_OFFSET["engine_arrivals"])
-    arrival = arrival_times(n, run.rate, run.burstiness, rng) if isinstance(run.rate, float) \
-        else None
+    lengths = np.maximum(lognormal_lengths(n, run.workload.seed) // run.engine.engine_shrink, 1)
+    rng = random_stream(run, "engine_arrivals")
+    arrival = arrival_times(n, run.workload.rate, run.workload.burstiness, rng) \
+        if isinstance(run.workload.rate, float) else None
     return lengths, arrival
 
 
 def check_engine(run, lengths):
     """D's requests must fit the model's positions; its system prompts (which open its
     prompts, --prompt-len tokens of their own following) must be whole blocks."""
-    if run.prefix_len % run.block_tokens:
-        raise UsageError(f"D: --prefix-len {run.prefix_len} must be whole blocks of "
-                         f"--block-tokens {run.block_tokens}, as the engine keeps them")
-    longest = run.engine_prompt_len + int(lengths.max())
-    if longest > run.model.max_positions:
-        raise UsageError(f"D: a request of {longest:,} tokens (prompt {run.engine_prompt_len} + "
-                         f"output {lengths.max():,}) exceeds --max-positions "
-                         f"{run.model.max_positions:,}")
+    if run.workload.prefix_len % run.scheduler.block_tokens:
+        raise UsageError(f"D: --prefix-len {run.workload.prefix_len} must be whole blocks of "
+                         f"--block-tokens {run.scheduler.block_tokens}, as the engine keeps them")
+    longest = run.engine.engine_prompt_len + int(lengths.max())
+    if longest > run.hardware.model.max_positions:
+        raise UsageError(f"D: a request of {longest:,} tokens (prompt "
+                         f"{run.engine.engine_prompt_len} + output {lengths.max():,}) exceeds "
+                         "--max-positions "
+                         f"{run.hardware.model.max_positions:,}")
 
 
 def engine_costs(bench, prompt_len, pad):
@@ -6972,9 +6988,9 @@ def engine_costs(bench, prompt_len, pad):
     per span (each row its own: a call per row, an upper bound on the engine's) or, with pad,
     in one padded call (its cost per cached token then carries the padding read).
     -> (costs of one-span decodes, costs of spread decodes, the timed rows)"""
-    run, budget_s = bench.run, bench.run.time_budget_s / 2
+    run, budget_s = bench.run, bench.run.measurement.time_budget_s / 2
     long_context = min(prompt_len + 512, bench.cfg.max_positions - 1)
-    batches = sorted({1, max(1, run.engine_slots // 4), run.engine_slots})
+    batches = sorted({1, max(1, run.engine.engine_slots // 4), run.engine.engine_slots})
 
     def row(t, **shape):
         return {**shape, "step_ms": t["mean_ms"], "median_ms": t["median_ms"],
@@ -6988,7 +7004,7 @@ def engine_costs(bench, prompt_len, pad):
                for b in batches if b > 1]  # (a single row has nothing to spread)
     prefills = [row(bench.time_prefill(prompt_len, batch, budget_s=budget_s), batch=batch,
                     tokens=batch * prompt_len, spread=False, padded=False)
-                for batch in sorted({1, run.engine_slots})]
+                for batch in sorted({1, run.engine.engine_slots})]
     source = {"kind": "pricing_engine", "device": device_name(bench.device)}
     one_span = fit_step_costs([r for r in decode if not r["spread"]], prefills, prompt_len,
                               0.0, source)
@@ -7001,19 +7017,19 @@ def engine_costs(bench, prompt_len, pad):
 LATENCIES = ("makespan_s", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s")
 
 
-def latencies(arrival, first, finish):
-    """The run's makespan and its requests' TTFT and E2E, p50 and p90."""
-    ttft, e2e = np.asarray(first) - arrival, np.asarray(finish) - arrival
-    (t50, t90), (e50, e90) = np.percentile(ttft, [50, 90]), np.percentile(e2e, [50, 90])
-    return {"makespan_s": float(np.max(finish) - np.min(arrival)), "ttft_p50_s": float(t50),
-            "ttft_p90_s": float(t90), "e2e_p50_s": float(e50), "e2e_p90_s": float(e90)}
+def latencies(times):
+    """A run's makespan and its requests' TTFT and E2E, p50 and p90 (RequestTimes.summary's)."""
+    summary = times.summary()
+    ttft, e2e = summary["ttft_s"], summary["e2e_s"]
+    return {"makespan_s": summary["makespan_s"], "ttft_p50_s": ttft["p50"],
+            "ttft_p90_s": ttft["p90"], "e2e_p50_s": e2e["p50"], "e2e_p90_s": e2e["p90"]}
 
 
-def steps_check(elog, sim):
+def steps_check(engine_times, sim_times):
     """Every request's first-token step and finish step, the engine's against the
     simulation's; the first request where they differ."""
-    engine = np.array([elog["first_step"], elog["finish_step"]])
-    simulated = np.array([sim["first_step"], sim["finish_step"]])
+    engine = np.array([engine_times.first_step, engine_times.finish_step])
+    simulated = np.array([sim_times.first_step, sim_times.finish_step])
     differ = np.flatnonzero((engine != simulated).any(axis=0))
     check = {"requests": engine.shape[1], "agree": int(engine.shape[1] - len(differ))}
     if len(differ):
@@ -7031,7 +7047,7 @@ def run_serving_engine(bench, lengths, arrival, log):
     timing passes predict a run?) and priced with the run's own passes (the scheduling
     model's test, free of the machine's drift between timing and running)."""
     run, cfg, device = bench.run, bench.cfg, bench.device
-    n, P, slots = len(lengths), run.engine_prompt_len, run.engine_slots
+    n, P, slots = len(lengths), run.engine.engine_prompt_len, run.engine.engine_slots
     pad = engine_attention(run, device)
     one_span, spread, cost_rows = engine_costs(bench, P, pad)
     for name, costs in (("one span", one_span), ("spread", spread)):
@@ -7044,17 +7060,17 @@ def run_serving_engine(bench, lengths, arrival, log):
     prompts = engine_prompts(run, cfg.vocab, n, system).to(device)
     cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2), device)
     warm = min(2, n, slots)  # warm the engine: a prefill and a decode step
-    run_engine(bench.model, cache, prompts[:warm], [2] * warm, "continuous", pad)
+    run_engine(bench.model, cache, EngineRequests(prompts[:warm], [2] * warm), "continuous", pad)
     at_zero = arrival is None
     req = Requests(np.zeros(n) if at_zero else arrival, np.full(n, P), lengths)
     replica = Replica(slots, one_span, order=run_order(run, lengths))
     result = {"requests": n, "slots": slots, "prompt_tokens": P,
-              "shrink": run.engine_shrink * divisor,
+              "shrink": run.engine.engine_shrink * divisor,
               "bound": {"bound_s": ENGINE_BOUND_S, "priced_s": priced_s[0],
                         "shrunk_by": divisor, "priced_shrunk_s": priced_s[1]},
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
                           "max": int(lengths.max()), "total": int(lengths.sum())},
-              "order": order_info(replica.order, lengths, run.seed),
+              "order": order_info(replica.order, lengths, run.workload.seed),
               "arrivals": arrivals(run) if not at_zero else {"kind": "arrivals_zero"},
               "attention": "padded" if pad else "spans",
               **attention_policy(decode_kernel(bench, slots, P + int(lengths.max()), pad)),
@@ -7062,14 +7078,14 @@ def run_serving_engine(bench, lengths, arrival, log):
               "cost_model_spread": spread.as_dict()}
     runs = [("static", None), ("continuous", None)]
     if system is not None:  # the continuous run again, with its prefix cache
-        runs.append(("prefix", EnginePrefix(system, run.prefix_len)))
+        runs.append(("prefix", EnginePrefix(system, run.workload.prefix_len)))
     for name, prefix in runs:
         policy = "continuous" if prefix else name
-        generated, elog = run_engine(bench.model, cache, prompts, lengths.tolist(), policy,
-                                     pad, replica.order, arrival, prefix)
+        generated, elog = run_engine(bench.model, cache, EngineRequests(
+            prompts, lengths.tolist(), arrival, prefix), policy, pad, replica.order)
         served = req if not prefix else dataclasses.replace(req, identity=SharedPrompts(
-            system, np.full(run.num_prefixes, run.prefix_len), np.full(n, -1)))
-        kv = KVBudget("prefix", math.inf, run.block_tokens) if prefix else None
+            system, np.full(run.workload.num_prefixes, run.workload.prefix_len), np.full(n, -1)))
+        kv = KVBudget("prefix", math.inf, run.scheduler.block_tokens) if prefix else None
         result[name] = d = engine_against_simulation(
             served, elog, dataclasses.replace(replica, scheduler=policy, kv=kv), spread, at_zero)
         log(f"D {name}: {d['wall_s']:.2f} s measured, {d['predicted']['wall_s']:.2f} s "
@@ -7095,24 +7111,27 @@ def log_step_costs(log, name, costs):
 def engine_prompts(run, vocab, n, system):
     """D's prompts, random tokens on the CPU; each system prompt's tokens open every prompt
     it opens (system: see engine_system_prompts)."""
-    g = torch.Generator(device="cpu").manual_seed(run.seed + SEED_OFFSET["prompts"])
-    prompts = torch.randint(vocab, (n, run.engine_prompt_len), generator=g)
+    g = torch.Generator(device="cpu").manual_seed(seed_for(run, "prompts"))
+    prompts = torch.randint(vocab, (n, run.engine.engine_prompt_len), generator=g)
     if system is not None:
-        texts = torch.randint(vocab, (run.num_prefixes, run.prefix_len), generator=g)
-        prompts[system >= 0, :run.prefix_len] = texts[system[system >= 0]]
+        texts = torch.randint(vocab, (run.workload.num_prefixes, run.workload.prefix_len),
+                              generator=g)
+        prompts[system >= 0, :run.workload.prefix_len] = texts[system[system >= 0]]
     return prompts
 
 
 def engine_system_prompts(run, arrival, lengths):
     """D's system prompts (--prefix-len): the one opening each request (-1: none), drawn as C
     draws them (shared_prompts), or None where D's prompts share nothing."""
-    if not run.prefix_len:
+    if not run.workload.prefix_len:
         return None
     n = len(lengths)
-    prefix = PrefixWorkload(run.prefix_len, run.num_prefixes, run.prefix_share, run.prefix_zipf)
+    work = run.workload
+    prefix = PrefixWorkload(work.prefix_len, work.num_prefixes, work.prefix_share,
+                            work.prefix_zipf)
     opened = shared_prompts(Requests(np.zeros(n) if arrival is None else arrival, np.zeros(n),
                                      lengths), prefix,
-                            np.random.default_rng(run.seed + SEED_OFFSET["prefixes"]))
+                            random_stream(run, "prefixes"))
     return np.asarray(opened.identity.system)
 
 
@@ -7123,7 +7142,7 @@ def prefix_check(result, elog, generated, plain, run):
     cached, plain_run = result["prefix"], result["continuous"]
     saved = plain_run["wall_s"] - cached["wall_s"]
     predicted = plain_run["predicted"]["wall_s"] - cached["predicted"]["wall_s"]
-    return {"tokens_identical": generated == plain, "prefix_tokens": run.prefix_len,
+    return {"tokens_identical": generated == plain, "prefix_tokens": run.workload.prefix_len,
             "prompt_tokens": result["requests"] * result["prompt_tokens"],
             "hit_tokens": int(sum(elog["hit_tokens"])),
             "hit_tokens_simulated": cached.get("hit_tokens_simulated"),
@@ -7143,14 +7162,14 @@ def bounded_lengths(run, lengths, arrival, one_span, spread):
     with the costs just timed (static one-span, continuous spread), the outputs divided until
     they fit. -> (lengths, divisor, (priced s as given, priced s as run)); a one-line error
     where outputs of a token each would still take longer."""
-    n, P = len(lengths), run.engine_prompt_len
+    n, P = len(lengths), run.engine.engine_prompt_len
     arrival = np.zeros(n) if arrival is None else arrival
 
     def priced(out):
         req = Requests(arrival, np.full(n, P), out)
-        replica = Replica(run.engine_slots, one_span, order=run_order(run, out))
+        replica = Replica(run.engine.engine_slots, one_span, order=run_order(run, out))
         return sum(float(simulate_serving(req, dataclasses.replace(
-            replica, scheduler=policy, costs=costs))["finish"].max())
+            replica, scheduler=policy, costs=costs))["times"].finish.max())
             for policy, costs in (("static", one_span), ("continuous", spread)))
     first = seconds = priced(lengths)
     divisor, shrunk = 1, lengths
@@ -7180,6 +7199,7 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
     is_prefill[elog["prefill_passes"]] = True
     decode, prefill = passes[~is_prefill], passes[is_prefill]
     steps, wall, slots = len(elog["t_s"]), elog["wall_s"], replica.slots
+    measured = elog["times"]
     t, running = zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))
     return {
         "wall_s": wall, "output_tokens_per_s": float(req.output.sum()) / wall, "steps": steps,
@@ -7189,25 +7209,25 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
         "idle_s": elog["idle_s"], "decode_steps": elog["decode_steps"],
         "padded_decode_steps": elog["padded_decode_steps"],
         "attention_calls_per_decode": elog["attention_calls"] / max(elog["decode_steps"], 1),
-        "predicted": {"wall_s": float(sim["finish"].max()), "steps": sim["steps"],
+        "predicted": {"wall_s": float(sim["times"].finish.max()), "steps": sim["steps"],
                       "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"],
                       "cost_model": "spread" if several else "one_span"},
-        "steps_check": steps_check(elog, sim) if at_zero else None,
-        "latency": {"measured": latencies(req.arrival_s, elog["first_s"], elog["finish_s"]),
-                    "passes": latencies(req.arrival_s, replay["first_token"], replay["finish"]),
-                    "priced": latencies(req.arrival_s, sim["first_token"], sim["finish"])},
+        "steps_check": steps_check(measured, sim["times"]) if at_zero else None,
+        "latency": {"measured": latencies(measured), "passes": latencies(replay["times"]),
+                    "priced": latencies(sim["times"])},
         # the step costs timed beforehand against the run's own passes (sums by kind)
         "passes_priced": {kind: {"passes": len(p), "measured_s": float(p[:, 2].sum()),
                                  "priced_s": float(sum(replica.costs.pass_s(int(k), v)
                                                        for k, v, _ in p))}
                           for kind, p in (("decode", decode), ("prefill", prefill))},
-        "per_request": {"engine_first_step": elog["first_step"],
-                        "engine_finish_step": elog["finish_step"],
-                        "simulated_first_step": sim["first_step"],
-                        "simulated_finish_step": sim["finish_step"],
-                        "measured_first_s": elog["first_s"], "measured_finish_s": elog["finish_s"],
-                        "passes_first_s": replay["first_token"],
-                        "passes_finish_s": replay["finish"]},
+        "per_request": {"engine_first_step": measured.first_step.tolist(),
+                        "engine_finish_step": measured.finish_step.tolist(),
+                        "simulated_first_step": sim["times"].first_step,
+                        "simulated_finish_step": sim["times"].finish_step,
+                        "measured_first_s": measured.first_token.tolist(),
+                        "measured_finish_s": measured.finish.tolist(),
+                        "passes_first_s": replay["times"].first_token,
+                        "passes_finish_s": replay["times"].finish},
         "timeline": {"t_s": t, "running": running},
         **({"hit_tokens_simulated": sim[PREFIX_REPORT]["hit_tokens"]} if PREFIX_REPORT in sim
            else {})}
@@ -8647,6 +8667,7 @@ def draw_one(plot, results, path, dpi, fmt):
 
 # -----------------------------------------------------------------------------
 # flag types: argparse types that refuse a bad value in one line, and the parser's form
+# Then what the flags fill: RunConfig, a frozen group of settings for each group of flags.
 
 
 def integer(low=1, high=COUNT_MAX):
@@ -8805,13 +8826,168 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             action, self._get_default_metavar_for_optional(action))
 
 
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """The requests C (and D) serve: how many, their lengths, arrivals and shared prefixes."""
+    requests: int = 600
+    seed: int = LENGTH_SEED
+    lengths_file: str = None
+    prompt_len: int = 128         # prompt tokens of each generated request
+    trace: str = None             # a request trace CSV (replaces the generated lengths)
+    trace_limit: int = None
+    rate: object = None           # requests/s (float), "trace" (its timestamps), None (all at 0)
+    burstiness: float = 1.0       # shape of the gamma gaps: 1 = Poisson, below 1 burstier
+    rates: tuple = None           # the rate sweep (default: fractions of capacity)
+    prefix_len: int = 0           # generated requests: system prompts' tokens (0: none)
+    num_prefixes: int = 1         # how many system prompts
+    prefix_share: float = 1.0     # share of conversations a system prompt opens
+    prefix_zipf: float = 1.0      # their popularity: the i-th as 1 / i^zipf
+    turns: int = 1                # turns per conversation
+    think_time_s: float = 0.0     # mean gap between a conversation's turns
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """The model and what it runs on (A, B, D's device; C's card and prices)."""
+    model: ModelConfig
+    device: str = None            # "cuda" or "cpu"; None when only C runs
+    peak_bandwidth_gbs: float = None  # replace the measured ceilings
+    peak_tflops: float = None
+    cost: str = None              # "measured", "analytic"; default measured when A ran
+    gpu: str = None               # a named card (GPUS) C prices and budgets for
+    tp: int = 1                   # C: cards per replica, tensor parallel
+    ep: int = 1                   # C: each replica one card of an expert-parallel group
+    weight_first_rows: int = 0    # CPU matmuls of up to this many rows as W x^T (see linear)
+    engine_profile: str = "tensorrt-llm"  # how C prices the card (ENGINE_PROFILES)
+    preset: tuple = ()            # the model fields the CPU preset set ("layers=4", ...)
+    dtype_given: bool = False     # --dtype was given (else on CPU a probe chooses)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """C's replicas: seats, the step budget, the queue's order, the router, the KV cache."""
+    slots: int = 32
+    chunk_tokens: int = 512       # chunked prefill: tokens per step, decodes included
+    order: str = "fcfs"           # the waiting queue's order (see Order)
+    predict_sigma: float = 0.8    # "predicted": log-normal error of the predicted lengths
+    max_wait_s: float = None      # the starvation guard (None: off)
+    replicas: int = 1             # C: identical replicas behind a router
+    router: str = "all"           # the routers C's fleet and capacity studies compare
+    kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged", "prefix" or "both"
+    enable_prefix_caching: bool = False  # paged blocks keep computed prefixes (policy "prefix")
+    host_kv_gb: float = None      # prefix: a second tier of blocks in host memory
+    prefix_study: bool = False    # the prefix cache's hits against its capacity (a figure)
+    kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
+    kv_tokens: int = None         # the KV cache in tokens (replaces kv_memory_gb)
+    block_tokens: int = 16        # paged: tokens per block
+    max_output: int = None        # reserve: output tokens reserved per request
+    watermark: float = 0.01       # paged: share of the blocks admission keeps free (vLLM's)
+
+    @property
+    def kv_policies(self):
+        policies = tuple(p for p, m in KV_MANAGERS.items() if m.in_both) \
+            if self.kv_policy == "both" else (self.kv_policy,)
+        return tuple(KV_MANAGERS[p].caching or p if self.enable_prefix_caching else p
+                     for p in policies)
+
+
+@dataclass(frozen=True)
+class SLOConfig:
+    """The latency bounds C's goodput and capacity search hold requests to."""
+    slo_ttft_s: float = None
+    slo_tpot_s: float = None
+    slo_attainment: float = 0.9   # the share of requests that must meet the SLO
+    target_rate: float = None     # requests/s C finds the fewest replicas for
+
+
+@dataclass(frozen=True)
+class MeasurementConfig:
+    """What runs and how it is timed: the experiments, A's and B's shapes, repetitions."""
+    experiments: str = EXPERIMENTS
+    quick: bool = False
+    batch_sizes: tuple = (1, 8, 32, 128, 256)
+    context: int = 128            # tokens already in each row's KV cache when a decode step runs
+    contexts: tuple = (128,)      # A sweeps every batch size at each of these contexts
+    graphs: str = "eager"         # "eager", "graph" or "both": CUDA graphs for decode (CUDA only)
+    prefill_lengths: tuple = (512, 2048)
+    decode_batches: tuple = (1, 32)
+    jobs: int = 1                 # worker processes for C's independent simulations
+    warmup: int = 3               # untimed calls at each shape
+    reps: int = 50                # timed calls at each shape (fewer if a call is slow)
+    time_budget_s: float = 2.0    # per shape: stop repeating after this, but keep >= 5 calls
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """D's engine: its requests, slots, prompt tokens, output divisor and attention. The
+    defaults: the run's own; run_config resolves them by device (engine_fields)."""
+    engine_requests: int = WorkloadConfig.requests
+    engine_slots: int = SchedulerConfig.slots
+    engine_prompt_len: int = WorkloadConfig.prompt_len  # (with --prefix-len: the prefix first)
+    engine_shrink: int = 1
+    engine_attention: str = "auto"  # D's decode attention: "spans", "padded", or by device
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where the results, tables and figures go, and in which language."""
+    out: str = "figures"
+    figures: bool = True
+    dpi: int = 100
+    format: str = "png"
+    lang: str = "en"
+    save_requests: str = None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A run's settings, a frozen group for each group of flags (run.workload.requests,
+    run.scheduler.slots, ...). RunConfig.of and replace take fields by their own names."""
+    workload: WorkloadConfig
+    hardware: HardwareConfig
+    scheduler: SchedulerConfig
+    slo: SLOConfig
+    measurement: MeasurementConfig
+    engine: EngineConfig
+    output: OutputConfig
+
+    @classmethod
+    def of(cls, **fields):
+        """A run from fields by name, each group's defaults for the rest."""
+        known_fields(fields)
+        return cls(**{name: group(**{f: v for f, v in fields.items() if RUN_GROUP[f] == name})
+                      for name, group in RUN_GROUPS.items()})
+
+    def replace(self, **fields):
+        """This run with fields changed by name (each in its group)."""
+        known_fields(fields)
+        return dataclasses.replace(self, **{name: dataclasses.replace(
+            getattr(self, name), **{f: v for f, v in fields.items() if RUN_GROUP[f] == name})
+            for name in {RUN_GROUP[f] for f in fields}})
+
+    def flat(self):
+        """Every field by name, the groups in order (results.json's "config")."""
+        return {k: v for name in RUN_GROUPS
+                for k, v in dataclasses.asdict(getattr(self, name)).items()}
+
+
+def known_fields(fields):
+    """RunConfig.of's and replace's names, each a field of a group, or a TypeError naming them."""
+    unknown = set(fields) - set(RUN_FIELDS)
+    if unknown:
+        raise TypeError(f"RunConfig has no field {', '.join(sorted(unknown))}")
+
+
+RUN_GROUPS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+RUN_FIELDS = {f.name: f for group in RUN_GROUPS.values() for f in dataclasses.fields(group)}
+RUN_GROUP = {f: name for name, group in RUN_GROUPS.items()
+             for f in (g.name for g in dataclasses.fields(group))}
+
 
 # -----------------------------------------------------------------------------
 # flags: argv to a RunConfig, in groups by task
 
 HELP_WIDTH = 100
-
-RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 METAVARS = {integer: "N", integers: "N,..", number: "X", numbers: "X,..",
             milliseconds: "MS", attainment: "P", fraction: "X", rate_value: "RATE"}
@@ -8872,6 +9048,8 @@ def workload_flags(p):
 
 
 def prefix_flags(p):
+    """Two RunConfig groups' flags in one: the workload's prompts that repeat (--prefix-len
+    to --think-time-s) and the scheduler's cache that keeps them (the other three)."""
     w = p.add_argument_group("shared prefixes: prompts that repeat, and the cache that keeps them")
     add_flag(w, "--enable-prefix-caching", action="store_true",
              help="paged blocks keep computed prefixes (the policy 'prefix'; vLLM's flag)")
@@ -8936,6 +9114,10 @@ def model_flags(p):
              "peaks: roofline, tensorrt-llm, gpt-fast, vllm, or --calibrate's file")
     add_flag(m, "--cost", choices=["measured", "analytic"], shown="measured when A runs",
              help="C's prices: A/B's rows or a roofline")
+    add_flag(m, "--peak-bandwidth-gbs", type=number(1e-3, 1e7), shown="measured",
+             help="bandwidth ceiling, GB/s, to use instead")
+    add_flag(m, "--peak-tflops", type=number(1e-6, 1e7), shown="measured",
+             help="matmul TFLOP/s ceiling to use instead")
 
 
 def scheduler_flags(p):
@@ -8991,10 +9173,6 @@ def measurement_flags(p):
     add_flag(m, "--decode-batches", type=integers, help="B's decode batches")
     add_flag(m, "--warmup", type=integer(0), help="untimed calls a shape")
     add_flag(m, "--reps", type=integer(), help="timed calls a shape, at most")
-    add_flag(m, "--peak-bandwidth-gbs", type=number(1e-3, 1e7), shown="measured",
-             help="bandwidth to use instead")
-    add_flag(m, "--peak-tflops", type=number(1e-6, 1e7), shown="measured",
-             help="matmul TFLOP/s to use instead")
     add_flag(m, "--jobs", type=integer(1, 1024), default=os.cpu_count() or 1,
              shown=f"the cores: {os.cpu_count()}", help="C's worker processes")
     add_flag(m, "--cluster", metavar="ADDRESS", default=None, shown="none",
@@ -9069,28 +9247,33 @@ def run_config(args):
     if args.arch == "post":  # no KV cache: the context changes nothing
         contexts = (args.context,)
     graphs = {"on": "graph", "off": "eager", "both": "both", None: "both" if cuda else "eager"}
-    run = RunConfig(**{**{k: v for k, v in vars(args).items() if k in RUN_FIELDS},
+    run = RunConfig.of(**{**{k: v for k, v in vars(args).items() if k in RUN_FIELDS},
                        "model": model, "experiments": experiments,
                        "device": device and device.type, "graphs": graphs[args.graphs],
                        "contexts": tuple(sorted(set(contexts) | {args.context})),
                        "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default,
                        "preset": preset, "dtype_given": args.dtype is not None,
-                       "engine_profile": args.engine_profile or DEFAULT_PROFILE})
-    longest = max(max(run.contexts) + 1, max(run.prefill_lengths))
+                       "engine_profile": args.engine_profile or DEFAULT_PROFILE,
+                       **engine_fields(args, on_cpu)})
+    longest = max(max(run.measurement.contexts) + 1, max(run.measurement.prefill_lengths))
     if device is not None and model.arch == "transformer" and longest > model.max_positions:
         raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
                          f"{model.max_positions}")
-    if run.gpu:
+    if run.hardware.gpu:
         check_card_fits(run)
-    if run.quick:
-        run = quick_run(run)
-    engine = ENGINE_QUICK if run.quick else ENGINE_CPU if on_cpu else {
-        "requests": run.requests, "slots": run.slots, "prompt_len": run.prompt_len, "shrink": 1}
-    return dataclasses.replace(run, engine_requests=args.engine_requests or engine["requests"],
-                               engine_slots=args.engine_slots or engine["slots"],
-                               engine_prompt_len=run.prefix_len  # (the system prompt first)
-                               + (args.prompt_len or engine["prompt_len"]),
-                               engine_shrink=args.engine_shrink or engine["shrink"])
+    return quick_run(run) if run.measurement.quick else run
+
+
+def engine_fields(args, on_cpu):
+    """D's engine as the flags give it, else ENGINE_QUICK with --quick, ENGINE_CPU on CPU, else
+    the run's own requests, slots and prompt tokens; the system prompt (--prefix-len) first."""
+    engine = ENGINE_QUICK if args.quick else ENGINE_CPU if on_cpu else {
+        "requests": args.requests, "slots": args.slots,
+        "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default, "shrink": 1}
+    return {"engine_requests": args.engine_requests or engine["requests"],
+            "engine_slots": args.engine_slots or engine["slots"],
+            "engine_prompt_len": args.prefix_len + (args.prompt_len or engine["prompt_len"]),
+            "engine_shrink": args.engine_shrink or engine["shrink"]}
 
 
 def chosen_experiments(args):
@@ -9176,12 +9359,13 @@ def model_config(args, on_cpu):
 
 def quick_run(run):
     """--quick: every experiment small enough for a smoke run."""
-    context = min(run.context, 64)
-    return dataclasses.replace(
-        run, batch_sizes=tuple(b for b in run.batch_sizes if b <= 32) or (1,), context=context,
-        contexts=(context,), prefill_lengths=tuple(max(1, t // 8) for t in run.prefill_lengths),
-        warmup=min(run.warmup, 1), reps=min(run.reps, 5), prompt_len=min(run.prompt_len, 32),
-        time_budget_s=0.2)
+    timed = run.measurement
+    context = min(timed.context, 64)
+    return run.replace(
+        batch_sizes=tuple(b for b in timed.batch_sizes if b <= 32) or (1,), context=context,
+        contexts=(context,), prefill_lengths=tuple(max(1, t // 8) for t in timed.prefill_lengths),
+        warmup=min(timed.warmup, 1), reps=min(timed.reps, 5),
+        prompt_len=min(run.workload.prompt_len, 32), time_budget_s=0.2)
 
 
 # -----------------------------------------------------------------------------
@@ -9477,14 +9661,14 @@ def _main(argv):
         raise UsageError("--cluster runs --placement-search and --replay-distserve on Dask; "
                          "C's other simulations run on --jobs worker processes")
     run, device, inputs, probes = prepare_run(args)
-    cfg = run.model
+    cfg = run.hardware.model
     results = {"environment": environment(run, device, argv),
                "config": {"model": {**dataclasses.asdict(cfg), "params": param_count(cfg),
                                     "weight_bytes": weight_bytes(cfg),
                                     "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn},
-                          **{k: v for k, v in dataclasses.asdict(run).items() if k != "model"}}}
+                          **{k: v for k, v in run.flat().items() if k != "model"}}}
     results["environment"].update(probes)
-    print(banner(results, TEXT[run.lang]), flush=True)
+    print(banner(results, TEXT[run.output.lang]), flush=True)
     interrupted = run_experiments(run, device, results, inputs)
     finish_run(run, results, interrupted)
     return results
@@ -9503,7 +9687,7 @@ def prepare_run(args):
     input read once, D's requests against the positions, the model and D's cache against
     the device's memory. -> (run, device, Inputs, the probes run: {name: probe})"""
     run = run_config(args)
-    device = run.device and torch.device(run.device)
+    device = run.hardware.device and torch.device(run.hardware.device)
     if device and device.type == "cuda":
         check_cuda_arch(device)
     run, dtype_probe = with_probed_dtype(run)
@@ -9511,15 +9695,15 @@ def prepare_run(args):
     probes = {k: v for k, v in (("dtype_probe", dtype_probe), ("layout_probe", layout_probe))
               if v}
     requests = kv = None
-    if "C" in run.experiments:
+    if "C" in run.measurement.experiments:
         requests = make_requests(run)
         kv = kv_setup(run, requests, device)
-    lengths, arrival = engine_requests(run) if "D" in run.experiments else (None, None)
+    lengths, arrival = engine_requests(run) if "D" in run.measurement.experiments else (None, None)
     if lengths is not None:  # D's cache must hold the longest request
         check_engine(run, lengths)
     if device:  # the model (and D's cache) must fit, before anything is allocated
         check_memory(run, device, lengths)
-    prepare_out_dir(run.out)
+    prepare_out_dir(run.output.out)
     return run, device, Inputs(requests, kv, lengths, arrival), probes
 
 
@@ -9529,7 +9713,7 @@ def run_experiments(run, device, results, inputs):
     stage, benches = None, []
     try:
         with interrupt_on_sigterm(), torch.inference_mode(), sdpa_policy():
-            for stage in run.experiments:
+            for stage in run.measurement.experiments:
                 run_experiment(stage, run, device, results, benches, inputs)
             remeasure_ceilings(run, device, results)
     except KeyboardInterrupt:
@@ -9562,20 +9746,21 @@ def interrupt_on_sigterm():
 def finish_run(run, results, interrupted):
     """The tables, results.json and (unless interrupted) the figures; then the exit status:
     130 after Ctrl-C, 1 after a late failure (a figure's among them)."""
-    T = TEXT[run.lang]
+    T = TEXT[run.output.lang]
     results["machine_warnings"] = machine_warnings(results)
-    print("\n" + format_tables(results, run.lang) + "\n", flush=True)
-    json_path = os.path.join(run.out, "results.json")
+    print("\n" + format_tables(results, run.output.lang) + "\n", flush=True)
+    json_path = os.path.join(run.output.out, "results.json")
     write_atomic(json_path, to_json(results))
     written = []
-    if run.figures and not interrupted:
+    if run.output.figures and not interrupted:
         try:
-            written, missing = draw_figures(results, run.out, run.dpi, run.format, run.jobs)
+            written, missing = draw_figures(results, run.output.out, run.output.dpi,
+                                            run.output.format, run.measurement.jobs)
             results["figures"] = {"written": written, "not_drawn": missing}
         except Exception as e:  # (a worker's too: a figure failed late, like an experiment)
             results["failed"] = {"experiment": "figures", "error": one_line(e)}
         write_atomic(json_path, to_json(results))
-    older = tidy_figures(run.out, written)
+    older = tidy_figures(run.output.out, written)
     if older:
         results["figures"] = {**results.get("figures", {}), "older": older}
         write_atomic(json_path, to_json(results))
@@ -9621,14 +9806,15 @@ def run_experiment(name, run, device, results, benches, inputs):
     if name in "AB" and "ceilings" not in results["environment"]:
         ceilings = measure_ceilings(run, device, log)
         results["environment"]["ceilings"] = ceilings
-        print(ceilings_line(TEXT[run.lang], ceilings, run.device), flush=True)
+        print(ceilings_line(TEXT[run.output.lang], ceilings, run.hardware.device), flush=True)
     ceilings = results["environment"].get("ceilings")
     if name == "A":
         results["A"] = run_decode_sweep(bench, ceilings, log)
     elif name == "B":
         results["B"] = run_prefill_decode(bench, ceilings, log)
     elif name == "C":
-        results["C"] = run_batching_sim(run, inputs.requests, log, results, inputs.kv_budgets)
+        results["C"] = run_batching_sim(run, inputs.requests, log,
+                                        step_costs(run.hardware, results), inputs.kv_budgets)
         if device and "peak" in results["C"].get("kv", {}):  # the budget is real
             results["C"]["kv"]["device_check"] = kv_device_check(bench, results["C"]["kv"])
     elif name == "D":
@@ -9641,7 +9827,7 @@ def remeasure_ceilings(run, device, results):
     """The ceilings measured again at the end of the run (after D, D's own): a busy machine's
     speed moves, and A's, B's and D's numbers with it (see machine_warnings)."""
     env = results["environment"]
-    if "ceilings" in env and not (run.peak_bandwidth_gbs and run.peak_tflops):
+    if "ceilings" in env and not (run.hardware.peak_bandwidth_gbs and run.hardware.peak_tflops):
         after = results.get("D", {}).get("machine", {}).get("after")
         env["ceilings_end"] = after or measure_ceilings(run, device, log)
 

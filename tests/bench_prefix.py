@@ -48,7 +48,7 @@ def timed(label, req, rep):
     wall = time.perf_counter() - t0
     p = sim.get(S.PREFIX_REPORT)
     hit = f"{p['hit_tokens'] / p['queried_tokens']:.4f}" if p else "-"
-    ttft = sim["first_token"] - req.arrival_s
+    ttft = sim["times"].first_token - req.arrival_s
     print(f"{label:34s} {wall:8.2f} s  {sim['iterations']:>10,} iterations  hit {hit}  "
           f"TTFT p50 {np.percentile(ttft, 50):.3f} s p99 {np.percentile(ttft, 99):.3f} s",
           flush=True)
@@ -99,7 +99,7 @@ def fleet(label, req, kv, router, replicas=4):
     m, p = S.serving_metrics(req, sim), S.prefix_metrics(req, sim).get(S.PREFIX_REPORT)
     line = (f"{label:38s} {router:15s} {time.perf_counter() - t0:6.1f} s  TTFT p50 "
             f"{m['ttft_s']['p50']:.3f} p99 {m['ttft_s']['p99']:.3f} s  queued p99 "
-            f"{np.percentile(sim['start'] - req.arrival_s, 99):.3f} s")
+            f"{np.percentile(sim['times'].start - req.arrival_s, 99):.3f} s")
     if p:
         line += (f"  hit card {p['card_hit_ratio']:.3f} host {p['host_hit_ratio']:.3f}  saved "
                  f"{p['prefill_tokens_saved']:,} of {p['queried_tokens']:,}")

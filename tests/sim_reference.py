@@ -96,7 +96,8 @@ def summarize(req, sim):
     out = {"steps": int(sim["steps"]), "occupancy": sim["occupancy"],
            "makespan_s": m["makespan_s"], "longest_step_s": sim["longest_step_s"],
            "prefill_s": sim["prefill_s"], "decode_s": sim["decode_s"],
-           **{f"sum_{k}": float(np.sum(sim[k])) for k in ("start", "first_token", "finish")},
+           **{f"sum_{k}": float(np.sum(getattr(sim["times"], k)))
+              for k in ("start", "first_token", "finish")},
            **{f"{k}_{p}": m[k][p] for k in ("ttft_s", "tpot_s", "e2e_s")
               for p in ("mean", "p50", "p90", "p99")}}
     if "kv" in sim:

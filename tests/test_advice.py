@@ -52,10 +52,10 @@ def test_a_float32_run_of_the_cpu_preset_keeps_half_its_layers(chosen, layers, m
         d: {"ms": [t or 99.0], "total_ms": t} for d, t in times.items()})
     run = S.parse_args(["--device", "cpu", "--experiments", "A"])
     probed, info = S.with_probed_dtype(run)
-    assert info["chosen"] == probed.model.dtype == chosen
-    assert probed.model.layers == layers and f"layers={layers}" in probed.preset
+    assert info["chosen"] == probed.hardware.model.dtype == chosen
+    assert probed.hardware.model.layers == layers and f"layers={layers}" in probed.hardware.preset
     given = S.parse_args(["--device", "cpu", "--experiments", "A", "--layers", "3"])
-    assert S.with_probed_dtype(given)[0].model.layers == 3  # (a layer count given stays)
+    assert S.with_probed_dtype(given)[0].hardware.model.layers == 3  # (a layer count given stays)
 
 
 @pytest.mark.parametrize("second_ms, rows", [(9.9, 2), (10.1, 1)])

@@ -69,7 +69,7 @@ def test_an_unknown_name_is_one_line_with_the_closest(text, kind, near, capsys):
 def test_flags_take_names_as_people_write_them():
     run = S.parse_args(["--experiments", "C", "--model", "meta-llama/Llama-3.1-8B-Instruct",
                         "--gpu", "NVIDIA H100 SXM5 80GB"])
-    assert run.model.name == "llama-3.1-8b" and run.gpu == "h100"
+    assert run.hardware.model.name == "llama-3.1-8b" and run.hardware.gpu == "h100"
 
 
 @pytest.mark.parametrize("name, total, active", [
@@ -147,13 +147,13 @@ def bench_result(n=60, rate=6.0, slower=SLOWER, seed=5, **keys):
     sim = S.simulate_serving(req, S.Replica(256, S.card_costs(cfg, card, profile),
                                             scheduler="chunked", chunk_tokens=2048, kv=kv,
                                             fused=True))
-    ttft = sim["first_token"] - arrival
-    gap = (sim["finish"] - sim["first_token"]) / np.maximum(output - 1, 1)
+    ttft = sim["times"].first_token - arrival
+    gap = (sim["times"].finish - sim["times"].first_token) / np.maximum(output - 1, 1)
     result = {"date": "20261201-101500", "backend": "vllm", "endpoint_type": "vllm",
               "label": None, "model_id": "meta-llama/Llama-3.1-8B-Instruct",
               "tokenizer_id": "meta-llama/Llama-3.1-8B-Instruct", "num_prompts": n,
               "request_rate": rate, "burstiness": 1.0, "max_concurrency": None,
-              "duration": float(sim["finish"].max()), "completed": n, "failed": 0,
+              "duration": float(sim["times"].finish.max()), "completed": n, "failed": 0,
               "total_input_tokens": int(prompt.sum()), "total_output_tokens": int(output.sum()),
               "input_lens": prompt.tolist(), "output_lens": output.tolist(),
               "ttfts": ttft.tolist(), "itls": [[g] * (o - 1) for g, o in zip(gap, output)],

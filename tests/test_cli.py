@@ -201,8 +201,9 @@ def test_model_too_large_for_memory(tiny_args, capsys, monkeypatch):
 def test_a_mixture_and_its_dense_twin_must_fit_together(tiny_args, capsys, monkeypatch):
     moe = ["--experiments", "A", "--mlp", "gated", "--experts", "8", "--experts-per-token", "2"]
     run = S.parse_args(tiny_args + moe)
-    alone = S.weight_bytes(run.model) + S.memory_needed_bytes(run.model, 1, run.context + 1, 1)
-    twin = S.weight_bytes(S.dense_twin(run.model))
+    alone = S.weight_bytes(run.hardware.model) \
+        + S.memory_needed_bytes(run.hardware.model, 1, run.measurement.context + 1, 1)
+    twin = S.weight_bytes(S.dense_twin(run.hardware.model))
     # room for the mixture alone but not for its dense twin beside it: refused before A runs
     monkeypatch.setattr(S, "free_memory_bytes", lambda device: (alone + twin / 2) / 0.9)
     expect_usage_error(tiny_args + moe, capsys, "its weights and its dense twin's need")
@@ -214,7 +215,7 @@ def test_context_past_the_position_table(tiny_args, capsys):
 
 
 def test_ctrl_c_prints_finished_tables(tiny_args, tmp_path, capsys, monkeypatch):
-    def interrupt(run, req, log, results, kv):
+    def interrupt(run, req, log, costs, kv):
         raise KeyboardInterrupt
     monkeypatch.setattr(S, "run_batching_sim", interrupt)
     with pytest.raises(SystemExit) as exit_info:

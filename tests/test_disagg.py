@@ -88,7 +88,7 @@ def test_a_pipeline_replica_decodes_by_hand():
     pp = S.PipelineCosts(UNIT, 2, 0.25, 0.0)
     req = S.Requests(np.array([0.0]), np.array([4]), np.array([3]))
     sim = S.simulate_serving(req, S.Replica(4, pp))
-    assert sim["first_token"].tolist() == [1.25] and sim["finish"].tolist() == [3.75]
+    assert sim["times"].first_token.tolist() == [1.25] and sim["times"].finish.tolist() == [3.75]
 
 
 @pytest.mark.parametrize("first, gap, k", list(itertools.product(
@@ -107,9 +107,9 @@ def test_prefill_first_emits_the_first_token_before_the_decode_pass():
     req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
     late = S.simulate_serving(req, S.Replica(2, UNIT))
     first = S.simulate_serving(req, S.Replica(2, UNIT, prefill_first=True))
-    assert late["first_token"].tolist() == [1.0, 3.0]
-    assert first["first_token"].tolist() == [1.0, 2.0]
-    assert first["finish"].tolist() == late["finish"].tolist() == [4.0, 4.0]
+    assert late["times"].first_token.tolist() == [1.0, 3.0]
+    assert first["times"].first_token.tolist() == [1.0, 2.0]
+    assert first["times"].finish.tolist() == late["times"].finish.tolist() == [4.0, 4.0]
 
 
 def land_times(link, starts):
@@ -162,25 +162,26 @@ def test_a_hand_off_waits_for_its_kv_exactly():
     pools = [S.Pool("prefill", S.Replica(1, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
     link = S.KVLink(16.0, 0.25, 1.0)
     sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
-    assert sim["first_token"].tolist() == [1.5, 3.0] and sim["finish"].tolist() == [4.0, 5.0]
+    times = sim["times"]
+    assert times.first_token.tolist() == [1.5, 3.0] and times.finish.tolist() == [4.0, 5.0]
     assert sim["kv_transfer"] == {"sends": 2, "bytes": 8.0, "link_s": 0.5, "queued_s": 0.0}
     # two prompts prefilled in one step share their replica's link: each at 8 bytes/s, both
     # sent 1.5-2.0, in at 2.25, decoding together 2.25-3.25-4.25
     req = S.Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
     pools = [S.Pool("prefill", S.Replica(2, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
     sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
-    assert sim["first_token"].tolist() == [1.5, 1.5] and sim["finish"].tolist() == [4.25, 4.25]
+    assert sim["times"].first_token.tolist() == [1.5, 1.5] and sim["times"].finish.tolist() == [4.25, 4.25]
     assert sim["kv_transfer"]["queued_s"] == 0.5
     # without a link the hand-off is at the first token, as before
     sim = S.simulate_pools(req, pools, ["prefill", "decode"])
-    assert sim["finish"].tolist() == [3.5, 3.5] and "kv_transfer" not in sim
+    assert sim["times"].finish.tolist() == [3.5, 3.5] and "kv_transfer" not in sim
 
 
 def test_a_one_token_request_sends_nothing():
     req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([1, 3]))
     pools = [S.Pool("prefill", S.Replica(1, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
     sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=S.KVLink(16.0, 0.25, 1.0))
-    assert sim["kv_transfer"]["sends"] == 1 and sim["finish"].tolist() == [1.5, 5.5]
+    assert sim["kv_transfer"]["sends"] == 1 and sim["times"].finish.tolist() == [1.5, 5.5]
 
 
 @pytest.mark.parametrize("name, engine, placement", [
@@ -404,15 +405,15 @@ def test_back_pressure_by_hand():
         decode = S.Pool("decode", S.Replica(2, UNIT, kv=S.KVBudget("paged", decode_tokens, 4)))
         return S.simulate_pools(req, [prefill, decode], ["prefill", "decode"], link=link)
     sim = run(8)
-    assert sim["first_token"].tolist() == [1.5, 1.5] and sim["finish"].tolist() == [4.0, 6.5]
+    assert sim["times"].first_token.tolist() == [1.5, 1.5] and sim["times"].finish.tolist() == [4.0, 6.5]
     assert sim["hand_off"] == {"waited": 1, "wait_s": 2.5, "held_token_s": 17.5}
     # with room for both, A and B share the link (1.5-2.0), in at 2.25, and are held 0.75 s
     # each: 3.75 + 3.75 token-s; the prefill replica's memory counts the difference
     roomy = run(64)
-    assert roomy["finish"].tolist() == [4.25, 4.25]
+    assert roomy["times"].finish.tolist() == [4.25, 4.25]
     assert roomy["hand_off"] == {"waited": 0, "wait_s": 0.0, "held_token_s": 7.5}
     assert sim["kv"]["held_s"] - roomy["kv"]["held_s"] == pytest.approx(17.5 - 7.5)
-    assert np.isfinite(sim["finish"]).all()  # (nothing dropped)
+    assert np.isfinite(sim["times"].finish).all()  # (nothing dropped)
 
 
 def test_the_network_between_nodes_from_the_catalogue():
@@ -452,7 +453,7 @@ def test_layerwise_overlap_sends_the_kv_during_the_prefill_by_hand():
     for layers, finish in ((4, 3.8125), (0, 4.0)):
         link = S.KVLink(16.0, 0.25, 1.0, layers=layers)
         sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
-        assert sim["finish"].tolist() == [finish] and sim["kv_transfer"]["bytes"] == 4.0
+        assert sim["times"].finish.tolist() == [finish] and sim["kv_transfer"]["bytes"] == 4.0
     # a slow link: of 100 bytes at 10 bytes/s in a 2 s prefill, 4 layers: 100 - 10 x 2 x 3/4
     # = 85 left; a prefill long enough leaves the last layer's 25
     assert S.KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 2.0) == 85.0

@@ -37,7 +37,7 @@ def test_every_request_generates_what_it_would_alone(policy):
     prompts = torch.randint(TINY.vocab, (len(lengths), 6), generator=torch.Generator()
                             .manual_seed(0))
     cache = S.new_kv_cache(TINY, 4, 6 + max(lengths), "cpu")
-    generated, log = S.run_engine(model, cache, prompts, lengths, policy)
+    generated, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths), policy)
     for prompt, n, tokens in zip(prompts, lengths, generated):
         assert tokens == generate_alone(model, prompt, n)
     assert max(log["running"]) == 4 and len(set(lengths)) > 4
@@ -52,25 +52,28 @@ def test_every_request_takes_the_steps_the_simulation_gives_it(policy, order):
     prompts = torch.randint(TINY.vocab, (40, 4))
     cache = S.new_kv_cache(TINY, 8, 4 + int(lengths.max()), "cpu")
     o = S.queue_order(order, lengths, 0.8, 1)
-    _, log = S.run_engine(model, cache, prompts, lengths.tolist(), policy, order=o)
+    _, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths.tolist()), policy,
+                          order=o)
     req = S.Requests(np.zeros(40), np.full(40, 4), lengths)
     sim = S.simulate_serving(req, S.Replica(8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                             policy, order=o))
     assert len(log["t_s"]) == sim["steps"]
     assert sum(log["running"]) == round(sim["occupancy"] * sim["steps"] * 8)
-    assert log["first_step"] == sim["first_step"].tolist()
-    assert log["finish_step"] == sim["finish_step"].tolist()
-    assert S.steps_check(log, sim) == {"requests": 40, "agree": 40}
+    assert log["times"].first_step.tolist() == sim["times"].first_step.tolist()
+    assert log["times"].finish_step.tolist() == sim["times"].finish_step.tolist()
+    assert S.steps_check(log["times"], sim["times"]) == {"requests": 40, "agree": 40}
     if order != "fcfs":  # (the order changes who runs when: the check is not vacuous)
         fcfs = S.simulate_serving(req, S.Replica(8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                                  policy))
-        assert S.steps_check(log, fcfs)["agree"] < 40
+        assert S.steps_check(log["times"], fcfs["times"])["agree"] < 40
 
 
 def test_steps_check_names_the_first_request_that_differs():
-    log = {"first_step": [1, 1, 3, 4], "finish_step": [5, 2, 7, 9]}
-    sim = {"first_step": np.array([1, 1, 3, 5]), "finish_step": np.array([5, 2, 8, 9])}
-    assert S.steps_check(log, sim) == {"requests": 4, "agree": 2, "first_mismatch": {
+    def times(first_step, finish_step):
+        return S.RequestTimes(*[np.zeros(4)] * 4, np.array(first_step), np.array(finish_step),
+                              np.ones(4))
+    engine, sim = times([1, 1, 3, 4], [5, 2, 7, 9]), times([1, 1, 3, 5], [5, 2, 8, 9])
+    assert S.steps_check(engine, sim) == {"requests": 4, "agree": 2, "first_mismatch": {
         "request": 2, "engine": [3, 7], "simulated": [3, 8]}}
 
 
@@ -101,14 +104,16 @@ def test_arrivals_are_honoured_on_the_wall_clock(monkeypatch):
     arrival = [0.0, 0.0, 0.05, 0.08, 0.2, 0.21]  # the engine idles until the fifth arrives
     prompts = torch.randint(TINY.vocab, (6, 4))
     cache = S.new_kv_cache(TINY, 2, 4 + max(lengths), "cpu")
-    generated, log = S.run_engine(model, cache, prompts, lengths, "continuous",
-                                  arrival_s=arrival)
-    assert all(start >= a for start, a in zip(log["start_s"], arrival))
+    generated, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths, arrival),
+                                  "continuous")
+    times = log["times"]
+    assert all(start >= a for start, a in zip(times.start, arrival))
     # the first four are done within a few ms of the clock: it sleeps to each later arrival
-    assert max(log["finish_s"][:4]) < 0.2 and log["idle_s"] == pytest.approx(sum(clock.slept))
-    assert 0.2 <= log["start_s"][4] < 0.2 + 1e-3 and log["idle_s"] > 0.1
+    assert max(times.finish[:4]) < 0.2 and log["idle_s"] == pytest.approx(sum(clock.slept))
+    assert 0.2 <= times.start[4] < 0.2 + 1e-3 and log["idle_s"] > 0.1
     assert [len(g) for g in generated] == lengths
-    assert all(s <= f <= e for s, f, e in zip(log["start_s"], log["first_s"], log["finish_s"]))
+    assert all(s <= f <= e for s, f, e in zip(times.start, times.first_token, times.finish))
+    assert times.arrival.tolist() == arrival and (times.ttft() >= 0).all()
 
 
 def test_fitting_an_engines_passes_by_hand():
@@ -247,7 +252,8 @@ def test_a_padded_engine_still_generates_what_it_would_alone(device):
     prompts = torch.randint(TINY.vocab, (len(lengths), 6), generator=torch.Generator()
                             .manual_seed(0)).to(device)
     cache = S.new_kv_cache(TINY, 4, 6 + max(lengths), device)
-    generated, log = S.run_engine(model, cache, prompts, lengths, "continuous", pad=True)
+    generated, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths),
+                                  "continuous", pad=True)
     assert 0 < log["padded_decode_steps"] < log["decode_steps"]
     assert log["attention_calls"] == log["decode_steps"]  # one call per layer, every step
     for prompt, n, tokens in zip(prompts, lengths, generated):
@@ -303,7 +309,7 @@ UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, {"kind": "pricing_engine", "device":
 def test_d_past_its_bound_shrinks_its_outputs_by_hand():
     # every pass 1 s; 4 requests of 40 tokens on 2 slots: static, two batches of a prefill and
     # 39 decodes (80 s); continuous the same (80 s): 160 s past 120, so outputs are halved
-    run = S.RunConfig(model=TINY, engine_slots=2, engine_prompt_len=4)
+    run = S.RunConfig.of(model=TINY, engine_slots=2, engine_prompt_len=4)
     lengths = np.full(4, 40)
     got, divisor, (first, shrunk) = S.bounded_lengths(run, lengths, None, UNIT, UNIT)
     assert S.ENGINE_BOUND_S == 120 and (first, divisor, shrunk) == (160, 2, 80)
@@ -362,9 +368,9 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
     prompts[system >= 0, :prefix_len] = texts[system[system >= 0]]
     lengths = [5, 3, 7, 2, 9, 4, 1, 6, 3, 8, 2, 5]
     cache = S.new_kv_cache(TINY, 4, P + 10, "cpu")
-    plain, _ = S.run_engine(model, cache, prompts, lengths, "continuous")
-    cached, log = S.run_engine(model, cache, prompts, lengths, "continuous",
-                               prefix=S.EnginePrefix(system, prefix_len))
+    plain, _ = S.run_engine(model, cache, S.EngineRequests(prompts, lengths), "continuous")
+    cached, log = S.run_engine(model, cache, S.EngineRequests(
+        prompts, lengths, prefix=S.EnginePrefix(system, prefix_len)), "continuous")
     assert cached == plain
     # the first four are prefilled together and share nothing; 3 and 9 open with no system
     # prompt; the rest find theirs, computed in an earlier step
@@ -376,8 +382,8 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
     req = S.Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
     sim = S.simulate_serving(req, S.Replica(4, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                             kv=S.KVBudget("prefix", math.inf, 16)))
-    assert (list(sim["first_step"]), list(sim["finish_step"])) == \
-        (log["first_step"], log["finish_step"])
+    assert (list(sim["times"].first_step), list(sim["times"].finish_step)) == \
+        (log["times"].first_step.tolist(), log["times"].finish_step.tolist())
     assert sim["prefix_cache"]["hits"] == dict(enumerate(log["hit_tokens"]))
 
 

@@ -84,3 +84,55 @@ def run_and_check(flag, value, tmp_path, capsys):
     assert "Traceback" not in err
     if code == 2:
         assert len(err.strip().splitlines()) == 1 and "error" in err, err
+
+
+def test_the_run_is_its_flags_groups_each_frozen():
+    # each field in exactly one group; of and replace take fields by their own names
+    run = S.parse_args(C_ONLY + ["--gpu", "h100", "--slo-ttft-ms", "500", "--order", "sjf"])
+    assert (run.scheduler.slots, run.hardware.gpu, run.slo.slo_ttft_s) == (4, "h100", 0.5)
+    assert (run.workload.requests, run.scheduler.order, run.measurement.jobs) == (40, "sjf", 1)
+    names = [f for group in S.RUN_GROUPS.values() for f in S.dataclasses.fields(group)]
+    assert len(names) == len({f.name for f in names}) == len(run.flat())
+    moved = run.replace(slots=8, rate=2.0)
+    assert (moved.scheduler.slots, moved.workload.rate, run.scheduler.slots) == (8, 2.0, 4)
+    assert moved.hardware is run.hardware  # (the groups it did not touch, as they were)
+    assert S.RunConfig.of(model=run.hardware.model, slots=4).scheduler.order == "fcfs"
+    with pytest.raises(S.dataclasses.FrozenInstanceError):
+        run.scheduler.slots = 1
+    with pytest.raises(TypeError, match="no field sloots"):
+        S.RunConfig.of(model=run.hardware.model, sloots=4)
+    with pytest.raises(TypeError, match="^RunConfig has no field sloots$"):
+        run.replace(slots=8, sloots=4)
+
+
+# each flag group's fields (its dests that are RunConfig fields; the model's shape flags, --goodput
+# and the output group's modes are not) in the one config group of its title's first word, save
+# the shared prefixes': the workload's prompts that repeat, the scheduler's cache that keeps them
+FLAG_GROUPS = {"workload": {"workload"}, "shared": {"workload", "scheduler"},
+               "model": {"hardware"}, "scheduler": {"scheduler"}, "SLOs": {"slo"},
+               "measurement": {"measurement"}, "engine": {"engine"}, "output": {"output"}}
+
+
+def test_each_flag_group_fills_its_config_group():
+    groups = [g for g in S.build_parser()._action_groups if g._group_actions]
+    assert [g.title.split()[0].rstrip(":") for g in groups] == list(FLAG_GROUPS)
+    for group in groups:
+        filled = {S.RUN_GROUP[a.dest] for a in group._group_actions if a.dest in S.RUN_GROUP}
+        assert filled == FLAG_GROUPS[group.title.split()[0].rstrip(":")], group.title
+
+
+@pytest.mark.parametrize("args, engine", [
+    (["--device", "cpu"], (S.ENGINE_CPU["requests"], S.ENGINE_CPU["slots"], S.ENGINE_CPU["prompt_len"],
+          S.ENGINE_CPU["shrink"])),
+    (["--quick", "--device", "cpu"], (16, 4, 8, 16)),
+    (["--experiments", "C", "--requests", "50", "--slots", "6", "--prompt-len", "20",
+      "--prefix-len", "64"], (50, 6, 64 + 20, 1)),
+    (["--experiments", "C", "--engine-requests", "7", "--engine-slots", "3", "--engine-shrink",
+      "2"], (7, 3, 128, 2)),
+])
+def test_the_engine_is_resolved_once_by_run_config(args, engine):
+    # on CPU, with --quick, C alone (the run's own sizes) or as given: set in one place
+    run = S.parse_args(args)
+    got = run.engine
+    assert (got.engine_requests, got.engine_slots, got.engine_prompt_len,
+            got.engine_shrink) == engine

@@ -16,8 +16,10 @@ def poisson(n, rate, seed=1, prompt=128):
                       np.full(n, prompt), S.lognormal_lengths(n, seed))
 
 
-def same(a, b, keys=("start", "first_token", "finish", "first_step", "finish_step")):
-    return all(np.array_equal(a[k], b[k]) for k in keys) and a["steps"] == b["steps"]
+def same(a, b):
+    """The same record (every request's times and steps) and the same steps."""
+    return all(np.array_equal(x, y) for x, y in zip(a["times"], b["times"])) and \
+        a["steps"] == b["steps"]
 
 
 @pytest.mark.parametrize("router", S.ROUTERS)
@@ -52,9 +54,28 @@ def test_round_robin_is_independent_replicas_of_every_nth_request(n):
         alone = S.simulate_serving(S.every_nth(req, n, i),
                                    S.Replica(16, COSTS, "continuous", 512, kv=kv))
         for key in ("start", "first_token", "finish"):
-            np.testing.assert_array_equal(alone[key], fleet[key][i::n])
+            np.testing.assert_array_equal(getattr(alone["times"], key),
+                                          getattr(fleet["times"], key)[i::n])
     assert [p["requests"] for p in fleet["per_replica"]] == [len(range(i, 2000, n))
                                                             for i in range(n)]
+
+
+def test_a_fleet_keeps_its_replicas_memory_metrics():
+    req = poisson(1200, 3 * 120.0, prompt=600)
+    kv = S.KVBudget("paged", 12_000, 16)
+    replica = S.Replica(32, COSTS, "continuous", 512, kv=kv)
+    fleet = S.fleet_summary(req, S.simulate_fleet(req, replica, S.Fleet(3, "round-robin")),
+                            None, None, kv)
+    alone = [S.kv_metrics(r, S.simulate_serving(r, replica), kv)
+             for r in (S.every_nth(req, 3, i) for i in range(3))]
+    assert fleet["preemptions"] == sum(m["preemptions"] for m in alone) > 0
+    assert fleet["recomputed_tokens"] == sum(m["recomputed_tokens"] for m in alone)
+    for key in ("peak_concurrency", "max_allocated_tokens"):
+        assert fleet[key] == max(m[key] for m in alone)
+    used = [m["utilization"] for m in alone]  # (held over allocated, summed: between theirs)
+    assert min(used) <= fleet["utilization"] <= max(used)
+    assert "utilization" not in S.fleet_summary(  # (no KV budget: no memory to report)
+        req, S.simulate_fleet(req, S.Replica(32, COSTS, "continuous", 512), S.Fleet(3)), None, None)
 
 
 def routed(router, arrival, output, replicas=2, prompt=None, kv=None):
@@ -70,8 +91,8 @@ def test_least_requests_by_hand():
     # after B: 9.5. E (1) at 7.5: 0 is empty again, 1 holds B + D -> 0, at once
     fleet = routed("least-requests", [0.0, 0.5, 0.7, 0.9, 7.5], [6, 9, 1, 2, 1])
     assert fleet["replica"].tolist() == [0, 1, 0, 1, 0]
-    assert fleet["start"].tolist() == [0.0, 0.5, 6.0, 9.5, 7.5]
-    assert fleet["finish"].tolist() == [6.0, 9.5, 7.0, 11.5, 8.5]
+    assert fleet["times"].start.tolist() == [0.0, 0.5, 6.0, 9.5, 7.5]
+    assert fleet["times"].finish.tolist() == [6.0, 9.5, 7.0, 11.5, 8.5]
 
 
 def test_round_robin_by_hand():
@@ -79,8 +100,8 @@ def test_round_robin_by_hand():
     # 1; the fourth (2 tokens, at 0.9) waits on replica 0 behind the first (6 tokens, to 6.0)
     fleet = routed("round-robin", [0.0, 0.5, 0.7, 0.9, 7.5], [6, 9, 1, 2, 1], replicas=3)
     assert fleet["replica"].tolist() == [0, 1, 2, 0, 1]
-    assert fleet["start"].tolist() == [0.0, 0.5, 0.7, 6.0, 9.5]
-    assert fleet["finish"].tolist() == [6.0, 9.5, 1.7, 8.0, 10.5]
+    assert fleet["times"].start.tolist() == [0.0, 0.5, 0.7, 6.0, 9.5]
+    assert fleet["times"].finish.tolist() == [6.0, 9.5, 1.7, 8.0, 10.5]
 
 
 def test_a_replica_that_empties_between_arrivals_is_read_as_it_is_then():
@@ -90,7 +111,7 @@ def test_a_replica_that_empties_between_arrivals_is_read_as_it_is_then():
     for router in ("least-requests", "least-kv"):
         fleet = routed(router, [0.0, 0.1, 3.0], [10, 2, 1])
         assert fleet["replica"].tolist() == [0, 1, 1], router
-        assert fleet["start"].tolist() == [0.0, 0.1, 3.0] and fleet["finish"][1] == 2.1
+        assert fleet["times"].start.tolist() == [0.0, 0.1, 3.0] and fleet["times"].finish[1] == 2.1
 
 
 def test_least_kv_counts_the_prompts_waiting():
@@ -180,8 +201,8 @@ def test_replicas_and_capacity_end_to_end(tmp_path, capsys):
     fleet = C["replicas"]
     assert fleet["replicas"] == 3 and fleet["requests"] == 2000
     for router, m in fleet["routers"].items():
-        assert {"ttft_s", "tpot_s", "e2e_s", "goodput_rps", "slo_attained", "per_replica"} <= \
-            set(m)
+        assert {"ttft_s", "tpot_s", "e2e_s", "goodput_rps", "slo_attained", "per_replica",
+                "utilization", "preemptions", "peak_concurrency"} <= set(m)
         assert sum(p["requests"] for p in m["per_replica"]) == 2000
         assert m["balance"]["requests_min"] <= 2000 / 3 <= m["balance"]["requests_max"]
     cap = C["capacity"]
@@ -239,8 +260,9 @@ def test_a_prefill_pool_hands_each_request_to_a_decode_pool_at_its_first_token()
     slow = S.StepCosts((1, 2), (1.5, 1.5), 0.0, "every pass 1.5 s")
     pools = [S.Pool("prefill", S.Replica(1, slow)), S.Pool("decode", S.Replica(2, UNIT))]
     sim = S.simulate_pools(req, pools, ["prefill", "decode"])
-    assert sim["start"].tolist() == [0.0, 1.5] and sim["first_token"].tolist() == [1.5, 3.0]
-    assert sim["finish"].tolist() == [3.5, 4.5]
+    times = sim["times"]
+    assert times.start.tolist() == [0.0, 1.5] and times.first_token.tolist() == [1.5, 3.0]
+    assert times.finish.tolist() == [3.5, 4.5]
     decode = sim["pools"]["decode"]["per_replica"][0]
     assert decode["requests"] == 2 and decode["output_tokens"] == 3 and decode["steps"] == 3
     assert sim["pools"]["prefill"]["per_replica"][0]["steps"] == 2
@@ -250,5 +272,5 @@ def test_a_prefill_pool_hands_each_request_to_a_decode_pool_at_its_first_token()
                                                                                      kv=kv))]
     req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([1, 3]))
     sim = S.simulate_pools(req, pools, ["prefill", "decode"])
-    assert sim["finish"].tolist() == [1.5, 5.0] and sim["generated"].tolist() == [1, 3]
+    assert sim["times"].finish.tolist() == [1.5, 5.0] and sim["generated"].tolist() == [1, 3]
     assert sim["pools"]["decode"]["replica"].tolist() == [-1, 0] and sim["kv"]["max_alloc"] == 8

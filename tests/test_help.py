@@ -51,10 +51,11 @@ def test_every_flag_has_help_and_every_value_its_default():
 
 
 def test_capacity_flags_run_the_simulation_alone():
-    assert S.parse_args(["--slo-ttft-ms", "500"]).experiments == "C"
-    assert S.parse_args(["--goodput", "tpot:50", "--target-rate", "9"]).experiments == "C"
+    assert S.parse_args(["--slo-ttft-ms", "500"]).measurement.experiments == "C"
+    assert S.parse_args(["--goodput", "tpot:50", "--target-rate", "9"]).measurement.experiments \
+        == "C"
     assert S.parse_args(["--slo-ttft-ms", "500", "--experiments", "CD",
-                         "--device", "cpu"]).experiments == "CD"
+                         "--device", "cpu"]).measurement.experiments == "CD"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -69,7 +69,8 @@ def test_unlimited_memory_equals_the_plain_scheduler(policy, scheduler):
     limited = S.simulate_serving(req, S.Replica(16, COSTS, scheduler, 256, kv=kv))
     assert limited["steps"] == plain["steps"] and limited["kv"]["preemptions"] == 0
     for key in ("start", "first_token", "finish"):
-        np.testing.assert_array_equal(limited[key], plain[key])
+        np.testing.assert_array_equal(getattr(limited["times"], key),
+                                      getattr(plain["times"], key))
 
 
 def test_two_reservations_fit_by_hand():
@@ -79,7 +80,7 @@ def test_two_reservations_fit_by_hand():
     sim = S.simulate_serving(req, S.Replica(4, COSTS, "continuous",
                                             kv=S.KVBudget("reserve", 16, 1, 4)))
     assert sim["steps"] == 8 and sim["kv"]["peak_running"] == 2
-    assert sim["start"].tolist() == [0, 0, sim["finish"][0], sim["finish"][0]]
+    assert sim["times"].start.tolist() == [0, 0, sim["times"].finish[0], sim["times"].finish[0]]
 
 
 @pytest.mark.parametrize("scheduler", S.SCHEDULERS)
@@ -105,7 +106,8 @@ def test_paged_stays_within_the_budget_and_a_block_per_request(scheduler):
     assert sim["kv"]["preemptions"] > 0  # the budget binds: this case exercises preemption
     # preemption loses no work: every request emits exactly its output length
     np.testing.assert_array_equal(sim["generated"], req.output)
-    assert np.all(sim["first_token"] <= sim["finish"]) and not np.isnan(sim["finish"]).any()
+    times = sim["times"]
+    assert np.all(times.first_token <= times.finish) and not np.isnan(times.finish).any()
 
 
 def test_paged_packs_more_requests_than_reserve():
@@ -114,7 +116,7 @@ def test_paged_packs_more_requests_than_reserve():
     sims = {p: S.simulate_serving(req, S.Replica(64, COSTS, "continuous", kv=kv[p])) for p in kv}
     assert sims["reserve"]["kv"]["peak_running"] == 20_000 // (128 + 2048)
     assert sims["paged"]["kv"]["peak_running"] > 3 * sims["reserve"]["kv"]["peak_running"]
-    assert sims["paged"]["finish"].max() < sims["reserve"]["finish"].max()
+    assert sims["paged"]["times"].finish.max() < sims["reserve"]["times"].finish.max()
     used = {p: S.kv_metrics(req, sims[p], kv[p])["utilization"] for p in kv}
     assert used["reserve"] < 0.3 < 0.9 < used["paged"]
 
@@ -197,7 +199,7 @@ def test_memory_averages_by_hand():
     unit = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit")
     paged = S.simulate_serving(req, S.Replica(1, unit, "continuous",
                                               kv=S.KVBudget("paged", 100, 4)))
-    assert paged["steps"] == 6 and paged["finish"][0] == 6.0
+    assert paged["steps"] == 6 and paged["times"].finish[0] == 6.0
     assert paged["kv"]["held_s"] == 5 + 6 + 7 + 8 + 9 + 10
     assert paged["kv"]["alloc_s"] == 8 + 8 + 8 + 8 + 12 + 12  # blocks of 4 as it grows
     reserve = S.KVBudget("reserve", 100, max_output=10)
@@ -216,7 +218,7 @@ def test_memory_integrals_are_exact_per_step():
     req = S.Requests(np.zeros(1), np.array([4]), np.array([6]))
     costs = S.StepCosts((1, 2), (1.0, 1.0), 0.5, "linear")
     sim = S.simulate_serving(req, S.Replica(1, costs, "continuous", kv=S.KVBudget("paged", 100, 4)))
-    assert sim["finish"][0] == 1 + 3.5 + 4 + 4.5 + 5 + 5.5
+    assert sim["times"].finish[0] == 1 + 3.5 + 4 + 4.5 + 5 + 5.5
     assert sim["kv"]["held_s"] == pytest.approx(1 * 5 + 3.5 * 6 + 4 * 7 + 4.5 * 8 + 5 * 9
                                                 + 5.5 * 10)
     assert sim["kv"]["alloc_s"] == pytest.approx(1 * 8 + 3.5 * 8 + 4 * 8 + 4.5 * 8 + 5 * 12
@@ -232,8 +234,8 @@ def test_the_newest_request_is_preempted():
                                             "continuous", kv=S.KVBudget("paged", 8, 1)))
     assert sim["kv"]["preemptions"] == 1 and sim["kv"]["recomputed_tokens"] == 4
     # A decodes alone to its end at 5 s; B is prefilled again (4 tokens) and ends at 8 s
-    assert sim["finish"].tolist() == [5.0, 8.0] and sim["steps"] == 8
-    assert sim["first_token"].tolist() == [1.0, 1.0]  # B keeps its first token
+    assert sim["times"].finish.tolist() == [5.0, 8.0] and sim["steps"] == 8
+    assert sim["times"].first_token.tolist() == [1.0, 1.0]  # B keeps its first token
     np.testing.assert_array_equal(sim["generated"], req.output)
 
 
@@ -256,7 +258,7 @@ def test_the_watermark_stops_chunked_prefill_thrashing():
             for w in (0.0, 0.01)}
     naive, vllm = runs[0.0]["kv"]["preemptions"], runs[0.01]["kv"]["preemptions"]
     assert naive > 5 * max(vllm, 1)
-    assert runs[0.01]["finish"].max() < runs[0.0]["finish"].max()
+    assert runs[0.01]["times"].finish.max() < runs[0.0]["times"].finish.max()
     for sim in runs.values():
         assert sim["iterations"] <= 6 * 200 + 3 * sim["kv"]["preemptions"]
 
@@ -293,7 +295,7 @@ def test_a_new_kv_manager_is_one_class_and_one_registry_line(monkeypatch, schedu
     assert (held <= alloc).all() and (alloc == 200 * running).all()
     assert 0 < S.kv_metrics(req, sim, kv)["utilization"] < 1
     fleet = S.simulate_fleet(req, replica, S.Fleet(2, "least-kv"))
-    assert set(fleet["replica"].tolist()) == {0, 1} and not np.isnan(fleet["finish"]).any()
+    assert set(fleet["replica"].tolist()) == {0, 1} and not np.isnan(fleet["times"].finish).any()
 
 
 @pytest.mark.parametrize("policy", ["reserve", "paged"])
@@ -305,8 +307,8 @@ def test_a_request_admitted_part_way_holds_its_cache_and_prefills_the_rest(polic
                  for c in (None, np.array([48])))
     cold, warm = (S.simulate_serving(r, S.Replica(8, COSTS, "chunked", 20, kv=kv))
                   for r in (one, part))
-    assert (cold["first_step"][0], warm["first_step"][0]) == (4, 1)
-    assert warm["first_token"][0] == pytest.approx(COSTS.pass_s(16, 48))
+    assert (cold["times"].first_step[0], warm["times"].first_step[0]) == (4, 1)
+    assert warm["times"].first_token[0] == pytest.approx(COSTS.pass_s(16, 48))
     assert warm["steps"] == cold["steps"] - 3 and warm["generated"][0] == 8
     assert warm["kv"]["max_alloc"] == cold["kv"]["max_alloc"] == (80 if policy == "paged" else 72)
     # many, arriving over time: every token emitted, and less held than computing it all
@@ -316,7 +318,7 @@ def test_a_request_admitted_part_way_holds_its_cache_and_prefills_the_rest(polic
     cold, warm = (S.simulate_serving(r, S.Replica(8, COSTS, "chunked", 20, kv=kv))
                   for r in (req, part))
     np.testing.assert_array_equal(warm["generated"], req.output)
-    assert np.mean(warm["first_token"] - req.arrival_s) < np.mean(cold["first_token"]
+    assert np.mean(warm["times"].first_token - req.arrival_s) < np.mean(cold["times"].first_token
                                                                   - req.arrival_s)
 
 
@@ -326,12 +328,13 @@ def test_a_request_prefilled_elsewhere_decodes_from_its_first_step():
     req = S.Requests(np.zeros(1), np.array([100]), np.array([10]))
     ledger = S.Ledger(req)
     ledger.to_prefill[0] = ledger.cached[0] = 101
-    ledger.remaining[0], ledger.first[0] = 9, -1.0
+    ledger.remaining[0], ledger.first_token[0] = 9, -1.0
     sim = S.ServingSim(req, S.Replica(4, COSTS, "continuous", kv=S.KVBudget("paged", 512, 16)),
                        ledger=ledger).serve()
-    assert sim["steps"] == 9 and sim["finish_step"][0] == 9 and sim["first_token"][0] == -1.0
+    times = sim["times"]
+    assert sim["steps"] == 9 and times.finish_step[0] == 9 and times.first_token[0] == -1.0
     assert sim["kv"]["max_alloc"] == 112 and sim["generated"][0] == 9
-    assert sim["finish"][0] == pytest.approx(sum(COSTS.pass_s(1, 101 + j) for j in range(9)))
+    assert times.finish[0] == pytest.approx(sum(COSTS.pass_s(1, 101 + j) for j in range(9)))
 
 
 def kind_tests(source):

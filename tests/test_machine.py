@@ -49,7 +49,7 @@ def test_mfu_or_mbu_over_100_percent_warns(share, warned):
     cfg = S.ModelConfig(layers=1, hidden=64, heads=4, vocab=128, dtype="float32")
     cost = S.step_cost(cfg, 1, 1, 8)
     c["bandwidth_gbs"] = cost["bytes"] / 0.010 / 1e9 / share  # (MBU = share)
-    row = S.roofline_row(cfg, c, timing, 1, 1, 8)
+    row = S.roofline_row(cfg, c, timing, (1, 1, 8))
     assert ("mbu" in row.get("above_ceiling", ())) == warned
     results = {"environment": {"ceilings": {**c, "ridge_flop_per_byte": 10.0}},
                "A": {"rows": [row]}}

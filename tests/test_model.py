@@ -325,7 +325,7 @@ def test_a_row_counts_the_experts_read_over_every_timed_step():
                         "32", "--context", "8", "--contexts", "8", "--warmup", "1", "--reps",
                         "6"])
     # (a budget no loaded machine reaches: the 6 reps, not the time, end each row)
-    bench = S.Bench(dataclasses.replace(run, time_budget_s=600.0), torch.device("cpu"))
+    bench = S.Bench(run.replace(time_budget_s=600.0), torch.device("cpu"))
     ceilings = {"bandwidth_gbs": 10.0, "matmul_tflops": 0.1, "ridge_flop_per_byte": 10.0}
     S.decode_row(bench, ceilings, 1, 8, "eager")  # (counts from a batch before are dropped)
     row = S.decode_row(bench, ceilings, 4, 8, "eager")

@@ -15,7 +15,7 @@ def serve(arrival, output, order, slots=1, max_wait_s=None, sigma=0.0, scheduler
 
 
 def admission_sequence(sim):
-    return np.argsort(sim["start"], kind="stable").tolist()
+    return np.argsort(sim["times"].start, kind="stable").tolist()
 
 
 @pytest.mark.parametrize("order, sequence", [
@@ -27,13 +27,13 @@ def test_who_takes_the_seat_by_hand(order, sequence):
     # C (1) and D (2) arrive meanwhile, so all three wait when the seat frees at t=5
     sim = serve([0.0, 0.5, 0.6, 0.7], [5, 3, 1, 2], order)
     assert admission_sequence(sim) == sequence
-    assert sim["start"][sequence[1]] == 5.0  # the seat is refilled at once, whoever takes it
+    assert sim["times"].start[sequence[1]] == 5.0  # the seat is refilled at once, whoever takes it
     finish = {0: 5.0}
     t = 5.0
     for r in sequence[1:]:
         t += [5, 3, 1, 2][r]
         finish[r] = t
-    assert sim["finish"].tolist() == [finish[r] for r in range(4)]
+    assert sim["times"].finish.tolist() == [finish[r] for r in range(4)]
 
 
 def test_ties_go_by_arrival():
@@ -46,14 +46,14 @@ def test_ties_go_by_arrival():
 def test_static_batches_form_in_the_queues_order():
     # two slots: the first batch is the two shortest, and it runs until its longer one ends
     sim = serve([0.0] * 4, [5, 1, 6, 2], "sjf", slots=2, scheduler="static")
-    assert sim["start"].tolist() == [2.0, 0.0, 2.0, 0.0] and sim["steps"] == 2 + 6
+    assert sim["times"].start.tolist() == [2.0, 0.0, 2.0, 0.0] and sim["steps"] == 2 + 6
 
 
 def test_orders_are_not_preemptive():
     # a long request admitted first keeps its seat when shorter ones arrive behind it
     sim = serve([0.0, 0.1, 0.2], [6, 1, 1], "sjf")
-    assert sim["start"][0] == 0.0 and sim["finish"][0] == 6.0
-    assert sim["start"][1:].tolist() == [6.0, 7.0]
+    assert sim["times"].start[0] == 0.0 and sim["times"].finish[0] == 6.0
+    assert sim["times"].start[1:].tolist() == [6.0, 7.0]
 
 
 def test_the_starvation_guard_by_hand():
@@ -65,14 +65,14 @@ def test_the_starvation_guard_by_hand():
     arrival = [0.0, 0.1] + shorts
     output = [3, 10] + [1] * len(shorts)
     starved = serve(arrival, output, "sjf")
-    assert starved["start"][1] == 3.0 + len(shorts)  # after every short request
+    assert starved["times"].start[1] == 3.0 + len(shorts)  # after every short request
     guarded = serve(arrival, output, "sjf", max_wait_s=3.0)
-    assert guarded["start"][1] == 4.0 and guarded["start"][2] == 3.0
-    assert guarded["start"][3] == 14.0  # the next short waits for L's ten steps
+    assert guarded["times"].start[1] == 4.0 and guarded["times"].start[2] == 3.0
+    assert guarded["times"].start[3] == 14.0  # the next short waits for L's ten steps
     fcfs = serve(arrival, output, "fcfs")
-    assert fcfs["start"][1] == 3.0
+    assert fcfs["times"].start[1] == 3.0
     # the guard's price: the short requests wait longer than under pure shortest first
-    waits = {name: (sim["start"] - np.array(arrival))[2:].mean()
+    waits = {name: (sim["times"].start - np.array(arrival))[2:].mean()
              for name, sim in (("sjf", starved), ("guarded", guarded))}
     assert waits["guarded"] > waits["sjf"]
 
@@ -82,7 +82,7 @@ def test_the_guard_takes_the_longest_waiting_first():
     output = [4, 9, 1, 8, 2, 7]
     fcfs = serve([0.0, 0.1, 0.2, 0.3, 0.4, 0.5], output, "fcfs")
     guarded = serve([0.0, 0.1, 0.2, 0.3, 0.4, 0.5], output, "sjf", max_wait_s=1e-6)
-    np.testing.assert_array_equal(guarded["start"], fcfs["start"])
+    np.testing.assert_array_equal(guarded["times"].start, fcfs["times"].start)
 
 
 @pytest.mark.parametrize("order", ["sjf", "predicted", "longest"])
@@ -96,8 +96,8 @@ def test_every_admission_takes_the_best_request_that_has_arrived(order):
     o = S.queue_order(order, output, 0.8, 5)
     sim = S.simulate_serving(req, S.Replica(1, UNIT, "continuous", order=o))
     started = np.zeros(n, bool)
-    for r in np.argsort(sim["start"], kind="stable"):
-        waiting = np.flatnonzero((req.arrival_s <= sim["start"][r]) & ~started)
+    for r in np.argsort(sim["times"].start, kind="stable"):
+        waiting = np.flatnonzero((req.arrival_s <= sim["times"].start[r]) & ~started)
         assert r == min(waiting, key=lambda i: (o.keys[i], i))
         started[r] = True
 
@@ -110,7 +110,8 @@ def test_fcfs_is_the_plain_simulation():
     fcfs = S.simulate_serving(req, S.Replica(16, UNIT, "chunked", 128, kv=kv, order=S.queue_order(
         "fcfs", req.output, max_wait_s=0.5)))  # (a guard changes nothing in arrival order)
     for key in ("start", "first_token", "finish"):
-        np.testing.assert_array_equal(plain[key], fcfs[key])
+        np.testing.assert_array_equal(getattr(plain["times"], key),
+                                      getattr(fcfs["times"], key))
     assert plain["kv"]["preemptions"] == fcfs["kv"]["preemptions"] > 0
 
 
@@ -131,7 +132,7 @@ def test_the_reordered_post_table_against_a_sorted_queue(name):
     sim = S.simulate_serving(req, S.Replica(32, S.StepCosts((1, 2), (0.0, 0.0), 0.0, "free"),
                                             "continuous", order=order))
     assert sim["steps"] == table["continuous"]["steps"]
-    assert sim["finish_step"].mean() == pytest.approx(table["continuous"]["mean_finish_step"])
+    assert sim["times"].finish_step.mean() == pytest.approx(table["continuous"]["mean_finish_step"])
 
 
 def test_the_orders_table():
@@ -198,9 +199,9 @@ def test_a_request_exactly_at_the_guard_goes_first():
     # token) at 1.5. At 3.0 L has waited exactly the guard's 2.0 s: it goes first (a wait of
     # max_wait_s is enough), though shortest first would take S
     sim = serve([0.0, 1.0, 1.5], [3, 10, 1], "sjf", max_wait_s=2.0)
-    assert sim["start"].tolist() == [0.0, 3.0, 13.0]
+    assert sim["times"].start.tolist() == [0.0, 3.0, 13.0]
     just_below = serve([0.0, 1.0, 1.5], [3, 10, 1], "sjf", max_wait_s=2.0 + 1e-9)
-    assert just_below["start"].tolist() == [0.0, 4.0, 3.0]
+    assert just_below["times"].start.tolist() == [0.0, 4.0, 3.0]
 
 
 @pytest.mark.parametrize("sigma", [0.5, 2.0])

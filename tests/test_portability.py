@@ -89,9 +89,9 @@ def test_a_slow_probe_shape_is_timed_once():
 def test_the_probe_sets_the_dtype_only_when_none_is_given(monkeypatch):
     monkeypatch.setattr(S, "probe_dtypes", lambda width: scores(None, None, 1.0))
     run = S.parse_args(["--device", "cpu", "--experiments", "A"])
-    assert not run.dtype_given and "dtype=" not in " ".join(run.preset)
+    assert not run.hardware.dtype_given and "dtype=" not in " ".join(run.hardware.preset)
     probed, info = S.with_probed_dtype(run)
-    assert probed.model.dtype == "float32" and info["chosen"] == "float32"
+    assert probed.hardware.model.dtype == "float32" and info["chosen"] == "float32"
     given = S.parse_args(["--device", "cpu", "--experiments", "A", "--dtype", "bfloat16"])
     assert S.with_probed_dtype(given) == (given, None)
     alone = S.parse_args(["--experiments", "C"])  # no device: nothing to probe
@@ -187,11 +187,11 @@ def test_the_ceilings_matmul_grows_until_it_takes_tens_of_ms(monkeypatch):
         tflops = 0.25 if n == 1024 else 0.2  # (a matmul library best at one size)
         return {"median_ms": 2 * n ** 3 / (tflops * 1e12) * 1e3, "n": 5}
     monkeypatch.setattr(S, "time_region", fake_time_region)
-    run = S.RunConfig(model=TINY, warmup=1, reps=3, time_budget_s=2.0)
+    run = S.RunConfig.of(model=TINY, warmup=1, reps=3, time_budget_s=2.0)
     ceilings = S.measure_ceilings(run, CPU, log=lambda m: None)
     # 256: 0.17 ms, 512: 1.3, 1024: 8.6, 2048: 85.9 ms >= 50 ms (a 40th of the 2 s budget):
     # stops there, keeps the best
-    assert len(sizes) == 1 + 4 and S.CEILING_MATMUL_SHARE * run.time_budget_s == 0.05
+    assert len(sizes) == 1 + 4 and S.CEILING_MATMUL_SHARE * run.measurement.time_budget_s == 0.05
     assert ceilings["matmul_source"]["n"] == 1024
     assert ceilings["matmul_tflops"] == pytest.approx(0.25)
 
@@ -209,7 +209,7 @@ def timing_ms(ms):
 def test_a_step_above_a_ceiling_is_flagged_not_printed(tiny_args, capsys):
     cost = S.step_cost(TINY, 1, 1, 8)
     fast_ms = 1e3 * cost["bytes"] / 200e9  # twice the 100 GB/s ceiling
-    row = S.roofline_row(TINY, CEILINGS, timing_ms(fast_ms), 1, 1, 8)
+    row = S.roofline_row(TINY, CEILINGS, timing_ms(fast_ms), (1, 1, 8))
     assert row["above_ceiling"] == ["mbu"] and row["mbu"] == pytest.approx(2.0)
     T = S.TEXT["en"]
     assert S.cell(T, row, "mbu", ".0%") == "> ceiling" and S.cell(T, row, "mfu", ".1%") != ""
@@ -220,11 +220,11 @@ def test_a_step_above_a_ceiling_is_flagged_not_printed(tiny_args, capsys):
 def test_a_step_far_below_both_roofs_is_launch_or_overhead_bound():
     cost = S.step_cost(TINY, 1, 1, 8)
     slow_ms = 1e3 * cost["bytes"] / 10e9  # 10% of the bandwidth, far less of the FLOP rate
-    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), 1, 1, 8)["bound"] == "overhead"
-    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), 1, 1, 8, cuda=True)["bound"] \
+    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), (1, 1, 8))["bound"] == "overhead"
+    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), (1, 1, 8), cuda=True)["bound"] \
         == "launch"
     fair_ms = 1e3 * cost["bytes"] / 50e9  # half the bandwidth: memory-bound as ever
-    assert S.roofline_row(TINY, CEILINGS, timing_ms(fair_ms), 1, 1, 8)["bound"] == "memory"
+    assert S.roofline_row(TINY, CEILINGS, timing_ms(fair_ms), (1, 1, 8))["bound"] == "memory"
 
 
 def test_a_view_past_2_31_elements_is_skipped_before_allocation(monkeypatch):
@@ -370,7 +370,7 @@ def test_free_memory_passes_an_index_to_mem_get_info(fake_cuda):
     with pytest.raises(ValueError):
         torch.cuda.mem_get_info(torch.device("cuda"))
     assert S.free_memory_bytes(torch.device("cuda")) == 40 * 2**30 + 2**30
-    run = S.RunConfig(model=TINY)
+    run = S.RunConfig.of(model=TINY)
     budget, source = S.kv_budget_bytes(run, torch.device("cuda"))
     assert source["kind"] == "memory_cuda" and budget == pytest.approx(
         0.9 * 80 * 2**30 - S.param_count(TINY) * 4)
@@ -378,10 +378,10 @@ def test_free_memory_passes_an_index_to_mem_get_info(fake_cuda):
 
 def test_cuda_defaults_from_parse_args(fake_cuda):
     run = S.parse_args([])
-    assert run.device == "cuda" and run.graphs == "both"
-    assert run.contexts == (128, 1024, 4096) and run.model == S.MODELS["post"]
-    assert (run.engine_requests, run.engine_slots, run.engine_prompt_len,
-            run.engine_shrink) == (600, 32, 128, 1)
+    assert run.hardware.device == "cuda" and run.measurement.graphs == "both"
+    assert run.measurement.contexts == (128, 1024, 4096) and run.hardware.model == S.MODELS["post"]
+    assert (run.engine.engine_requests, run.engine.engine_slots, run.engine.engine_prompt_len,
+            run.engine.engine_shrink) == (600, 32, 128, 1)
     assert S.with_probed_dtype(run) == (run, None)  # no probe on CUDA: float16 as the post
 
 
@@ -434,11 +434,11 @@ def test_an_moe_step_is_captured_only_in_its_grouped_form(fake_cuda):
 
 
 def test_a_step_that_cannot_be_captured_is_never_captured_and_says_why(fake_cuda):
-    run = S.RunConfig(model=MOE, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
+    run = S.RunConfig.of(model=MOE, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
     bench = S.Bench(run, CPU)
     with torch.inference_mode():
         timing = bench.time_decode(2, 8, mode="graph")
-        dense = S.Bench(dataclasses.replace(run, model=TINY), CPU).time_decode(2, 8, mode="graph")
+        dense = S.Bench(run.replace(model=TINY), CPU).time_decode(2, 8, mode="graph")
     assert FakeGraph.captured and len(FakeGraph.captured) == 1  # the dense step's alone
     assert timing["ran"] == "eager" and "bincount" in timing["graph_failed"]
     assert dense["ran"] == "graph" and "graph_failed" not in dense
@@ -459,8 +459,8 @@ def test_a_capture_that_raises_leaves_the_caller_stream_current(fake_cuda, monke
 
 @torch.inference_mode()
 def test_moe_rows_and_their_dense_twin_compare_in_the_mode_they_ran(fake_cuda, monkeypatch):
-    run = S.RunConfig(model=MOE, device="cpu", graphs="both", batch_sizes=(1, 4), context=8,
-                      contexts=(8,), warmup=1, reps=3, time_budget_s=5.0)
+    run = S.RunConfig.of(model=MOE, device="cpu", graphs="both", batch_sizes=(1, 4), context=8,
+                         contexts=(8,), warmup=1, reps=3, time_budget_s=5.0)
     A = S.run_decode_sweep(S.Bench(run, CPU), CEILINGS, lambda line: None)
     graph_rows = [r for r in A["rows"] if r["mode"] == "graph"]
     assert all(r["ran"] == "eager" and "graph_failed" in r for r in graph_rows)
@@ -477,8 +477,8 @@ def test_moe_rows_and_their_dense_twin_compare_in_the_mode_they_ran(fake_cuda, m
 
 @torch.inference_mode()
 def test_graph_mode_times_prefill_too_and_feeds_fresh_prompts(fake_cuda, monkeypatch):
-    run = S.RunConfig(model=TINY, device="cpu", graphs="both", warmup=1, reps=5,
-                      time_budget_s=10.0)
+    run = S.RunConfig.of(model=TINY, device="cpu", graphs="both", warmup=1, reps=5,
+                         time_budget_s=10.0)
     bench = S.Bench(run, CPU)
     seen = []
     real_prefill = S.prefill
@@ -497,12 +497,12 @@ def test_a_failed_capture_is_timed_eagerly_and_says_so(fake_cuda, monkeypatch):
     def broken(step):
         raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(S, "cuda_graph", broken)
-    run = S.RunConfig(model=TINY, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
+    run = S.RunConfig.of(model=TINY, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
     bench = S.Bench(run, CPU)
     with torch.inference_mode():
         timing = bench.time_decode(2, 8, mode="graph")
     assert timing["n"] == 5 and timing["graph_failed"].startswith("RuntimeError: operation")
-    row = S.roofline_row(TINY, CEILINGS, timing, 2, 1, 8)
+    row = S.roofline_row(TINY, CEILINGS, timing, (2, 1, 8))
     assert S.cell(S.TEXT["en"], {**row, "mode": "graph"}, "mode", "s") == \
         "eager (graph failed)"
 
@@ -546,8 +546,8 @@ def test_rows_that_do_not_fit_the_gpu_are_skipped_before_allocating(fake_cuda, m
 def test_the_kv_device_check_counts_the_view_its_decode_reads(monkeypatch):
     # a budget of 40 M tokens as 625,000 rows of 64: the whole cache is 2.56e9 elements of K
     # a layer, past 32 bits, but the decode of the peak's 3 rows views 3 rows alone
-    bench = S.Bench(S.RunConfig(model=TINY, device="cpu", warmup=1, reps=3,
-                                time_budget_s=1.0), CPU)
+    bench = S.Bench(S.RunConfig.of(model=TINY, device="cpu", warmup=1, reps=3,
+                                   time_budget_s=1.0), CPU)
     kv = {"budget_tokens": 40_000_000, "peak": {"contexts": [20, 30, 40]}}
     monkeypatch.setattr(S, "free_memory_bytes", lambda device: math.inf)
     real = S.new_kv_cache  # (the check's 625,000 rows as the 3 the step reads)
@@ -567,8 +567,8 @@ def test_the_ceilings_draw_their_operands_on_the_device(monkeypatch):
         drawn.append(kwargs.get("device"))
         return real(*shape, **kwargs)
     monkeypatch.setattr(S.torch, "randn", randn)
-    run = S.RunConfig(model=TINY, device="cpu", warmup=1, reps=3, time_budget_s=0.05,
-                      peak_bandwidth_gbs=10.0)
+    run = S.RunConfig.of(model=TINY, device="cpu", warmup=1, reps=3, time_budget_s=0.05,
+                         peak_bandwidth_gbs=10.0)
     S.measure_ceilings(run, CPU, lambda line: None)
     assert drawn and all(d == CPU for d in drawn)  # (no operand drawn elsewhere and moved)
 
@@ -623,7 +623,7 @@ def test_the_layout_probe_runs_on_cpu_where_a_model_is_built(monkeypatch, tiny_a
              "weight_first_rows": 2}
     monkeypatch.setattr(S, "probe_layouts", lambda width, dtype: probe)
     run = S.parse_args(["--device", "cpu", "--experiments", "A"])
-    assert S.with_probed_layout(run) == (dataclasses.replace(run, weight_first_rows=2), probe)
+    assert S.with_probed_layout(run) == (run.replace(weight_first_rows=2), probe)
     alone = S.parse_args(["--experiments", "C"])
     assert S.with_probed_layout(alone) == (alone, None)
     results = S.main(tiny_args + ["--experiments", "A", "--no-figures"])

@@ -107,7 +107,7 @@ def test_preemption_and_the_watermark_keep_working_and_memory_counts_once():
     replica = S.Replica(16, COSTS, scheduler="chunked", chunk_tokens=256,
                         kv=S.KVBudget("prefix", 3000, 16, watermark=0.01))
     sim = S.simulate_serving(req, replica)
-    assert np.isfinite(sim["finish"]).all()
+    assert np.isfinite(sim["times"].finish).all()
     mem, p = sim["kv"], sim["prefix_cache"]
     assert mem["preemptions"] > 0 and p["evicted_blocks"] > 0
     assert 0 < p["hit_tokens"] < p["queried_tokens"]
@@ -127,7 +127,7 @@ def test_with_nothing_shared_it_is_the_paged_simulation(scheduler):
                                                           identity=lone), "prefix"))]
     assert sims[0]["kv"]["preemptions"] > 0
     for key in ("start", "first_token", "finish", "first_step", "finish_step"):
-        assert np.array_equal(sims[0][key], sims[1][key]), key
+        assert np.array_equal(*(getattr(s["times"], key) for s in sims)), key
     assert sims[0]["kv"]["alloc_s"] == sims[1]["kv"]["alloc_s"]
 
 
@@ -139,7 +139,7 @@ def test_a_hit_is_not_prefilled():
     runs = [S.simulate_serving(S.Requests(req.arrival_s, req.prompt, req.output, identity=i),
                                S.Replica(4, COSTS, kv=S.KVBudget(p, 10**5, 16)))
             for i, p in ((None, "paged"), (identity, "prefix"))]
-    ttft = [r["first_token"] - req.arrival_s for r in runs]
+    ttft = [r["times"].first_token - req.arrival_s for r in runs]
     assert ttft[0][1] == pytest.approx(ttft[0][0])
     assert ttft[1][1] < 0.5 * ttft[1][0]
     assert runs[1]["prefix_cache"]["hits"] == {0: 0, 1: 1008}

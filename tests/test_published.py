@@ -181,7 +181,7 @@ def test_chunked_prefill_pays_each_chunks_pairs_by_hand():
     for fused in (False, True):
         sim = S.simulate_serving(req, S.Replica(1, costs, "chunked", 4, fused=fused))
         assert sim["prefill_s"] == pytest.approx(3 + 1e-3 * (10 + 26 + 19))
-        assert sim["first_token"][0] == pytest.approx(3 + 0.055)
+        assert sim["times"].first_token[0] == pytest.approx(3 + 0.055)
 
 
 @pytest.mark.parametrize("scheduler", ["static", "continuous", "chunked"])
@@ -362,14 +362,14 @@ def test_a_fused_step_reads_the_weights_once():
             for fused in (False, True)}
     # step 1 prefills all five prompts (464 tokens): one pass either way, 10 ms + nothing cached
     for sim in sims.values():
-        assert sim["first_token"][0] == pytest.approx(0.01)
+        assert sim["times"].first_token[0] == pytest.approx(0.01)
     # then every step decodes; with nothing left to prefill, fused or not, one pass each
-    assert sims[True]["finish"].max() == pytest.approx(sims[False]["finish"].max())
+    assert sims[True]["times"].finish.max() == pytest.approx(sims[False]["times"].finish.max())
     # a step with prompt left and decodes: two passes' fixed costs, or one
     req2 = S.Requests(S.np.array([0.0, 0.005]), S.np.array([10, 300]), S.np.array([5, 3]))
     split, fused = (S.simulate_serving(req2, S.Replica(8, costs, "chunked", 100, fused=f))
                     for f in (False, True))
-    assert fused["first_token"][1] < split["first_token"][1]
+    assert fused["times"].first_token[1] < split["times"].first_token[1]
 
 
 def test_the_fused_price_of_one_step_by_hand():
@@ -384,7 +384,7 @@ def test_the_fused_price_of_one_step_by_hand():
     def f(tokens):  # the pass of this many tokens, interpolated
         return 0.01 + 0.01 * (tokens - 1) / 999
     step1, step2 = f(297), f(43) + 2e-6 * (30 + 300)
-    assert sim["first_token"].tolist() == pytest.approx([step1] * 3 + [step1 + step2])
+    assert sim["times"].first_token.tolist() == pytest.approx([step1] * 3 + [step1 + step2])
     # the fused step's seconds split by its tokens: 40 of 43 to the prefill
     assert sim["prefill_s"] == pytest.approx(step1 + step2 * 40 / 43)
 

@@ -10,7 +10,7 @@ TINY = S.ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, d
 
 
 def test_ceilings_are_positive_and_finite_on_cpu():
-    run = S.RunConfig(model=TINY, warmup=1, reps=5, time_budget_s=0.2)
+    run = S.RunConfig.of(model=TINY, warmup=1, reps=5, time_budget_s=0.2)
     ceilings = S.measure_ceilings(run, torch.device("cpu"), log=lambda m: None)
     for key in ("bandwidth_gbs", "matmul_tflops", "ridge_flop_per_byte"):
         assert math.isfinite(ceilings[key]) and ceilings[key] > 0
@@ -19,7 +19,7 @@ def test_ceilings_are_positive_and_finite_on_cpu():
 
 
 def test_given_peaks_replace_measurements():
-    run = S.RunConfig(model=TINY, peak_bandwidth_gbs=1000.0, peak_tflops=100.0)
+    run = S.RunConfig.of(model=TINY, peak_bandwidth_gbs=1000.0, peak_tflops=100.0)
     ceilings = S.measure_ceilings(run, torch.device("cpu"), log=lambda m: None)
     assert (ceilings["bandwidth_gbs"], ceilings["matmul_tflops"]) == (1000.0, 100.0)
     assert ceilings["ridge_flop_per_byte"] == 100.0
@@ -29,13 +29,13 @@ def test_mbu_and_mfu_use_the_step_cost_model():
     ceilings = {"bandwidth_gbs": 1000.0, "matmul_tflops": 100.0, "ridge_flop_per_byte": 100.0}
     timing = {"median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.2, "n": 10}
     cfg = S.ModelConfig()
-    row = S.roofline_row(cfg, ceilings, timing, 8, 1, 128)
+    row = S.roofline_row(cfg, ceilings, timing, (8, 1, 128))
     cost = S.step_cost(cfg, 8, 1, 128)
     assert row["bytes"] == cost["bytes"] and row["flops"] == cost["flops"]
     assert row["mbu"] == pytest.approx(cost["bytes"] / 2e-3 / 1e12)
     assert row["mfu"] == pytest.approx(cost["flops"] / 2e-3 / 100e12)
     assert row["bound"] == "memory"  # intensity ~8 < ridge 100
-    prefill = S.roofline_row(cfg, ceilings, timing, 1, 2048, 0)
+    prefill = S.roofline_row(cfg, ceilings, timing, (1, 2048, 0))
     assert prefill["bound"] == "compute"
 
 
@@ -121,7 +121,7 @@ def test_a_graph_replays_on_fresh_inputs(arch, monkeypatch):
         return step
     monkeypatch.setattr(S, "cuda_graph", capture)
     cfg = S.dataclasses.replace(TINY, arch=arch)
-    run = S.RunConfig(model=cfg, warmup=1, reps=5, time_budget_s=0.1)
+    run = S.RunConfig.of(model=cfg, warmup=1, reps=5, time_budget_s=0.1)
     bench = S.Bench(run, torch.device("cpu"))
     bench.time_decode(4, 8, mode="graph")
     step, = captured

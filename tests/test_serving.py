@@ -22,8 +22,8 @@ def test_one_slot_is_a_fifo_queue_lindley():
     sim = S.simulate_serving(req, S.Replica(1, COSTS, "continuous"))
     previous_finish = 0.0
     for i in range(len(req.output)):
-        assert sim["start"][i] == max(req.arrival_s[i], previous_finish)
-        previous_finish = sim["finish"][i]
+        assert sim["times"].start[i] == max(req.arrival_s[i], previous_finish)
+        previous_finish = sim["times"].finish[i]
 
 
 def test_all_at_zero_reproduces_the_step_counts():
@@ -41,7 +41,7 @@ def test_chunked_with_an_unlimited_budget_equals_continuous():
     a = S.simulate_serving(req, S.Replica(16, COSTS, "continuous"))
     b = S.simulate_serving(req, S.Replica(16, COSTS, "chunked", 10**9))
     for key in ("start", "first_token", "finish"):
-        np.testing.assert_array_equal(a[key], b[key])
+        np.testing.assert_array_equal(getattr(a["times"], key), getattr(b["times"], key))
     assert a["steps"] == b["steps"]
 
 
@@ -50,9 +50,9 @@ def test_tokens_are_conserved_and_times_ordered(scheduler):
     req = poisson_requests(300, rate=30.0, prompt=700)
     sim = S.simulate_serving(req, S.Replica(8, COSTS, scheduler, 256))
     # every slot-step holds a request that is prefilling or emitting a token
-    assert np.all(req.arrival_s <= sim["start"])
-    assert np.all(sim["start"] < sim["first_token"])
-    assert np.all(sim["first_token"] <= sim["finish"])
+    assert np.all(req.arrival_s <= sim["times"].start)
+    assert np.all(sim["times"].start < sim["times"].first_token)
+    assert np.all(sim["times"].first_token <= sim["times"].finish)
     if scheduler != "chunked":  # one prefill step + (output - 1) decode steps per request
         assert round(sim["occupancy"] * sim["steps"] * 8) == req.output.sum()
 
@@ -68,7 +68,8 @@ def test_chunked_prefill_bounds_each_step():
                                                     rel=0.05)
     assert chunked["longest_step_s"] < COSTS.pass_s(512, 4000) + COSTS.pass_s(2, 2 * 400)
     assert chunked["longest_step_s"] < 0.5 * whole["longest_step_s"]
-    assert chunked["first_token"][2] > whole["first_token"][2]  # the long prompt waits longer
+    # the long prompt waits longer
+    assert chunked["times"].first_token[2] > whole["times"].first_token[2]
 
 
 def without_wall_times(value):
@@ -194,7 +195,8 @@ def test_latency_definitions_by_hand():
     # decode their last token.
     req = S.Requests(np.array([0.0, 0.5]), np.array([4, 2]), np.array([3, 2]))
     sim = S.simulate_serving(req, S.Replica(2, UNIT, "continuous"))
-    assert sim["first_token"].tolist() == [1.0, 3.0] and sim["finish"].tolist() == [4.0, 4.0]
+    times = sim["times"]
+    assert times.first_token.tolist() == [1.0, 3.0] and times.finish.tolist() == [4.0, 4.0]
     m = S.serving_metrics(req, sim)
     assert m["ttft_s"]["mean"] == (1.0 + 2.5) / 2  # first token - arrival
     assert m["e2e_s"]["mean"] == (4.0 + 3.5) / 2   # finish - arrival
@@ -203,6 +205,10 @@ def test_latency_definitions_by_hand():
     assert sim["steps"] == 3 and m["occupancy"] == (1 + 2 + 2) / (3 * 2)
     assert m["makespan_s"] == 4.0 and m["throughput_rps"] == 2 / 4.0
     assert m["output_tokens_per_s"] == 5 / 4.0
+    # the record the metrics summarise: the same times, by request
+    assert times.ttft().tolist() == [1.0, 2.5] and times.e2e().tolist() == [4.0, 3.5]
+    assert times.tpot().tolist() == [1.5, 1.0] and times.finish_step.tolist() == [3, 3]
+    assert times.first_step.tolist() == [1, 2] and times.start.tolist() == [0.0, 1.0]
 
 
 def test_iterations_do_not_grow_with_output_lengths():
@@ -244,7 +250,7 @@ def test_the_max_load_closed_form_is_the_simulation_at_saturation(tp, isl, osl):
     assert (replica.slots, replica.chunk_tokens, replica.fused) == (2048, 8192, True)
     n = 8 * min(replica.slots, kv_tokens // (isl + osl))
     sim = S.simulate_serving(S.Requests(np.zeros(n), np.full(n, isl), np.full(n, osl)), replica)
-    finish = np.sort(sim["finish"])
+    finish = np.sort(sim["times"].finish)
     lo, hi = finish[n // 4], finish[3 * n // 4]
     simulated = ((finish > lo) & (finish <= hi)).sum() * osl / (hi - lo)
     assert simulated == pytest.approx(S.predict_published(row, profile), rel=0.005)

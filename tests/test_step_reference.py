@@ -45,9 +45,10 @@ def test_the_event_loop_equals_the_step_by_step_simulator(scheduler, policy):
         where = (seed, replica)
         assert got["steps"] == want["steps"], where
         for key in ("first_step", "finish_step"):
-            assert got[key].tolist() == want[key], (where, key)
+            assert getattr(got["times"], key).tolist() == want[key], (where, key)
         for key in ("start", "first_token", "finish"):
-            np.testing.assert_allclose(got[key], want[key], rtol=1e-9, err_msg=str(where))
+            np.testing.assert_allclose(getattr(got["times"], key), want[key], rtol=1e-9,
+                                       err_msg=str(where))
         if policy:
             mem = got["kv"]
             for key in ("preemptions", "max_alloc", "peak_running"):

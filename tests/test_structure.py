@@ -6,7 +6,7 @@ import pathlib
 import tokenize
 
 SOURCE = pathlib.Path(__file__).resolve().parent.parent / "NN_40_serving.py"
-SECTION_MAX, FUNCTION_MAX, CLASS_MAX = 500, 60, 300
+SECTION_MAX, FUNCTION_MAX, CLASS_MAX, PARAMETERS_MAX = 500, 60, 300, 6
 BANNER = "# " + "-" * 77
 
 
@@ -52,6 +52,23 @@ def test_no_class_is_longer_than_a_section_of_its_own():
     long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno >= CLASS_MAX}
     assert not long
+
+
+def parameters(node):
+    """A function's parameters, self and cls left out."""
+    a = node.args
+    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if p]
+    return [n for n in names if n not in ("self", "cls")]
+
+
+def test_few_functions_take_over_six_parameters():
+    # (a long argument list wants the value the call already has: a config, a shape, a record)
+    tree = ast.parse(SOURCE.read_text(encoding="utf-8"))
+    many = {(node.name, node.lineno): len(parameters(node)) for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef) and len(parameters(node)) > PARAMETERS_MAX}
+    assert len(many) <= 3, many
+    assert parameters(ast.parse("def f(self, a, *b, c=1, **d): pass").body[0]) == \
+        ["a", "c", "b", "d"]
 
 
 def test_the_pure_sections_touch_neither_torch_nor_the_text():
