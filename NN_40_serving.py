@@ -9215,6 +9215,8 @@ def output_flags(p):
              shown="the card's link", help="the KV hand-off's GB/s")
     add_flag(o, "--kv-link-latency-us", type=number(0, 1e9), default=0.0,
              help="a KV hand-off's latency")
+    add_flag(o, "--kv-layerwise", action="store_true",
+             help="the hand-off sends each layer's KV as the prefill makes it")
     add_flag(o, "--pp-micro-batches", type=integer(), default=None, shown="one a stage",
              help="decode batches in flight on PP stages")
     add_flag(o, "--placement-search", metavar="DIR", default=None, shown="off",
@@ -9608,9 +9610,9 @@ def run_distserve_replay(args):
     if args.cluster:
         dask_distributed()
     link = None
-    if args.kv_link_gbs is not None or args.kv_link_latency_us:
+    if args.kv_link_gbs is not None or args.kv_link_latency_us or args.kv_layerwise:
         link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], args.kv_link_gbs,
-                       args.kv_link_latency_us)
+                       args.kv_link_latency_us, layerwise=args.kv_layerwise)
     R = replay_distserve_runs(args.replay_distserve, link, args.pp_micro_batches, args.jobs,
                               args.cluster)
     return print_and_save(args, distserve_table(TEXT[args.lang], R), {"distserve_replay": R})
@@ -9620,9 +9622,10 @@ def run_placement_search(args):
     """--placement-search: the placements ranked; prints them, writes results.json."""
     if args.cluster:
         dask_distributed()  # (refused before anything runs when Dask is not installed)
-    if args.kv_link_gbs is not None or args.kv_link_latency_us:
+    if args.kv_link_gbs is not None or args.kv_link_latency_us or args.kv_layerwise:
         raise UsageError("--placement-search prices each placement on the card's own link: "
-                         "--kv-link-gbs and --kv-link-latency-us apply to --replay-distserve")
+                         "--kv-link-gbs, --kv-link-latency-us and --kv-layerwise apply to "
+                         "--replay-distserve")
     paths, profiles = distserve_runs(args.placement_search)
     lengths = [read_engine_run(p) for p in paths]
     lengths = (np.concatenate([r["prompt"] for r in lengths]),
@@ -9641,6 +9644,20 @@ def run_placement_search(args):
     return results
 
 
+def refuse_pool_flags(args):
+    """The flags of the disaggregated modes, refused in the main run (which reads none)."""
+    if args.cluster:
+        raise UsageError("--cluster runs --placement-search and --replay-distserve on Dask; "
+                         "C's other simulations run on --jobs worker processes")
+    given = [flag for flag, value in (
+        ("--kv-link-gbs", args.kv_link_gbs is not None), ("--kv-link-latency-us",
+        args.kv_link_latency_us), ("--kv-layerwise", args.kv_layerwise),
+        ("--pp-micro-batches", args.pp_micro_batches is not None)) if value]
+    if given:
+        raise UsageError(f"{', '.join(given)}: the KV hand-off's and PP's flags apply to "
+                         "--replay-distserve (C's main run is one pool of colocated replicas)")
+
+
 def _main(argv):
     args = build_parser().parse_args(argv)
     if args.replot:
@@ -9657,9 +9674,7 @@ def _main(argv):
         return run_distserve_replay(args)
     if args.placement_search:
         return run_placement_search(args)
-    if args.cluster:
-        raise UsageError("--cluster runs --placement-search and --replay-distserve on Dask; "
-                         "C's other simulations run on --jobs worker processes")
+    refuse_pool_flags(args)
     run, device, inputs, probes = prepare_run(args)
     cfg = run.hardware.model
     results = {"environment": environment(run, device, argv),
@@ -9852,7 +9867,6 @@ EPILOG = """\
 recipes:
   NN_40_serving.py --quick                       a smoke run of A-D (about 15 s on a CPU)
   NN_40_serving.py --experiments C               the simulation alone (touches no device)
-  NN_40_serving.py --catalog                     every named model on every named card
   NN_40_serving.py --model llama-3-8b --gpu h100 --request-rate 20 --target-rate 20 \\
       --goodput ttft:1000 --slo-attainment p99   H100s for 20 requests/s at p99 TTFT < 1 s
   NN_40_serving.py --model-config config.json --gpu a100-80gb --experiments C   your model

@@ -459,3 +459,26 @@ def test_layerwise_overlap_sends_the_kv_during_the_prefill_by_hand():
     assert S.KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 2.0) == 85.0
     assert S.KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 60.0) == 25.0
     assert S.kv_link(OPT, A100, layerwise=True).layers == 40 and S.kv_link(OPT, A100).layers == 0
+
+
+@pytest.mark.parametrize("flags", [["--kv-link-gbs", "10"], ["--kv-layerwise"],
+                                   ["--pp-micro-batches", "2"], ["--kv-link-latency-us", "5"]])
+def test_the_pool_flags_are_refused_in_the_main_run(flags, capsys):
+    expect_usage_error(["--experiments", "C", *flags], capsys, "apply to --replay-distserve")
+
+
+@needs_logs
+def test_kv_layerwise_leaves_less_to_send_after_each_prefill(tmp_path):
+    logs = tmp_path / "logs"  # (one run beside the profiles)
+    logs.mkdir()
+    (logs / "profile_data").symlink_to(os.path.abspath(PROFILES))
+    (logs / "distserve-c21d11-300-3.exp").symlink_to(os.path.join(LOGS,
+                                                                "distserve-c21d11-300-3.exp"))
+
+    def replay(*flags):
+        return S.main(["--replay-distserve", str(logs), "--out", str(tmp_path / "out"),
+                       "--jobs", "1", *flags])["distserve_replay"]["rows"][0]
+    whole, layered = replay(), replay("--kv-layerwise")
+    assert whole["kv_transfer"]["sends"] == layered["kv_transfer"]["sends"] == 300
+    assert layered["kv_transfer"]["link_s"] < whole["kv_transfer"]["link_s"]
+    assert layered["simulated"]["ttft_s"] == whole["simulated"]["ttft_s"]
