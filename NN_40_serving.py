@@ -634,7 +634,7 @@ def parallel_executor(jobs, cluster=None):
                     n_workers=jobs, threads_per_worker=1, processes=True,
                     dashboard_address=None))
             client = stack.enter_context(distributed.Client(cluster, timeout="20s"))
-        except (OSError, TimeoutError) as e:
+        except (OSError, TimeoutError, ValueError) as e:  # (ValueError: not an address)
             raise UsageError(f"--cluster {cluster}: no Dask scheduler answered ({one_line(e)})")
         yield client.get_executor()
 
@@ -2492,7 +2492,7 @@ class KVManager:
     tracks = preempts = served = tracks_prefixes = loads = False
     in_both, caching = True, None
     block, capacity, watermark, total = 1, math.inf, 0, 0
-    shared = 0  # tokens held by more than one running request, counted once more than held
+    shared = lent = 0  # tokens held by several requests (once more than held); lent to KV in flight
 
     def lookup(self, ledger, r):
         """The tokens of request r already computed when it is admitted now: ledger.cached
@@ -3453,8 +3453,8 @@ class ServingSim:
         blocked = self.admit(taken)
         plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens)
         if not plan and not self.decode.size:
-            if not (self.waiting or self.retry):
-                return False
+            if not (self.waiting or self.retry) or self.kv.lent:
+                return False  # (or its room is lent to KV in flight: it plans as that lands)
             raise SimulationStalled(
                 f"the {self.scheduler} simulation stalled at t = {self.t:.3f} s with "
                 f"{len(self.waiting) + len(self.retry):,} requests waiting and none running")
@@ -4093,14 +4093,15 @@ class HandOff:
     def send(self, j, r, t):
         """Reserve r's blocks at decode replica j and send its KV from t."""
         replica, tokens, since, _ = self.held[r]
-        need = self.need(j, r)
-        self.decode.servers[j].kv.capacity -= need
+        need, kv = self.need(j, r), self.decode.servers[j].kv
+        kv.capacity -= need
+        kv.lent += need
         self.reserved[j] += need
         self.held[r] = (replica, tokens, since, need)
         self.totals["wait_s"] += t - since
-        if self.sends:  # (prefilled from its admission to its first token)
-            self.sends.send(replica, tokens - 1, t, r,
-                            since - self.ledger.start[r])
+        if self.sends:  # (layer-wise, its layers went as the prefill made them, unless it
+            self.sends.send(replica, tokens - 1, t, r,  # waited for room: then none had)
+                            since - self.ledger.start[r] if t == since else 0.0)
         else:
             self.landed(r, t)
 
@@ -4114,12 +4115,15 @@ class HandOff:
         admission, and its prefill replica's memory counts what it held until now."""
         j = self.decode.where[r]
         replica, tokens, since, need = self.held.pop(r)
-        self.decode.servers[j].kv.capacity += need
+        kv = self.decode.servers[j].kv
+        kv.capacity += need
+        kv.lent -= need
         self.reserved[j] -= need
-        memory = self.prefill.servers[replica].memory.totals
-        memory["held_s"] += tokens * (t - since)
-        memory["alloc_s"] += tokens * (t - since)
-        self.totals["held_token_s"] += tokens * (t - since)
+        server = self.prefill.servers[replica]  # (held there until its last byte left)
+        held_s = max(t - (self.sends.link.latency_s if self.sends else 0.0) - since, 0.0)
+        server.memory.totals["held_s"] += tokens * held_s
+        server.memory.totals["alloc_s"] += server.kv.blocks(tokens) * held_s
+        self.totals["held_token_s"] += tokens * held_s
 
     def freed(self, j, r, t):
         """A request finished at decode replica j at t: those waiting there go while they fit."""
@@ -4444,7 +4448,9 @@ class KVSends:
     as a virtual clock (the bytes each flow has been given since the link was last idle) and
     a heap of the clock at which each send ends: a send or an end is O(log n) events, and the
     next end is one event (SENT), put off again when a send joins. What moved is kept: the
-    link's busy seconds (each send alone) and the seconds sharing added."""
+    link's busy seconds (each send alone) and the seconds sharing added. (The sender's link is
+    the one shared: sends from several prefill replicas into one decode replica do not share
+    its link.)"""
 
     def __init__(self, link, replicas, queue, landed):
         self.link, self.queue, self.landed = link, queue, landed  # landed(request, t)
@@ -6641,6 +6647,7 @@ def fleet_capacity(run, req, replica, slo, one, m):
                          f"requests/s at the SLO, so even {REPLICAS_MAX:,} replicas cannot")
     # as many requests per replica (at the count the search starts from) as one replica's
     # search had: a finite run past capacity fails a loose SLO late, so the horizon matters
+    # (prompts known by their blocks are not cycled: a fleet takes the trace once, fewer each)
     seed = seed_for(run, "replicas")
     base, order = unit_rate(run, req, min(m * start, 200_000), seed)
     replica = dataclasses.replace(replica, order=order)
@@ -9213,7 +9220,7 @@ def output_flags(p):
              help="DistServe's logged runs on their placements, exit")
     add_flag(o, "--kv-link-gbs", type=number(1e-6, 1e6), default=None,
              shown="the card's link", help="the KV hand-off's GB/s")
-    add_flag(o, "--kv-link-latency-us", type=number(0, 1e9), default=0.0,
+    add_flag(o, "--kv-link-latency-us", type=number(0, 1e9), default=None, shown="0",
              help="a KV hand-off's latency")
     add_flag(o, "--kv-layerwise", action="store_true",
              help="the hand-off sends each layer's KV as the prefill makes it")
@@ -9610,7 +9617,7 @@ def run_distserve_replay(args):
     if args.cluster:
         dask_distributed()
     link = None
-    if args.kv_link_gbs is not None or args.kv_link_latency_us or args.kv_layerwise:
+    if args.kv_link_gbs is not None or args.kv_link_latency_us is not None or args.kv_layerwise:
         link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], args.kv_link_gbs,
                        args.kv_link_latency_us, layerwise=args.kv_layerwise)
     R = replay_distserve_runs(args.replay_distserve, link, args.pp_micro_batches, args.jobs,
@@ -9622,7 +9629,7 @@ def run_placement_search(args):
     """--placement-search: the placements ranked; prints them, writes results.json."""
     if args.cluster:
         dask_distributed()  # (refused before anything runs when Dask is not installed)
-    if args.kv_link_gbs is not None or args.kv_link_latency_us or args.kv_layerwise:
+    if args.kv_link_gbs is not None or args.kv_link_latency_us is not None or args.kv_layerwise:
         raise UsageError("--placement-search prices each placement on the card's own link: "
                          "--kv-link-gbs, --kv-link-latency-us and --kv-layerwise apply to "
                          "--replay-distserve")
@@ -9651,7 +9658,7 @@ def refuse_pool_flags(args):
                          "C's other simulations run on --jobs worker processes")
     given = [flag for flag, value in (
         ("--kv-link-gbs", args.kv_link_gbs is not None), ("--kv-link-latency-us",
-        args.kv_link_latency_us), ("--kv-layerwise", args.kv_layerwise),
+        args.kv_link_latency_us is not None), ("--kv-layerwise", args.kv_layerwise),
         ("--pp-micro-batches", args.pp_micro_batches is not None)) if value]
     if given:
         raise UsageError(f"{', '.join(given)}: the KV hand-off's and PP's flags apply to "

@@ -396,7 +396,8 @@ def test_back_pressure_by_hand():
     # blocks(4 + 1 + 1) = 8 there, so one request at a time. A: reserved and sent at 1.5
     # (0.25 s on the link, 0.25 s latency), in at 2.0, decodes 2-3-4. B waits, its KV held
     # on the prefill replica, until A finishes at 4.0: sent 4.0-4.25, in at 4.5, decodes
-    # 4.5-5.5-6.5. Held on the prefill side: A 5 tokens x 0.5 s, B 5 x 3.0 s = 17.5 token-s
+    # 4.5-5.5-6.5. Held on the prefill side until its last byte left: A 5 tokens x 0.25 s,
+    # B 5 x 2.75 s = 15.0 token-s
     req = S.Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
     link = S.KVLink(16.0, 0.25, 1.0)
     prefill = S.Pool("prefill", S.Replica(2, SLOW, kv=S.KVBudget("paged", 16, 4)))
@@ -406,13 +407,15 @@ def test_back_pressure_by_hand():
         return S.simulate_pools(req, [prefill, decode], ["prefill", "decode"], link=link)
     sim = run(8)
     assert sim["times"].first_token.tolist() == [1.5, 1.5] and sim["times"].finish.tolist() == [4.0, 6.5]
-    assert sim["hand_off"] == {"waited": 1, "wait_s": 2.5, "held_token_s": 17.5}
-    # with room for both, A and B share the link (1.5-2.0), in at 2.25, and are held 0.75 s
-    # each: 3.75 + 3.75 token-s; the prefill replica's memory counts the difference
+    assert sim["hand_off"] == {"waited": 1, "wait_s": 2.5, "held_token_s": 15.0}
+    # with room for both, A and B share the link (1.5-2.0), in at 2.25, and are held 0.5 s
+    # each: 2.5 + 2.5 token-s; the prefill replica's memory counts the difference
     roomy = run(64)
     assert roomy["times"].finish.tolist() == [4.25, 4.25]
-    assert roomy["hand_off"] == {"waited": 0, "wait_s": 0.0, "held_token_s": 7.5}
-    assert sim["kv"]["held_s"] - roomy["kv"]["held_s"] == pytest.approx(17.5 - 7.5)
+    assert roomy["hand_off"] == {"waited": 0, "wait_s": 0.0, "held_token_s": 5.0}
+    assert sim["kv"]["held_s"] - roomy["kv"]["held_s"] == pytest.approx(15.0 - 5.0)
+    # (allocated there in whole blocks: 8 tokens of 4-token blocks for each 5 held)
+    assert sim["kv"]["alloc_s"] - roomy["kv"]["alloc_s"] == pytest.approx((15.0 - 5.0) * 8 / 5)
     assert np.isfinite(sim["times"].finish).all()  # (nothing dropped)
 
 
@@ -462,9 +465,11 @@ def test_layerwise_overlap_sends_the_kv_during_the_prefill_by_hand():
 
 
 @pytest.mark.parametrize("flags", [["--kv-link-gbs", "10"], ["--kv-layerwise"],
-                                   ["--pp-micro-batches", "2"], ["--kv-link-latency-us", "5"]])
-def test_the_pool_flags_are_refused_in_the_main_run(flags, capsys):
-    expect_usage_error(["--experiments", "C", *flags], capsys, "apply to --replay-distserve")
+                                   ["--pp-micro-batches", "2"], ["--kv-link-latency-us", "5"],
+                                   ["--kv-link-latency-us", "0"]])
+def test_the_pool_flags_are_refused_in_the_main_run(flags, capsys, tmp_path):
+    expect_usage_error(["--experiments", "C", "--out", str(tmp_path), *flags], capsys,
+                       "apply to --replay-distserve")
 
 
 @needs_logs
@@ -482,3 +487,27 @@ def test_kv_layerwise_leaves_less_to_send_after_each_prefill(tmp_path):
     assert whole["kv_transfer"]["sends"] == layered["kv_transfer"]["sends"] == 300
     assert layered["kv_transfer"]["link_s"] < whole["kv_transfer"]["link_s"]
     assert layered["simulated"]["ttft_s"] == whole["simulated"]["ttft_s"]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_back_pressure_never_stalls_and_finishes_every_request(seed):
+    # decode replicas short of room, preempting, while hand-offs hold reservations there:
+    # a replica whose room is lent to KV in flight waits for it to land, never stalls
+    rng = np.random.default_rng(seed)
+    n = 60
+    req = S.Requests(np.sort(rng.uniform(0, 20, n)), rng.integers(1, 30, n),
+                     rng.integers(1, 20, n))
+    link = S.KVLink(float(rng.uniform(5, 50)), 0.1, 1.0, layers=int(rng.choice([0, 4])))
+    prefill = S.Pool("prefill", S.Replica(4, SLOW, kv=S.KVBudget("paged", 64, 4)), 2,
+                     "least-requests")
+    decode = S.Pool("decode", S.Replica(8, UNIT, kv=S.KVBudget(
+        "paged", int(rng.choice([52, 64, 128])), 4)), 2, "round-robin")
+    sim = S.simulate_pools(req, [prefill, decode], ["prefill", "decode"], link=link)
+    assert np.isfinite(sim["times"].finish).all()
+    assert (sim["times"].finish >= sim["times"].first_token).all()
+
+
+def test_a_cluster_that_is_no_address_is_one_line(capsys):
+    pytest.importorskip("distributed")
+    expect_usage_error(["--placement-search", DISTSERVE, "--cluster", "notanaddress"], capsys,
+                       "--cluster notanaddress")
