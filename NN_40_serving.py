@@ -9612,12 +9612,20 @@ def print_and_save(args, table, results):
     return results
 
 
+def link_flags(args):
+    """The KV hand-off's link flags given (each read by --replay-distserve alone)."""
+    return [flag for flag, given in (
+        ("--kv-link-gbs", args.kv_link_gbs is not None),
+        ("--kv-link-latency-us", args.kv_link_latency_us is not None),
+        ("--kv-layerwise", args.kv_layerwise)) if given]
+
+
 def run_distserve_replay(args):
     """--replay-distserve: DistServe's logs replayed; prints the table, writes results.json."""
     if args.cluster:
         dask_distributed()
     link = None
-    if args.kv_link_gbs is not None or args.kv_link_latency_us is not None or args.kv_layerwise:
+    if link_flags(args):
         link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], args.kv_link_gbs,
                        args.kv_link_latency_us, layerwise=args.kv_layerwise)
     R = replay_distserve_runs(args.replay_distserve, link, args.pp_micro_batches, args.jobs,
@@ -9629,10 +9637,9 @@ def run_placement_search(args):
     """--placement-search: the placements ranked; prints them, writes results.json."""
     if args.cluster:
         dask_distributed()  # (refused before anything runs when Dask is not installed)
-    if args.kv_link_gbs is not None or args.kv_link_latency_us is not None or args.kv_layerwise:
+    if link_flags(args):
         raise UsageError("--placement-search prices each placement on the card's own link: "
-                         "--kv-link-gbs, --kv-link-latency-us and --kv-layerwise apply to "
-                         "--replay-distserve")
+                         f"{', '.join(link_flags(args))} apply to --replay-distserve")
     paths, profiles = distserve_runs(args.placement_search)
     lengths = [read_engine_run(p) for p in paths]
     lengths = (np.concatenate([r["prompt"] for r in lengths]),
@@ -9656,10 +9663,7 @@ def refuse_pool_flags(args):
     if args.cluster:
         raise UsageError("--cluster runs --placement-search and --replay-distserve on Dask; "
                          "C's other simulations run on --jobs worker processes")
-    given = [flag for flag, value in (
-        ("--kv-link-gbs", args.kv_link_gbs is not None), ("--kv-link-latency-us",
-        args.kv_link_latency_us is not None), ("--kv-layerwise", args.kv_layerwise),
-        ("--pp-micro-batches", args.pp_micro_batches is not None)) if value]
+    given = link_flags(args) + ["--pp-micro-batches"] * (args.pp_micro_batches is not None)
     if given:
         raise UsageError(f"{', '.join(given)}: the KV hand-off's and PP's flags apply to "
                          "--replay-distserve (C's main run is one pool of colocated replicas)")
