@@ -2722,16 +2722,17 @@ class PagedBlocks(KVManager):
 PREFIX_REPORT = "prefix_cache"  # a run's result: what its prefix caches hit
 
 
-def leading(has, keys, start, stop):
-    """How many of keys[start:stop], from the first, `has` holds before the first it does not
+def leading(get, keys, start, stop):
+    """What `get` gives each of keys[start:stop], from the first, up to the first it gives None
     (C-speed, in slices growing from 32: a miss early costs little)."""
-    i, size = start, 32
+    out, i, size = [], start, 32
     while i < stop:
-        flags = list(map(has, keys[i:min(i + size, stop)]))
-        if False in flags:
-            return i - start + flags.index(False)
+        part = list(map(get, keys[i:min(i + size, stop)]))
+        if None in part:
+            return out + part[:part.index(None)]
+        out += part
         i, size = i + size, size * 4
-    return stop - start
+    return out
 
 
 class PrefixCache(PagedBlocks):
@@ -2759,7 +2760,8 @@ class PrefixCache(PagedBlocks):
             self.free.push_run(int(self.capacity // self.block))  # (every block never used)
         self.host, self.host_blocks = BlockQueue(), int(kv.host_tokens // self.block)
         self.host_token_s, self.loads = kv.host_token_s, self.host_blocks > 0
-        self.pending = None  # the last lookup: (r, keys, blocks hit on the card, in host)
+        self.pending = None  # the last lookup: (r, keys, the card's hit blocks' holders,
+        # blocks hit in host memory, hit blocks no one holds)
         # prompt tokens at first admissions (asked, found per tier), blocks evicted, hits readmitted
         self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
         self.hits = {}  # request -> tokens hit at its first admission
@@ -2767,45 +2769,39 @@ class PrefixCache(PagedBlocks):
 
     def lookup(self, ledger, r):
         self.identity = identity = ledger.identity
-        b = self.block
         if identity is None:
             self.pending = None
             return ledger.cached[r]
-        to_prefill = ledger.to_prefill[r]
-        pending = self.pending
+        b, to_prefill, pending = self.block, ledger.to_prefill[r], self.pending
         keys = pending[1] if pending and pending[0] == r else \
             identity.block_keys(r, to_prefill, b)
         most = min(len(keys), (to_prefill - 1) // b)  # (one prompt token left to compute)
-        ref = self.ref
-        card = leading(ref.__contains__, keys, 0, most)
+        counts = leading(self.ref.get, keys, 0, most)  # (the card's hit blocks' holders)
         host = self.host.where
-        host = leading(host.__contains__, keys, card, most) if host else 0
-        counts = list(map(ref.__getitem__, keys[:card])) if card else []
-        self.pending = (r, keys, card, host, counts)
-        return max(ledger.cached[r], (card + host) * b)
+        host = len(leading(host.get, keys, len(counts), most)) if host else 0
+        self.pending = (r, keys, counts, host, counts.count(0))
+        return max(ledger.cached[r], (len(counts) + host) * b)
 
     def need(self, prompt, cached, chunk, to_prefill):
         """As paged, less the hit blocks running requests hold already."""
-        need = super().need(prompt, cached, chunk, to_prefill)
-        if self.pending:
-            counts = self.pending[4]
-            need -= self.block * (len(counts) - counts.count(0))
-        return need
+        need, pending = super().need(prompt, cached, chunk, to_prefill), self.pending
+        return need - self.block * (len(pending[2]) - pending[4]) if pending else need
 
     def admit(self, seq, need):
-        seq.allocated, seq.keys, seq.held = self.blocks(seq.num_cached), (), []
-        seq.registered = seq.loading = 0
+        b = self.block
+        seq.allocated, seq.registered, seq.loading = self.blocks(seq.num_cached), 0, 0
         pending, self.pending = self.pending, None
         if not pending or pending[0] != seq.id:
+            seq.keys, seq.held = (), []
             self.total += seq.allocated
-            self.take(seq.allocated // self.block)
+            self.take(seq.allocated // b)
             return
-        r, keys, card, host, counts = pending
-        ref, b, hit = self.ref, self.block, keys[:card]
-        taken = counts.count(0)  # hit blocks no one held: they leave the free queue
+        r, keys, counts, host, taken = pending  # (taken: hit blocks no one held, now taken
+        card = len(counts)                      # out of the free queue)
+        hit = keys[:card]
         if taken and self.preempts:
             self.free.remove(itertools.compress(hit, map((0).__eq__, counts)))
-        ref.update(zip(hit, map((1).__add__, counts)))
+        self.ref.update(zip(hit, map((1).__add__, counts)))
         self.shared += b * (card - taken)
         if host:  # loaded back from the host tier
             self.host.remove(keys[card:card + host])
@@ -2819,7 +2815,8 @@ class PrefixCache(PagedBlocks):
         fresh = seq.allocated // b - card  # blocks it holds beyond the card's hits
         self.total += b * (taken + fresh)
         self.take(fresh)
-        self.register(seq, (card + host) * b)
+        if host:
+            self.register(seq, (card + host) * b)
 
     def register(self, seq, tokens):
         """Seq's blocks up to `tokens` are computed: cache those no block holds yet."""
@@ -2854,10 +2851,10 @@ class PrefixCache(PagedBlocks):
         if self.total > before:
             self.take((self.total - before) // self.block)
         for seq, c in plan:
-            seq.loading = 0  # (loaded in the run's first step)
-            if seq.keys and min((seq.num_cached + c * k) // self.block, len(seq.keys)) > \
-                    seq.registered:
+            if seq.registered < len(seq.keys):  # (keys beyond its hit: cached as computed)
                 self.register(seq, seq.num_cached + c * k)
+            if seq.loading:
+                seq.loading = 0  # (loaded in the run's first step)
         return integral
 
     def load_s(self, plan):
@@ -2868,23 +2865,25 @@ class PrefixCache(PagedBlocks):
         return (price[0] + load_s,) + price[1:] if load_s else price
 
     def release(self, seq, ctx):
-        keys, n = seq.keys, ctx // self.block
+        keys = seq.keys
         if keys:
+            n = ctx // self.block
             if n > len(keys) and self.identity.covers_output(seq.id):  # (its answer: the
                 seq.keys = keys = self.identity.block_keys(seq.id, ctx, self.block)  # next turn's)
             if min(n, len(keys)) > seq.registered:
                 self.register(seq, ctx)
         super().release(seq, ctx)
-        ref, held = self.ref, seq.held[::-1]
+        ref, held = self.ref, seq.held
         counts = list(map(ref.__getitem__, held))
         ref.update(zip(held, map((-1).__add__, counts)))
-        freed = held if counts.count(1) == len(counts) else \
-            list(itertools.compress(held, map((1).__eq__, counts)))
-        still = self.block * (len(held) - len(freed))
+        last = counts.count(1)  # blocks it held alone: freed, its tail first
+        freed = held[::-1] if last == len(held) else [] if not last else \
+            list(itertools.compress(reversed(held), map((1).__eq__, reversed(counts))))
+        still = self.block * (len(held) - last)
         self.total += still  # (held still by others)
         self.shared -= still
         if self.preempts:  # its uncached blocks first: they are its tail
-            uncached = -(-ctx // self.block) - len(seq.held)
+            uncached = -(-ctx // self.block) - len(held)
             if uncached:
                 self.free.push_run(uncached)
             self.free.push(freed)
