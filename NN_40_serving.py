@@ -1053,14 +1053,18 @@ CHAIN_MASK = (1 << 52) - 1  # a chain of hash ids, cut to leave 10 bits for a bl
 class HashedPrompts:
     """Prompts known by the hash ids of their 512-token blocks (Mooncake's traces): two prompts
     whose lists start with the same ids share those tokens. An engine block of b tokens (b
-    divides 512) is keyed by the chain of ids up to its 512-token block and its place in it."""
+    divides 512) is keyed by the chain of ids up to its 512-token block and its place in it;
+    the prompt's blocks only (a preempted request prefills its answer again, which no id names,
+    so no other prompt can share it)."""
 
-    def __init__(self, hash_ids, hash_tokens=HASH_BLOCK_TOKENS):
+    def __init__(self, hash_ids, prompt, hash_tokens=HASH_BLOCK_TOKENS):
         self.hash_ids, self.hash_tokens = hash_ids, hash_tokens  # (n,) object array of tuples
+        self.prompt = prompt  # (n,) prompt tokens (a list)
         self.last = (None, None)  # ((r, tokens, block), its keys): a router asks every replica
 
     def take(self, index):
-        return HashedPrompts(self.hash_ids[index], self.hash_tokens)
+        return HashedPrompts(self.hash_ids[index],
+                             np.asarray(self.prompt)[index].tolist(), self.hash_tokens)
 
     def block_keys(self, r, tokens, block):
         if self.last[0] == (r, tokens, block):
@@ -1069,7 +1073,8 @@ class HashedPrompts:
         return self.last[1]
 
     def chained_keys(self, r, tokens, block):
-        per, ids, n = self.hash_tokens // block, self.hash_ids[r], tokens // block
+        per, ids, n = self.hash_tokens // block, self.hash_ids[r], \
+            min(tokens, self.prompt[r]) // block
         chains, chain = [], 0
         for i in range(min(-(-n // per), len(ids))):
             chain = hash((chain, ids[i]))
@@ -1187,14 +1192,16 @@ ENGINE_RUN_SUFFIXES = (".jsonl", ".exp")
 
 
 def is_hashed_trace(path):
-    """A JSONL trace whose first line has hash_ids (Mooncake's), not an engine's log."""
+    """A JSONL trace whose first line names hash_ids or input_length (Mooncake's fields), not
+    an engine's log (which has neither); read_hashed_trace then checks every line."""
     if not path.endswith(".jsonl"):
         return False
     try:
-        with open(path, encoding="utf-8") as f:
-            return '"hash_ids"' in f.readline()
-    except (OSError, UnicodeDecodeError):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = next((line for line in f if line.strip()), "")
+    except OSError:
         return False  # (read_engine_run says why)
+    return '"hash_ids"' in first or '"input_length"' in first
 
 
 def is_engine_run(path):
@@ -1211,11 +1218,11 @@ def hashed_trace_row(row, hash_tokens):
     if missing:
         raise ValueError(f"missing {', '.join(missing)}")
     stamp, prompt, output, ids = (row[k] for k in fields)
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
                for v in (stamp, prompt, output)) or not (prompt == int(prompt)
                                                         and output == int(output)):
-        raise ValueError("timestamp, input_length and output_length must be numbers >= 0 "
-                         "(the lengths whole)")
+        raise ValueError("timestamp, input_length and output_length must be finite numbers "
+                         ">= 0 (the lengths whole)")
     if not 0 < output <= COUNT_MAX or not 0 < prompt <= COUNT_MAX:
         raise ValueError(f"input_length and output_length must be 1 to {COUNT_MAX:,}")
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
@@ -1260,7 +1267,7 @@ def read_hashed_trace(path, limit=None, block=16, hash_tokens=HASH_BLOCK_TOKENS)
     hash_ids[:] = ids
     arrival = (np.array(stamps) - stamps[0]) / 1e3
     return Requests(arrival, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64),
-                    identity=HashedPrompts(hash_ids, hash_tokens))
+                    identity=HashedPrompts(hash_ids, list(prompt), hash_tokens))
 
 
 class PrefixWorkload(NamedTuple):
@@ -6293,8 +6300,7 @@ def kv_setup(run, req, device):
     budgets = []
     for policy in run.scheduler.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.scheduler.block_tokens, max_output,
-                      run.scheduler.watermark, info["host_tokens"],
-                      per_token / (info["host_link_gbs"] * 1e9))
+                      run.scheduler.watermark, info["host_tokens"], info["host_token_s"])
         why = check_kv_budget(req, kv) if info["budget_tokens"] else {"kind": "kv_no_memory"}
         if why:
             info["unfit"][policy] = why
@@ -6746,13 +6752,16 @@ def prefix_study(run, req, replica, info, budgets):
 
 
 def host_tier(run, per_token):
-    """A prefix cache's host tier (--host-kv-gb): its tokens, and the card's link to it."""
+    """A prefix cache's host tier (--host-kv-gb): its tokens, the card's link to it, and the
+    seconds a token's KV takes to load. Each of a replica's tp cards holds its share of the KV
+    heads and loads it over its own link, all at once."""
     link, gbs = HOST_LINKS.get(run.hardware.gpu) or (
         (GPUS[run.hardware.gpu].link, GPUS[run.hardware.gpu].link_gbs) if run.hardware.gpu
         else _PCIE4)
     host_bytes = (run.scheduler.host_kv_gb or 0) * 1e9
     return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
-            "host_link": link, "host_link_gbs": gbs}
+            "host_link": link, "host_link_gbs": gbs,
+            "host_token_s": per_token / (gbs * 1e9 * run.hardware.tp)}
 
 
 # -----------------------------------------------------------------------------
@@ -9042,8 +9051,8 @@ def workload_flags(p):
              shown=f"{field_default('prompt_len')}; D on CPU: {ENGINE_CPU['prompt_len']}")
     add_flag(w, "--lengths-file", metavar="PATH", shown="the post's law",
              help="output lengths, one a line ('#' comments)")
-    add_flag(w, "--trace", metavar="CSV", shown="none", help="a trace: num_prefill_tokens,"
-             "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens")
+    add_flag(w, "--trace", metavar="FILE", shown="none", help="CSV (num_prefill_tokens,"
+             "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens) or JSONL")
     add_flag(w, "--trace-limit", type=integer(), shown="all", help="the trace's first N rows")
     add_flag(w, "--rate", "--request-rate", type=rate_value, shown="all at t=0",
              help="Poisson arrivals a second, or 'trace': its times")
@@ -9319,6 +9328,12 @@ def check_flags(args):
                                                        manager.tracks_prefixes):
         raise UsageError(f"--enable-prefix-caching: --kv-policy {args.kv_policy} keeps no "
                          "prefixes; give --kv-policy paged (or both)")
+    caching = args.enable_prefix_caching or (manager and manager.tracks_prefixes)
+    for flag, given in (("--host-kv-gb", args.host_kv_gb), ("--router cache-aware",
+                                                          args.router == "cache-aware")):
+        if given and not caching:
+            raise UsageError(f"{flag} works with a prefix cache: add --enable-prefix-caching "
+                             "(or --kv-policy prefix)")
     if (args.weights or args.kv_dtype) and set(chosen_experiments(args)) - {"C"}:
         raise UsageError("--weights and --kv-dtype price C only (A, B and D time --dtype for "
                          "real): add --experiments C")

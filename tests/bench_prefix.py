@@ -31,12 +31,12 @@ CONVERSATION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".
                             "traces", "mooncake", "conversation_trace.jsonl")
 
 
-def shared_requests(n, rate, seed=0):
-    """n requests: the post's output law, 128-token messages, 8 system prompts of 512 tokens
-    opening 80% of them (Zipf 1), Poisson arrivals at `rate`."""
+def shared_requests(n, rate, seed=0, output_scale=1):
+    """n requests: the post's output law (times output_scale), 128-token messages, 8 system
+    prompts of 512 tokens opening 80% of them (Zipf 1), Poisson arrivals at `rate`."""
     rng = np.random.default_rng(seed)
     base = S.Requests(S.arrival_times(n, rate, 1.0, rng), np.full(n, 128),
-                      S.lognormal_lengths(n, seed))
+                      S.lognormal_lengths(n, seed) * output_scale)
     return S.shared_prompts(base, S.PrefixWorkload(512, 8, 0.8, 1.0, 1, 0.0), rng)
 
 
@@ -76,6 +76,8 @@ def main():
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--rate", type=float, default=40.0)
+    ap.add_argument("--output-scale", type=int, default=1,
+                    help="outputs this many times longer: more decode steps, as many requests")
     ap.add_argument("--traces", action="store_true")
     ap.add_argument("--capacity", action="store_true")
     ap.add_argument("--target-rate", type=float, default=4.0)
@@ -86,8 +88,8 @@ def main():
         return capacity(args.target_rate)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}; llama-3-8b on h100, 256 slots, chunked 2048, paged KV "
-          f"blocks of 16 on the card", flush=True)
-    req = shared_requests(args.requests, args.rate)
+          f"blocks of 16 on the card; outputs x{args.output_scale}", flush=True)
+    req = shared_requests(args.requests, args.rate, output_scale=args.output_scale)
     walls, given = {"paged": [], "prefix": [], "hits given": []}, None
     for i in range(args.repeats):
         for policy in walls:

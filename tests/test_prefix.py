@@ -50,13 +50,14 @@ def free_blocks(cache):
 def test_hashed_prompts_share_keys_while_their_ids_agree():
     ids = np.empty(3, dtype=object)
     ids[:] = [(7, 8, 9), (7, 8, 5), (1, 8, 9)]
-    keys = S.HashedPrompts(ids).block_keys
+    keys = S.HashedPrompts(ids, [1536, 1536, 1400]).block_keys
     a, b, c = (keys(r, 1536, 256) for r in range(3))  # two engine blocks per hash id
     assert len(a) == 6 and len(set(a)) == 6
     assert a[:4] == b[:4] and a[4] != b[4]          # the third id differs
     assert not set(a) & set(c)                      # a chain: the same id after another
     assert keys(0, 1535, 256) == a[:5]              # full blocks only
-    assert keys(0, 4096, 256) == a                  # no further than the ids go
+    assert keys(0, 4096, 256) == a                  # the prompt's blocks only (preempted, a
+    assert len(c) == 5 and keys(2, 4096, 256) == c  # request prefills its answer again too)
 
 
 def test_a_hit_is_the_cached_leading_blocks_and_leaves_a_token_to_compute():
@@ -252,7 +253,13 @@ GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1
 @pytest.mark.parametrize("line, fragment", [
     ('{"timestamp": 5, "input_length": 600, "hash_ids": [1, 2]}', "missing output_length"),
     ('{"timestamp": 5, "input_length": -600, "output_length": 5, "hash_ids": [1, 2]}',
-     "must be numbers >= 0"),
+     "must be finite numbers >= 0"),
+    ('{"timestamp": 5, "input_length": Infinity, "output_length": 5, "hash_ids": [1, 2]}',
+     "must be finite numbers >= 0"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 1e400, "hash_ids": [1, 2]}',
+     "must be finite numbers >= 0"),
+    ('{"timestamp": Infinity, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}',
+     "must be finite numbers >= 0"),
     ('{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [1]}',
      "1 hash_ids for input_length 600 at 512 tokens a block (expected 2)"),
     ('{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [1, "x"]}',
@@ -267,6 +274,29 @@ def test_a_bad_trace_line_is_named_and_nothing_is_written(line, fragment, tmp_pa
                               "--enable-prefix-caching"], capsys, f"{path}:2:", fragment)
     assert "Traceback" not in err
     assert not (out / "results.json").exists()
+
+
+@pytest.mark.parametrize("text, named, fragment", [
+    ('{"timestamp": 0, "input_length": 600, "output_length": 5}\n' + GOOD + "\n", ":1:",
+     "missing hash_ids"),
+    ('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_id": [1, 2]}\n', ":1:",
+     "missing hash_ids"),
+])
+def test_a_first_line_without_hash_ids_is_named_not_taken_for_an_engine_log(
+        text, named, fragment, tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    path.write_text(text)
+    expect_usage_error(["--experiments", "C", "--trace", str(path), "--out",
+                        str(tmp_path / "out"), "--enable-prefix-caching"], capsys,
+                       f"{path}{named}", fragment)
+
+
+def test_a_trace_opening_with_a_blank_line_is_read(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n" + GOOD + "\n")
+    assert S.is_hashed_trace(str(path)) and not S.is_engine_run(str(path))
+    req = S.read_hashed_trace(str(path))
+    assert req.prompt.tolist() == [600] and req.identity.hash_ids[0] == (1, 2)
 
 
 def test_a_block_that_does_not_divide_the_hash_block_is_refused(tmp_path, capsys):
@@ -418,3 +448,28 @@ def test_the_fewest_replicas_with_and_without_caching_under_each_router(tmp_path
     assert said("cache-aware", out.out.split("replicas needed for 2 requests/s")[1])
     ko = S.format_tables(results, "ko")
     assert "round-robin, 접두사 캐시 없이" in ko
+
+
+def test_a_host_tier_loads_over_each_tensor_parallel_cards_link_at_once():
+    """A token's KV is split over the tp cards by heads; each loads its share over its own
+    host link at the same time: tp 2 loads a token in half the time of tp 1."""
+    def host(tp):
+        run = S.parse_args(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
+                            "--tp", str(tp), "--enable-prefix-caching", "--host-kv-gb", "10"])
+        per_token = S.kv_bytes_per_token(run.hardware.model)
+        return per_token, S.host_tier(run, per_token)
+    per_token, one = host(1)
+    _, two = host(2)
+    assert one["host_token_s"] == per_token / (one["host_link_gbs"] * 1e9)
+    assert two["host_token_s"] == one["host_token_s"] / 2
+    assert two["host_tokens"] == one["host_tokens"] == int(10e9 // per_token)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--host-kv-gb", "10"], "--host-kv-gb works with a prefix cache"),
+    (["--router", "cache-aware", "--replicas", "2"], "--router cache-aware works with a prefix"),
+    (["--host-kv-gb", "10", "--kv-policy", "paged"], "add --enable-prefix-caching"),
+])
+def test_the_cache_flags_without_a_cache_are_refused(flags, fragment, tmp_path, capsys):
+    expect_usage_error(["--experiments", "C", "--out", str(tmp_path)] + flags, capsys, fragment)
+    assert not (tmp_path / "results.json").exists()
