@@ -3133,15 +3133,17 @@ def waiting_queue(ledger, ids, order=None):
 class BlockQueue:
     """Block keys in the order they were pushed, oldest first, and runs of blocks with no key
     (`count` uncached blocks): a prefix cache's free queue, or its host tier. A key is in the
-    queue while `where` names the batch that pushed it last; a key removed (or pushed again)
-    leaves a stale entry behind, skipped when the head reaches it. Every operation costs
-    O(its keys) at C speed (maps over lists and dicts), none a Python step per block."""
-    __slots__ = ("where", "batches", "ids")
+    queue while `where` names the batch that pushed it; a key removed leaves a stale entry
+    behind, skipped when the head reaches it, and a batch all of whose keys were removed is
+    dropped whole (`live`: its keys still in the queue). Every operation costs O(its keys) at C
+    speed (maps over lists and dicts), none a Python step per block."""
+    __slots__ = ("where", "batches", "ids", "live")
 
     def __init__(self):
         self.where = {}  # key -> the batch that pushed it
         self.batches = collections.deque()  # [batch id (None: a run), keys (count), next]
         self.ids = itertools.count()
+        self.live = {}  # batch -> its keys still in the queue (none: not a key)
 
     def __len__(self):
         return len(self.where)
@@ -3159,16 +3161,32 @@ class BlockQueue:
 
     def push(self, keys):
         if keys:
+            if not self.where.keys().isdisjoint(keys):  # (pushed again: out of its old batch)
+                self.remove([key for key in keys if key in self.where])
             batch = next(self.ids)
             self.batches.append([batch, keys, 0])
             self.where.update(dict.fromkeys(keys, batch))
+            self.live[batch] = len(keys)
 
     def push_run(self, count):
-        self.batches.append([None, count, 0])
+        batches = self.batches
+        if batches and batches[-1][0] is None:  # (after a run: one longer run)
+            batches[-1][1] += count
+        else:
+            batches.append([None, count, 0])
 
     def remove(self, keys):
         """Take these keys (all in the queue) out."""
-        collections.deque(map(self.where.__delitem__, keys), 0)
+        batches, live = list(map(self.where.pop, keys)), self.live
+        if not batches:
+            return
+        counts = {batches[0]: len(batches)} if batches.count(batches[0]) == len(batches) \
+            else collections.Counter(batches)
+        for batch, n in counts.items():
+            if live[batch] == n:
+                del live[batch]
+            else:
+                live[batch] -= n
 
     def pop(self, blocks):
         """Take up to `blocks` blocks from the head. -> the keys taken (a run's blocks count
@@ -3187,9 +3205,12 @@ class BlockQueue:
                     batches.popleft()
                 blocks -= keys
                 continue
+            if batch not in self.live:  # (every key of it taken out since)
+                batches.popleft()
+                continue
             part = keys[i:i + blocks]
             found = list(map(where.get, part, itertools.repeat(-1, len(part))))
-            if found.count(batch) != len(part):  # (some taken out or pushed again since)
+            if found.count(batch) != len(part):  # (some taken out since)
                 part = list(itertools.compress(part, map(batch.__eq__, found)))
             i += len(found)
             if i < len(keys):
