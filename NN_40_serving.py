@@ -1054,17 +1054,14 @@ class HashedPrompts:
     """Prompts known by the hash ids of their 512-token blocks (Mooncake's traces): two prompts
     whose lists start with the same ids share those tokens. An engine block of b tokens (b
     divides 512) is keyed by the chain of ids up to its 512-token block and its place in it;
-    the prompt's blocks only (a preempted request prefills its answer again, which no id names,
-    so no other prompt can share it)."""
+    the prompt's blocks only (no id names the answer a preempted request prefills again)."""
 
     def __init__(self, hash_ids, prompt, hash_tokens=HASH_BLOCK_TOKENS):
-        self.hash_ids, self.hash_tokens = hash_ids, hash_tokens  # (n,) object array of tuples
-        self.prompt = prompt  # (n,) prompt tokens (a list)
-        self.last = (None, None)  # ((r, tokens, block), its keys): a router asks every replica
+        self.hash_ids, self.prompt = hash_ids, prompt  # (n,): tuples of ids, prompt tokens
+        self.hash_tokens, self.last = hash_tokens, (None, None)  # ((r, tokens, block), keys)
 
     def take(self, index):
-        return HashedPrompts(self.hash_ids[index],
-                             np.asarray(self.prompt)[index].tolist(), self.hash_tokens)
+        return HashedPrompts(self.hash_ids[index], self.prompt[index], self.hash_tokens)
 
     def block_keys(self, r, tokens, block):
         if self.last[0] == (r, tokens, block):
@@ -1073,8 +1070,8 @@ class HashedPrompts:
         return self.last[1]
 
     def chained_keys(self, r, tokens, block):
-        per, ids, n = self.hash_tokens // block, self.hash_ids[r], \
-            min(tokens, self.prompt[r]) // block
+        per, ids = self.hash_tokens // block, self.hash_ids[r]
+        n = min(tokens, int(self.prompt[r])) // block
         chains, chain = [], 0
         for i in range(min(-(-n // per), len(ids))):
             chain = hash((chain, ids[i]))
@@ -1192,8 +1189,7 @@ ENGINE_RUN_SUFFIXES = (".jsonl", ".exp")
 
 
 def is_hashed_trace(path):
-    """A JSONL trace whose first line names hash_ids or input_length (Mooncake's fields), not
-    an engine's log (which has neither); read_hashed_trace then checks every line."""
+    """A JSONL trace whose first line names Mooncake's fields, not an engine's log's."""
     if not path.endswith(".jsonl"):
         return False
     try:
@@ -1267,7 +1263,7 @@ def read_hashed_trace(path, limit=None, block=16, hash_tokens=HASH_BLOCK_TOKENS)
     hash_ids[:] = ids
     arrival = (np.array(stamps) - stamps[0]) / 1e3
     return Requests(arrival, np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64),
-                    identity=HashedPrompts(hash_ids, list(prompt), hash_tokens))
+                    identity=HashedPrompts(hash_ids, np.array(prompt), hash_tokens))
 
 
 class PrefixWorkload(NamedTuple):

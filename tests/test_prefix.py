@@ -50,7 +50,7 @@ def free_blocks(cache):
 def test_hashed_prompts_share_keys_while_their_ids_agree():
     ids = np.empty(3, dtype=object)
     ids[:] = [(7, 8, 9), (7, 8, 5), (1, 8, 9)]
-    keys = S.HashedPrompts(ids, [1536, 1536, 1400]).block_keys
+    keys = S.HashedPrompts(ids, np.array([1536, 1536, 1400])).block_keys
     a, b, c = (keys(r, 1536, 256) for r in range(3))  # two engine blocks per hash id
     assert len(a) == 6 and len(set(a)) == 6
     assert a[:4] == b[:4] and a[4] != b[4]          # the third id differs
