@@ -3156,9 +3156,7 @@ class BlockQueue:
         return len(self.where) + sum(keys for batch, keys, _ in self.batches if batch is None)
 
     def push(self, keys):
-        if keys:
-            if not self.where.keys().isdisjoint(keys):  # (pushed again: out of its old batch)
-                self.remove([key for key in keys if key in self.where])
+        if keys:  # (keys not queued: a cache frees a block once, and stores it once)
             batch = next(self.ids)
             self.batches.append([batch, keys, 0])
             self.where.update(dict.fromkeys(keys, batch))
