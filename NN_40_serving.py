@@ -1248,7 +1248,7 @@ def read_hashed_trace(path, limit=None, block=16, hash_tokens=HASH_BLOCK_TOKENS)
                     continue
                 try:
                     rows.append(hashed_trace_row(json.loads(line), hash_tokens))
-                except ValueError as e:  # (json's errors are ValueErrors too)
+                except (ValueError, OverflowError) as e:  # (json's are ValueErrors too)
                     raise UsageError(f"{path}:{lineno}: {one_line(e)}")
                 if len(rows) > 1 and rows[-1][0] < rows[-2][0]:
                     raise UsageError(f"{path}:{lineno}: timestamp earlier than the line before")
@@ -1258,6 +1258,9 @@ def read_hashed_trace(path, limit=None, block=16, hash_tokens=HASH_BLOCK_TOKENS)
         raise UsageError(f"{path}: not a text file")
     if not rows:
         raise UsageError(f"{path}: no requests in the trace")
+    if (rows[-1][0] - rows[0][0]) / 1e3 > MAX_SPAN_S:
+        raise UsageError(f"{path}: its timestamps span {(rows[-1][0] - rows[0][0]) / 1e3:.3g} s, "
+                         f"past the {MAX_SPAN_S:.0e} s C's clock keeps to the millisecond")
     stamps, prompt, output, ids = zip(*rows)
     hash_ids = np.empty(len(ids), dtype=object)
     hash_ids[:] = ids
@@ -6768,15 +6771,16 @@ def prefix_study(run, req, replica, info, budgets):
 
 def host_tier(run, per_token):
     """A prefix cache's host tier (--host-kv-gb): its tokens, the card's link to it, and the
-    seconds a token's KV takes to load. Each of a replica's tp cards holds its share of the KV
-    heads and loads it over its own link, all at once."""
+    seconds a token's KV takes to load: each of a replica's tp cards loads the share it keeps
+    (card_kv_share) over its own link, all at once."""
     link, gbs = HOST_LINKS.get(run.hardware.gpu) or (
         (GPUS[run.hardware.gpu].link, GPUS[run.hardware.gpu].link_gbs) if run.hardware.gpu
         else _PCIE4)
     host_bytes = (run.scheduler.host_kv_gb or 0) * 1e9
     return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
             "host_link": link, "host_link_gbs": gbs,
-            "host_token_s": per_token / (gbs * 1e9 * run.hardware.tp)}
+            "host_token_s": card_kv_bytes_per_token(run.hardware.model, run.hardware.tp)
+            / (gbs * 1e9)}
 
 
 # -----------------------------------------------------------------------------
@@ -9348,7 +9352,7 @@ def check_flags(args):
                                                           args.router == "cache-aware")):
         if given and not caching:
             raise UsageError(f"{flag} works with a prefix cache: add --enable-prefix-caching "
-                             "(or --kv-policy prefix)")
+                             "(with --kv-policy paged or both) or give --kv-policy prefix")
     if (args.weights or args.kv_dtype) and set(chosen_experiments(args)) - {"C"}:
         raise UsageError("--weights and --kv-dtype price C only (A, B and D time --dtype for "
                          "real): add --experiments C")

@@ -4,10 +4,12 @@ Mooncake conversation trace's replay. Prints one line a run: wall seconds, loop 
 (events) and events/s, token hit ratio.
 
 Three runs are alternated: paged blocks without caching; the prefix cache; and paged blocks
-given each request's hits (the cache's, from its first run) as cached on arrival. The third
-runs the prefix cache's very events with no cache at all: caching shortens the prefills, so
-fewer newcomers share a step and the loop has more events to run; prefix / hits-given is what
-the cache's own bookkeeping costs, prefix / paged that and the workload's change together.
+given each request's hits (the cache's, from its first run) as cached on arrival. While memory
+has room, the third runs the prefix cache's very events with no cache at all (it says when it
+does not: paged blocks hold each given hit apart, so under memory pressure they preempt more):
+caching shortens the prefills, so fewer newcomers share a step and the loop has more events to
+run; prefix / hits given is what the cache's own bookkeeping costs, prefix / paged that and the
+workload's change together.
 
     python tests/bench_prefix.py [--requests 1000000] [--repeats 2] [--rate 40]
     python tests/bench_prefix.py --traces   (both Mooncake traces on 4 replicas: each cache
@@ -90,15 +92,19 @@ def main():
           f"{os.getloadavg()[0]:.1f}; llama-3-8b on h100, 256 slots, chunked 2048, paged KV "
           f"blocks of 16 on the card; outputs x{args.output_scale}", flush=True)
     req = shared_requests(args.requests, args.rate, output_scale=args.output_scale)
-    walls, given = {"paged": [], "prefix": [], "hits given": []}, None
+    walls, events, given = {"paged": [], "prefix": [], "hits given": []}, {}, None
     for i in range(args.repeats):
         for policy in walls:
             run = (given, "paged") if policy == "hits given" else (req, policy)
             wall, sim = timed(f"{args.requests:,} shared, {policy} #{i + 1}", run[0],
                               replica(run[1]))
             walls[policy].append(wall)
+            events[policy] = sim["iterations"]
             if given is None and policy == "prefix":
                 given = hits_given(req, sim)
+    if events["hits given"] != events["prefix"]:
+        print("hits given ran other events than the prefix cache (memory pressure): prefix / "
+              "hits given is not the cache's cost alone", flush=True)
     med = {policy: np.median(w) for policy, w in walls.items()}
     print(f"prefix / paged: {med['prefix'] / med['paged']:.2f}x, prefix / hits given: "
           f"{med['prefix'] / med['hits given']:.2f}x, hits given / paged: "

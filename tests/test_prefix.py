@@ -451,18 +451,22 @@ def test_the_fewest_replicas_with_and_without_caching_under_each_router(tmp_path
 
 
 def test_a_host_tier_loads_over_each_tensor_parallel_cards_link_at_once():
-    """A token's KV is split over the tp cards by heads; each loads its share over its own
-    host link at the same time: tp 2 loads a token in half the time of tp 1."""
-    def host(tp):
-        run = S.parse_args(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
-                            "--tp", str(tp), "--enable-prefix-caching", "--host-kv-gb", "10"])
+    """Each of the tp cards loads the share of a token's KV it keeps over its own host link,
+    all at once: its K/V heads' share (llama-3-8b's 8 heads over 2 cards: half each; over 16,
+    one head each, replicated), or a latent attention's whole latent (every card keeps it)."""
+    def host(model, tp):
+        run = S.parse_args(["--experiments", "C", "--model", model, "--gpu", "h200", "--tp",
+                            str(tp), "--enable-prefix-caching", "--host-kv-gb", "10"])
         per_token = S.kv_bytes_per_token(run.hardware.model)
         return per_token, S.host_tier(run, per_token)
-    per_token, one = host(1)
-    _, two = host(2)
+    per_token, one = host("llama-3-8b", 1)
     assert one["host_token_s"] == per_token / (one["host_link_gbs"] * 1e9)
-    assert two["host_token_s"] == one["host_token_s"] / 2
-    assert two["host_tokens"] == one["host_tokens"] == int(10e9 // per_token)
+    assert host("llama-3-8b", 2)[1]["host_token_s"] == one["host_token_s"] / 2
+    assert host("llama-3-8b", 16)[1]["host_token_s"] == one["host_token_s"] / 8
+    assert host("llama-3-8b", 2)[1]["host_tokens"] == one["host_tokens"] == \
+        int(10e9 // per_token)
+    latent_per_token, latent = host("deepseek-v3", 8)
+    assert latent["host_token_s"] == latent_per_token / (latent["host_link_gbs"] * 1e9)
 
 
 @pytest.mark.parametrize("flags, fragment", [
@@ -473,3 +477,18 @@ def test_a_host_tier_loads_over_each_tensor_parallel_cards_link_at_once():
 def test_the_cache_flags_without_a_cache_are_refused(flags, fragment, tmp_path, capsys):
     expect_usage_error(["--experiments", "C", "--out", str(tmp_path)] + flags, capsys, fragment)
     assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("second, fragment", [
+    ('{"timestamp": 1' + "0" * 400 + ', "input_length": 600, "output_length": 5, '
+     '"hash_ids": [1, 2]}', "trace.jsonl:2: "),
+    ('{"timestamp": 1e300, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}',
+     "past the 1e+09 s C's clock keeps"),
+])
+def test_timestamps_too_large_for_the_clock_are_refused(second, fragment, tmp_path, capsys):
+    path = tmp_path / "trace.jsonl"
+    path.write_text(GOOD + "\n" + second + "\n")
+    out = tmp_path / "out"
+    expect_usage_error(["--experiments", "C", "--trace", str(path), "--rate", "trace",
+                        "--enable-prefix-caching", "--out", str(out)], capsys, fragment)
+    assert not (out / "results.json").exists()
