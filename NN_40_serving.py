@@ -1064,9 +1064,8 @@ class HashedPrompts:
         return HashedPrompts(self.hash_ids[index], self.prompt[index], self.hash_tokens)
 
     def block_keys(self, r, tokens, block):
-        if self.last[0] == (r, tokens, block):
-            return self.last[1]
-        self.last = ((r, tokens, block), self.chained_keys(r, tokens, block))
+        if self.last[0] != (r, tokens, block):
+            self.last = ((r, tokens, block), self.chained_keys(r, tokens, block))
         return self.last[1]
 
     def chained_keys(self, r, tokens, block):
@@ -1232,9 +1231,8 @@ def hashed_trace_row(row, hash_tokens):
 
 
 def read_hashed_trace(path, limit=None, block=16, hash_tokens=HASH_BLOCK_TOKENS):
-    """A trace of prompts known by their blocks' hash ids (Mooncake's JSONL: timestamp in ms,
-    input_length, output_length, hash_ids) -> Requests arriving at its timestamps, with their
-    identity (HashedPrompts); each line checked, the engine's block size dividing theirs."""
+    """Mooncake's JSONL (timestamp in ms, input_length, output_length, hash_ids), each line
+    checked -> Requests at its times, known by their blocks (HashedPrompts: `block` divides)."""
     if hash_tokens % block:
         raise UsageError(f"{path}: a block of {block} tokens does not divide the trace's "
                          f"{hash_tokens}-token hash blocks (--block-tokens)")
@@ -1258,9 +1256,6 @@ def read_hashed_trace(path, limit=None, block=16, hash_tokens=HASH_BLOCK_TOKENS)
         raise UsageError(f"{path}: not a text file")
     if not rows:
         raise UsageError(f"{path}: no requests in the trace")
-    if (rows[-1][0] - rows[0][0]) / 1e3 > MAX_SPAN_S:
-        raise UsageError(f"{path}: its timestamps span {(rows[-1][0] - rows[0][0]) / 1e3:.3g} s, "
-                         f"past the {MAX_SPAN_S:.0e} s C's clock keeps to the millisecond")
     stamps, prompt, output, ids = zip(*rows)
     hash_ids = np.empty(len(ids), dtype=object)
     hash_ids[:] = ids
@@ -1457,8 +1452,10 @@ def make_requests(run):
                              f"{n / rate:.3g} s, past the {MAX_SPAN_S:.0e} s C's clock keeps "
                              "to the millisecond; raise the rate")
     if work.rate == "trace":
-        if trace_times is None:
-            raise UsageError("--rate trace: the trace has no timestamps")
+        if trace_times is None or trace_times[-1] - trace_times[0] > MAX_SPAN_S:
+            raise UsageError(f"--rate trace: {work.trace}'s timestamps " + (
+                "are missing" if trace_times is None else f"span past the {MAX_SPAN_S:.0e} "
+                "s C's clock keeps to the millisecond"))
         arrival = trace_times
     else:
         rate = work.rate  # (with turns: conversations open at rate / turns)
