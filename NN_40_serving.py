@@ -3175,7 +3175,7 @@ class BlockQueue:
         if not batches:
             return
         counts = {batches[0]: len(batches)} if batches.count(batches[0]) == len(batches) \
-            else collections.Counter(batches)
+            else collections.Counter(batches)  # (one batch, the usual: no dict step a key)
         for batch, n in counts.items():
             if live[batch] == n:
                 del live[batch]
