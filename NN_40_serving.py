@@ -559,6 +559,45 @@ def windows_available_bytes():
     return math.inf
 
 
+BUSY_SHARE = 0.25  # other processes using this share of the machine's CPUs disturb a timing
+
+
+def cpu_clock():
+    """(wall s, this process's CPU s, the machine's busy and stolen CPU s) now; the last two
+    from /proc/stat (Linux), None elsewhere. Two readings apart give the load beside the run
+    (see load_between)."""
+    wall, own = time.perf_counter(), sum(os.times()[:2])
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return wall, own, None, None
+    hz = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal (guest time is inside user's)
+    busy = sum(ticks[i] for i in (0, 1, 2, 5, 6) if i < len(ticks))
+    return wall, own, busy / hz, (ticks[7] / hz if len(ticks) > 7 else 0.0)
+
+
+def load_between(start, end):
+    """What the machine did beside this process between two cpu_clock readings: its CPUs'
+    shares used by other processes and stolen by the hypervisor (None where unmeasured)."""
+    wall = max(end[0] - start[0], 1e-9)
+    load = {"wall_s": wall, "process_cpu_s": end[1] - start[1], "cpus": os.cpu_count(),
+            "others_share": None, "steal_share": None}
+    if start[2] is not None and end[2] is not None:
+        machine = wall * (os.cpu_count() or 1)
+        others = (end[2] - start[2]) - (end[1] - start[1])
+        load.update(others_share=min(1.0, max(0.0, others / machine)),
+                    steal_share=min(1.0, max(0.0, (end[3] - start[3]) / machine)))
+    return load
+
+
+def busy(load):
+    """Whether other processes (or the hypervisor) took BUSY_SHARE of the machine."""
+    return load.get("others_share") is not None and \
+        load["others_share"] + load["steal_share"] > BUSY_SHARE
+
+
 def write_atomic(path, data, mode="w"):
     """Write a file whole or not at all: a temporary file beside it, then a rename."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -5147,75 +5186,131 @@ def resolve_device(name):
 # bfloat16 is fast and float16 ~1000x slower; with AVX2 alone (most laptops, AMD before Zen 4)
 # both 2-byte types fall back to paths 5-60x slower than float32 at a prefill's sizes, though
 # not always at a decode's. So unless --dtype is given, the run takes the type a probe measures
-# fastest over the shapes it runs, a 2-byte type unless float32 beats it by more than
-# DTYPE_PREFERENCE (half the bytes of weights and KV cache, and what GPUs serve in).
+# fastest over the shapes the run itself makes, a 2-byte type unless float32 beats it by more
+# than DTYPE_PREFERENCE (half the bytes of weights and KV cache, and what GPUs serve in).
+# A type's first call at a shape sets up its kernel and is never timed; the types take turns
+# round by round (the order rotated), so a burst of other work falls on all of them alike, and
+# each is compared with float32 within a round. Types within the rounds' noise of each other
+# are tied, and a tie goes to the first of PROBE_DTYPES' 2-byte types: one answer per machine.
 PROBE_DTYPES = ("float32", "bfloat16", "float16")
 
 DTYPE_PREFERENCE = 1.1
 
-# (rows, output features, weights in turn) through F.linear of the model's width, smallest first:
-# decode at 1 and 8 rows through four weights of 2^22 elements (64 MB in float32, 32 MB in a
-# 2-byte type: past a laptop's cache in both), prefill-like products at 64 and 256 rows
-PROBE_SHAPES = ((1, None, 4), (8, None, 4), (64, 1024, 1), (256, 1024, 1))  # None: 2^22 / width
+PROBE_ROUNDS = 5  # timed rounds at each shape (the median taken, p10/p90 kept)
+
+PROBE_NOISE = 0.1  # the least relative gap that is not noise between two types' totals
 
 PROBE_DROP = 4.0  # a 2-byte type this much slower than the best at a shape is out (float32,
+# never on a slow path, is always timed whole): its larger shapes are never run
 
-# never on a slow path, is always timed whole)
+PROBE_DECODE_WEIGHTS = 4  # a decode product reads four weights of 2^22 elements (64 MB in
+# float32, 32 MB in a 2-byte type: past a laptop's cache in both, as a model's weights are)
 
-
-def probe_dtypes(width=1024, budget_s=0.02):
-    """F.linear in each type at PROBE_SHAPES, each a warm call and repeats up to budget_s (the
-    one timed call where a single call is slower). A 2-byte type PROBE_DROP times slower than
-    the best at some shape leaves the probe there, so even a type on a 1000x slower path costs
-    a fraction of a second. -> {dtype: {"ms": [per shape], "total_ms" (None: left the probe)}}"""
-    g = torch.Generator(device="cpu").manual_seed(7)
-    shapes = [(rows, out or 2**22 // width, n) for rows, out, n in PROBE_SHAPES]
-    weights = {out: [torch.randn(out, width, generator=g) * width ** -0.5 for _ in range(n)]
-               for _, out, n in shapes}
-    probe = {name: {"ms": [], "total_ms": 0.0} for name in PROBE_DTYPES}
-    for rows, out, n in shapes:
-        x = torch.randn(rows, width, generator=g)
-        timed = [name for name in PROBE_DTYPES if probe[name]["total_ms"] is not None]
-        for name in timed:
-            ws = [w.to(DTYPES[name]) for w in weights[out][:n]]
-            xs = x.to(DTYPES[name])
-            probe[name]["ms"].append(probe_ms(lambda: [F.linear(xs, w) for w in ws], budget_s))
-            probe[name]["total_ms"] += probe[name]["ms"][-1]
-        best = min(probe[name]["ms"][-1] for name in timed)
-        for name in timed:
-            if name != "float32" and probe[name]["ms"][-1] > PROBE_DROP * best:
-                probe[name]["total_ms"] = None  # (out: its remaining shapes untimed)
-    return probe
+PROBE_PREFILL_OUT = 1024  # a prefill product: one weight of this many output features
 
 
-def probe_ms(fn, budget_s):
-    """The fastest ms of fn() after one warm call, bounded by budget_s (at most 20 calls), or
-    the warm call's where it alone takes longer. (The fastest: what the type can do, whatever
-    else the machine runs meanwhile.)"""
+class ProbeShape(NamedTuple):
+    rows: int      # tokens through the product (a decode's batch, a prefill's prompt)
+    out: int       # output features of each weight
+    weights: int   # weights multiplied in turn
+    calls: int     # the run's timed shapes this product stands for
+    weight: float  # its share of the run's time: calls x the model's weights over the probe's
+
+
+def probe_shapes(run, width):
+    """The products the run makes, smallest first: decode at A's batches (at each context) and
+    B's and D's decode batches, prefill at B's lengths and D's prompt. A prefill reads all the
+    model's weights at its rows, a decode step all of them at its batch: each shape's time is
+    scaled by the model's weights over the probe's, so the totals weigh each where the run
+    spends its time."""
+    timed, calls = run.measurement, collections.Counter()
+    if "A" in timed.experiments:
+        calls.update({("decode", b): len(timed.contexts) for b in timed.batch_sizes})
+    if "B" in timed.experiments:
+        calls.update([("decode", b) for b in timed.decode_batches])
+        calls.update([("prefill", t) for t in timed.prefill_lengths])
+    if "D" in timed.experiments:
+        calls.update([("decode", run.engine.engine_slots),
+                      ("prefill", run.engine.engine_prompt_len)])
+    shapes = []
+    for (phase, rows), n in sorted(calls.items(), key=lambda kv: kv[0][1]):
+        out, weights = ((2**22 // width, PROBE_DECODE_WEIGHTS) if phase == "decode" else
+                        (PROBE_PREFILL_OUT, 1))
+        shapes.append(ProbeShape(rows, out, weights, n, n * 2**24 / (out * weights * width)))
+    return shapes
+
+
+def call_ms(fn):
+    """One call of fn() in ms, on the host's clock (the probes run on CPU alone)."""
     t0 = time.perf_counter()
     fn()
-    first = time.perf_counter() - t0
-    if first > budget_s:
-        return first * 1e3
-    samples, t_end = [], time.perf_counter() + budget_s
-    while len(samples) < 20 and time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return min(samples) * 1e3
+    return (time.perf_counter() - t0) * 1e3
 
 
-def choose_dtype(probe):
-    """The type of least total time over the probe's shapes; a 2-byte type over float32 unless
-    float32 is more than DTYPE_PREFERENCE faster."""
-    timed = {d: p["total_ms"] for d, p in probe.items() if p["total_ms"] is not None}
-    fastest = min(timed, key=timed.get)
-    halves = [d for d in timed if d != "float32"]
-    if fastest == "float32" and halves:
-        half = min(halves, key=timed.get)
-        if timed[half] <= DTYPE_PREFERENCE * timed["float32"]:
-            return half
-    return fastest
+def interleaved_ms(contenders, rounds=PROBE_ROUNDS):
+    """{name: fn} -> {name: [ms a round]}: each warmed with one untimed call (its kernel's
+    set-up), then `rounds` rounds timing each once, the order rotated a step a round."""
+    names = list(contenders)
+    for name in names:
+        call_ms(contenders[name])
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(call_ms(contenders[name]))
+    return times
+
+
+def probe_dtypes(width, shapes):
+    """F.linear in each type at each of shapes (see probe_shapes), smallest first, the types
+    interleaved (see interleaved_ms). A 2-byte type PROBE_DROP times slower than the best at a
+    shape leaves the probe there, so a type on a 1000x slower path costs a fraction of a
+    second. -> {dtype: [ms a round, per shape timed]}"""
+    g = torch.Generator(device="cpu").manual_seed(7)
+    rounds = {name: [] for name in PROBE_DTYPES}
+    timed = list(PROBE_DTYPES)
+    for shape in shapes:
+        ws = [torch.randn(shape.out, width, generator=g) * width ** -0.5
+              for _ in range(shape.weights)]
+        x = torch.randn(shape.rows, width, generator=g)
+        cast = {name: ([w.to(DTYPES[name]) for w in ws], x.to(DTYPES[name])) for name in timed}
+        ms = interleaved_ms({name: functools.partial(
+            lambda ws_, x_: [F.linear(x_, w) for w in ws_], *cast[name]) for name in timed})
+        for name in timed:
+            rounds[name].append(ms[name])
+        best = min(np.median(ms[name]) for name in timed)
+        timed = [name for name in timed
+                 if name == "float32" or np.median(ms[name]) <= PROBE_DROP * best]
+    return rounds
+
+
+def choose_dtype(rounds, shapes):
+    """The type the probe's rounds say (see probe_dtypes), with how sure: each type's total a
+    round (its shapes' ms, weighted), over float32's in the same round; a 2-byte type unless
+    float32 is DTYPE_PREFERENCE faster; among types within noise of the best, the first of
+    PROBE_DTYPES. -> {"chosen", "vs_float32": {dtype: median, p10, p90 or None (left the probe)},
+    "noise", "margin" (the runner-up's score over the chosen's: 1 is a tie)}"""
+    weight = np.array([s.weight for s in shapes])
+    totals = {d: weight @ np.array(r) for d, r in rounds.items() if len(r) == len(shapes)}
+    ratios = {d: totals[d] / totals["float32"] for d in totals}
+    spread = [(np.percentile(q, 90) - np.percentile(q, 10)) / 2 / np.median(q)
+              for q in ratios.values()]
+    noise = max(PROBE_NOISE, *spread)
+    # a score to minimise: a 2-byte type's time over float32's, float32's DTYPE_PREFERENCE
+    score = {d: DTYPE_PREFERENCE if d == "float32" else float(np.median(q))
+             for d, q in ratios.items()}
+    best = min(score.values())
+    tied = [d for d in PROBE_DTYPES[1:] + PROBE_DTYPES[:1]
+            if d in score and score[d] <= best * (1 + noise)]
+    chosen = tied[0] if score[tied[0]] <= DTYPE_PREFERENCE else "float32"
+    others = [score[d] / score[chosen] for d in score if d != chosen]
+    return {"chosen": chosen, "noise": noise, "margin": min(others, default=None),
+            "vs_float32": {d: median_spread(ratios[d]) if d in ratios else None
+                           for d in PROBE_DTYPES}}
+
+
+def median_spread(values):
+    p10, p50, p90 = np.percentile(values, [10, 50, 90])
+    return {"median": float(p50), "p10": float(p10), "p90": float(p90)}
 
 
 def with_probed_dtype(run):
@@ -5224,41 +5319,53 @@ def with_probed_dtype(run):
     reads the bytes it reads in a 2-byte type, and the run takes the time it takes there."""
     if run.hardware.device != "cpu" or run.hardware.dtype_given:
         return run, None
-    probe = probe_dtypes(min(run.hardware.model.hidden, 1024))
-    chosen = choose_dtype(probe)
+    width = min(run.hardware.model.hidden, 1024)
+    shapes = probe_shapes(run, width)
+    rounds = probe_dtypes(width, shapes)
+    probe = choose_dtype(rounds, shapes)
+    chosen = probe["chosen"]
     model, preset = dataclasses.replace(run.hardware.model, dtype=chosen), run.hardware.preset
     if chosen == "float32" and f"layers={CPU_PRESET.layers}" in preset:
         layers = max(1, CPU_PRESET.layers // 2)
         model = dataclasses.replace(model, layers=layers)
         preset = tuple(f"layers={layers}" if p.startswith("layers=") else p for p in preset)
     return run.replace(model=model, preset=preset), {
-        "chosen": chosen, "times": probe, "preference": DTYPE_PREFERENCE}
+        **probe, "preference": DTYPE_PREFERENCE, "rounds": PROBE_ROUNDS,
+        "shapes": [s._asdict() for s in shapes],
+        "ms": {d: [float(np.median(r)) for r in rounds[d]] for d in PROBE_DTYPES}}
 
 
 LAYOUT_ROWS = (1, 2, 4, 8, 16, 32, 64)  # the rows probe_layouts times both layouts at
 
 
 @functools.lru_cache(maxsize=8)
-def probe_layouts(width, dtype, budget_s=0.03):
+def probe_layouts(width, dtype):
     """F.linear against W x^T (see linear) at each of LAYOUT_ROWS over four weights of the
-    model's width, 64 MB in float32 (past a CPU's caches, as a model's are), each the fastest of
-    up to 20 calls within budget_s. -> {"rows", "linear_ms", "weight_first_ms",
-    "weight_first_rows": the row count up to which W x^T makes the probe's total least}"""
+    model's width, 64 MB in float32 (past a CPU's caches, as a model's are), interleaved as
+    the dtype probe's types are (see interleaved_ms). The turn: the row count up to which W x^T
+    makes the median round's total least; a turn within PROBE_NOISE of the least total is
+    tied, and the smallest tied wins (0: F.linear throughout). -> {"rows", "linear_ms",
+    "weight_first_ms" (medians), "weight_first_rows", "margin"}"""
     g = torch.Generator(device="cpu").manual_seed(11)
     weights = [torch.randn(2**22 // width, width, generator=g).to(DTYPES[dtype])
                for _ in range(4)]
-    probe = {"rows": list(LAYOUT_ROWS), "linear_ms": [], "weight_first_ms": []}
+    linear_ms, first_ms = [], []
     for rows in LAYOUT_ROWS:
         x = torch.randn(rows, width, generator=g).to(DTYPES[dtype])
-        probe["linear_ms"].append(probe_ms(lambda: [F.linear(x, w) for w in weights],
-                                           budget_s))
-        probe["weight_first_ms"].append(probe_ms(lambda: [linear(x, w, rows) for w in weights],
-                                                 budget_s))
-    totals = {0: sum(probe["linear_ms"])}
+        ms = interleaved_ms({"linear": lambda: [F.linear(x, w) for w in weights],
+                             "first": lambda: [linear(x, w, rows) for w in weights]})
+        linear_ms.append(ms["linear"])
+        first_ms.append(ms["first"])
+    lin, first = np.array(linear_ms), np.array(first_ms)  # (rows, rounds)
+    totals = {0: np.median(lin.sum(0))}
     for i, rows in enumerate(LAYOUT_ROWS):
-        totals[rows] = sum(probe["weight_first_ms"][:i + 1]) + sum(probe["linear_ms"][i + 1:])
-    probe["weight_first_rows"] = min(totals, key=lambda r: (totals[r], r))
-    return probe
+        totals[rows] = np.median(first[:i + 1].sum(0) + lin[i + 1:].sum(0))
+    best = min(totals.values())
+    turn = min(r for r, t in totals.items() if t <= best * (1 + PROBE_NOISE))
+    return {"rows": list(LAYOUT_ROWS), "linear_ms": np.median(lin, 1).tolist(),
+            "weight_first_ms": np.median(first, 1).tolist(), "weight_first_rows": turn,
+            "margin": float(min((t for r, t in totals.items() if r != turn),
+                                default=totals[turn]) / totals[turn])}
 
 
 def with_probed_layout(run):
@@ -7489,6 +7596,11 @@ def machine_warnings(results):
     if above:
         rows = sum("above_ceiling" in r for e in "AB" for r in results.get(e, {}).get("rows", []))
         out.append({"kind": "warn_above", "shares": " and ".join(above), "rows": rows})
+    disturbed = {k: v for k, v in env.get("load", {}).items() if busy(v)}
+    if disturbed:
+        worst = max(disturbed.values(), key=lambda v: v["others_share"] + v["steal_share"])
+        out.append({"kind": "warn_busy", "stages": ", ".join(disturbed), "cpus": worst["cpus"],
+                    "others": worst["others_share"], "steal": worst["steal_share"]})
     machine = results.get("D", {}).get("machine")
     if machine and speed_moved(machine["before"], machine["after"]):
         out.append({"kind": "warn_engine", **ceilings_moved(machine["before"], machine["after"])})
@@ -7539,12 +7651,33 @@ def summary_text(T, results):
     return "\n".join([T["summary"]] + lines) if lines else ""
 
 
+def dtype_probe_line(T, probe):
+    """The dtype probe's choice, each type's weighted time over float32's (median, p10-p90 of
+    the rounds) and the margin, as the banner prints it."""
+    rows = "/".join(str(s["rows"]) for s in probe["shapes"])
+    ratios = ", ".join(
+        T["probe_ratio"].format(dtype=d, **q) if q else T["probe_dropped"].format(dtype=d)
+        for d, q in probe["vs_float32"].items() if d != "float32")
+    margin = T["probe_margin"].format(margin=probe["margin"]) if probe["margin"] else \
+        T["probe_alone"]
+    return T["dtype_probe"].format(chosen=probe["chosen"], rows=rows, ratios=ratios,
+                                   rounds=probe["rounds"], margin=margin,
+                                   preference=probe["preference"])
+
+
 def ceilings_line(T, ceilings, device_type):
     return fit_lines(T["ceilings"].format(
         bandwidth=ceilings["bandwidth_gbs"], tflops=ceilings["matmul_tflops"],
         bandwidth_source=describe(T, ceilings["bandwidth_source"]),
         matmul_source=describe(T, ceilings["matmul_source"]),
-        ridge=ceilings["ridge_flop_per_byte"]) + ("" if device_type == "cuda" else T["cpu_graphs"]))
+        ridge=ridge_text(ceilings["ridge_flop_per_byte"])) +
+        ("" if device_type == "cuda" else T["cpu_graphs"]))
+
+
+def ridge_text(ridge):
+    """A ridge as the ceilings line prints it: whole from 1 up, two figures below (a ridge
+    under 1, a busy machine's, must not read as 0)."""
+    return f"{ridge:.0f}" if ridge >= 1 else f"{ridge:.2g}"
 
 
 # -----------------------------------------------------------------------------
@@ -9482,15 +9615,10 @@ def banner(results, T):
     if results["config"].get("preset"):
         lines.append(T["preset"].format(fields=", ".join(results["config"]["preset"])))
     if "dtype_probe" in env:
-        probe = env["dtype_probe"]
-        lines.append(T["dtype_probe"].format(chosen=probe["chosen"], preference=probe[
-            "preference"], rows="/".join(str(r) for r, _, _ in PROBE_SHAPES),
-            times=", ".join(f"{d} " + " / ".join(f"{ms:.1f}" for ms in t["ms"])
-                            + ("" if t["total_ms"] is not None else T["probe_dropped"])
-                            for d, t in probe["times"].items())))
+        lines.append(dtype_probe_line(T, env["dtype_probe"]))
     if "layout_probe" in env:
         probe = env["layout_probe"]
-        lines.append(T["layout_probe"].format(
+        lines.append(T["layout_probe" if probe["weight_first_rows"] else "layout_linear"].format(
             rows=probe["weight_first_rows"], counts="/".join(map(str, probe["rows"])),
             linear=" / ".join(f"{ms:.1f}" for ms in probe["linear_ms"]),
             first=" / ".join(f"{ms:.1f}" for ms in probe["weight_first_ms"])))
@@ -9633,10 +9761,13 @@ def run_calibration(args, argv):
 
 def print_and_save(args, table, results):
     """A mode that exits after its table (--validate, --replay-distserve, ...): the table
-    printed, its results written to results.json in --out. -> results"""
+    printed, its results written into --out under the mode's own name (its one results key:
+    validation.json, distserve_replay.json, placement_search.json), so that no mode overwrites
+    a main run's results.json in the same folder. -> results"""
     print(table)
     prepare_out_dir(args.out)
-    path = os.path.join(args.out, "results.json")
+    mode = next(key for key in results if key not in ("environment", "config"))
+    path = os.path.join(args.out, f"{mode}.json")
     write_atomic(path, to_json(results))
     print(TEXT[args.lang]["wrote_json"].format(json=path))
     return results
@@ -9651,7 +9782,8 @@ def link_flags(args):
 
 
 def run_distserve_replay(args):
-    """--replay-distserve: DistServe's logs replayed; prints the table, writes results.json."""
+    """--replay-distserve: DistServe's logs replayed; prints the table, writes
+    distserve_replay.json."""
     if args.cluster:
         dask_distributed()
     link = None
@@ -9664,7 +9796,7 @@ def run_distserve_replay(args):
 
 
 def run_placement_search(args):
-    """--placement-search: the placements ranked; prints them, writes results.json."""
+    """--placement-search: the placements ranked; prints them, writes placement_search.json."""
     if args.cluster:
         dask_distributed()  # (refused before anything runs when Dask is not installed)
     if link_flags(args):
@@ -9746,10 +9878,13 @@ def prepare_run(args):
     device = run.hardware.device and torch.device(run.hardware.device)
     if device and device.type == "cuda":
         check_cuda_arch(device)
+    start = cpu_clock()
     run, dtype_probe = with_probed_dtype(run)
     run, layout_probe = with_probed_layout(run)
     probes = {k: v for k, v in (("dtype_probe", dtype_probe), ("layout_probe", layout_probe))
               if v}
+    if probes:
+        probes["load"] = {"probes": load_between(start, cpu_clock())}
     requests = kv = None
     if "C" in run.measurement.experiments:
         requests = make_requests(run)
@@ -9770,7 +9905,11 @@ def run_experiments(run, device, results, inputs):
     try:
         with interrupt_on_sigterm(), torch.inference_mode(), sdpa_policy():
             for stage in run.measurement.experiments:
+                start = cpu_clock()
                 run_experiment(stage, run, device, results, benches, inputs)
+                if stage in "ABD":  # (the timed ones: C times nothing)
+                    results["environment"].setdefault("load", {})[stage] = load_between(
+                        start, cpu_clock())
             remeasure_ceilings(run, device, results)
     except KeyboardInterrupt:
         results["interrupted"] = True
@@ -9949,14 +10088,19 @@ TEXT_EN = {**SHARED_TEXT,
                   "matmuls per token (no attention, KV cache, norms, embeddings or LM "
                   "head): {params:,.1f} M parameters, {gib:.2f} GiB",
     "preset": "CPU preset (the post's model would take minutes per experiment): {fields}",
-    "dtype_probe": "dtype: {chosen}, the fastest here by a probe (F.linear ms at {rows} "
-                   "rows: {times}; a 2-byte type unless float32 is {preference:g}x "
-                   "faster); --dtype to choose",
-    "probe_dropped": " (out: over 4x the best)",
+    "dtype_probe": "dtype: {chosen}, the fastest here by a probe (F.linear at the run's "
+                   "{rows} rows, {rounds} rounds with the types in turn; time against "
+                   "float32's, weighted as the run spends it: {ratios}; {margin}; a 2-byte "
+                   "type unless float32 is {preference:g}x faster); --dtype to choose",
+    "probe_ratio": "{dtype} {median:.2f}x (p10-p90 {p10:.2f}-{p90:.2f})",
+    "probe_dropped": "{dtype} out (over 4x the best at a shape)",
+    "probe_margin": "the next choice {margin:.2f}x behind", "probe_alone": "no other choice",
+    "layout_linear": "matmuls: F.linear at every row count, W x^T no faster by more than the "
+                     "noise (a probe, ms at {counts} rows: F.linear {linear}; W x^T {first})",
     "layout_probe": "matmuls: W x^T up to {rows} rows, F.linear beyond (a probe, ms at {counts} "
                     "rows: F.linear {linear}; W x^T {first})",
     "ceilings": "ceilings: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
-                "({matmul_source}); ridge {ridge:.0f} FLOP/byte",
+                "({matmul_source}); ridge {ridge} FLOP/byte",
     "cpu_graphs": "  (CPU: eager only; CUDA graphs need CUDA)",
     "given": "given", "measured_copy": "measured: copy of {gib:.2f} GiB",
     "measured_matmul": "measured: {n}x{n}x{n} {dtype} matmul",
@@ -10086,6 +10230,11 @@ TEXT_EN = {**SHARED_TEXT,
                   "({tflops_moved:+.0%}), more than {share:.0%}: something else was running. "
                   "A's, B's and D's times are suspect: re-run on a quiet machine, or give "
                   "--peak-bandwidth-gbs and --peak-tflops",
+    "warn_busy": "warning: the machine was busy while {stages} ran: other processes used "
+                 "{others:.0%} of its {cpus} CPUs (and the hypervisor took {steal:.0%}), so "
+                 "the probes' choices, the ceilings and the times measured there are slower "
+                 "and noisier than this machine's own: close what else runs (a browser, a "
+                 "build) and run again",
     "warn_ridge": "warning: the ridge is {ridge:.2g} FLOP/byte, under {least:g}: the matmul "
                   "ceiling ran slower than a copy of its bytes, which no idle CPU or GPU does, "
                   "so the bound column is wrong: re-run --experiments AB on a quiet machine, "
@@ -10318,14 +10467,19 @@ TEXT_KO = {**SHARED_TEXT,
                   "{layers}개 (어텐션, KV 캐시, 정규화, 임베딩, LM 헤드 없음): 매개변수 "
                   "{params:,.1f} M개, {gib:.2f} GiB",
     "preset": "CPU 설정 (글의 모델은 실험마다 몇 분이 걸린다): {fields}",
-    "dtype_probe": "자료형: {chosen}, 이 기계에서 측정해 가장 빠른 것 (F.linear ms, {rows}행: "
-                   "{times}; float32가 {preference:g}배보다 더 빠르지 않으면 2바이트 "
-                   "형식); --dtype으로 고를 수 있다",
-    "probe_dropped": " (탈락: 최고의 4배 넘음)",
+    "dtype_probe": "자료형: {chosen}, 이 기계에서 측정해 가장 빠른 것 (실행이 쓰는 {rows}행의 "
+                   "F.linear, 형식을 번갈아 {rounds}회; 실행이 시간을 쓰는 만큼 가중한 float32 "
+                   "대비 시간: {ratios}; {margin}; float32가 {preference:g}배보다 더 빠르지 "
+                   "않으면 2바이트 형식); --dtype으로 고를 수 있다",
+    "probe_ratio": "{dtype} {median:.2f}배 (p10-p90 {p10:.2f}-{p90:.2f})",
+    "probe_dropped": "{dtype} 탈락 (어느 크기에서 최고의 4배 넘음)",
+    "probe_margin": "다음 후보는 {margin:.2f}배 뒤", "probe_alone": "다른 후보 없음",
+    "layout_linear": "행렬곱: 모든 행 수에서 F.linear, W x^T는 잡음 이상으로 빠르지 않다 (측정, "
+                     "{counts}행 ms: F.linear {linear}; W x^T {first})",
     "layout_probe": "행렬곱: {rows}행까지 W x^T, 그보다 많으면 F.linear (측정, {counts}행 ms: "
                     "F.linear {linear}; W x^T {first})",
     "ceilings": "한계: {bandwidth:,.1f} GB/s ({bandwidth_source}), {tflops:.2f} TFLOP/s "
-                "({matmul_source}); 능선 {ridge:.0f} FLOP/byte",
+                "({matmul_source}); 능선 {ridge} FLOP/byte",
     "cpu_graphs": "  (CPU: 즉시 실행만; CUDA 그래프는 CUDA에서만)",
     "given": "지정한 값", "measured_copy": "실측: {gib:.2f} GiB 복사",
     "measured_matmul": "실측: {n}x{n}x{n} {dtype} 행렬곱",
@@ -10446,6 +10600,10 @@ TEXT_KO = {**SHARED_TEXT,
                   "{tflops:.3g}에서 {tflops_end:.3g} TFLOP/s로 ({tflops_moved:+.0%}), {share:.0%}"
                   "보다 크게 움직였다: 다른 무언가가 돌고 있었다. A, B, D의 시간은 믿을 수 없다: "
                   "조용한 기계에서 다시 돌리거나 --peak-bandwidth-gbs와 --peak-tflops를 주라",
+    "warn_busy": "경고: {stages}이(가) 도는 동안 기계가 바빴다: 다른 프로세스가 CPU {cpus}개의 "
+                 "{others:.0%}를 썼고 (하이퍼바이저가 {steal:.0%}를 가져갔다), 그래서 측정으로 고른 "
+                 "것, 한계, 그때 잰 시간은 이 기계 본래보다 느리고 흔들린다: 함께 도는 것 (브라우저, "
+                 "빌드)을 닫고 다시 실행하라",
     "warn_ridge": "경고: 능선이 {ridge:.2g} FLOP/byte로 {least:g} 아래다: 행렬곱 천장이 그 바이트의 "
                   "복사보다 느렸다. 쉬는 CPU나 GPU에서는 없는 일이라 한계 열이 틀렸다: 조용한 "
                   "기계에서 --experiments AB를 다시 돌리거나 --peak-tflops를 주라",

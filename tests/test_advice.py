@@ -45,24 +45,13 @@ def test_deepseek_v3_in_int4_on_one_h100_is_told_a_tp_that_divides_its_heads():
                                             ("bfloat16", S.CPU_PRESET.layers)])
 def test_a_float32_run_of_the_cpu_preset_keeps_half_its_layers(chosen, layers, monkeypatch):
     # float32 reads twice a 2-byte type's bytes a layer: half the layers read the same bytes
-    times = {"float32": 1.0, "bfloat16": 1.0 * S.DTYPE_PREFERENCE + 0.01, "float16": None}
-    if chosen == "bfloat16":
-        times["bfloat16"] = 1.0 * S.DTYPE_PREFERENCE - 0.01
-    monkeypatch.setattr(S, "probe_dtypes", lambda width: {
-        d: {"ms": [t or 99.0], "total_ms": t} for d, t in times.items()})
+    half = S.DTYPE_PREFERENCE + (0.01 if chosen == "float32" else -0.01)
+    monkeypatch.setattr(S, "probe_dtypes", lambda width, shapes: {
+        "float32": [[1.0] * 5] * len(shapes), "bfloat16": [[half] * 5] * len(shapes),
+        "float16": []})
     run = S.parse_args(["--device", "cpu", "--experiments", "A"])
     probed, info = S.with_probed_dtype(run)
     assert info["chosen"] == probed.hardware.model.dtype == chosen
     assert probed.hardware.model.layers == layers and f"layers={layers}" in probed.hardware.preset
     given = S.parse_args(["--device", "cpu", "--experiments", "A", "--layers", "3"])
     assert S.with_probed_dtype(given)[0].hardware.model.layers == 3  # (a layer count given stays)
-
-
-@pytest.mark.parametrize("second_ms, rows", [(9.9, 2), (10.1, 1)])
-def test_the_layout_probe_turns_where_the_totals_do(second_ms, rows, monkeypatch):
-    # F.linear 10 ms at every row count; W x^T 5 ms at 1 row, second_ms at 2, 30 beyond.
-    # Up to 1 row: 5 + 6 x 10 = 65 ms; up to 2 rows: 5 + second_ms + 5 x 10; F.linear alone 70.
-    # (Totals that counted the turning row in both layouts would pick F.linear alone.)
-    times = iter([10, 5, 10, second_ms] + [10, 30] * 5)
-    monkeypatch.setattr(S, "probe_ms", lambda fn, budget_s: next(times))
-    assert S.probe_layouts.__wrapped__(64, "float32")["weight_first_rows"] == rows

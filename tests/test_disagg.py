@@ -241,7 +241,7 @@ def test_replay_distserve_end_to_end(tmp_path, capsys):
     rows = results["distserve_replay"]["rows"]
     assert len(rows) == len([n for n in os.listdir(LOGS) if n.endswith(".exp")]) == 37
     assert rows[0]["file"].startswith("vllm") and "TP2 PP1 + TP1 PP2" in printed.out
-    saved = json.loads((out / "results.json").read_text())
+    saved = json.loads((out / "distserve_replay.json").read_text())
     assert [r["file"] for r in saved["distserve_replay"]["rows"]] == [r["file"] for r in rows]
     # a slower link between the pools only delays the decode side: TTFT is unchanged
     path = os.path.join(LOGS, "distserve-c21d11-300-3.exp")
@@ -311,7 +311,7 @@ def test_placement_search_end_to_end(tmp_path, capsys):
     assert set(R["best"]) == {"colocated", "disaggregated"}
     assert R["simulations"] == sum(r["simulations"] for r in R["rows"])
     assert R["rows"][0]["goodput_rps"] > 0 and "the best of each kind" in printed.out
-    assert json.loads((tmp_path / "results.json").read_text())["placement_search"]["budget"] == 2
+    assert json.loads((tmp_path / "placement_search.json").read_text())["placement_search"]["budget"] == 2
 
 
 @needs_logs
@@ -442,8 +442,10 @@ def test_the_placement_search_draws_its_figure_and_replot_redraws_it(tmp_path, c
     assert figure.stat().st_size > 10_000 and "placements.png" in printed.out
     rows = results["placement_search"]["rows"]
     assert all(r["simulations"] == len(r["tried"]) for r in rows)  # (the figure's points)
-    again = S.main(["--replot", str(tmp_path / "results.json"), "--out", str(tmp_path / "r")])
+    again = S.main(["--replot", str(tmp_path / "placement_search.json"), "--out",
+                    str(tmp_path / "r")])
     assert again["written"] == ["placements.png"]
+    assert not (tmp_path / "results.json").exists()  # (a main run's name: never a mode's)
 
 
 def test_layerwise_overlap_sends_the_kv_during_the_prefill_by_hand():
@@ -507,6 +509,7 @@ def test_back_pressure_never_stalls_and_finishes_every_request(seed):
     assert (sim["times"].finish >= sim["times"].first_token).all()
 
 
+@needs_logs  # (the logs are read before Dask is reached)
 def test_a_cluster_that_is_no_address_is_one_line(capsys):
     pytest.importorskip("distributed")
     expect_usage_error(["--placement-search", DISTSERVE, "--cluster", "notanaddress"], capsys,

@@ -1,5 +1,6 @@
 """Runs first time on any machine: the dtype probe, portable memory facts, bounded timing,
 failures that keep what finished, and the CUDA control flow under stand-ins for torch.cuda."""
+import collections
 import contextlib
 import dataclasses
 import json
@@ -17,81 +18,110 @@ CPU = torch.device("cpu")
 
 
 # --- the dtype probe ---------------------------------------------------------------------
+# Stand-in times by (type, rows): the probe's rules on a clock the test controls.
+
+SHAPES = [S.ProbeShape(1, 64, 4, 1, 1.0), S.ProbeShape(8, 64, 4, 1, 1.0),
+          S.ProbeShape(256, 1024, 1, 1, 16.0)]
 
 
-def scores(bf16, fp16, fp32):
-    """A probe's result: each type's total ms (None: it left the probe, too slow)."""
-    return {d: {"ms": [s or 99.0], "total_ms": s}
-            for d, s in (("float32", fp32), ("bfloat16", bf16), ("float16", fp16))}
-
-
-@pytest.mark.parametrize("probe, chosen", [
-    (scores(1.0, None, 3.0), "bfloat16"),      # AVX-512 BF16: bf16 fast, fp16 ~1000x slower
-    (scores(None, None, 1.0), "float32"),      # AVX2 alone: both 2-byte types on slow paths
-    (scores(40.0, 50.0, 1.0), "float32"),
-    (scores(1.09, 5.0, 1.0), "bfloat16"),      # within DTYPE_PREFERENCE: half the bytes pays
-    (scores(1.12, 5.0, 1.0), "float32"),       # past it
-    (scores(9.0, 1.05, 1.0), "float16"),       # the faster 2-byte type, when one is close
-])
-def test_the_probe_chooses_the_fastest_type_preferring_two_bytes(probe, chosen):
-    assert S.DTYPE_PREFERENCE == 1.1
-    assert S.choose_dtype(probe) == chosen
-
-
-def test_the_probe_times_every_type_and_drops_one_far_behind(monkeypatch):
-    probe = S.probe_dtypes(width=64, budget_s=0.005)
-    assert list(probe) == ["float32", "bfloat16", "float16"]
-    assert len(probe["float32"]["ms"]) == len(S.PROBE_SHAPES)  # (never dropped: it is first)
-    for times in probe.values():
-        assert all(ms > 0 for ms in times["ms"])
-        if times["total_ms"] is not None:
-            assert times["total_ms"] == pytest.approx(sum(times["ms"]))
-    # stand-in times by (type, rows): float16 is 5x float32 at the second shape and leaves
-    # there, its last two shapes never run; bfloat16 is 3.9x and stays
-    table = {torch.float32: [1.0, 2.0, 3.0, 4.0], torch.bfloat16: [0.5, 7.8, 3.0, 4.0],
-             torch.float16: [0.5, 10.0, 3.0, 4.0]}
-    ran = []
-    real_linear = S.F.linear
+def stand_in_clock(monkeypatch, table, cold_ms=300.0, burst=None):
+    """S.call_ms by the type and rows of the F.linear fn runs: table[dtype][shape index] ms,
+    cold_ms for the first call of each (type, rows) (a kernel's set-up), and burst: {(dtype,
+    rows, nth call): ms} for a call another process slowed. -> the (dtype, rows) of each call"""
+    ran, seen, real_linear = [], collections.Counter(), S.F.linear
 
     def linear(x, w):
-        ran.append((x.dtype, x.shape[0]))
+        ran.append((str(x.dtype).removeprefix("torch."), x.shape[0]))
         return real_linear(x, w)
 
-    def probe_ms(fn, budget_s):
+    def call_ms(fn):
         fn()
-        dtype, rows = ran[-1]
-        return table[dtype][[r for r, _, _ in S.PROBE_SHAPES].index(rows)]
+        key = ran[-1]
+        seen[key] += 1
+        if seen[key] == 1:
+            return cold_ms
+        rows = [s.rows for s in SHAPES].index(key[1])
+        return (burst or {}).get((*key, seen[key]), table[key[0]][rows])
     monkeypatch.setattr(S.F, "linear", linear)
-    monkeypatch.setattr(S, "probe_ms", probe_ms)
-    probe = S.probe_dtypes(width=64)
-    assert probe["float16"] == {"ms": [0.5, 10.0], "total_ms": None}
-    assert probe["bfloat16"] == {"ms": [0.5, 7.8, 3.0, 4.0], "total_ms": pytest.approx(15.3)}
-    assert (torch.float16, S.PROBE_SHAPES[2][0]) not in ran
-    assert S.choose_dtype(probe) == "float32"  # (10 ms against bfloat16's 15.3)
-    # float32 is never on a slow path, so never dropped: at a decode's shape a 2-byte type may
-    # be 5x faster (half the bytes, and a cache that holds its half)
-    table[torch.float32] = [5.0, 2.0, 3.0, 4.0]
-    table[torch.bfloat16] = [1.0, 2.0, 30.0, 40.0]
-    probe = S.probe_dtypes(width=64)
-    assert probe["float32"] == {"ms": [5.0, 2.0, 3.0, 4.0], "total_ms": 14.0}
-    assert probe["bfloat16"]["total_ms"] is None and S.choose_dtype(probe) == "float32"
+    monkeypatch.setattr(S, "call_ms", call_ms)
+    return ran
 
 
-def test_a_slow_probe_shape_is_timed_once():
-    calls = []
+def probed(monkeypatch, table, **clock):
+    stand_in_clock(monkeypatch, table, **clock)
+    rounds = S.probe_dtypes(64, SHAPES)
+    return rounds, S.choose_dtype(rounds, SHAPES)
 
-    def slow():
-        calls.append(1)
-        time.sleep(0.03)
-    assert S.probe_ms(slow, budget_s=0.01) >= 30 and len(calls) == 1  # its warm call alone
+
+@pytest.mark.parametrize("table, chosen", [
+    # AVX-512 BF16: bf16 fast, fp16 ~1000x slower at a prefill's size
+    ({"float32": [2, 2, 4], "bfloat16": [1, 1, 1], "float16": [1, 1, 1000]}, "bfloat16"),
+    # AVX2 alone: both 2-byte types on slow paths at a prefill's size
+    ({"float32": [2, 2, 4], "bfloat16": [1, 1, 40], "float16": [1, 1, 50]}, "float32"),
+    # within DTYPE_PREFERENCE of float32 (1.09x over the weighted total): half the bytes pays
+    ({"float32": [1, 1, 1], "bfloat16": [1.09, 1.09, 1.09], "float16": [9, 9, 9]}, "bfloat16"),
+    ({"float32": [1, 1, 1], "bfloat16": [1.2, 1.2, 1.2], "float16": [9, 9, 9]}, "float32"),
+    # two 2-byte types within the noise: the first of PROBE_DTYPES', whichever led
+    ({"float32": [2, 2, 2], "bfloat16": [1, 1, 1.05], "float16": [1, 1, 1]}, "bfloat16"),
+    ({"float32": [2, 2, 2], "bfloat16": [1, 1, 1], "float16": [0.5, 0.5, 0.5]}, "float16"),
+    # the prefill weighs 16x a decode (the model's weights over the probe's): float32 twice as
+    # fast there beats a 2-byte type twice as fast at both decodes
+    ({"float32": [2, 2, 1], "bfloat16": [1, 1, 2], "float16": [1, 1, 9]}, "float32"),
+])
+def test_the_probe_chooses_the_type_its_warm_rounds_say(table, chosen, monkeypatch):
+    assert S.DTYPE_PREFERENCE == 1.1 and S.PROBE_NOISE == 0.1
+    rounds, probe = probed(monkeypatch, table)  # (a 300 ms first call of each: never counted)
+    assert probe["chosen"] == chosen
+    assert rounds["float32"] == [[table["float32"][i]] * S.PROBE_ROUNDS for i in range(3)]
+
+
+def test_a_cold_call_or_a_burst_in_one_turn_does_not_decide(monkeypatch):
+    table = {"float32": [2, 2, 2], "bfloat16": [1, 1, 1], "float16": [1.5, 1.5, 1.5]}
+    # the old probe's failure: bfloat16's one cold call at one row timed as its speed
+    rounds, probe = probed(monkeypatch, table, cold_ms=300.0)
+    assert probe["chosen"] == "bfloat16" and rounds["bfloat16"][0] == [1] * S.PROBE_ROUNDS
+    # a burst of other work during bfloat16's turn in one round, at every shape
+    burst = {("bfloat16", s.rows, 3): 10.0 for s in SHAPES}
+    rounds, probe = probed(monkeypatch, table, burst=burst)
+    assert probe["chosen"] == "bfloat16" and max(rounds["bfloat16"][2]) == 10.0
+    assert probe["vs_float32"]["bfloat16"]["median"] == pytest.approx(0.5)
+    assert probe["margin"] == pytest.approx(1.5)  # (float16 0.75 over bfloat16's 0.5)
+
+
+def test_a_type_far_behind_leaves_the_probe_and_float32_never_does(monkeypatch):
+    table = {"float32": [5, 5, 5], "bfloat16": [1, 30, 30], "float16": [1, 1, 30]}
+    ran = stand_in_clock(monkeypatch, table)
+    rounds = S.probe_dtypes(64, SHAPES)
+    assert [len(rounds[d]) for d in S.PROBE_DTYPES] == [3, 2, 3]  # bfloat16 out at 8 rows
+    assert ("bfloat16", 256) not in ran and ("float32", 256) in ran
+    probe = S.choose_dtype(rounds, SHAPES)
+    assert probe["vs_float32"]["bfloat16"] is None
+    assert probe["chosen"] == "float32"  # (float16: 6x float32 at the prefill, weighed 16x)
+    # a real probe, tiny: every type timed at every shape, each timing a real one
+    monkeypatch.undo()
+    rounds = S.probe_dtypes(64, SHAPES[:2])
+    assert all(len(r) == 2 and all(len(ms) == S.PROBE_ROUNDS and min(ms) > 0 for ms in r)
+               for d, r in rounds.items() if d == "float32")
+
+
+def test_the_probe_times_the_shapes_the_run_makes():
+    run = S.parse_args(["--device", "cpu", "--experiments", "AB", "--batch-sizes", "1,8",
+                        "--contexts", "64,128", "--prefill-lengths", "512",
+                        "--decode-batches", "1,32"])
+    shapes = S.probe_shapes(run, 1024)
+    assert [(s.rows, s.calls) for s in shapes] == [(1, 3), (8, 2), (32, 1), (512, 1)]
+    assert [s.weight for s in shapes] == [3.0, 2.0, 1.0, 16.0]  # (2^24 / (1024 x 1024))
+    assert shapes[-1].out == S.PROBE_PREFILL_OUT and shapes[0].out * 1024 == 2**22
 
 
 def test_the_probe_sets_the_dtype_only_when_none_is_given(monkeypatch):
-    monkeypatch.setattr(S, "probe_dtypes", lambda width: scores(None, None, 1.0))
+    monkeypatch.setattr(S, "probe_dtypes", lambda width, shapes: {
+        "float32": [[1.0] * 5] * len(shapes), "bfloat16": [], "float16": []})
     run = S.parse_args(["--device", "cpu", "--experiments", "A"])
     assert not run.hardware.dtype_given and "dtype=" not in " ".join(run.hardware.preset)
-    probed, info = S.with_probed_dtype(run)
-    assert probed.hardware.model.dtype == "float32" and info["chosen"] == "float32"
+    probed_run, info = S.with_probed_dtype(run)
+    assert probed_run.hardware.model.dtype == "float32" and info["chosen"] == "float32"
+    assert info["margin"] is None  # (no other type finished)
     given = S.parse_args(["--device", "cpu", "--experiments", "A", "--dtype", "bfloat16"])
     assert S.with_probed_dtype(given) == (given, None)
     alone = S.parse_args(["--experiments", "C"])  # no device: nothing to probe
@@ -99,16 +129,48 @@ def test_the_probe_sets_the_dtype_only_when_none_is_given(monkeypatch):
 
 
 def test_the_probe_is_printed_and_recorded(tiny_args, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(S, "probe_dtypes", lambda width: scores(40.0, None, 2.0))
+    monkeypatch.setattr(S, "probe_dtypes", lambda width, shapes: {
+        "float32": [[2.0] * 5] * len(shapes), "bfloat16": [[80.0] * 5] * len(shapes),
+        "float16": [[9.0] * 5]})
     args = [a for a in tiny_args if a not in ("--dtype", "float32")]
     results = S.main(args + ["--experiments", "A", "--no-figures"])
     out = " ".join(capsys.readouterr().out.split())  # (lines wrapped at 100 columns)
     assert results["config"]["model"]["dtype"] == "float32"
-    assert results["environment"]["dtype_probe"]["chosen"] == "float32"
-    assert "dtype: float32, the fastest here by a probe" in out and "bfloat16 40.0," in out
-    assert "float16 99.0 (out: over 4x the best)" in out
+    probe = results["environment"]["dtype_probe"]
+    assert probe["chosen"] == "float32" and probe["margin"] == pytest.approx(40 / 1.1)
+    assert "dtype: float32, the fastest here by a probe" in out
+    assert "bfloat16 40.00x (p10-p90 40.00-40.00)" in out
+    assert "float16 out (over 4x the best at a shape)" in out
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["environment"]["dtype_probe"]["times"]["float32"]["total_ms"] == 2.0
+    assert saved["environment"]["dtype_probe"]["vs_float32"]["float16"] is None
+    assert saved["environment"]["load"]["probes"]["wall_s"] > 0
+    assert set(saved["environment"]["load"]) == {"probes", "A"}
+
+
+# --- the load beside the run ----------------------------------------------------------------
+
+
+def test_the_load_beside_the_run_is_the_machines_busy_time_less_its_own(monkeypatch):
+    monkeypatch.setattr(S.os, "cpu_count", lambda: 2)
+    # 10 s of wall on 2 CPUs: the machine busy 15 s, this process 5 s of it, 1 s stolen
+    load = S.load_between((0.0, 0.0, 100.0, 0.0), (10.0, 5.0, 115.0, 1.0))
+    assert load["others_share"] == pytest.approx(0.5) and load["steal_share"] == 0.05
+    assert S.busy(load) and not S.busy({**load, "others_share": 0.1})
+    assert not S.busy(S.load_between((0.0, 0.0, None, None), (1.0, 1.0, None, None)))
+    results = {"environment": {"load": {"probes": {**load, "others_share": 0.0},
+                                        "A": load, "B": {**load, "others_share": 0.6}}}}
+    warning = next(w for w in S.machine_warnings(results) if w["kind"] == "warn_busy")
+    assert warning["stages"] == "A, B" and warning["others"] == 0.6
+    assert "other processes used 60% of its 2 CPUs" in S.describe(S.TEXT["en"], warning)
+    assert "60%" in S.describe(S.TEXT["ko"], warning)
+    wall, own, machine, stolen = S.cpu_clock()  # (this machine: Linux or not, it answers)
+    assert wall > 0 and own > 0 and (machine is None or machine >= own / 4)
+
+
+def test_a_ridge_under_one_is_printed_as_its_figures_not_zero():
+    assert S.ridge_text(0.0412) == "0.041" and S.ridge_text(0.5) == "0.5"
+    assert S.ridge_text(8.05) == "8"
+    assert S.ridge_text(120.4) == "120"
 
 
 # --- memory facts, any OS -------------------------------------------------------------------
@@ -604,17 +666,37 @@ def test_a_model_in_either_layout_computes_the_same():
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
 
 
+def layout_clock(monkeypatch, linear_ms, first_ms):
+    """S.call_ms by the layout and rows the fn runs: linear_ms[i] and first_ms[i] at the i-th
+    of LAYOUT_ROWS (a 300 ms cold first call of each never counted)."""
+    ran, seen = [], collections.Counter()
+    real_linear, real_first = S.F.linear, S.linear
+    monkeypatch.setattr(S.F, "linear", lambda x, w: ran.append(("linear", x.shape[0]))
+                        or real_linear(x, w))
+    monkeypatch.setattr(S, "linear", lambda x, w, rows: ran.append(("first", x.shape[0]))
+                        or real_first(x, w, rows))
+
+    def call_ms(fn):
+        fn()
+        seen[ran[-1]] += 1
+        layout, rows = ran[-1]
+        i = S.LAYOUT_ROWS.index(rows)
+        return 300.0 if seen[ran[-1]] == 1 else (linear_ms if layout == "linear" else first_ms)[i]
+    monkeypatch.setattr(S, "call_ms", call_ms)
+
+
 def test_the_layout_probe_keeps_w_xt_up_to_the_rows_it_wins(monkeypatch):
-    # F.linear 1 ms at 1 row, then 2 ms; W x^T 1.1 ms at 1 row, 1 ms to 8, then 3 ms: W x^T
-    # up to 8 rows makes the least total (1.1 + 3 x 1 + 3 x 2 = 10.1 ms against 13)
-    times = iter([1, 1.1] + [2, 1] * 3 + [2, 3] * 3)
-    monkeypatch.setattr(S, "probe_ms", lambda fn, budget_s: next(times))
+    # F.linear 1 ms at 1 row, then 2 ms; W x^T 1.1 ms at 1 row, 0.5 ms to 8, then 3 ms: W x^T
+    # up to 8 rows makes the least total (1.1 + 3 x 0.5 + 3 x 2 = 8.6 ms against 13), the
+    # next up to 16 rows (9.6 ms, 1.12x: past the noise)
+    layout_clock(monkeypatch, [1] + [2] * 6, [1.1, 0.5, 0.5, 0.5, 3, 3, 3])
     probe = S.probe_layouts.__wrapped__(64, "float32")
     assert probe["linear_ms"] == [1, 2, 2, 2, 2, 2, 2]
-    assert probe["weight_first_rows"] == 8
-    # where W x^T never wins, F.linear throughout; where it always does, up to 64 rows
-    for linear_ms, first_ms, rows in ((1, 1, 0), (2, 1, 64)):
-        times = iter([linear_ms, first_ms] * 7)
+    assert probe["weight_first_rows"] == 8 and probe["margin"] == pytest.approx(9.6 / 8.6)
+    # where W x^T never wins, F.linear throughout; where it always does, up to 64 rows; where
+    # it wins by less than the noise, F.linear (the smallest turn of those tied)
+    for linear_ms, first_ms, rows in ((1, 1, 0), (2, 1, 64), (1, 0.95, 0)):
+        layout_clock(monkeypatch, [linear_ms] * 7, [first_ms] * 7)
         assert S.probe_layouts.__wrapped__(64, "float32")["weight_first_rows"] == rows
 
 

@@ -267,7 +267,7 @@ def test_validate_on_a_three_row_file(tmp_path, capsys):
     assert summary["validation", "all"]["median_abs"] == pytest.approx(
         sorted(abs(r["error"]) for r in V["rows"])[1])  # (the middle one of three)
     assert summary["validation", "gptfast_hand"]["rows"] == 2
-    saved = json.loads((tmp_path / "results.json").read_text())
+    saved = json.loads((tmp_path / "validation.json").read_text())
     assert len(saved["validation"]["rows"]) == 3
     assert said("Falcon-180B", out.out) and said("gptfast_hand", out.out)
 

@@ -1,5 +1,7 @@
-"""The READMEs' sample output and quoted numbers are the committed figures/results.json,
-rendered the way a run prints it, so they cannot go stale.
+"""The READMEs' sample output and quoted numbers are the reference run's results, committed
+as figures/reference.json (a name no run writes: a reader's own run rewrites
+figures/results.json and the figures, never the reference), rendered the way a run prints it,
+so they cannot go stale.
 
 Two kinds of marks, both invisible in rendered Markdown:
 - a block of output between `<!-- output: all -->` (the whole run: banner, ceilings, every
@@ -9,8 +11,9 @@ Two kinds of marks, both invisible in rendered Markdown:
   (dots between keys; `rows[batch=32,context=128]` is the row of a list with those fields),
   formatted as a table cell is (a format() spec or a unit of the script's UNITS).
 
-After the committed results change, `python tests/test_readme.py` rewrites every block and
-number in place from figures/results.json; the test below then passes again.
+After the reference changes, `python tests/test_readme.py` rewrites every block and number in
+place from figures/reference.json; `python tests/test_readme.py figures/results.json` first
+takes that run's results as the reference. The test below then passes again.
 """
 import json
 import pathlib
@@ -22,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import NN_40_serving as S  # noqa: E402
 
 READMES = [ROOT / "README.md", ROOT / "figures" / "README.md", ROOT / "tests" / "README.md"]
-RESULTS = ROOT / "figures" / "results.json"
+RESULTS = ROOT / "figures" / "reference.json"
 BLOCK = re.compile(r"^<!-- output: (all|from \"(?P<prefix>[^\"]+)\" lines (?P<n>\d+)) -->\n"
                    r"(?P<body>.*?)^<!-- output: end -->$", re.S | re.M)
 VALUE = re.compile(r"(?P<number>[-+]?[\d,]*\.?\d+%?)<!--= (?P<path>\S+) (?P<fmt>\S+) -->")
@@ -99,7 +102,7 @@ def test_the_readmes_output_and_numbers_are_the_committed_results():
         text = path.read_text(encoding="utf-8")
         marks += len(BLOCK.findall(text)) + len(VALUE.findall(text))
         assert not stale(text, results, output), (
-            f"{path.relative_to(ROOT)} differs from figures/results.json; "
+            f"{path.relative_to(ROOT)} differs from figures/reference.json; "
             "run `python tests/test_readme.py` to render it again")
     assert marks >= 10  # the front page's excerpts and claims, and the full reference output
 
@@ -129,7 +132,29 @@ def test_the_rendering_is_what_a_run_prints(tiny_args, capsys):
     assert results["environment"]["date"] == saved["environment"]["date"]
 
 
-if __name__ == "__main__":  # render every README's marks again from figures/results.json
+def test_ci_runs_the_quick_start_in_its_order_on_a_fresh_clone():
+    """.ci/run runs the README's run command, then its test command, on a clone with no
+    ../shared beside it (a new reader's first steps), before the test command here."""
+    quick = re.search(r"## Quick start\n.*?```\n(?P<run>[^\n]+)\n(?P<test>[^\n]+)\n```",
+                      (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    fresh = [line for line in ci.split("\n") if '"$fresh"' in line and "python" in line]
+    assert len(fresh) == 2, fresh
+    assert quick["run"] in fresh[0] and quick["test"] in fresh[1]
+    assert ci.rstrip().split("\n")[-1] == quick["test"]
+
+
+def test_a_run_into_the_reference_folder_leaves_the_reference(tmp_path, capsys):
+    (tmp_path / "reference.json").write_bytes(RESULTS.read_bytes())
+    S.main(["--experiments", "C", "--requests", "60", "--slots", "4", "--out", str(tmp_path)])
+    assert (tmp_path / "reference.json").read_bytes() == RESULTS.read_bytes()
+    assert (tmp_path / "results.json").exists() and (tmp_path / "occupancy.png").exists()
+
+
+if __name__ == "__main__":  # render every README's marks again from the reference
+    if len(sys.argv) > 1:  # a run's results.json taken as the new reference
+        RESULTS.write_text(pathlib.Path(sys.argv[1]).read_text(encoding="utf-8"),
+                           encoding="utf-8")
     results, output = committed()
     for path in READMES:
         if path.exists():
@@ -137,4 +162,4 @@ if __name__ == "__main__":  # render every README's marks again from figures/res
             new = refreshed(text, results, output)
             if new != text:
                 path.write_text(new, encoding="utf-8")
-                print(f"rendered {path.relative_to(ROOT)} again from figures/results.json")
+                print(f"rendered {path.relative_to(ROOT)} again from figures/reference.json")

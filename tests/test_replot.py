@@ -82,7 +82,8 @@ def test_no_figure_prints_a_raw_description(tiny_args, tmp_path, capsys, monkeyp
         plt.close(fig)
     monkeypatch.setattr(S, "save_figure", collect)
     for out in runs:
-        S.draw_figures(json.loads((out / "results.json").read_text()), str(out), jobs=1)
+        saved = out / ("placement_search.json" if out == placements else "results.json")
+        S.draw_figures(json.loads(saved.read_text()), str(out), jobs=1)
     assert {os.path.basename(p) for p in texts} == set(S.FIGURES) - (
         set() if placements in runs else {"placements.png"})
     for name, strings in texts.items():

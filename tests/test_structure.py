@@ -100,3 +100,11 @@ def test_the_readme_names_every_section_and_which_are_pure():
         assert short in named, short
         assert named[short] == ("(pure" in title), short
     assert len(named) == len(sections())
+
+
+def test_no_top_level_name_is_defined_twice():
+    # (a second `def percentiles` further down silently replaces the first for every caller)
+    tree = ast.parse(SOURCE.read_text(encoding="utf-8"))
+    names = [node.name for node in tree.body
+             if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    assert not {name for name in names if names.count(name) > 1}
