@@ -53,16 +53,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from nn40.errors import UsageError
+from nn40.traces import COUNT_MAX, read_named_trace
+
 
 # -----------------------------------------------------------------------------
 # configuration: the model's shape, the cards, and every limit and seed
 # Owns the frozen configs of the model and the cards (ModelConfig, GPU) and the constants every
 # section reads: the named models and cards, the post's length law, the limits on sizes and
 # counts, the random streams' offsets. (The run's settings, RunConfig, follow the flag types.)
-
-
-class UsageError(Exception):
-    """A mistake the user can fix: printed as one line, exit status 2."""
 
 
 @dataclass(frozen=True)
@@ -441,7 +440,6 @@ SEED_OFFSET = {"arrivals": 1, "sweep": 2, "prompts": 3, "predicted": 4, "engine_
 # the post's RTX 5080 and its 16 GB.
 KV_MEMORY_FRACTION, CPU_KV_MEMORY_GB, REFERENCE_MEMORY_GB = 0.9, 0.5, 16.0
 
-COUNT_MAX = 10**9  # the largest count a flag takes: past any run here, far inside 64 bits
 
 RATES = (1e-6, 1e12)  # requests/s a flag takes (a run's arrivals must also span < MAX_SPAN_S)
 
@@ -953,6 +951,25 @@ def card_kv_share(cfg, tp):
     return 1.0 if cfg.mla else kv_heads_per_card(cfg, tp) / cfg.n_kv_heads
 
 
+def peak_activation_bytes(cfg, tokens, sequences, tp=1):
+    """The largest set of activations a forward pass of `tokens` tokens keeps live on one of
+    `tp` cards, as an engine's start-up profile run measures it (vLLM's profile_run at
+    max_num_batched_tokens): per token the residual stream and its normed copy, beside the
+    widest of attention's projections (q, K, V and its output) and the MLP's (its first
+    matmul's output and the activation; a mixture of experts: each chosen expert's, and the
+    routed tokens' outputs before they are summed); and the sampler's float32 logits and
+    probabilities over the vocabulary for min(tokens, sequences) rows."""
+    if cfg.arch == "post":
+        return 0
+    attention = (2 * cfg.q_dim + 2 * cfg.kv_dim) / tp
+    first = 2 if cfg.mlp == "gated" else 1
+    mlp = (first + 1) * cfg.ffn / tp
+    if cfg.experts:
+        mlp = max(mlp, cfg.experts_per_token * ((first + 1) * cfg.expert_width / tp + cfg.hidden))
+    per_token = (2 * cfg.hidden + max(attention, mlp)) * cfg.dtype_bytes
+    return tokens * per_token + min(tokens, sequences) * cfg.vocab * 4 * 2
+
+
 def card_kv_bytes_per_token(cfg, tp=1):
     return kv_bytes_per_token(cfg) * card_kv_share(cfg, tp)
 
@@ -1156,90 +1173,49 @@ class SharedPrompts:
         return self.lists[2][r] >= 0
 
 
-TRACE_COLUMNS = [  # (prompt column, output column, timestamp column or None)
-    ("num_prefill_tokens", "num_decode_tokens", None),
-    ("ContextTokens", "GeneratedTokens", "TIMESTAMP"),
-]
-
-
-def parse_timestamp(text):
-    """'2023-11-16 18:15:46.6805900' -> POSIX seconds; datetime takes at most 6 digits of %f."""
-    date, _, frac = text.partition(".")
-    stamp = datetime.datetime.strptime(date, "%Y-%m-%d %H:%M:%S")
-    return stamp.replace(tzinfo=datetime.timezone.utc).timestamp() + float("0." + (frac or "0"))
-
-
 def read_trace(path, limit=None):
-    """A request trace CSV -> (prompt, output, timestamps or None), each row checked; or a
-    real engine's log of its requests (see read_engine_run), with its arrivals."""
-    import csv
+    """A request trace -> (prompt, output, arrival seconds from the first or None): a real
+    engine's log of its requests (see read_engine_run), else a trace in one of the forms
+    nn40.traces reads (its failed requests left out, said once)."""
     if is_engine_run(path):
         logged = read_engine_run(path, limit)
         return logged["prompt"], logged["output"], logged["arrival_s"]
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
-    except OSError as e:
-        raise UsageError(f"cannot read trace {path}: {e.strerror}")
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise UsageError(f"{path}: not a CSV text file ({e})")
-    if not rows:
-        raise UsageError(f"{path}: empty trace")
-    header = [h.strip() for h in rows[0]]
-    for prompt_col, output_col, time_col in TRACE_COLUMNS:
-        if prompt_col in header and output_col in header:
-            break
-    else:
-        known = "; ".join(",".join(c for c in cols if c) for cols in TRACE_COLUMNS)
-        raise UsageError(f"{path}:1: no recognised columns (expected {known})")
-    cols = [header.index(prompt_col), header.index(output_col)]
-    has_time = time_col in header
-    body = rows[1:] if limit is None else rows[1:limit + 1]
-    prompt, output, stamps = [], [], []
-    for lineno, row in enumerate(body, 2):
-        if not any(cell.strip() for cell in row):
-            continue
-        try:
-            p, o = (int(row[c]) for c in cols)
-            stamp = parse_timestamp(row[header.index(time_col)].strip()) if has_time else 0.0
-        except (ValueError, IndexError):
-            raise UsageError(f"{path}:{lineno}: expected token counts"
-                             f"{' and a timestamp' if has_time else ''}, got {','.join(row)!r}")
-        # (an empty prompt still runs one token: the start token)
-        if not (0 <= p <= COUNT_MAX and 0 < o <= COUNT_MAX):
-            raise UsageError(f"{path}:{lineno}: token counts must be 0 to {COUNT_MAX:,} "
-                             f"(prompt) and 1 to {COUNT_MAX:,} (output), got {p}, {o}")
-        if has_time and stamps and stamp < stamps[-1]:
-            raise UsageError(f"{path}:{lineno}: timestamp earlier than the line before")
-        prompt.append(p)
-        output.append(o)
-        stamps.append(stamp)
-    if not prompt:
-        raise UsageError(f"{path}: no requests in the trace")
-    times = np.array(stamps) - stamps[0] if has_time else None
-    return np.maximum(np.array(prompt, dtype=np.int64), 1), np.array(output, dtype=np.int64), \
-        times
+    trace = read_named_trace(path, limit)
+    if trace.failed or trace.form.startswith("Mooncake"):
+        log(f"{path}: read as {trace.form}" + (
+            f", {trace.failed:,} failed requests (0 output tokens) left out" if trace.failed
+            else "") + (": no hash ids, so no prompts share a prefix"
+                        if trace.form.startswith("Mooncake") else ""))
+    return trace.prompt, trace.output, trace.arrival_s
 
 
 # Real engines' logs of their requests: LLMServingSim's vLLM runs (requests.jsonl, with the
 # engine's settings in meta.json beside it) and DistServe's (*.exp, a Python list of dicts)
-ENGINE_RUN_SUFFIXES = (".jsonl", ".exp")
+
+
+def first_jsonl_line(path):
+    """A JSONL file's first non-blank line ("" where there is none; None where it cannot be
+    read: its reader says why)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return next((line for line in f if line.strip()), "")
+    except OSError:
+        return None
 
 
 def is_hashed_trace(path):
-    """A JSONL trace whose first line names Mooncake's fields, not an engine's log's."""
-    if not path.endswith(".jsonl"):
-        return False
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            first = next((line for line in f if line.strip()), "")
-    except OSError:
-        return False  # (read_engine_run says why)
-    return '"hash_ids"' in first or '"input_length"' in first
+    """A JSONL trace whose first line names Mooncake's hash ids (without them, a trace of
+    lengths and times: see nn40.traces)."""
+    return path.endswith(".jsonl") and '"hash_ids"' in (first_jsonl_line(path) or "")
 
 
 def is_engine_run(path):
-    return path.endswith(ENGINE_RUN_SUFFIXES) and not is_hashed_trace(path)
+    """DistServe's log (.exp), or LLMServingSim's requests.jsonl (its first line names
+    input_toks; one that cannot be read goes to read_engine_run, which says why)."""
+    if not path.endswith(".jsonl"):
+        return path.endswith(".exp")
+    first = first_jsonl_line(path)
+    return first is None or '"input_toks"' in first
 
 
 def hashed_trace_row(row, hash_tokens):
@@ -1686,9 +1662,10 @@ class EngineProfile:
     reserved_gb: float = 0.0
     dequant_flops: float = 0.0
     activation_passes: float = 0.0
-    kv_fraction: float = KV_MEMORY_FRACTION
-    kv_of_total: bool = False     # kv_fraction is of the card's whole memory (vLLM's
-                                  # gpu_memory_utilization), not of what the weights leave
+    kv_fraction: float = KV_MEMORY_FRACTION  # the engine's own: vLLM's gpu_memory_utilization,
+                                  # SGLang's mem_fraction_static (0: by card), TensorRT-LLM's
+                                  # free_gpu_memory_fraction (see EngineRules)
+    rules: str = "fraction"       # how it sizes its KV cache and batch (ENGINE_RULES)
     max_batch: int = 256
     max_tokens: int = 8192
     fused: bool = True            # a step is one pass (see Replica)
@@ -1703,6 +1680,116 @@ class EngineProfile:
         (C's --slots, --chunk-tokens, scheduler, queue order, KV budget)."""
         return dataclasses.replace(Replica(self.max_batch, costs, "chunked", self.max_tokens,
                                            fused=self.fused), **flags)
+
+
+# What an engine leaves its KV cache on a card, and the batch limits it runs by default: each
+# engine's own rule, a registered EngineRules. Memory in bytes per card; each rule returns its
+# terms so that the KV line prints every one (in GiB, as the engines log them; a card's spec
+# sheet sells GB). Read in the engines' code:
+# - vLLM (vllm/v1/worker/gpu_worker.py, determine_available_memory): gpu_memory_utilization of
+#   the card's whole memory, less the weights, the activations' peak in a profile run of
+#   max_num_batched_tokens tokens, and the memory outside torch (NCCL, cuBLAS); CUDA graphs are
+#   captured after the KV cache is sized (up to v0.20; later versions subtract an estimate and
+#   raise the default fraction to match). Scheduler defaults (vllm/engine/arg_utils.py, for
+#   `vllm serve`): on a card of at least 70 GiB that is no A100, 1,024 sequences and 8,192
+#   tokens a step; else 256 and 2,048. Chunked prefill on, blocks of 16.
+# - SGLang (srt/model_executor/model_runner.py, profile_max_num_token; server_args.py): the KV
+#   pool is mem_fraction_static of the memory free before the weights, less the weights;
+#   mem_fraction_static by default (card - a reserve for activations and CUDA graphs) / card,
+#   the reserve 512 MiB + 1.5 x max(chunk, 2048) MiB + 2 x the largest graph batch + tp/8 GiB,
+#   at least 10 GiB past 60 GiB; chunked_prefill_size by card: 2,048 under 35 GiB, 4,096 under
+#   60, 8,192 under 160, else 16,384; max_running_requests min(max(pool / context x 512,
+#   2048), 4096).
+# - TensorRT-LLM (free_gpu_memory_fraction, 0.9, of what the weights and activations leave):
+#   the `fraction` rule, its reserve fitted on calibration rows.
+NON_TORCH_GIB = 0.25  # vLLM's non-torch memory at start-up (vllm-project/vllm#13061's log: 0.25)
+CUDA_CONTEXT_GIB = 0.5  # held before an engine loads anything (SGLang's reserve counts 512 MiB)
+ENGINE_RULES = {}
+
+
+def engine_rules(cls):
+    ENGINE_RULES[cls.name] = cls()
+    return cls
+
+
+class EngineRules:
+    """The `fraction` rule: kv_fraction of what a card has left after its weights and the
+    profile's reserved_gb; the profile's own max_batch and max_tokens."""
+    name = "fraction"
+
+    def defaults(self, profile, cfg, card, tp, ep):
+        """(max_num_seqs, max_num_batched_tokens, where they come from) on `card`."""
+        return profile.max_batch, profile.max_tokens, "profile"
+
+    def kv_terms(self, profile, cfg, card, tp, ep, limits):
+        """{term: bytes per card, ..., "kv": what the KV cache gets} under the run's limits
+        (max_num_seqs, max_num_batched_tokens)."""
+        weights = card_weight_bytes(cfg, tp, ep)
+        reserved = profile.reserved_gb * 1e9
+        return {"fraction": profile.kv_fraction, "total": card.memory_bytes, "weights": weights,
+                "reserved": reserved,
+                "kv": profile.kv_fraction * (card.memory_bytes - weights - reserved)}
+
+
+@engine_rules
+class FractionRules(EngineRules):
+    pass
+
+
+@engine_rules
+class VLLMRules(EngineRules):
+    name = "vllm"
+
+    def defaults(self, profile, cfg, card, tp, ep):
+        large = card.memory_bytes >= 70 * 2**30 and "A100" not in card.name
+        return (1024, 8192, "vllm_large") if large else (256, 2048, "vllm_small")
+
+    def kv_terms(self, profile, cfg, card, tp, ep, limits):
+        weights = card_weight_bytes(cfg, tp, ep)
+        activation = peak_activation_bytes(cfg, limits[1], limits[0], tp)
+        non_torch = NON_TORCH_GIB * 2**30
+        return {"fraction": profile.kv_fraction, "total": card.memory_bytes, "weights": weights,
+                "activation": activation, "non_torch": non_torch,
+                "kv": profile.kv_fraction * card.memory_bytes - weights - activation - non_torch}
+
+
+@engine_rules
+class SGLangRules(EngineRules):
+    name = "sglang"
+
+    @staticmethod
+    def chunk_and_graphs(card, tp):
+        """(chunked_prefill_size, the largest CUDA-graph batch) by the card's memory."""
+        gib = card.memory_bytes / 2**30
+        for below, chunk, graphs in ((20, 2048, (8, 8)), (35, 2048, (24, 80)),
+                                     (60, 4096, (32, 160)), (160, 8192, (256, 512))):
+            if gib < below:
+                return chunk, graphs[tp >= 4]
+        return 16384, 512
+
+    def fraction(self, profile, card, tp):
+        """mem_fraction_static: the profile's, else (0) SGLang's default for the card."""
+        if profile.kv_fraction:
+            return profile.kv_fraction
+        chunk, graphs = self.chunk_and_graphs(card, tp)
+        mib = card.memory_bytes / 2**20
+        reserve = 512 + max(chunk, 2048) * 1.5 + graphs * 2 + tp / 8 * 1024
+        if mib > 60 * 1024:
+            reserve = max(reserve, 10 * 1024)
+        return round((mib - reserve) / mib, 3)
+
+    def defaults(self, profile, cfg, card, tp, ep):
+        pool = self.kv_terms(profile, cfg, card, tp, ep, None)["kv"] / \
+            card_kv_bytes_per_token(cfg, tp)
+        running = min(max(int(pool / cfg.max_positions * 512), 2048), 4096)
+        return running, self.chunk_and_graphs(card, tp)[0], "sglang"
+
+    def kv_terms(self, profile, cfg, card, tp, ep, limits):
+        weights = card_weight_bytes(cfg, tp, ep)
+        fraction = self.fraction(profile, card, tp)
+        free = card.memory_bytes - CUDA_CONTEXT_GIB * 2**30
+        return {"fraction": fraction, "total": card.memory_bytes, "weights": weights,
+                "context": CUDA_CONTEXT_GIB * 2**30, "kv": fraction * free - weights}
 
 
 # `roofline` is C's pricing before it was checked against any engine (90% and 80% of a card's
@@ -1730,8 +1817,12 @@ ENGINE_PROFILES = {
                               max_batch=1, fitted_on="gpt-fast's 6 calibration rows"),
 }
 ENGINE_PROFILES["vllm"] = dataclasses.replace(
-    ENGINE_PROFILES["tensorrt-llm"], name="vllm", max_batch=256, max_tokens=8192,
-    kv_of_total=True, fitted_on="none (TensorRT-LLM's efficiencies)")
+    ENGINE_PROFILES["tensorrt-llm"], name="vllm", max_batch=256, max_tokens=2048,
+    reserved_gb=0.0, rules="vllm", fitted_on="none (TensorRT-LLM's efficiencies)")
+ENGINE_PROFILES["sglang"] = dataclasses.replace(
+    ENGINE_PROFILES["tensorrt-llm"], name="sglang", max_batch=4096, max_tokens=8192,
+    reserved_gb=0.0, kv_fraction=0.0, rules="sglang",
+    fitted_on="none (TensorRT-LLM's efficiencies)")
 DEFAULT_PROFILE = "tensorrt-llm"
 
 # C's pricing knots: tokens per pass, powers of two and the midpoints (x 1.5) between them
@@ -1788,15 +1879,22 @@ def card_costs(cfg, card, profile=None, tp=1, ep=1):
     return StepCosts(PRICE_KNOTS, seconds, kv_s, source, pair_s=pair_s)
 
 
-def card_kv_tokens(cfg, card, profile, tp=1, ep=1):
+def card_kv_tokens(cfg, card, profile, tp=1, ep=1, limits=None):
     """The KV cache's tokens on `tp` cards (or on one of an expert-parallel group of `ep`):
-    kv_fraction of what each card has left after its weights and profile.reserved_gb (or,
-    kv_of_total, of its memory, less those), over one card's bytes per token (0: nothing
-    fits)."""
-    taken = card_weight_bytes(cfg, tp, ep) + profile.reserved_gb * 1e9
-    free = profile.kv_fraction * card.memory_bytes - taken if profile.kv_of_total else \
-        profile.kv_fraction * (card.memory_bytes - taken)
-    return max(int(free // card_kv_bytes_per_token(cfg, tp)), 0)
+    what the profile's engine leaves each card (see card_kv_terms; 0: nothing fits)."""
+    return card_kv_terms(cfg, card, profile, tp, ep, limits)["tokens"]
+
+
+def card_kv_terms(cfg, card, profile, tp=1, ep=1, limits=None):
+    """Each term of the engine's memory rule on one card (EngineRules.kv_terms), in bytes,
+    with the batch limits its activations were sized at (limits: (max_num_seqs,
+    max_num_batched_tokens); None: the engine's defaults on the card) and the KV tokens."""
+    rules = ENGINE_RULES[profile.rules]
+    limits = limits or rules.defaults(profile, cfg, card, tp, ep)[:2]
+    terms = rules.kv_terms(profile, cfg, card, tp, ep, limits)
+    whole = int(max(terms["kv"], 0) // card_kv_bytes_per_token(cfg, tp))
+    return {**terms, "rules": profile.rules, "limits": list(limits),
+            "tokens": whole // 16 * 16 if profile.rules != "fraction" else whole}
 
 
 def fit_step_costs(decode_rows, prefill_rows, context, kv_token_s, source):
@@ -2371,6 +2469,15 @@ def profile_named(text):
         raise UsageError(f"{e} (the profiles: {', '.join(ENGINE_PROFILES)}, or a file "
                          "--calibrate wrote)")
     return text
+
+
+def run_profile(run):
+    """The run's EngineProfile: --engine-profile's, with --kv-fraction (the engine's own
+    memory flag) where given."""
+    profile = engine_profile(run.hardware.engine_profile)
+    if run.scheduler.kv_fraction is not None:
+        profile = dataclasses.replace(profile, kv_fraction=run.scheduler.kv_fraction)
+    return profile
 
 
 def engine_profile(name):
@@ -5515,14 +5622,10 @@ def kv_budget_bytes(run, device):
     if run.scheduler.kv_memory_gb:
         return run.scheduler.kv_memory_gb * 1e9, {"kind": "memory_flag"}
     if run.hardware.gpu:  # (the card C plans for, whatever this machine has; tp of them)
-        card, profile = GPUS[run.hardware.gpu], engine_profile(run.hardware.engine_profile)
-        tokens = card_kv_tokens(cfg, card, profile, run.hardware.tp, run.hardware.ep)
-        return (tokens * kv_bytes_per_token(cfg),
-                {"kind": "memory_card", "fraction": profile.kv_fraction, "card": card.name,
-                 "total_gb": card.memory_bytes / 1e9, "tp": run.hardware.tp,
-                 "reserved_gb": profile.reserved_gb,
-                 "ep": run.hardware.ep,
-                 "weights_gib": card_weight_bytes(cfg, run.hardware.tp, run.hardware.ep) / 2**30})
+        card, profile = GPUS[run.hardware.gpu], run_profile(run)
+        terms = card_kv_terms(cfg, card, profile, run.hardware.tp, run.hardware.ep,
+                              (run.scheduler.serve_slots, run.scheduler.serve_chunk_tokens))
+        return terms["tokens"] * kv_bytes_per_token(cfg), memory_source(terms, card, run)
     if device is not None and device.type == "cuda":
         total = torch.cuda.mem_get_info(cuda_index(device))[1]
         return (KV_MEMORY_FRACTION * total - weights,
@@ -5534,6 +5637,19 @@ def kv_budget_bytes(run, device):
     return (KV_MEMORY_FRACTION * REFERENCE_MEMORY_GB * 1e9 - weights,
             {"kind": "memory_reference", "fraction": KV_MEMORY_FRACTION,
              "total_gb": REFERENCE_MEMORY_GB, "weights_gib": weights / 2**30})
+
+
+def memory_source(terms, card, run):
+    """The KV line's account of a card's memory (see card_kv_terms): each term of the engine's
+    rule in GiB, the card's memory as the driver reports it and as its spec sheet sells it."""
+    gib = {f"{k}_gib": v / 2**30 for k, v in terms.items()
+           if k in ("total", "weights", "reserved", "activation", "non_torch", "context", "kv")}
+    kind = "memory_card" if terms["rules"] == "fraction" else f"memory_{terms['rules']}"
+    return {"kind": kind, "fraction": terms["fraction"], "card": card.name,
+            "total_gb": card.memory_bytes / 1e9, "sold_gb": card.memory_gb,
+            "tp": run.hardware.tp, "ep": run.hardware.ep, "reserved_gb": terms.get(
+                "reserved", 0.0) / 1e9, "seqs": terms["limits"][0], "tokens": terms["limits"][1],
+            "short_gib": max(-terms["kv"], 0.0) / 2**30, **gib}
 
 
 def out_of_memory(error):
@@ -6306,12 +6422,17 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
     the independent simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
     budgets = kv_budgets[1] if kv_budgets else ()
-    profile = engine_profile(run.hardware.engine_profile)  # (its seats and budget: C's flags')
-    replica = profile.replica(costs, slots=run.scheduler.slots, scheduler="continuous",
-                              chunk_tokens=run.scheduler.chunk_tokens,
-                              order=run_order(run, req.output),
-                              fused=bool(run.hardware.gpu) and profile.fused)
-    fleet_replica = dataclasses.replace(replica, kv=study_budget(budgets))  # (and capacity's)
+    profile = engine_profile(run.hardware.engine_profile)
+    post = profile.replica(costs, slots=run.scheduler.slots, scheduler="continuous",
+                           chunk_tokens=run.scheduler.chunk_tokens,
+                           order=run_order(run, req.output),
+                           fused=bool(run.hardware.gpu) and profile.fused)
+    # the engine's seats and step budget (serving_limits) where C answers for an engine: its
+    # capacity, fleets and rate sweep, and a trace's replay; the post's table keeps its own
+    serve = dataclasses.replace(post, slots=run.scheduler.serve_slots,
+                                chunk_tokens=run.scheduler.serve_chunk_tokens)
+    replica = serve if run.workload.trace or run.workload.lengths_file else post
+    fleet_replica = dataclasses.replace(serve, kv=study_budget(budgets))  # (and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
     if run.slo.slo_ttft_s or run.slo.slo_tpot_s:
         capacity = capacity_study(run, req, fleet_replica)
@@ -6322,8 +6443,9 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
         replica = dataclasses.replace(replica, order=run_order(run, share.output))
     result, work = schedulers_study(run, share, replica, kv_budgets, log)
     result["who_waits"], result["orders"], waited = who_waits(run, share, replica, budgets)
-    result["rate_sweep"], swept = rate_sweep(run, share, replica,
-                                             result["schedulers"]["continuous"])
+    result["rate_sweep"], swept = rate_sweep(run, share, dataclasses.replace(
+        serve, order=replica.order), result["schedulers"]["continuous"] if serve == post or
+        replica is serve else None)
     works = [work, waited, swept]
     if run.scheduler.replicas > 1:
         result["replicas"], fleets = replicas_study(run, req, fleet_replica)
@@ -6423,12 +6545,28 @@ def kv_setup(run, req, device):
     for policy in run.scheduler.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.scheduler.block_tokens, max_output,
                       run.scheduler.watermark, info["host_tokens"], info["host_token_s"])
-        why = check_kv_budget(req, kv) if info["budget_tokens"] else {"kind": "kv_no_memory"}
+        why = check_kv_budget(req, kv) if info["budget_tokens"] else no_memory(run, source)
         if why:
             info["unfit"][policy] = why
         else:
             budgets.append(kv)
     return info, budgets
+
+
+def no_memory(run, source):
+    """Why a KV cache got nothing: on a named card, by how much each card falls short and
+    which single change would leave it room (fp8 KV, fp8 weights, twice the cards)."""
+    if "short_gib" not in source:  # (not a named card's)
+        return {"kind": "kv_no_memory"}
+    cfg, card, profile = run.hardware.model, GPUS[run.hardware.gpu], run_profile(run)
+    tp, ep = run.hardware.tp, run.hardware.ep
+    tries = [("--kv-dtype fp8", dataclasses.replace(cfg, kv_dtype="fp8"), tp),
+             ("--weights fp8", dataclasses.replace(cfg, weights="fp8"), tp),
+             (f"--tp {2 * tp}", cfg, 2 * tp if cfg.heads % (2 * tp) == 0 else tp)]
+    would = [flag for flag, c, t in tries if (c, t) != (cfg, tp)
+             and card_kv_tokens(c, card, profile, t, ep)]
+    return {"kind": "kv_short", "short_gib": source["short_gib"],
+            "would": ", ".join(would) or "a larger card"}
 
 
 def memory_metrics(req, sim, kv, makespan_s):
@@ -6549,11 +6687,14 @@ def rate_sweep(run, req, replica, continuous):
     """Throughput and p99 latency of each scheduler as the arrival rate grows.
 
     Rates: --rates, or fractions of the continuous scheduler's capacity (its throughput with
-    every request waiting at t=0, or as measured above). Each point replays the first
+    every request waiting at t=0: `continuous`, as measured above, or None: measured here). Each point replays the first
     SWEEP_REQUESTS requests with fresh Poisson (or gamma) arrivals, memory unlimited.
     -> (points, Work)
     """
     req = req.take(slice(SWEEP_REQUESTS))
+    if continuous is None:  # (the tables ran other seats: this replica's throughput, all at 0)
+        continuous = serving_metrics(req, simulate_serving(req, dataclasses.replace(
+            replica, scheduler="continuous", kv=None)))
     capacity = continuous["throughput_rps"]
     rates = run.workload.rates or tuple(round(f * capacity, 6)
                                         for f in (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.2))
@@ -6754,12 +6895,30 @@ def capacity_study(run, req, replica):
               "seeds": CAPACITY_SEEDS, "longest_output": int(req.output.max()),
               "gpus_per_replica": run.hardware.tp, "scheduler": "continuous",
               "kv_policy": replica.kv.policy if replica.kv else None,
+              "serving": {"slots": replica.slots, "chunk_tokens": replica.chunk_tokens,
+                          "source": run.scheduler.serve_source},
               "one_replica": {"rate_rps": one, "rates_rps": rates,
                               "output_tokens_per_s": one * float(req.output.mean()),
                               "tried": searches[0][1]}}
     if run.slo.target_rate is not None:
         result.update(fleet_capacity(run, req, replica, slo, one, m))
+        result["answer"] = capacity_choice(result)
     return result
+
+
+def capacity_choice(cap):
+    """The capacity answer, one for every place that prints it: the router that needs the
+    fewest replicas, ties broken by the share of requests meeting the SLO at that count (then
+    by the routers' order). -> {"router", "replicas", "gpus", "tie"} or None (no count up to
+    REPLICAS_MAX serves the load)"""
+    found = {k: r for k, r in cap["routers"].items() if r["replicas"]}
+    if not found:
+        return None
+    router = min(found, key=lambda k: (found[k]["replicas"], -found[k]["attainment"]))
+    fewest = found[router]["replicas"]
+    return {"router": router, "replicas": fewest,
+            "gpus": fewest * cap.get("gpus_per_replica", 1),
+            "tie": sum(r["replicas"] == fewest for r in found.values()) > 1}
 
 
 def fleet_capacity(run, req, replica, slo, one, m):
@@ -7616,39 +7775,63 @@ def ceilings_moved(before, after):
 
 
 def summary_text(T, results):
-    """The post's three claims as this run measured them, one line each (those it ran)."""
-    lines = []
-    if "A" in results:
-        A = results["A"]
-        rows = [r for r in measured(A["rows"]) if r["context"] == A["context"]
-                and r["mode"] == A["modes"][-1]]
-        by_bytes = [r for r in rows if r["batch"] > 1 and r.get("bound") == "memory"] or \
-            [r for r in rows if r["batch"] > 1]
-        first = next((r for r in rows if r["batch"] == 1), None)
-        if by_bytes and first:
-            r = by_bytes[-1]
-            turn = next((s["batch"] for s in rows if s.get("bound") == "compute"), None)
-            lines.append(T["summary_decode"].format(
-                batch=r["batch"], throughput=r["throughput_vs_1"], wait=r["wait_vs_1"],
-                bound=T[first.get("bound", "memory")], turn=T["summary_turn"].format(
-                    batch=turn) if turn and turn > 1 else ""))
-    if "B" in results:
-        rows = measured(results["B"]["rows"])
-        prefill = [r for r in rows if r["phase"] == "prefill"]
-        decode = next((r for r in rows if r["phase"] == "decode" and r["batch"] == 1), None)
-        if prefill and decode:
-            p = max(prefill, key=lambda r: r["tokens"])
-            lines.append(T["summary_prefill"].format(
-                tokens=p["tokens"], intensity=p["intensity"], bound=T[p.get("bound", "compute")],
-                ratio=p["tflops"] / max(decode["tflops"], 1e-30),
-                decode=decode["intensity"]))
-    C = results.get("C", {})
-    if "static" in C:
-        D = results.get("D", {}).get("verdict")
-        lines.append(T["summary_batching"].format(
-            static=C["static"]["occupancy"], continuous=C["continuous"]["occupancy"],
-            speedup=C["speedup"], engine=T["summary_engine"].format(**D) if D else ""))
+    """The post's three claims as this run measured them, one line each (those it ran), each
+    in the words its numbers allow: where they contradict the post, the line says so."""
+    lines = [line for line in (decode_claim(T, results), prefill_claim(T, results),
+                               batching_claim(T, results)) if line]
     return "\n".join([T["summary"]] + lines) if lines else ""
+
+
+def decode_claim(T, results):
+    """Claim 1: batching is nearly free (batch 8, or the least batch past 1, gains at least
+    2x batch 1's tokens/s, and batch 1 is bound by bytes)."""
+    if "A" not in results:
+        return None
+    A = results["A"]
+    rows = [r for r in measured(A["rows"]) if r["context"] == A["context"]
+            and r["mode"] == A["modes"][-1]]
+    by_bytes = [r for r in rows if r["batch"] > 1 and r.get("bound") == "memory"] or \
+        [r for r in rows if r["batch"] > 1]
+    first = next((r for r in rows if r["batch"] == 1), None)
+    if not (by_bytes and first):
+        return None
+    small = next((r for r in rows if r["batch"] == 8), min(by_bytes, key=lambda r: r["batch"]))
+    holds = small["throughput_vs_1"] >= 2 and first.get("bound", "memory") == "memory"
+    r = by_bytes[-1] if holds else small
+    turn = next((s["batch"] for s in rows if s.get("bound") == "compute"), None)
+    return T["summary_decode" if holds else "summary_decode_not"].format(
+        batch=r["batch"], throughput=r["throughput_vs_1"], wait=r["wait_vs_1"],
+        bound=T[first.get("bound", "memory")], turn=T["summary_turn"].format(
+            batch=turn) if turn and turn > 1 else "")
+
+
+def prefill_claim(T, results):
+    """Claim 2: prefill is bound by arithmetic (the longest prompt past the ridge)."""
+    if "B" not in results:
+        return None
+    rows = measured(results["B"]["rows"])
+    prefill = [r for r in rows if r["phase"] == "prefill"]
+    decode = next((r for r in rows if r["phase"] == "decode" and r["batch"] == 1), None)
+    if not (prefill and decode):
+        return None
+    p = max(prefill, key=lambda r: r["tokens"])
+    bound = p.get("bound", "compute")
+    ridge = results["environment"].get("ceilings", {}).get("ridge_flop_per_byte", 0.0)
+    return T["summary_prefill" if bound == "compute" else "summary_prefill_not"].format(
+        tokens=p["tokens"], intensity=p["intensity"], bound=T[bound], ridge=ridge_text(ridge),
+        ratio=p["tflops"] / max(decode["tflops"], 1e-30), decode=decode["intensity"])
+
+
+def batching_claim(T, results):
+    """Claim 3: continuous batching takes fewer steps than static (and in D, less time)."""
+    C = results.get("C", {})
+    if "static" not in C:
+        return None
+    D = results.get("D", {}).get("verdict")
+    holds = C["speedup"] > 1 and (not D or D["measured"] > 1)
+    return T["summary_batching" if holds else "summary_batching_not"].format(
+        static=C["static"]["occupancy"], continuous=C["continuous"]["occupancy"],
+        speedup=C["speedup"], engine=T["summary_engine"].format(**D) if D else "")
 
 
 def dtype_probe_line(T, probe):
@@ -7869,17 +8052,23 @@ def capacity_text(T, cap):
               spec_table(T, rows, [("router", "label", "text"), ("replicas_col", "needed", "text"),
                                    ("attained_col", "attainment", ".1%"),
                                    ("below_col", "below", ".1%")])]
-    found = {router: r for router, r in cap["routers"].items() if r["replicas"]}
-    if not found:
+    answer = cap.get("answer", capacity_choice(cap))
+    if not answer:
         lines.append(T["answer_none"].format(n=REPLICAS_MAX))
     else:
-        router = min(found, key=lambda k: (found[k]["replicas"], -found[k]["attainment"]))
-        fewest = found[router]["replicas"]
-        tie = T["answer_tie"] if sum(r["replicas"] == fewest for r in found.values()) > 1 else ""
-        lines.append(T["answer"].format(replicas=counted(T, fewest, "replica"), router=router,
-                                        tie=tie, gpus=counted(T, fewest * cap.get(
-                                            "gpus_per_replica", 1), "gpu")))
+        lines.append(T["answer"].format(
+            replicas=counted(T, answer["replicas"], "replica"), router=answer["router"],
+            tie=T["answer_tie"] if answer["tie"] else "",
+            gpus=counted(T, answer["gpus"], "gpu")))
     return "\n".join(lines)
+
+
+def serving_text(T, serving):
+    """The seats and step budget an answer used, and where they came from."""
+    source = serving["source"].split("+")
+    return T["serving_limits"].format(slots=serving["slots"], chunk=serving["chunk_tokens"],
+                                      source=T["limits_" + source[0]] + (
+                                          T["limits_flag_too"] if len(source) > 1 else ""))
 
 
 def counted(T, n, noun):
@@ -7902,27 +8091,25 @@ def capacity_answer(T, results):
               "one": f"{one:,.3g}" if math.isfinite(one) else T["capacity_all"].format(
                   rate=max(rate for rate, _ in cap["one_replica"]["tried"]))}
     fields["card"] = price["card"] if price["kind"] == "pricing_card" else describe(T, price)
-    found = {k: r["replicas"] for k, r in cap.get("routers", {}).items() if r["replicas"]}
+    answer = cap.get("answer", capacity_choice(cap)) if "routers" in cap else None
     if "routers" not in cap:
         lines = [T["answer_one"].format(**fields)]
-    elif not found:
+    elif not answer:
         lines = [T["answer_fleet_none"].format(rate=cap["target_rate"], n=REPLICAS_MAX, **fields)]
     else:
-        router = min(found, key=found.get)
         lines = [T["answer_fleet"].format(
-            rate=cap["target_rate"], router=router, **fields,
-            replicas=counted(T, found[router], "replica"),
-            gpus=counted(T, found[router] * cap.get("gpus_per_replica", 1), "gpu"))]
+            rate=cap["target_rate"], router=answer["router"], **fields,
+            replicas=counted(T, answer["replicas"], "replica"),
+            gpus=counted(T, answer["gpus"], "gpu"))]
     arrivals = {"kind": "arrivals_poisson" if cfg["burstiness"] == 1 else "arrivals_gamma",
                 "rate": 1.0, "burstiness": cfg["burstiness"]}
     lines.append(T["answer_assumes"].format(
         arrivals=T["answer_arrivals_" + arrivals["kind"][9:]].format(**arrivals),
         prompt=C["prompt_tokens"]["p50"], output=C["output_tokens"]["p50"],
         longest=cap.get("longest_output") or C["lengths"]["max"],
-        source=describe(T, C["source"]), slots=C["slots"],
-        chunk=cfg["chunk_tokens"], kv=T[cap["kv_policy"]] if cap["kv_policy"] else "-",
-        vllm="" if C["slots"] == VLLM_MAX_NUM_SEQS else T["answer_vllm_slots"].format(
-            n=VLLM_MAX_NUM_SEQS)))
+        source=describe(T, C["source"]), kv=T[cap["kv_policy"]] if cap["kv_policy"] else "-",
+        limits=serving_text(T, cap.get("serving") or {
+            "slots": C["slots"], "chunk_tokens": cfg["chunk_tokens"], "source": "post"})))
     return "\n".join(lines)
 
 
@@ -9030,8 +9217,12 @@ class HardwareConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     """C's replicas: seats, the step budget, the queue's order, the router, the KV cache."""
-    slots: int = 32
+    slots: int = 32               # the post's table's seats (--slots, else the post's 32)
     chunk_tokens: int = 512       # chunked prefill: tokens per step, decodes included
+    serve_slots: int = None       # capacity, fleets, the rate sweep and a trace's replay: the
+    serve_chunk_tokens: int = None  # engine's max_num_seqs and max_num_batched_tokens (see
+    serve_source: str = "post"    # serving_limits: "flag", the engine's defaults, or "post")
+    kv_fraction: float = None     # the engine's memory fraction, as its flag names it
     order: str = "fcfs"           # the waiting queue's order (see Order)
     predict_sigma: float = 0.8    # "predicted": log-normal error of the predicted lengths
     max_wait_s: float = None      # the starvation guard (None: off)
@@ -9200,8 +9391,8 @@ def workload_flags(p):
              shown=f"{field_default('prompt_len')}; D on CPU: {ENGINE_CPU['prompt_len']}")
     add_flag(w, "--lengths-file", metavar="PATH", shown="the post's law",
              help="output lengths, one a line ('#' comments)")
-    add_flag(w, "--trace", metavar="FILE", shown="none", help="CSV (num_prefill_tokens,"
-             "num_decode_tokens or TIMESTAMP,ContextTokens,GeneratedTokens) or JSONL")
+    add_flag(w, "--trace", metavar="FILE", shown="none", help="CSV or JSONL of [arrival_s,]"
+             "prompt_tokens,output_tokens, Azure's, BurstGPT's, Mooncake's; vLLM bench JSON")
     add_flag(w, "--trace-limit", type=integer(), shown="all", help="the trace's first N rows")
     add_flag(w, "--rate", "--request-rate", type=rate_value, shown="all at t=0",
              help="Poisson arrivals a second, or 'trace': its times")
@@ -9275,7 +9466,7 @@ def model_flags(p):
     add_flag(m, "--ep", type=integer(1, 64), help="expert parallel: --gpu cards a group")
     add_flag(m, "--engine-profile", metavar="NAME|JSON", type=usage_type(profile_named),
              default=None, shown=DEFAULT_PROFILE, help="how near the engine gets to --gpu's "
-             "peaks: roofline, tensorrt-llm, gpt-fast, vllm, or --calibrate's file")
+             "peaks: roofline, tensorrt-llm, gpt-fast, vllm, sglang, or --calibrate's file")
     add_flag(m, "--cost", choices=["measured", "analytic"], shown="measured when A runs",
              help="C's prices: A/B's rows or a roofline")
     add_flag(m, "--peak-bandwidth-gbs", type=number(1e-3, 1e7), shown="measured",
@@ -9286,10 +9477,10 @@ def model_flags(p):
 
 def scheduler_flags(p):
     s = p.add_argument_group("scheduler and KV cache (C; D takes --order)")
-    add_flag(s, "--slots", "--max-num-seqs", type=integer(),
-             help="requests a replica runs at once (vLLM's: 256)")
-    add_flag(s, "--chunk-tokens", "--max-num-batched-tokens", type=integer(),
-             help="tokens a step, chunked prefill")
+    add_flag(s, "--slots", "--max-num-seqs", type=integer(), default=None,
+             shown="the engine's on --gpu, else 32", help="requests run at once")
+    add_flag(s, "--chunk-tokens", "--max-num-batched-tokens", type=integer(), default=None,
+             shown="the engine's on --gpu, else 512", help="tokens a step")
     add_flag(s, "--order", choices=ORDERS, help="who takes a free seat first")
     add_flag(s, "--predict-sigma", type=number(0.0, 10.0),
              help="predicted order: lengths x e^N(0, s^2)")
@@ -9302,6 +9493,9 @@ def scheduler_flags(p):
     add_flag(s, "--kv-memory-gb", type=number(1e-6, 1e6), help="KV cache, GB",
              shown=f"{KV_MEMORY_FRACTION:g} x memory - weights; CPU {CPU_KV_MEMORY_GB:g}")
     add_flag(s, "--kv-tokens", type=integer(), shown="from GB", help="KV cache, tokens")
+    add_flag(s, "--kv-fraction", "--gpu-memory-utilization", "--mem-fraction-static",
+             type=fraction, shown="the engine's", help="memory share (vLLM: of the card; "
+             "SGLang: for weights + KV; else: of what is free)")
     add_flag(s, "--block-tokens", "--block-size", type=integer(), help="paged: tokens a block")
     add_flag(s, "--watermark", type=fraction, help="paged: share of blocks kept free")
     add_flag(s, "--max-output", type=integer(), shown=f"longest; law: {LENGTH_MAX}",
@@ -9420,7 +9614,10 @@ def run_config(args):
                        "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default,
                        "preset": preset, "dtype_given": args.dtype is not None,
                        "engine_profile": args.engine_profile or DEFAULT_PROFILE,
+                       "slots": args.slots or SchedulerConfig.slots,
+                       "chunk_tokens": args.chunk_tokens or SchedulerConfig.chunk_tokens,
                        **engine_fields(args, on_cpu)})
+    run = run.replace(**serving_limits(run, args))
     longest = max(max(run.measurement.contexts) + 1, max(run.measurement.prefill_lengths))
     if device is not None and model.arch == "transformer" and longest > model.max_positions:
         raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
@@ -9430,11 +9627,27 @@ def run_config(args):
     return quick_run(run) if run.measurement.quick else run
 
 
+def serving_limits(run, args):
+    """The seats and step budget C serves with where it answers for an engine (capacity,
+    fleets, the rate sweep, a trace's replay): the flags where given, else with --gpu the
+    engine profile's defaults on that card (see EngineRules.defaults), else the post's. The
+    post's own table keeps --slots or the post's 32 seats."""
+    slots, chunk, source = run.scheduler.slots, run.scheduler.chunk_tokens, "post"
+    if run.hardware.gpu:
+        profile = run_profile(run)
+        slots, chunk, source = ENGINE_RULES[profile.rules].defaults(
+            profile, run.hardware.model, GPUS[run.hardware.gpu], run.hardware.tp, run.hardware.ep)
+    if args.slots or args.chunk_tokens:
+        source = "flag" if args.slots and args.chunk_tokens else source + "+flag"
+    return {"serve_slots": args.slots or slots, "serve_chunk_tokens": args.chunk_tokens or chunk,
+            "serve_source": source}
+
+
 def engine_fields(args, on_cpu):
     """D's engine as the flags give it, else ENGINE_QUICK with --quick, ENGINE_CPU on CPU, else
     the run's own requests, slots and prompt tokens; the system prompt (--prefix-len) first."""
     engine = ENGINE_QUICK if args.quick else ENGINE_CPU if on_cpu else {
-        "requests": args.requests, "slots": args.slots,
+        "requests": args.requests, "slots": args.slots or SchedulerConfig.slots,
         "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default, "shrink": 1}
     return {"engine_requests": args.engine_requests or engine["requests"],
             "engine_slots": args.engine_slots or engine["slots"],
@@ -9466,7 +9679,8 @@ def check_flags(args):
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
     for flag, given in (("--tp", args.tp > 1), ("--ep", args.ep > 1),
-                        ("--engine-profile", args.engine_profile)):
+                        ("--engine-profile", args.engine_profile),
+                        ("--kv-fraction", args.kv_fraction)):
         if given and not args.gpu:
             raise UsageError(f"{flag} prices a named card: give --gpu")
     if args.ep > 1 and args.tp > 1:
@@ -10203,6 +10417,8 @@ TEXT_EN = {**SHARED_TEXT,
     "bucket_long": "long",
     "kv_unfit_row": "{policy}: does not fit, so not simulated: {why}",
     "kv_no_memory": "the weights leave no memory for the KV cache",
+    "kv_short": "the engine's rule leaves the KV cache nothing: {short_gib:.2f} GiB a card "
+                "short; it would fit with {would}",
     "kv_max_output": "--max-output {max_output:,} is below the longest output, {longest:,}",
     "kv_too_long": "request {request:,} alone needs {needs:,} tokens (prompt {prompt:,} + "
                    "output {output:,}), the budget holds {holds:,}",
@@ -10258,10 +10474,20 @@ TEXT_EN = {**SHARED_TEXT,
     "summary_decode": "  1. decode is bound by bytes, so batching is nearly free: batch {batch} "
                       "decodes {throughput:.1f}x batch 1's tokens/s for {wait:.2f}x its wait "
                       "(batch 1: {bound}-bound{turn})",
+    "summary_decode_not": "  1. decode did not batch nearly free here, as the post has it: "
+                          "batch {batch} decodes {throughput:.1f}x batch 1's tokens/s for "
+                          "{wait:.2f}x its wait (batch 1: {bound}-bound{turn})",
     "summary_turn": "; compute-bound from batch {batch}",
     "summary_prefill": "  2. prefill is bound by arithmetic: {tokens:,} prompt tokens at "
                        "{intensity:.0f} FLOP/byte ({bound}-bound) ran {ratio:.0f}x the FLOP/s "
                        "of decode at batch 1 ({decode:.1f} FLOP/byte)",
+    "summary_prefill_not": "  2. prefill was not bound by arithmetic here, as the post has "
+                           "it: {tokens:,} prompt tokens at {intensity:.0f} FLOP/byte, under "
+                           "this machine's ridge of {ridge} ({bound}-bound), ran {ratio:.0f}x "
+                           "the FLOP/s of decode at batch 1 ({decode:.1f} FLOP/byte)",
+    "summary_batching_not": "  3. continuous batching was not ahead here, as the post has it: "
+                            "{continuous:.0%} of slot-steps filled against static's "
+                            "{static:.0%}, {speedup:.2f}x the steps{engine}",
     "summary_batching": "  3. continuous batching fills the seats static batching leaves "
                         "empty: {continuous:.0%} of slot-steps filled against {static:.0%}, "
                         "{speedup:.2f}x fewer steps{engine}",
@@ -10275,12 +10501,16 @@ TEXT_EN = {**SHARED_TEXT,
     "answer_fleet_none": "answer: no count up to {n:,} replicas of {model} on {card} serves "
                          "{rate:g} requests/s with {slo} for {attainment:.0%} of requests",
     "answer_assumes": "  assuming {arrivals}; prompts of {prompt:,.0f} tokens and outputs of "
-                      "median {output:,.0f}, max {longest:,} ({source}); {slots} slots a "
-                      "replica{vllm}; chunks of {chunk:,} tokens; continuous batching, "
-                      "{kv} KV cache (details below)",
+                      "median {output:,.0f}, max {longest:,} ({source}); {limits}; "
+                      "continuous batching, {kv} KV cache (details below)",
+    "serving_limits": "{slots:,} sequences a replica and {chunk:,} tokens a step ({source})",
+    "limits_post": "the post's, as its table", "limits_flag": "the flags'",
+    "limits_profile": "the engine profile's", "limits_flag_too": ", and a flag's",
+    "limits_vllm_large": "vllm serve's defaults on a card of 70 GiB or more",
+    "limits_vllm_small": "vllm serve's defaults on a card under 70 GiB or an A100",
+    "limits_sglang": "SGLang's defaults for the card",
     "answer_arrivals_poisson": "Poisson arrivals", "answer_post": "the post's model",
     "answer_arrivals_gamma": "gamma arrivals of shape {burstiness:g}",
-    "answer_vllm_slots": " (vLLM's --max-num-seqs defaults to {n}: --slots {n} to match)",
     "answer_tie": " (as few as any router needs)",
     "answer_none": "answer: no count up to {n:,} replicas serves it",
     # C: the KV cache
@@ -10292,6 +10522,15 @@ TEXT_EN = {**SHARED_TEXT,
     "memory_cpu": "the CPU default",
     "memory_card": "{fraction:g} x ({total_gb:.1f} GB of each of {tp} x {card} less its "
                    "{weights_gib:.2f} GiB of weights and {reserved_gb:g} GB reserved)",
+    "memory_vllm": "vLLM's rule on each of {tp} x {card}, {total_gib:.2f} GiB as the driver "
+                   "reports it ({sold_gb:g} GB sold): {fraction:g} x {total_gib:.2f} GiB "
+                   "less {weights_gib:.2f} GiB of weights, {activation_gib:.2f} GiB of "
+                   "activations at {tokens:,} tokens a step and {seqs:,} sequences, and "
+                   "{non_torch_gib:.2f} GiB outside torch = {kv_gib:.2f} GiB",
+    "memory_sglang": "SGLang's rule on each of {tp} x {card}, {total_gib:.2f} GiB as the "
+                     "driver reports it ({sold_gb:g} GB sold): mem_fraction_static "
+                     "{fraction:g} x ({total_gib:.2f} GiB less {context_gib:.2f} GiB of CUDA "
+                     "context) less {weights_gib:.2f} GiB of weights = {kv_gib:.2f} GiB",
     "memory_cuda": "{fraction:g} x {total_gib:.2f} GiB of {device} less {weights_gib:.2f} "
                    "GiB of weights",
     "memory_reference": "the post's RTX 5080: {fraction:g} x {total_gb:g} GB less "
@@ -10575,6 +10814,8 @@ TEXT_KO = {**SHARED_TEXT,
     "bucket_long": "긺",
     "kv_unfit_row": "{policy}: 들어가지 않아 모의실험하지 않음: {why}",
     "kv_no_memory": "가중치를 빼면 KV 캐시에 남는 메모리가 없다",
+    "kv_short": "엔진의 규칙으로는 KV 캐시에 남는 것이 없다: 카드당 {short_gib:.2f} GiB 모자란다; "
+                "{would}(으)로는 들어간다",
     "kv_max_output": "--max-output {max_output:,}이 가장 긴 출력 {longest:,}보다 작다",
     "kv_too_long": "요청 {request:,} 하나만으로 {needs:,}토큰이 필요한데 (질문 {prompt:,} + 출력 "
                    "{output:,}) 예산은 {holds:,}토큰",
@@ -10624,10 +10865,20 @@ TEXT_KO = {**SHARED_TEXT,
     "summary_decode": "  1. 디코드는 바이트에 묶여 배칭이 거의 공짜다: 배치 {batch}는 배치 1의 "
                       "{throughput:.1f}배 토큰/s를 {wait:.2f}배 대기로 디코드한다 (배치 1: "
                       "{bound} 한계{turn})",
+    "summary_decode_not": "  1. 여기서는 글과 달리 디코드 배칭이 거의 공짜가 아니었다: 배치 {batch}는 "
+                          "배치 1의 {throughput:.1f}배 토큰/s를 {wait:.2f}배 대기로 디코드한다 "
+                          "(배치 1: {bound} 한계{turn})",
     "summary_turn": "; 배치 {batch}부터 연산 한계",
     "summary_prefill": "  2. 프리필은 연산에 묶인다: 프롬프트 {tokens:,} 토큰, {intensity:.0f} "
                        "FLOP/byte ({bound} 한계)가 배치 1 디코드({decode:.1f} FLOP/byte)의 "
                        "{ratio:.0f}배 FLOP/s로 돌았다",
+    "summary_prefill_not": "  2. 여기서는 글과 달리 프리필이 연산에 묶이지 않았다: 프롬프트 "
+                           "{tokens:,} 토큰, {intensity:.0f} FLOP/byte로 이 기계의 능선 {ridge} "
+                           "아래 ({bound} 한계), 배치 1 디코드({decode:.1f} FLOP/byte)의 "
+                           "{ratio:.0f}배 FLOP/s로 돌았다",
+    "summary_batching_not": "  3. 여기서는 글과 달리 연속 배칭이 앞서지 않았다: 슬롯-스텝의 "
+                            "{continuous:.0%} 채움 대 정적 {static:.0%}, 스텝 {speedup:.2f}배"
+                            "{engine}",
     "summary_batching": "  3. 연속 배칭은 정적 배칭이 비워 두는 자리를 채운다: 슬롯-스텝의 "
                         "{continuous:.0%} 채움 대 {static:.0%}, 스텝 {speedup:.2f}배 적음{engine}",
     "summary_engine": "; 실제 엔진에서 {measured:.2f}배 빠름 (C의 예측 {predicted:.2f}배)",
@@ -10641,11 +10892,16 @@ TEXT_KO = {**SHARED_TEXT,
                          "{attainment:.0%}에 {slo}를 지키며 초당 {rate:g}개 요청을 처리하지 "
                          "못한다",
     "answer_assumes": "  가정: {arrivals}; 프롬프트 {prompt:,.0f} 토큰, 출력 중앙값 "
-                      "{output:,.0f}, 최대 {longest:,} ({source}); 복제본마다 슬롯 {slots}개"
-                      "{vllm}; 청크 {chunk:,} 토큰; 연속 배칭, KV 캐시 {kv} (자세한 표는 아래)",
+                      "{output:,.0f}, 최대 {longest:,} ({source}); {limits}; 연속 배칭, KV 캐시 "
+                      "{kv} (자세한 표는 아래)",
+    "serving_limits": "복제본마다 시퀀스 {slots:,}개, 스텝마다 토큰 {chunk:,}개 ({source})",
+    "limits_post": "글의 표와 같이", "limits_flag": "플래그대로",
+    "limits_profile": "엔진 프로필대로", "limits_flag_too": ", 일부는 플래그대로",
+    "limits_vllm_large": "70 GiB 이상 카드에서 vllm serve의 기본값",
+    "limits_vllm_small": "70 GiB 미만 카드나 A100에서 vllm serve의 기본값",
+    "limits_sglang": "카드에 맞춘 SGLang의 기본값",
     "answer_arrivals_poisson": "포아송 도착", "answer_post": "글의 모델",
     "answer_arrivals_gamma": "형상 {burstiness:g}의 감마 도착",
-    "answer_vllm_slots": " (vLLM의 --max-num-seqs 기본값은 {n}: 맞추려면 --slots {n})",
     "answer_tie": " (어느 라우터보다 적거나 같다)",
     "answer_none": "답: 복제본 {n:,}개까지 어느 개수로도 감당하지 못한다",
     "kv": "C  KV 캐시: {gb:,.2f} GB ({memory_source}) = 토큰 {tokens:,}개 (토큰당 "
@@ -10656,6 +10912,15 @@ TEXT_KO = {**SHARED_TEXT,
     "memory_cpu": "CPU 기본값",
     "memory_card": "{card} {tp}장 각각의 {total_gb:.1f} GB에서 가중치 {weights_gib:.2f} GiB와 "
                    "예약 {reserved_gb:g} GB를 뺀 값 x {fraction:g}",
+    "memory_vllm": "{card} {tp}장 각각에 vLLM의 규칙, 드라이버가 보고하는 {total_gib:.2f} GiB "
+                   "(판매 {sold_gb:g} GB): {fraction:g} x {total_gib:.2f} GiB에서 가중치 "
+                   "{weights_gib:.2f} GiB, 스텝당 토큰 {tokens:,}개와 시퀀스 {seqs:,}개의 활성값 "
+                   "{activation_gib:.2f} GiB, torch 밖의 {non_torch_gib:.2f} GiB를 뺀 값 = "
+                   "{kv_gib:.2f} GiB",
+    "memory_sglang": "{card} {tp}장 각각에 SGLang의 규칙, 드라이버가 보고하는 {total_gib:.2f} "
+                     "GiB (판매 {sold_gb:g} GB): mem_fraction_static {fraction:g} x "
+                     "({total_gib:.2f} GiB에서 CUDA 컨텍스트 {context_gib:.2f} GiB를 뺀 값)에서 "
+                     "가중치 {weights_gib:.2f} GiB를 뺀 값 = {kv_gib:.2f} GiB",
     "memory_cuda": "{device}의 {total_gib:.2f} GiB x {fraction:g}에서 가중치 "
                    "{weights_gib:.2f} GiB를 뺀 값",
     "memory_reference": "글의 RTX 5080: {total_gb:g} GB x {fraction:g}에서 가중치 "

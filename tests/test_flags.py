@@ -37,7 +37,7 @@ FLAGS = {
     "--prefix-share": "C, prefixes", "--prefix-zipf": "C, prefixes", "--turns": "C, prefixes",
     "--think-time-s": "C, prefixes",
     "--kv-link-gbs": "C", "--kv-link-latency-us": "C", "--pp-micro-batches": "C",
-    "--gpu-budget": "C",
+    "--gpu-budget": "C", "--kv-fraction": "C on a card",
 }
 
 

@@ -221,7 +221,7 @@ def test_replicas_and_capacity_end_to_end(tmp_path, capsys):
                 f"for 90% of requests need {S.counted(T, fewest, 'replica')} "
                 f"({S.counted(T, fewest, 'gpu')})", first)
     assert said("assuming Poisson arrivals; prompts of 128 tokens", first)
-    assert said("32 slots a replica (vLLM's --max-num-seqs defaults to 256", first)
+    assert said("32 sequences a replica and 512 tokens a step (the post's, as its table)", first)
     assert (tmp_path / "capacity.png").stat().st_size > 10_000
 
 

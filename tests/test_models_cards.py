@@ -104,12 +104,14 @@ def test_the_default_c_is_the_posts_card(tmp_path, capsys):
 
 
 def test_a_model_the_card_cannot_hold_still_prices(tmp_path, capsys):
-    # Llama-3-8B's 16 GB of weights leave the RTX 5080 no KV cache: C marks the KV rows
+    # Llama-3-8B's 16 GB of weights leave the RTX 5080 no KV cache: C marks the KV rows, says
+    # by how much each card falls short and what would leave it room
     results, out = run_main(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "rtx-5080",
                              "--requests", "100", "--rates", "5", "--no-figures",
                              "--out", str(tmp_path)], capsys)
-    assert results["C"]["kv"]["unfit"]["paged"] == {"kind": "kv_no_memory"}
-    assert said("the weights leave no memory for the KV cache", out.out)
+    why = results["C"]["kv"]["unfit"]["paged"]
+    assert why["kind"] == "kv_short" and why["would"] == "--weights fp8, --tp 2"
+    assert said("the engine's rule leaves the KV cache nothing", out.out)
     assert results["C"]["schedulers"]["continuous"]["steps"] > 0
 
 

@@ -280,13 +280,16 @@ def test_a_bad_trace_line_is_named_and_nothing_is_written(line, fragment, tmp_pa
     '{"timestamp": 0, "input_length": 600, "output_length": 5}\n' + GOOD + "\n",
     '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_id": [1, 2]}\n',
 ])
-def test_a_first_line_without_hash_ids_is_named_not_taken_for_an_engine_log(
+def test_a_first_line_without_hash_ids_is_a_trace_of_lengths_not_an_engine_log(
         text, tmp_path, capsys):
+    # (Mooncake's fields without hash ids: read as lengths and times, no prefix shared)
     path = tmp_path / "trace.jsonl"
     path.write_text(text)
-    expect_usage_error(["--experiments", "C", "--trace", str(path), "--out",
-                        str(tmp_path / "out"), "--enable-prefix-caching"], capsys,
-                       f"{path}:1:", "missing hash_ids")
+    assert not S.is_hashed_trace(str(path)) and not S.is_engine_run(str(path))
+    results = S.main(["--experiments", "C", "--trace", str(path), "--out",
+                      str(tmp_path / "out"), "--no-figures", "--rates", "5"])
+    assert results["C"]["requests"] == text.count("\n")
+    assert "no hash ids, so no prompts share a prefix" in capsys.readouterr().err
 
 
 def test_a_trace_opening_with_a_blank_line_is_read(tmp_path):

@@ -390,10 +390,11 @@ def test_the_fused_price_of_one_step_by_hand():
 
 
 def test_vllms_kv_cache_is_a_share_of_the_whole_card():
+    # (its every term by hand: tests/test_engines.py)
     cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["rtx-4090"]
-    profile = S.ENGINE_PROFILES["vllm"]
-    free = 0.9 * 24081 * 2**20 - S.weight_bytes(cfg) - profile.reserved_gb * 1e9
-    assert S.card_kv_tokens(cfg, card, profile) == max(int(free // 131_072), 0)
+    terms = S.card_kv_terms(cfg, card, S.ENGINE_PROFILES["vllm"])
+    free = 0.9 * 24081 * 2**20 - S.weight_bytes(cfg) - terms["activation"] - 0.25 * 2**30
+    assert terms["tokens"] == max(int(free // 131_072), 0) // 16 * 16
 
 
 VLLM_LOG = [  # three requests as LLMServingSim's vLLM runs log them (seconds, engine clock)

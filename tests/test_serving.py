@@ -141,10 +141,10 @@ def test_azure_trace_with_its_timestamps(tmp_path, capsys):
 
 @pytest.mark.parametrize("content, fragment", [
     ("a,b\n1,2\n", "no recognised columns"),
-    ("num_prefill_tokens,num_decode_tokens\n5,7\n-3,4\n", ":3:"),
-    ("num_prefill_tokens,num_decode_tokens\n5,seven\n", ":2:"),
+    ("num_prefill_tokens,num_decode_tokens\n5,7\n-3,4\n", "line 3: the prompt's tokens"),
+    ("num_prefill_tokens,num_decode_tokens\n5,seven\n", "line 2: the output's tokens 'seven' is not a number"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.6805900,3,4\r\n"
-     "2023-11-16 18:15:45.0000000,3,4\r\n", ":3: timestamp earlier"),
+     "2023-11-16 18:15:45.0000000,3,4\r\n", "line 3: a timestamp earlier"),
 ])
 def test_bad_traces(tmp_path, capsys, content, fragment):
     from test_cli import expect_usage_error

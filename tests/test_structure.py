@@ -90,8 +90,8 @@ def test_the_readme_names_every_section_and_which_are_pure():
     layout = readme.split("## Reading the code", 1)[1].split("\n## ", 1)[0]
     named = {}
     for line in layout.splitlines():
-        if line.startswith("| ") and not line.startswith("| section"):
-            first = line.split("|")[1].strip()
+        first = line.split("|")[1].strip() if line.startswith("| ") else ""
+        if first and first not in ("section", "module") and not first.startswith("`nn40/"):
             pure = first.endswith("*pure*")
             for name in first.replace("*pure*", "").replace(";", ",").split(","):
                 named[name.strip()] = pure
@@ -108,3 +108,64 @@ def test_no_top_level_name_is_defined_twice():
     names = [node.name for node in tree.body
              if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
     assert not {name for name in names if names.count(name) > 1}
+
+
+# --- the package beside the script ---------------------------------------------------------
+PACKAGE = SOURCE.parent / "nn40"
+# the package's modules in their import order: each may import only those before it (and
+# never the script); none imports torch or matplotlib
+LAYERS = ["errors", "traces"]
+MODULE_MAX = 900
+
+
+def modules():
+    return {path.stem: path for path in sorted(PACKAGE.glob("*.py")) if path.stem != "__init__"}
+
+
+def imported(text):
+    """The package modules and the top-level libraries a module's source imports."""
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        found |= {n.split(".")[1] if n.startswith("nn40.") else n.split(".")[0] for n in names}
+    return found
+
+
+def test_the_packages_modules_are_layered_and_light():
+    assert set(modules()) == set(LAYERS)  # (a new module takes its place in LAYERS)
+    for i, name in enumerate(LAYERS):
+        uses = imported(modules()[name].read_text(encoding="utf-8"))
+        assert not uses & {"torch", "matplotlib", "NN_40_serving"}, name
+        assert not uses & set(LAYERS[i:]), f"{name} imports a module at or above its layer"
+    # (the scan sees what a wrong import would be)
+    assert imported("import torch.nn\nfrom nn40.traces import read_named_trace") == \
+        {"torch", "traces"}
+
+
+def test_importing_the_package_loads_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys; import nn40.traces, nn40.errors; "
+            "assert not {'torch', 'matplotlib'} & set(sys.modules), 'torch or matplotlib loaded'")
+    subprocess.run([sys.executable, "-c", code], cwd=SOURCE.parent, check=True)
+
+
+def test_the_readme_names_every_module_of_the_package():
+    readme = (SOURCE.parent / "README.md").read_text(encoding="utf-8")
+    listed = [line.split("|")[1].strip() for line in readme.split("\n")
+              if line.startswith("| `nn40/")]
+    assert listed == [f"`nn40/{name}.py`" for name in LAYERS]
+
+
+def test_the_packages_modules_keep_the_scripts_guards():
+    for name, path in modules().items():
+        text = path.read_text(encoding="utf-8")
+        assert len(text.split("\n")) <= MODULE_MAX, name
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                assert node.end_lineno - node.lineno < FUNCTION_MAX, (name, node.name)
+                assert len(parameters(node)) <= PARAMETERS_MAX, (name, node.name)
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno - node.lineno < CLASS_MAX, (name, node.name)
