@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import NN_40_serving as S
+from nn40 import host
 
 TINY = S.ModelConfig(layers=1, hidden=64, heads=4, vocab=128, max_positions=64, dtype="float32")
 CPU = torch.device("cpu")
@@ -202,7 +203,7 @@ def test_free_memory_on_windows_asks_windows(monkeypatch):
     no_meminfo(monkeypatch)
     monkeypatch.setattr(S.sys, "platform", "win32")
     monkeypatch.delattr(S.os, "sysconf")  # Windows has none
-    monkeypatch.setattr(S, "windows_available_bytes", lambda: 8 * 2**30)
+    monkeypatch.setattr(host, "windows_available_bytes", lambda: 8 * 2**30)
     assert S.free_memory_bytes(CPU) == 8 * 2**30
 
 
