@@ -261,7 +261,7 @@ class EngineProfile:
     dequant_flops: float = 0.0
     activation_passes: float = 0.0
     kv_fraction: float = KV_MEMORY_FRACTION  # the engine's own: vLLM's gpu_memory_utilization,
-                                  # SGLang's mem_fraction_static (0: by card), TensorRT-LLM's
+                                  # SGLang's mem_fraction_static (None: by card), TensorRT-LLM's
                                   # free_gpu_memory_fraction (see EngineRules)
     rules: str = "fraction"       # how it sizes its KV cache and batch (ENGINE_RULES)
     max_batch: int = 256
@@ -366,8 +366,8 @@ class SGLangRules(EngineRules):
         return 16384, 512
 
     def fraction(self, profile, card, tp):
-        """mem_fraction_static: the profile's, else (0) SGLang's default for the card."""
-        if profile.kv_fraction:
+        """mem_fraction_static: the profile's, else (None) SGLang's default for the card."""
+        if profile.kv_fraction is not None:
             return profile.kv_fraction
         chunk, graphs = self.chunk_and_graphs(card, tp)
         mib = card.memory_bytes / 2**20
@@ -419,7 +419,7 @@ ENGINE_PROFILES["vllm"] = dataclasses.replace(
     reserved_gb=0.0, rules="vllm", fitted_on="none (TensorRT-LLM's efficiencies)")
 ENGINE_PROFILES["sglang"] = dataclasses.replace(
     ENGINE_PROFILES["tensorrt-llm"], name="sglang", max_batch=4096, max_tokens=8192,
-    reserved_gb=0.0, kv_fraction=0.0, rules="sglang",
+    reserved_gb=0.0, kv_fraction=None, rules="sglang",
     fitted_on="none (TensorRT-LLM's efficiencies)")
 DEFAULT_PROFILE = "tensorrt-llm"
 
@@ -1100,7 +1100,7 @@ def read_profile_file(path):
     for key, value in fields.items():  # (each a value of its field's type: a share above 0)
         kind = {"str": str, "bool": bool}.get(getattr(types[key], "__name__", types[key]))
         number = isinstance(value, (int, float)) and not isinstance(value, bool) and \
-            math.isfinite(value) and value >= 0
+            math.isfinite(value) and value >= 0 or key == "kv_fraction" and value is None
         if not (isinstance(value, kind) if kind else number) or \
                 key.endswith("share") and not value > 0:
             raise UsageError(f"{path}: {key} {value!r} is not a value an engine profile takes")
@@ -3906,7 +3906,9 @@ DTYPE_PREFERENCE = 1.1
 
 PROBE_ROUNDS = 5  # timed rounds at each shape (the median taken, p10/p90 kept)
 
-PROBE_NOISE = 0.1  # the least relative gap that is not noise between two types' totals
+PROBE_EARLY_ROUNDS = 2  # rounds after which a type far behind leaves (both its calls slow)
+
+PROBE_NOISE = 0.1  # scores this close (relative) are tied, and a fixed order decides
 
 PROBE_DROP = 4.0  # a 2-byte type this much slower than the best at a shape is out (float32,
 # never on a slow path, is always timed whole): its larger shapes are never run
@@ -3955,11 +3957,12 @@ def call_ms(fn):
     return (time.perf_counter() - t0) * 1e3
 
 
-def interleaved_ms(contenders, rounds=PROBE_ROUNDS):
+def interleaved_ms(contenders, rounds=PROBE_ROUNDS, warm=True):
     """{name: fn} -> {name: [ms a round]}: each warmed with one untimed call (its kernel's
-    set-up), then `rounds` rounds timing each once, the order rotated a step a round."""
+    set-up; warm=False: already done), then `rounds` rounds timing each once, the order
+    rotated a step a round."""
     names = list(contenders)
-    for name in names:
+    for name in names if warm else ():
         call_ms(contenders[name])
     times = {name: [] for name in names}
     for r in range(rounds):
@@ -3970,9 +3973,10 @@ def interleaved_ms(contenders, rounds=PROBE_ROUNDS):
 
 def probe_dtypes(width, shapes):
     """F.linear in each type at each of shapes (see probe_shapes), smallest first, the types
-    interleaved (see interleaved_ms). A 2-byte type PROBE_DROP times slower than the best at a
-    shape leaves the probe there, so a type on a 1000x slower path costs a fraction of a
-    second. -> {dtype: [ms a round, per shape timed]}"""
+    interleaved (see interleaved_ms). A 2-byte type whose PROBE_EARLY_ROUNDS calls at a shape
+    are each PROBE_DROP times the fastest call there leaves the probe (its shape not counted),
+    so a type on a 1000x slower path costs three calls. -> {dtype: [ms a round, per shape
+    it finished]}"""
     g = torch.Generator(device="cpu").manual_seed(7)
     rounds = {name: [] for name in PROBE_DTYPES}
     timed = list(PROBE_DTYPES)
@@ -3981,37 +3985,39 @@ def probe_dtypes(width, shapes):
               for _ in range(shape.weights)]
         x = torch.randn(shape.rows, width, generator=g)
         cast = {name: ([w.to(DTYPES[name]) for w in ws], x.to(DTYPES[name])) for name in timed}
-        ms = interleaved_ms({name: functools.partial(
-            lambda ws_, x_: [F.linear(x_, w) for w in ws_], *cast[name]) for name in timed})
-        for name in timed:
-            rounds[name].append(ms[name])
-        best = min(np.median(ms[name]) for name in timed)
+        fns = {name: functools.partial(lambda ws_, x_: [F.linear(x_, w) for w in ws_],
+                                       *cast[name]) for name in timed}
+        ms = interleaved_ms(fns, PROBE_EARLY_ROUNDS)
+        fastest = min(min(ms[name]) for name in timed)
         timed = [name for name in timed
-                 if name == "float32" or np.median(ms[name]) <= PROBE_DROP * best]
+                 if name == "float32" or min(ms[name]) <= PROBE_DROP * fastest]
+        more = interleaved_ms({name: fns[name] for name in timed},
+                              PROBE_ROUNDS - PROBE_EARLY_ROUNDS, warm=False)
+        for name in timed:
+            rounds[name].append(ms[name] + more[name])
     return rounds
 
 
 def choose_dtype(rounds, shapes):
-    """The type the probe's rounds say (see probe_dtypes), with how sure: each type's total a
-    round (its shapes' ms, weighted), over float32's in the same round; a 2-byte type unless
-    float32 is DTYPE_PREFERENCE faster; among types within noise of the best, the first of
-    PROBE_DTYPES. -> {"chosen", "vs_float32": {dtype: median, p10, p90 or None (left the probe)},
-    "noise", "margin" (the runner-up's score over the chosen's: 1 is a tie)}"""
+    """The type the probe's rounds say (see probe_dtypes), with how sure. Each type's score:
+    its total a round (its shapes' ms, weighted) over float32's in the same round, the median
+    of the rounds (a burst in one round moves no median); float32's score DTYPE_PREFERENCE, so
+    a 2-byte type wins unless float32 is that much faster. Scores within PROBE_NOISE of the
+    best are tied, and the first tied of PROBE_DTYPES' 2-byte types, then float32, is chosen.
+    -> {"chosen", "vs_float32": {dtype: median, p10, p90 or None (left the probe)}, "noise",
+    "tied_with": the other tied types, "margin": the best untied score over the chosen's}"""
     weight = np.array([s.weight for s in shapes])
     totals = {d: weight @ np.array(r) for d, r in rounds.items() if len(r) == len(shapes)}
     ratios = {d: totals[d] / totals["float32"] for d in totals}
-    spread = [(np.percentile(q, 90) - np.percentile(q, 10)) / 2 / np.median(q)
-              for q in ratios.values()]
-    noise = max(PROBE_NOISE, *spread)
-    # a score to minimise: a 2-byte type's time over float32's, float32's DTYPE_PREFERENCE
     score = {d: DTYPE_PREFERENCE if d == "float32" else float(np.median(q))
              for d, q in ratios.items()}
     best = min(score.values())
     tied = [d for d in PROBE_DTYPES[1:] + PROBE_DTYPES[:1]
-            if d in score and score[d] <= best * (1 + noise)]
-    chosen = tied[0] if score[tied[0]] <= DTYPE_PREFERENCE else "float32"
-    others = [score[d] / score[chosen] for d in score if d != chosen]
-    return {"chosen": chosen, "noise": noise, "margin": min(others, default=None),
+            if d in score and score[d] <= best * (1 + PROBE_NOISE)]
+    chosen = tied[0]
+    untied = [score[d] / score[chosen] for d in score if d not in tied]
+    return {"chosen": chosen, "noise": PROBE_NOISE, "tied_with": tied[1:],
+            "margin": min(untied, default=None),
             "vs_float32": {d: median_spread(ratios[d]) if d in ratios else None
                            for d in PROBE_DTYPES}}
 
@@ -5073,7 +5079,8 @@ def schedulers_study(run, req, replica, kv_budgets, log):
             f"{result['continuous']['steps']:,} steps")
         result["orders_steps"] = orders_steps(req.output, run.scheduler.slots, [
             run_order(run, req.output, name) for name in ORDERS])
-    result.update(source=workload(run), requests=len(req.output), slots=run.scheduler.slots,
+    result.update(source=workload(run), requests=len(req.output), slots=replica.slots,
+                  chunk_tokens=replica.chunk_tokens,
                   share_of=run.scheduler.replicas, cost_model=replica.costs.as_dict(),
                   order=order_info(replica.order, req.output, run.workload.seed),
                   arrivals=arrivals(run),
@@ -5375,7 +5382,8 @@ def replicas_study(run, req, replica):
         f"C fleet {router}", simulate_fleet, req, replica,
         Fleet(run.scheduler.replicas, router, seed_for(run, "fleet")))) for router in routers],
         run.measurement.jobs)
-    return {"replicas": run.scheduler.replicas, "slots": run.scheduler.slots,
+    return {"replicas": run.scheduler.replicas, "slots": replica.slots,
+            "chunk_tokens": replica.chunk_tokens,
             "requests": len(req.output),
             "scheduler": "continuous", "kv_policy": replica.kv.policy if replica.kv else None,
             "arrivals": arrivals(run),
@@ -6176,7 +6184,8 @@ def describe(T, what):
     language; a plain string as it is."""
     if not isinstance(what, dict):
         return str(what)
-    return T[what["kind"]].format(**{k: T[v] if k == "mode" else v for k, v in what.items()})
+    return T[what["kind"]].format(**{k: T[v] if k == "mode" else describe(T, v) if isinstance(
+        v, dict) and "kind" in v else v for k, v in what.items()})
 
 
 def cell(T, row, key, fmt):
@@ -6356,14 +6365,26 @@ def machine_warnings(results):
     if above:
         rows = sum("above_ceiling" in r for e in "AB" for r in results.get(e, {}).get("rows", []))
         out.append({"kind": "warn_above", "shares": " and ".join(above), "rows": rows})
-    disturbed = {k: v for k, v in env.get("load", {}).items() if busy(v)}
-    if disturbed:
-        worst = max(disturbed.values(), key=lambda v: v["others_share"] + v["steal_share"])
-        out.append({"kind": "warn_busy", "stages": ", ".join(disturbed), "cpus": worst["cpus"],
-                    "others": worst["others_share"], "steal": worst["steal_share"]})
+    out += load_warnings(env.get("load", {}))
     machine = results.get("D", {}).get("machine")
     if machine and speed_moved(machine["before"], machine["after"]):
         out.append({"kind": "warn_engine", **ceilings_moved(machine["before"], machine["after"])})
+    return out
+
+
+def load_warnings(loads):
+    """The stages other processes slowed (see busy), or where the load was not measured."""
+    disturbed = {k: v for k, v in loads.items() if busy(v)}
+    unknown = [k for k, v in loads.items() if v.get("others_share") is None]
+    out = []
+    if disturbed:
+        worst = max(disturbed.values(), key=lambda v: v["others_share"] + v["steal_share"])
+        out.append({"kind": "warn_busy", "stages": ", ".join(disturbed), "cpus": worst["cpus"],
+                    "others": worst["others_share"], "steal": {
+                        "kind": "busy_steal", "steal": worst["steal_share"]}
+                    if worst["steal_share"] >= 0.01 else ""})
+    if unknown:
+        out.append({"kind": "note_load", "stages": ", ".join(unknown)})
     return out
 
 
@@ -6442,8 +6463,11 @@ def dtype_probe_line(T, probe):
     ratios = ", ".join(
         T["probe_ratio"].format(dtype=d, **q) if q else T["probe_dropped"].format(dtype=d)
         for d, q in probe["vs_float32"].items() if d != "float32")
-    margin = T["probe_margin"].format(margin=probe["margin"]) if probe["margin"] else \
-        T["probe_alone"]
+    margin = ", ".join(
+        ([T["probe_tied"].format(types=", ".join(probe["tied_with"]), noise=probe["noise"])]
+         if probe.get("tied_with") else []) +
+        [T["probe_margin"].format(margin=probe["margin"]) if probe["margin"] else
+         T["probe_alone"]])
     return T["dtype_probe"].format(chosen=probe["chosen"], rows=rows, ratios=ratios,
                                    rounds=probe["rounds"], margin=margin,
                                    preference=probe["preference"])
@@ -6653,7 +6677,7 @@ def capacity_text(T, cap):
               spec_table(T, rows, [("router", "label", "text"), ("replicas_col", "needed", "text"),
                                    ("attained_col", "attainment", ".1%"),
                                    ("below_col", "below", ".1%")])]
-    answer = cap.get("answer", capacity_choice(cap))
+    answer = cap["answer"] if "answer" in cap else capacity_choice(cap)
     if not answer:
         lines.append(T["answer_none"].format(n=REPLICAS_MAX))
     else:
@@ -6692,7 +6716,8 @@ def capacity_answer(T, results):
               "one": f"{one:,.3g}" if math.isfinite(one) else T["capacity_all"].format(
                   rate=max(rate for rate, _ in cap["one_replica"]["tried"]))}
     fields["card"] = price["card"] if price["kind"] == "pricing_card" else describe(T, price)
-    answer = cap.get("answer", capacity_choice(cap)) if "routers" in cap else None
+    answer = (cap["answer"] if "answer" in cap else capacity_choice(cap)) \
+        if "routers" in cap else None
     if "routers" not in cap:
         lines = [T["answer_one"].format(**fields)]
     elif not answer:
@@ -8095,7 +8120,7 @@ def scheduler_flags(p):
              shown=f"{KV_MEMORY_FRACTION:g} x memory - weights; CPU {CPU_KV_MEMORY_GB:g}")
     add_flag(s, "--kv-tokens", type=integer(), shown="from GB", help="KV cache, tokens")
     add_flag(s, "--kv-fraction", "--gpu-memory-utilization", "--mem-fraction-static",
-             type=fraction, shown="the engine's", help="memory share (vLLM: of the card; "
+             type=number(0.01, 1.0), shown="the engine's", help="memory share (vLLM: of the card; "
              "SGLang: for weights + KV; else: of what is free)")
     add_flag(s, "--block-tokens", "--block-size", type=integer(), help="paged: tokens a block")
     add_flag(s, "--watermark", type=fraction, help="paged: share of blocks kept free")
@@ -8277,6 +8302,9 @@ def check_flags(args):
     if args.target_rate and not (args.slo_ttft_s or args.slo_tpot_s):
         raise UsageError("--target-rate: give the SLO it must be served at (--slo-ttft-ms, "
                          "--slo-tpot-ms)")
+    if args.kv_fraction is not None and (args.kv_memory_gb or args.kv_tokens):
+        raise UsageError("--kv-fraction sizes the engine's KV cache by its rule; --kv-memory-gb "
+                         "and --kv-tokens give its size: give one or the other")
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
     for flag, given in (("--tp", args.tp > 1), ("--ep", args.ep > 1),
@@ -8479,7 +8507,8 @@ def replot(args):
 
 
 def run_validation(args):
-    """--validate: C's prices against the published rows; prints them, writes results.json."""
+    """--validate: C's prices against the published rows; prints them, writes
+    validation.json."""
     try:
         V = validate(args.validate, args.calibration)
     except OSError as e:
@@ -8581,7 +8610,8 @@ def print_and_save(args, table, results):
     a main run's results.json in the same folder. -> results"""
     print(table)
     prepare_out_dir(args.out)
-    mode = next(key for key in results if key not in ("environment", "config"))
+    mode = next(key for key in ("validation", "distserve_replay", "placement_search")
+                if key in results)
     path = os.path.join(args.out, f"{mode}.json")
     write_atomic(path, to_json(results))
     print(TEXT[args.lang]["wrote_json"].format(json=path))
@@ -8910,6 +8940,7 @@ TEXT_EN = {**SHARED_TEXT,
     "probe_ratio": "{dtype} {median:.2f}x (p10-p90 {p10:.2f}-{p90:.2f})",
     "probe_dropped": "{dtype} out (over 4x the best at a shape)",
     "probe_margin": "the next choice {margin:.2f}x behind", "probe_alone": "no other choice",
+    "probe_tied": "tied within {noise:.0%} with {types} (a fixed order decides)",
     "layout_linear": "matmuls: F.linear at every row count, W x^T no faster by more than the "
                      "noise (a probe, ms at {counts} rows: F.linear {linear}; W x^T {first})",
     "layout_probe": "matmuls: W x^T up to {rows} rows, F.linear beyond (a probe, ms at {counts} "
@@ -9048,10 +9079,12 @@ TEXT_EN = {**SHARED_TEXT,
                   "A's, B's and D's times are suspect: re-run on a quiet machine, or give "
                   "--peak-bandwidth-gbs and --peak-tflops",
     "warn_busy": "warning: the machine was busy while {stages} ran: other processes used "
-                 "{others:.0%} of its {cpus} CPUs (and the hypervisor took {steal:.0%}), so "
-                 "the probes' choices, the ceilings and the times measured there are slower "
+                 "{others:.0%} of its {cpus} CPUs{steal}, so what was measured then is slower "
                  "and noisier than this machine's own: close what else runs (a browser, a "
                  "build) and run again",
+    "busy_steal": " and the hypervisor took {steal:.0%}",
+    "note_load": "note: this system gives no machine-wide CPU times (no /proc/stat), so "
+                 "whether other programs slowed {stages} is not known",
     "warn_ridge": "warning: the ridge is {ridge:.2g} FLOP/byte, under {least:g}: the matmul "
                   "ceiling ran slower than a copy of its bytes, which no idle CPU or GPU does, "
                   "so the bound column is wrong: re-run --experiments AB on a quiet machine, "
@@ -9314,6 +9347,7 @@ TEXT_KO = {**SHARED_TEXT,
     "probe_ratio": "{dtype} {median:.2f}배 (p10-p90 {p10:.2f}-{p90:.2f})",
     "probe_dropped": "{dtype} 탈락 (어느 크기에서 최고의 4배 넘음)",
     "probe_margin": "다음 후보는 {margin:.2f}배 뒤", "probe_alone": "다른 후보 없음",
+    "probe_tied": "{types}와(과) {noise:.0%} 안에서 동률 (정해진 순서로 고름)",
     "layout_linear": "행렬곱: 모든 행 수에서 F.linear, W x^T는 잡음 이상으로 빠르지 않다 (측정, "
                      "{counts}행 ms: F.linear {linear}; W x^T {first})",
     "layout_probe": "행렬곱: {rows}행까지 W x^T, 그보다 많으면 F.linear (측정, {counts}행 ms: "
@@ -9443,9 +9477,11 @@ TEXT_KO = {**SHARED_TEXT,
                   "보다 크게 움직였다: 다른 무언가가 돌고 있었다. A, B, D의 시간은 믿을 수 없다: "
                   "조용한 기계에서 다시 돌리거나 --peak-bandwidth-gbs와 --peak-tflops를 주라",
     "warn_busy": "경고: {stages}이(가) 도는 동안 기계가 바빴다: 다른 프로세스가 CPU {cpus}개의 "
-                 "{others:.0%}를 썼고 (하이퍼바이저가 {steal:.0%}를 가져갔다), 그래서 측정으로 고른 "
-                 "것, 한계, 그때 잰 시간은 이 기계 본래보다 느리고 흔들린다: 함께 도는 것 (브라우저, "
-                 "빌드)을 닫고 다시 실행하라",
+                 "{others:.0%}를 썼다{steal}, 그래서 그때 잰 것은 이 기계 본래보다 느리고 "
+                 "흔들린다: 함께 도는 것 (브라우저, 빌드)을 닫고 다시 실행하라",
+    "busy_steal": " (하이퍼바이저가 {steal:.0%}를 가져갔다)",
+    "note_load": "참고: 이 시스템은 기계 전체의 CPU 시간을 주지 않아 (/proc/stat 없음) 다른 "
+                 "프로그램이 {stages}을(를) 느리게 했는지 알 수 없다",
     "warn_ridge": "경고: 능선이 {ridge:.2g} FLOP/byte로 {least:g} 아래다: 행렬곱 천장이 그 바이트의 "
                   "복사보다 느렸다. 쉬는 CPU나 GPU에서는 없는 일이라 한계 열이 틀렸다: 조용한 "
                   "기계에서 --experiments AB를 다시 돌리거나 --peak-tflops를 주라",

@@ -99,16 +99,17 @@ def windows_available_bytes():
     return math.inf
 
 
-BUSY_SHARE = 0.25  # other processes using this share of the machine's CPUs disturb a timing
+BUSY_SHARE = 0.25  # other processes using this share of the CPUs (or one whole CPU, where
+# that is less: torch runs a thread a core, so one busy core slows every matmul) disturb a run
 
 
-def cpu_clock():
+def cpu_clock(stat="/proc/stat"):
     """(wall s, this process's CPU s, the machine's busy and stolen CPU s) now; the last two
     from /proc/stat (Linux), None elsewhere. Two readings apart give the load beside the run
     (see load_between)."""
     wall, own = time.perf_counter(), sum(os.times()[:2])
     try:
-        with open("/proc/stat", encoding="ascii") as f:
+        with open(stat, encoding="ascii") as f:
             ticks = [int(v) for v in f.readline().split()[1:]]
     except (OSError, ValueError):
         return wall, own, None, None
@@ -133,9 +134,11 @@ def load_between(start, end):
 
 
 def busy(load):
-    """Whether other processes (or the hypervisor) took BUSY_SHARE of the machine."""
-    return load.get("others_share") is not None and \
-        load["others_share"] + load["steal_share"] > BUSY_SHARE
+    """Whether other processes (or the hypervisor) took BUSY_SHARE of the machine's CPUs, or
+    one whole CPU where that is less."""
+    if load.get("others_share") is None:
+        return False
+    return load["others_share"] + load["steal_share"] > min(BUSY_SHARE, 1 / (load["cpus"] or 1))
 
 
 def write_atomic(path, data, mode="w"):

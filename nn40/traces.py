@@ -96,6 +96,8 @@ def date_seconds(text):
 def count(value, what):
     """A token count: a whole number from 0 to COUNT_MAX (ValueError naming `what`)."""
     try:
+        if isinstance(value, bool):
+            raise TypeError
         number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{what} {value!r} is not a number")
@@ -218,7 +220,8 @@ def read_jsonl_trace(path, limit=None):
 def read_bench_json(path, limit=None):
     """vLLM's benchmark result (`vllm bench serve --save-result --save-detailed`): input_lens
     and output_lens, a request each, and where saved, start_times (the client's clock at each
-    request's start: only differences mean anything) -> Trace."""
+    request's start: only differences mean anything) and errors (a failed request's is not
+    empty; its output 0): failed requests left out and counted -> Trace."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -230,17 +233,24 @@ def read_bench_json(path, limit=None):
                                              for k in ("input_lens", "output_lens")):
         raise UsageError(f"{path}: a JSON trace is vLLM's benchmark result with input_lens and "
                          f"output_lens (--save-detailed); the other accepted forms: {accepted()}")
-    starts = data.get("start_times")
+    starts, errors = data.get("start_times"), data.get("errors")
+    lists = {k: data[k] for k in ("input_lens", "output_lens", "start_times", "errors")
+             if isinstance(data.get(k), list)}
+    if len({len(v) for v in lists.values()}) > 1:
+        raise UsageError(f"{path}: its lists differ in length (" + ", ".join(
+            f"{k} {len(v):,}" for k, v in lists.items()) + "): one entry a request")
     form = TraceFormat("vLLM's benchmark JSON", "input_lens", "output_lens",
-                       "start_times" if isinstance(starts, list) else None, 1.0)
+                       "start_times" if isinstance(starts, list) else None, 1.0,
+                       skip_failed=True)
     rows = Rows(path, form)
     order = range(len(data["input_lens"]))
     if form.time:  # (requests in the order they started)
         order = sorted(order, key=lambda i: starts[i] if i < len(starts) and isinstance(
             starts[i], (int, float)) else math.inf)
     for i in list(order)[:limit]:
-        rows.add(f"request {i}", data["input_lens"][i], cell(data["output_lens"], i),
-                 cell(starts, i) if form.time else None)
+        failed = isinstance(errors, list) and errors[i]
+        rows.add(f"request {i}", data["input_lens"][i], 0 if failed else data["output_lens"][i],
+                 starts[i] if form.time else None)
     return rows.result()
 
 

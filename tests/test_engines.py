@@ -122,6 +122,15 @@ def test_the_kv_line_shows_each_term_and_a_short_card_says_what_fits(tmp_path, c
 def test_a_memory_fraction_flag_needs_a_card_and_moves_the_cache(capsys):
     expect_usage_error(["--experiments", "C", "--gpu-memory-utilization", "0.8"], capsys,
                        "--kv-fraction prices a named card: give --gpu")
+    for bad in ("0", "1.5"):
+        expect_usage_error(["--experiments", "C", "--gpu", "h100", "--kv-fraction", bad],
+                           capsys, "from 0.01 to 1")
+    expect_usage_error(["--experiments", "C", "--gpu", "h100", "--kv-fraction", "0.8",
+                        "--kv-tokens", "1000"], capsys, "give one or the other")
+    # SGLang's default is the card's; a fraction given is taken as it is
+    sglang = S.ENGINE_PROFILES["sglang"]
+    assert sglang.kv_fraction is None and S.ENGINE_RULES["sglang"].fraction(
+        S.dataclasses.replace(sglang, kv_fraction=0.5), S.GPUS["h100"], 1) == 0.5
     base = ["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100", "--engine-profile"]
     tokens = [S.kv_setup(run, S.make_requests(run), None)[0]["budget_tokens"] for run in (
         S.parse_args(base + ["vllm"]), S.parse_args(base + ["vllm", "--gpu-memory-utilization",
@@ -138,10 +147,35 @@ def test_one_capacity_answer_the_fewest_replicas_then_the_most_met():
         "least-kv": {"replicas": None, "attainment": 0.5}}}
     assert S.capacity_choice(cap) == {"router": "least-requests", "replicas": 7, "gpus": 14,
                                       "tie": True}
-    # a seeded bug: fewest replicas alone (the router met less often) must lose
+    # round-robin met at the same count: a true tie, and the routers' order decides
     cap["routers"]["round-robin"]["attainment"] = 1.0
     assert S.capacity_choice(cap)["router"] == "round-robin"  # (a true tie: the routers' order)
     assert S.capacity_choice({"routers": {"round-robin": {"replicas": None}}}) is None
+
+
+def test_both_answers_print_the_one_stored(capsys):
+    # the routers tie at 7 replicas, round-robin meeting the SLO less often: both the answer
+    # first and the one under the table name least-requests (each once picked its own)
+    cap = {"slo_ttft_s": 0.5, "slo_tpot_s": 0.03, "attainment": 0.9, "target_rate": 200.0,
+           "fleet_requests": 16000, "requests": 4000, "seeds": 5, "gpus_per_replica": 1,
+           "kv_policy": "paged", "longest_output": 1327,
+           "serving": {"slots": 32, "chunk_tokens": 512, "source": "flag"},
+           "one_replica": {"rate_rps": 31.0, "rates_rps": [30.7, 31.2],
+                           "output_tokens_per_s": 3223.0, "tried": [(31.0, 0.9)]},
+           "routers": {"round-robin": {"replicas": 7, "attainment": 0.985, "below": 0.495},
+                       "least-requests": {"replicas": 7, "attainment": 1.0, "below": 0.243}}}
+    cap["answer"] = S.capacity_choice(cap)
+    results = {"config": {"model": {"name": "llama-3-8b"}, "burstiness": 1.0,
+                          "chunk_tokens": 512},
+               "C": {"capacity": cap, "cost_model": {"source": {"kind": "pricing_card",
+                                                               "card": "H100 SXM"}},
+                     "prompt_tokens": {"p50": 128}, "output_tokens": {"p50": 70},
+                     "source": "the post's law", "slots": 32}}
+    T = S.TEXT["en"]
+    top = " ".join(S.capacity_answer(T, results).split())
+    bottom = " ".join(S.capacity_text(T, cap).split())
+    assert "routed least-requests" in top and "with least-requests" in bottom
+    assert "32 sequences a replica and 512 tokens a step (the flags')" in top
 
 
 def test_the_answer_at_the_top_and_the_bottom_name_one_router(tmp_path, capsys):
@@ -190,5 +224,5 @@ def test_the_summary_says_what_its_numbers_say():
             prefill_bound="memory")
     assert "3. continuous batching was not ahead here" in claims(speedup=3.9, d_measured=0.9)
     assert "3. continuous batching was not ahead here" in claims(speedup=0.95)
-    assert "did not" not in S.summary_text(S.TEXT["ko"], {"C": {
+    assert "연속 배칭이 앞서지 않았다" in S.summary_text(S.TEXT["ko"], {"C": {
         "static": {"occupancy": 0.2}, "continuous": {"occupancy": 0.8}, "speedup": 0.9}})

@@ -61,7 +61,8 @@ def probed(monkeypatch, table, **clock):
     ({"float32": [2, 2, 4], "bfloat16": [1, 1, 40], "float16": [1, 1, 50]}, "float32"),
     # within DTYPE_PREFERENCE of float32 (1.09x over the weighted total): half the bytes pays
     ({"float32": [1, 1, 1], "bfloat16": [1.09, 1.09, 1.09], "float16": [9, 9, 9]}, "bfloat16"),
-    ({"float32": [1, 1, 1], "bfloat16": [1.2, 1.2, 1.2], "float16": [9, 9, 9]}, "float32"),
+    # past it by more than the noise (1.1 x 1.1): float32
+    ({"float32": [1, 1, 1], "bfloat16": [1.25, 1.25, 1.25], "float16": [9, 9, 9]}, "float32"),
     # two 2-byte types within the noise: the first of PROBE_DTYPES', whichever led
     ({"float32": [2, 2, 2], "bfloat16": [1, 1, 1.05], "float16": [1, 1, 1]}, "bfloat16"),
     ({"float32": [2, 2, 2], "bfloat16": [1, 1, 1], "float16": [0.5, 0.5, 0.5]}, "float16"),
@@ -76,6 +77,30 @@ def test_the_probe_chooses_the_type_its_warm_rounds_say(table, chosen, monkeypat
     assert rounds["float32"] == [[table["float32"][i]] * S.PROBE_ROUNDS for i in range(3)]
 
 
+def test_a_burst_on_the_tie_loser_or_near_the_preference_does_not_flip_the_choice(monkeypatch):
+    # float16 clearly fastest (0.5x float32, bfloat16 0.7x): a burst in one of its calls at
+    # every shape moves no median, and the choice stays float16
+    table = {"float32": [2, 2, 2], "bfloat16": [1.4, 1.4, 1.4], "float16": [1, 1, 1]}
+    burst = {("float16", s.rows, 4): 2.5 for s in SHAPES}
+    assert probed(monkeypatch, table)[1]["chosen"] == "float16"
+    assert probed(monkeypatch, table, burst=burst)[1]["chosen"] == "float16"
+    # bfloat16 1.15x float32's time: within the noise of float32's 1.1 preference, so the
+    # fixed order keeps the 2-byte type, whichever side of 1.1 the median falls
+    for ratio in (1.09, 1.15):
+        table = {"float32": [1, 1, 1], "bfloat16": [ratio] * 3, "float16": [9, 9, 9]}
+        probe = probed(monkeypatch, table)[1]
+        assert probe["chosen"] == "bfloat16" and probe["tied_with"] == ["float32"]
+    table = {"float32": [1, 1, 1], "bfloat16": [1.25] * 3, "float16": [9, 9, 9]}
+    assert probed(monkeypatch, table)[1]["chosen"] == "float32"
+
+
+def test_the_types_take_turns_in_a_rotated_order(monkeypatch):
+    order = []
+    monkeypatch.setattr(S, "call_ms", lambda fn: order.append(fn()) or 1.0)
+    S.interleaved_ms({"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}, rounds=3)
+    assert order == list("abc") + list("abc") + list("bca") + list("cab")  # (warm, 3 rounds)
+
+
 def test_a_cold_call_or_a_burst_in_one_turn_does_not_decide(monkeypatch):
     table = {"float32": [2, 2, 2], "bfloat16": [1, 1, 1], "float16": [1.5, 1.5, 1.5]}
     # the old probe's failure: bfloat16's one cold call at one row timed as its speed
@@ -87,17 +112,21 @@ def test_a_cold_call_or_a_burst_in_one_turn_does_not_decide(monkeypatch):
     assert probe["chosen"] == "bfloat16" and max(rounds["bfloat16"][2]) == 10.0
     assert probe["vs_float32"]["bfloat16"]["median"] == pytest.approx(0.5)
     assert probe["margin"] == pytest.approx(1.5)  # (float16 0.75 over bfloat16's 0.5)
+    assert probe["tied_with"] == []
 
 
 def test_a_type_far_behind_leaves_the_probe_and_float32_never_does(monkeypatch):
     table = {"float32": [5, 5, 5], "bfloat16": [1, 30, 30], "float16": [1, 1, 30]}
     ran = stand_in_clock(monkeypatch, table)
     rounds = S.probe_dtypes(64, SHAPES)
-    assert [len(rounds[d]) for d in S.PROBE_DTYPES] == [3, 2, 3]  # bfloat16 out at 8 rows
+    # bfloat16 out at 8 rows (30x the fastest call), float16 at the prefill (6x float32's)
+    assert [len(rounds[d]) for d in S.PROBE_DTYPES] == [3, 1, 2]
     assert ("bfloat16", 256) not in ran and ("float32", 256) in ran
+    # (at 8 rows: its warm call and PROBE_EARLY_ROUNDS timed ones, no more)
+    assert ran.count(("bfloat16", 8)) == (1 + S.PROBE_EARLY_ROUNDS) * 4  # (four weights a call)
     probe = S.choose_dtype(rounds, SHAPES)
-    assert probe["vs_float32"]["bfloat16"] is None
-    assert probe["chosen"] == "float32"  # (float16: 6x float32 at the prefill, weighed 16x)
+    assert probe["vs_float32"]["bfloat16"] is None and probe["vs_float32"]["float16"] is None
+    assert probe["chosen"] == "float32" and probe["margin"] is None
     # a real probe, tiny: every type timed at every shape, each timing a real one
     monkeypatch.undo()
     rounds = S.probe_dtypes(64, SHAPES[:2])
@@ -157,15 +186,35 @@ def test_the_load_beside_the_run_is_the_machines_busy_time_less_its_own(monkeypa
     load = S.load_between((0.0, 0.0, 100.0, 0.0), (10.0, 5.0, 115.0, 1.0))
     assert load["others_share"] == pytest.approx(0.5) and load["steal_share"] == 0.05
     assert S.busy(load) and not S.busy({**load, "others_share": 0.1})
+    assert S.busy({**load, "others_share": 0.0, "steal_share": 0.3})  # (the hypervisor's)
+    # on 16 CPUs two busy processes are 12.5%, under a quarter, yet a whole CPU: busy
+    assert S.busy({**load, "cpus": 16, "others_share": 0.125, "steal_share": 0.0})
+    assert not S.busy({**load, "cpus": 16, "others_share": 0.05, "steal_share": 0.0})
     assert not S.busy(S.load_between((0.0, 0.0, None, None), (1.0, 1.0, None, None)))
     results = {"environment": {"load": {"probes": {**load, "others_share": 0.0},
                                         "A": load, "B": {**load, "others_share": 0.6}}}}
     warning = next(w for w in S.machine_warnings(results) if w["kind"] == "warn_busy")
     assert warning["stages"] == "A, B" and warning["others"] == 0.6
-    assert "other processes used 60% of its 2 CPUs" in S.describe(S.TEXT["en"], warning)
+    text = S.describe(S.TEXT["en"], warning)
+    assert "other processes used 60% of its 2 CPUs and the hypervisor took 5%" in text
     assert "60%" in S.describe(S.TEXT["ko"], warning)
     wall, own, machine, stolen = S.cpu_clock()  # (this machine: Linux or not, it answers)
     assert wall > 0 and own > 0 and (machine is None or machine >= own / 4)
+
+
+def test_the_machines_busy_time_is_read_from_proc_stat(tmp_path, monkeypatch):
+    # user nice system idle iowait irq softirq steal guest: busy is user + nice + system +
+    # irq + softirq (idle and iowait are not), steal apart
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 20 30 5000 70 8 2 40 9 0\ncpu0 1 2 3 4\n")
+    hz = S.os.sysconf("SC_CLK_TCK")
+    _, _, machine, stolen = S.cpu_clock(str(stat))
+    assert machine == pytest.approx(160 / hz) and stolen == pytest.approx(40 / hz)
+    assert S.cpu_clock(str(tmp_path / "none"))[2:] == (None, None)
+    unknown = {"probes": S.load_between((0.0, 0.0, None, None), (1.0, 1.0, None, None))}
+    assert S.load_warnings(unknown) == [{"kind": "note_load", "stages": "probes"}]
+    assert "whether other programs slowed probes is not known" in S.describe(
+        S.TEXT["en"], S.load_warnings(unknown)[0])
 
 
 def test_a_ridge_under_one_is_printed_as_its_figures_not_zero():

@@ -70,6 +70,20 @@ def test_vllms_benchmark_json_reads_its_requests_by_their_start(tmp_path):
     assert traces.read_named_trace(str(path)).arrival_s is None  # (lengths alone)
 
 
+def test_a_bench_result_leaves_out_failed_requests_and_checks_its_lists(tmp_path):
+    path = tmp_path / "bench.json"
+    failed = {**BENCH, "output_lens": [20, 0, 40], "errors": ["", "timeout", ""]}
+    path.write_text(json.dumps(failed))
+    trace = traces.read_named_trace(str(path))
+    assert trace.prompt.tolist() == [100, 300] and trace.failed == 1
+    path.write_text(json.dumps({**BENCH, "output_lens": [20, 30]}))
+    with pytest.raises(S.UsageError, match="input_lens 3, output_lens 2, start_times 3"):
+        traces.read_named_trace(str(path))
+    path.write_text(json.dumps({**BENCH, "output_lens": [20, True, 40]}))
+    with pytest.raises(S.UsageError, match="request 1: the output.s tokens True"):
+        traces.read_named_trace(str(path))
+
+
 def test_unknown_columns_are_one_line_naming_them_and_every_accepted_set(tmp_path, capsys):
     path = tmp_path / "mine.csv"
     path.write_text("when,question,answer\n0,10,5\n")
