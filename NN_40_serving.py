@@ -1466,6 +1466,14 @@ class PagedBlocks(KVManager):
         return integral
 
 
+# -----------------------------------------------------------------------------
+# the prefix cache: paged blocks that keep computed prefixes, and the managers' registry (pure
+# Python)
+# PrefixCache is PagedBlocks that keeps each computed block under its key, evicts in the
+# order a BlockQueue keeps, and spills to a host tier; KV_MANAGERS names every manager by its
+# policy, and plain_twin finds a caching policy's plain twin.
+
+
 PREFIX_REPORT = "prefix_cache"  # a run's result: what its prefix caches hit
 
 
@@ -1661,6 +1669,12 @@ def merged_reports(results, per_replica):
 def kv_manager(kv):
     """The KV manager of a KVBudget (None: the null object, memory unlimited)."""
     return KVManager() if kv is None else KV_MANAGERS[kv.policy](kv)
+
+
+def plain_twin(policy):
+    """The registered policy that `policy` is with its prefixes kept (its `caching`), or None
+    where no policy names it: a caching policy's run without caching, where there is one."""
+    return next((p for p, manager in KV_MANAGERS.items() if manager.caching == policy), None)
 
 
 # -----------------------------------------------------------------------------
@@ -5547,9 +5561,9 @@ def fleet_capacity(run, req, replica, slo, one, m):
     base, order = unit_rate(run, req, min(m * start, 200_000), seed)
     replica = dataclasses.replace(replica, order=order)
     searches = [("routers", router, replica) for router in run_routers(run)]
-    if replica.kv and KV_MANAGERS[replica.kv.policy].tracks_prefixes:  # and the same without
-        plain = dataclasses.replace(replica, kv=dataclasses.replace(replica.kv, policy=next(
-            p for p, manager in KV_MANAGERS.items() if manager.caching == replica.kv.policy)))
+    twin = plain_twin(replica.kv.policy) if replica.kv else None
+    if twin and KV_MANAGERS[replica.kv.policy].tracks_prefixes:  # and the same without
+        plain = dataclasses.replace(replica, kv=dataclasses.replace(replica.kv, policy=twin))
         searches += [("without_caching", router, plain) for _, router, _ in searches
                      if ROUTERS[router].in_all]  # (cache-aware: least-requests, without)
     log(f"C capacity: the fewest replicas for {run.slo.target_rate:g} requests/s, "
@@ -5632,9 +5646,8 @@ def prefix_study(run, req, replica, info, budgets):
         m = kv_metrics(req, sim, budget)
         result[tier].append({"share": share, "capacity_tokens": budget.capacity_tokens,
                              "ttft_s": m["ttft_s"], **m[PREFIX_REPORT]})
-    if run.slo.slo_ttft_s or run.slo.slo_tpot_s:
-        paged = dataclasses.replace(kv, policy=next(p for p, m in KV_MANAGERS.items()
-                                                    if m.caching == kv.policy))
+    if (run.slo.slo_ttft_s or run.slo.slo_tpot_s) and plain_twin(kv.policy):
+        paged = dataclasses.replace(kv, policy=plain_twin(kv.policy))
         without = capacity_study(run.replace(target_rate=None), req,
                                  dataclasses.replace(base, kv=paged))
         result["capacity_without_caching_rps"] = without["one_replica"]["rate_rps"]

@@ -358,3 +358,12 @@ def test_no_code_asks_which_kv_manager_it_holds():
     assert kind_tests(pathlib.Path(S.__file__).read_text(encoding="utf-8")) == []
     # (the check sees both ways of asking)
     assert kind_tests("if kv.policy == 'paged': pass\nisinstance(a, (Reservation, int))") == [1, 2]
+
+
+def test_a_caching_policy_finds_its_plain_twin_through_the_registry(monkeypatch):
+    assert S.plain_twin("prefix") == "paged" and S.plain_twin("paged") is None
+
+    class Other(S.PrefixCache):  # a second caching policy that no plain policy names
+        pass
+    monkeypatch.setitem(S.KV_MANAGERS, "prefix-other", Other)
+    assert S.plain_twin("prefix-other") is None  # (no StopIteration: the callers skip it)
