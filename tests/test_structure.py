@@ -114,7 +114,7 @@ def test_no_top_level_name_is_defined_twice():
 PACKAGE = SOURCE.parent / "nn40"
 # the package's modules in their import order: each may import only those before it (and
 # never the script); none imports torch or matplotlib
-LAYERS = ["errors", "traces", "config", "host", "accounting", "workload"]
+LAYERS = ["errors", "traces", "config", "host", "accounting", "workload", "slot_steps"]
 MODULE_MAX = 900
 
 
