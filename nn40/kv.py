@@ -1,0 +1,514 @@
+"""KV allocators: the cache's memory counted in tokens, reserved or paged, and the prefix cache
+that keeps computed blocks (pure Python)
+
+What the scheduler asks of the cache: can this request be admitted, can this step grow, what
+to free, what a lone request needs, what is held. One KV manager per policy answers, by name
+in KV_MANAGERS; the event loop, the routers and the studies never ask which one they hold.
+"""
+import collections
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from nn40.errors import UsageError
+from nn40.queues import BlockQueue
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """The KV cache's memory in the serving simulation, counted in tokens: a policy (a name in
+    KV_MANAGERS, whose classes say what each does) and its sizes. A request holds one token of
+    KV for every token it has prefilled or generated."""
+    policy: str                # "reserve" or "paged"
+    capacity_tokens: float     # math.inf: unlimited
+    block_tokens: int = 16
+    max_output: int = 0        # reserve: output tokens reserved for every request
+    watermark: float = 0.0     # paged: share of the blocks admission keeps free
+    host_tokens: float = 0     # prefix: tokens of blocks a host-memory tier keeps
+    host_token_s: float = 0.0  # prefix: seconds to load one token's KV from the host tier
+
+
+class KVUnfit(UsageError):
+    """A KV budget some request can never fit (why: check_kv_budget's description)."""
+
+    def __init__(self, policy, why):
+        super().__init__(policy, why)
+        self.policy, self.why = policy, why
+
+
+def check_kv_budget(req, kv):
+    """Every request must fit alone, or the simulation could never finish it. -> None, or why
+    not (a description for the tables)."""
+    return kv_manager(kv).unfit(req)
+
+
+class Seq:
+    """A request while it holds a slot (nano-vllm's Sequence).
+
+    While it prefills, `prompt_left` prompt tokens are still to run and `num_cached` tokens are
+    cached (admitted part-way: some cached already, or, with none left, all of it prefilled
+    elsewhere). Once it decodes its DecodeBatch keeps only its start: decode_base, and the step
+    `end_step` of its last token.
+    """
+    __slots__ = ("id", "admitted", "prompt_left", "num_cached", "to_emit", "to_emit_admitted",
+                 "decode_base", "end_step", "allocated", "keys", "held", "registered",
+                 "loading")
+
+    def __init__(self, rid, admitted, prompt_left, to_emit, num_cached=0):
+        self.id, self.admitted = rid, admitted  # (admitted: its place in admission order)
+        self.prompt_left, self.num_cached = prompt_left, num_cached
+        self.to_emit = self.to_emit_admitted = to_emit  # tokens still to emit (at admission)
+        self.decode_base = self.end_step = None  # set when it starts to decode
+        self.allocated = 0  # KV tokens allocated to it (a reservation; paged: its prefill's)
+
+
+class KVManager:
+    """What the event loop asks of the KV cache, and the null object: memory unlimited and not
+    tracked (no KVBudget). Every policy answers the same calls.
+
+    tracks     memory is accounted (the run's result has "kv")
+    preempts   a step may need memory that is not free: max_steps bounds a run, and the newest
+               request is preempted while the planned step does not fit
+    served     the policy the serving engines run: a study takes it where every request fits
+    in_both    one of the policies --kv-policy both compares; caching: the policy that is this
+               one keeping computed prefixes (--enable-prefix-caching), if any
+    tracks_prefixes   it keeps computed prefixes (its result has a prefix_cache report)
+    loads      a step may wait for KV loaded into the card (a host tier's): see loaded
+    block      tokens per block (1: token-exact); capacity: tokens the cache holds; watermark:
+               tokens admission keeps free; total: tokens allocated now
+    A step's plan is [(Seq, prompt tokens it prefills)]; step j of a run of k takes
+    a + e (j - 1) seconds.
+    """
+    tracks = preempts = served = tracks_prefixes = loads = False
+    in_both, caching = True, None
+    block, capacity, watermark, total = 1, math.inf, 0, 0
+    shared = lent = 0  # tokens held by several requests (once more than held); lent to KV in flight
+
+    def lookup(self, ledger, r):
+        """The tokens of request r already computed when it is admitted now: ledger.cached
+        (computed elsewhere), or what a prefix cache holds of it."""
+        return ledger.cached[r]
+
+    def report(self):
+        """What the run's result adds of the cache (a prefix cache's hits)."""
+        return {}
+
+    def loaded(self, price, plan):
+        """A run's price (StepCosts.run_price's) with the seconds its first step waits for KV
+        loaded into the card (a host tier's) added to its prefill."""
+        return price
+
+    def blocks(self, tokens):
+        """Tokens rounded up to whole blocks (a number or an array): the one rounding."""
+        return -(-tokens // self.block) * self.block
+
+    def output_held(self, output):
+        """The output tokens a request's memory covers at its longest."""
+        return output
+
+    def unfit(self, req):
+        """-> None when every request fits alone, else why the longest one does not."""
+        alone = self.blocks(req.prompt + self.output_held(req.output))
+        worst = int(np.argmax(alone))
+        needs = int(alone[worst]) + self.watermark
+        if needs <= self.capacity:
+            return None
+        return {"kind": "kv_too_long", "request": worst, "needs": needs,
+                "prompt": int(req.prompt[worst]),
+                "output": int(self.output_held(req.output[worst])), "holds": int(self.capacity)}
+
+    def need(self, prompt, cached, chunk, to_prefill):
+        """Tokens of free memory a newcomer needs to be admitted: its `cached` tokens held,
+        `to_prefill` still to run, `chunk` of them in its first step."""
+        return 0
+
+    def admit(self, seq, need):
+        """Seq is admitted on `need` (its num_cached tokens already computed)."""
+
+    def planned(self, steps, plan):
+        """Tokens allocated once the planned step has run (can this step grow)."""
+        return self.total
+
+    def max_steps(self, steps, plan, k):
+        """The most steps, up to k, whose memory fits (the first always does)."""
+        return k
+
+    def join(self, seq):
+        """Seq starts to decode."""
+
+    def release(self, seq, ctx):
+        """Seq, holding ctx tokens, leaves (finished or preempted): what it held is freed."""
+
+    def advance(self, steps, plan, k, a, e):
+        """Allocate for k steps; -> the integral of tokens allocated x seconds."""
+        return self.total * (a * k + e * k * (k - 1) / 2)
+
+    def committed(self, held, prompt_left):
+        """Tokens allocated (else `held`) plus the admitted prompts' `prompt_left` tokens still
+        to prefill, where the allocation does not cover them yet: what least-kv compares."""
+        return held + prompt_left
+
+    def fragmentation(self, req, sim, utilization):
+        """The share of the allocated memory x time never used."""
+        return 1.0 - utilization
+
+
+class Reservation(KVManager):
+    """reserve: on admission a request reserves prompt + max_output tokens, contiguously, until
+    it finishes (FasterTransformer, Orca); admission waits while that does not fit."""
+    tracks = True
+
+    def __init__(self, kv):
+        self.capacity, self.max_output = kv.capacity_tokens, kv.max_output
+
+    def output_held(self, output):
+        return self.max_output
+
+    def unfit(self, req):
+        if req.output.max() > self.max_output:
+            return {"kind": "kv_max_output", "max_output": self.max_output,
+                    "longest": int(req.output.max())}
+        return super().unfit(req)
+
+    def need(self, prompt, cached, chunk, to_prefill):
+        return prompt + self.max_output
+
+    def admit(self, seq, need):
+        seq.allocated = need
+        self.total += need
+
+    def release(self, seq, ctx):
+        self.total -= seq.allocated
+
+    def committed(self, held, prompt_left):
+        return self.total  # (a reservation holds its prompt already)
+
+    def fragmentation(self, req, sim, utilization):
+        """Reserved for output the request never produced."""
+        alloc_s = sim["kv"]["alloc_s"]
+        unused = (self.max_output - req.output) * (sim["times"].finish - sim["times"].start)
+        return float(unused.sum()) / alloc_s if alloc_s else 0.0
+
+
+class PagedBlocks(KVManager):
+    """paged: blocks of `block` tokens allocated as a sequence grows (PagedAttention). When a
+    step needs a block and none is free, the most recently admitted request is preempted: its
+    blocks are freed, and when it is readmitted its prompt and the tokens it had generated are
+    prefilled again (recompute, vLLM's default). Admission (vLLM's can_allocate) needs free
+    blocks for the whole prompt and leaves `watermark` of the budget's blocks free besides, so
+    that a newcomer does not take the blocks the running requests are about to grow into; a
+    watermark of 0 admits on the first step's blocks alone (the naive rule: under chunked
+    prefill a prompt admitted on its first chunk is preempted by its own next one).
+
+    A decoder holding base + s tokens at step s takes a new block at every step s with
+    s = 1 - base (mod block), so the decoders are kept as counts by that phase, and a run of k
+    steps costs O(phases) whatever k is.
+    """
+    tracks = preempts = served = True
+    caching = "prefix"
+
+    def __init__(self, kv):
+        b, self.capacity = kv.block_tokens, kv.capacity_tokens
+        self.block, self.total = b, 0  # (total: tokens in allocated blocks)
+        self.watermark = 0 if math.isinf(self.capacity) else \
+            int(kv.watermark * (self.capacity // b)) * b
+        self.phase = {}   # step (mod block) at which decoders take a block -> how many do
+
+    def need(self, prompt, cached, chunk, to_prefill):
+        """With a watermark, vLLM's rule: blocks for all it will prefill (and its first token),
+        so that chunked prefill does not admit a prompt whose next chunks would preempt it
+        again; with none, only its first step's."""
+        if self.watermark:
+            return self.blocks(cached + to_prefill + 1)
+        return self.blocks(cached + chunk + (chunk == to_prefill))
+
+    def admit(self, seq, need):  # blocks are taken by the steps, but for what it holds already
+        if seq.num_cached:
+            seq.allocated = self.blocks(seq.num_cached)
+            self.total += seq.allocated
+
+    def planned(self, steps, plan):
+        grow = sum(self.blocks(s.num_cached + c + (c == s.prompt_left)) - s.allocated
+                   for s, c in plan)
+        return self.total + self.block * self.phase.get((steps + 1) % self.block, 0) + grow
+
+    def join(self, seq):
+        key = (1 - seq.decode_base) % self.block
+        self.phase[key] = self.phase.get(key, 0) + 1
+
+    def release(self, seq, ctx):
+        self.total -= self.blocks(ctx)
+        if seq.decode_base is not None:
+            key = (1 - seq.decode_base) % self.block
+            self.phase[key] -= 1
+            if not self.phase[key]:
+                del self.phase[key]
+
+    def committed(self, held, prompt_left):
+        return self.total + prompt_left
+
+    def crossings(self, s0, k):
+        """The decoders' new blocks in steps s0+1..s0+k: [(first step j, times, rows)]."""
+        b, phase = self.block, self.phase
+        if k < len(phase):  # fewer steps than phases: look each step up
+            return [(j, 1, phase[(s0 + j) % b]) for j in range(1, k + 1)
+                    if (s0 + j) % b in phase]
+        out = []
+        for key, rows in phase.items():
+            j = (key - s0 - 1) % b + 1
+            if j <= k:
+                out.append((j, (k - j) // b + 1, rows))
+        return out
+
+    def max_steps(self, steps, plan, k):
+        free, b = self.capacity - self.total, self.block
+        if not plan:  # decoders only: the block that does not fit, found by its period
+            if b * sum(m * rows for _, m, rows in self.crossings(steps, k)) <= free:
+                return k
+            fit = int(free // b)  # blocks that still fit
+            periods, rest = divmod(fit, sum(self.phase.values()))  # (every decoder's block)
+            for j, rows in sorted(((key - steps - 1) % b + 1, rows)
+                                  for key, rows in self.phase.items()):
+                if rest < rows:
+                    return min(k, periods * b + j - 1)
+                rest -= rows
+        (seq, c), = plan  # one prompt's chunks beside the decoders: bisect
+
+        def fits(n):
+            grown = sum(m * rows for _, m, rows in self.crossings(steps, n))
+            return b * grown + self.blocks(seq.num_cached + c * n) - seq.allocated <= free
+        lo, hi = 1, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        return lo
+
+    def advance(self, steps, plan, k, a, e):
+        b = self.block
+        elapsed = a * k + e * k * (k - 1) / 2
+        integral, grown = self.total * elapsed, 0
+        for j0, m, rows in self.crossings(steps, k):
+            # a block taken at step j is held from step j to k: D(k) - D(j - 1) seconds,
+            # where D(x) = a x + e x (x - 1) / 2; summed over j = j0, j0 + b, ... (m of them)
+            x0 = j0 - 1
+            sx = m * x0 + b * m * (m - 1) / 2
+            sxx = m * x0 * x0 + x0 * b * m * (m - 1) + b * b * (m - 1) * m * (2 * m - 1) / 6
+            integral += b * rows * (m * elapsed - (a * sx + e * (sxx - sx) / 2))
+            grown += b * rows * m
+        for seq, c in plan:  # the prompts' chunks: blocks held from the step that takes them
+            new = self.blocks(seq.num_cached + c * k + (c == seq.prompt_left))
+            if k == 1:
+                integral += a * (new - seq.allocated)
+            else:
+                integral += sum((a + e * (j - 1))
+                                * (self.blocks(seq.num_cached + c * j) - seq.allocated)
+                                for j in range(1, k + 1))
+            grown += new - seq.allocated
+            seq.allocated = new
+        self.total += grown
+        return integral
+
+
+PREFIX_REPORT = "prefix_cache"  # a run's result: what its prefix caches hit
+
+
+def leading(get, keys, start, stop):
+    """What `get` gives each of keys[start:stop], from the first, up to the first it gives None
+    (C-speed, in slices growing from 32: a miss early costs little)."""
+    out, i, size = [], start, 32
+    while i < stop:
+        part = list(map(get, keys[i:min(i + size, stop)]))
+        if None in part:
+            return out + part[:part.index(None)]
+        out += part
+        i, size = i + size, size * 4
+    return out
+
+
+class PrefixCache(PagedBlocks):
+    """prefix: paged blocks that keep what they computed (vLLM's automatic prefix caching). A
+    full block is keyed by its tokens and all before them (the prompt's identity, see
+    HashedPrompts); a newcomer's hit is the longest run of its leading blocks cached, short of
+    its last prompt token, and those tokens are not prefilled. A block is shared by reference
+    count, held once however many run on it, and cached once computed (requests prefilled in
+    the same step do not share). A block no one holds keeps its key in a free queue, least
+    recently freed first (a request frees its blocks last first, so a prefix's tail goes before
+    its head), until an allocation takes it; with `host_tokens`, it then moves to a host tier
+    (least recently stored first out), where a later hit loads it back. Cost: O(blocks of the
+    request) at admission and release, and O(blocks allocated) as steps allocate, each at C
+    speed (see BlockQueue).
+    """
+
+    in_both, caching, tracks_prefixes = False, None, True
+
+    def __init__(self, kv):
+        super().__init__(kv)
+        self.preempts = not math.isinf(self.capacity)
+        self.ref = {}  # key -> running requests holding its block (0: cached, free)
+        self.free = BlockQueue()  # the cached blocks no one holds, and the uncached blocks
+        if self.preempts:
+            self.free.push_run(int(self.capacity // self.block))  # (every block never used)
+        self.host, self.host_blocks = BlockQueue(), int(kv.host_tokens // self.block)
+        self.host_token_s, self.loads = kv.host_token_s, self.host_blocks > 0
+        self.pending = None  # the last lookup: (r, keys, the card's hit blocks' holders,
+        # blocks hit in host memory, hit blocks no one holds)
+        # prompt tokens at first admissions (asked, found per tier), blocks evicted, hits readmitted
+        self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
+        self.hits = {}  # request -> tokens hit at its first admission
+        self.identity = None  # the prompts' (the ledger's, seen at lookup)
+
+    def lookup(self, ledger, r):
+        self.identity = identity = ledger.identity
+        if identity is None:
+            self.pending = None
+            return ledger.cached[r]
+        b, to_prefill, pending = self.block, ledger.to_prefill[r], self.pending
+        keys = pending[1] if pending and pending[0] == r else \
+            identity.block_keys(r, to_prefill, b)
+        most = min(len(keys), (to_prefill - 1) // b)  # (one prompt token left to compute)
+        counts = leading(self.ref.get, keys, 0, most)  # (the card's hit blocks' holders)
+        host = self.host.where
+        host = len(leading(host.get, keys, len(counts), most)) if host else 0
+        self.pending = (r, keys, counts, host, counts.count(0))
+        return max(ledger.cached[r], (len(counts) + host) * b)
+
+    def need(self, prompt, cached, chunk, to_prefill):
+        """As paged, less the hit blocks running requests hold already."""
+        need, pending = super().need(prompt, cached, chunk, to_prefill), self.pending
+        return need - self.block * (len(pending[2]) - pending[4]) if pending else need
+
+    def admit(self, seq, need):
+        b = self.block
+        seq.allocated, seq.registered, seq.loading = self.blocks(seq.num_cached), 0, 0
+        pending, self.pending = self.pending, None
+        if not pending or pending[0] != seq.id:
+            seq.keys, seq.held = (), []
+            self.total += seq.allocated
+            self.take(seq.allocated // b)
+            return
+        r, keys, counts, host, taken = pending  # (taken: hit blocks no one held, now taken
+        card = len(counts)                      # out of the free queue)
+        hit = keys[:card]
+        if taken and self.preempts:
+            self.free.remove(itertools.compress(hit, map((0).__eq__, counts)))
+        self.ref.update(zip(hit, map((1).__add__, counts)))
+        self.shared += b * (card - taken)
+        if host:  # loaded back from the host tier
+            self.host.remove(keys[card:card + host])
+        seq.keys, seq.held, seq.registered, seq.loading = keys, hit, card, host * b
+        if r in self.hits:  # readmitted after preemption: it finds what it had computed
+            self.readmitted_hit += (card + host) * b
+        else:  # (the counts of the first admission only: each prompt queried once)
+            self.queried += seq.prompt_left + seq.num_cached
+            self.hit, self.host_hit = self.hit + card * b, self.host_hit + host * b
+            self.hits[r] = (card + host) * b
+        fresh = seq.allocated // b - card  # blocks it holds beyond the card's hits
+        self.total += b * (taken + fresh)
+        self.take(fresh)
+        if host:
+            self.register(seq, (card + host) * b)
+
+    def register(self, seq, tokens):
+        """Seq's blocks up to `tokens` are computed: cache those no block holds yet."""
+        upto, ref = min(tokens // self.block, len(seq.keys)), self.ref
+        if upto <= seq.registered:
+            return
+        new = seq.keys[seq.registered:upto]
+        if not ref.keys().isdisjoint(new):
+            new = [key for key in new if key not in ref]
+        ref.update(dict.fromkeys(new, 1))
+        seq.held += new
+        seq.registered = upto
+        host = self.host.where
+        if host and not host.keys().isdisjoint(new):
+            self.host.remove([key for key in new if key in host])
+
+    def take(self, blocks):
+        """Allocate blocks from the head of the free queue, evicting the cached ones there."""
+        if blocks <= 0 or not self.preempts:
+            return
+        evicted = self.free.pop(blocks)
+        if evicted:
+            collections.deque(map(self.ref.__delitem__, evicted), 0)
+            self.evicted += len(evicted)
+            if self.host_blocks:  # (which keeps its newest host_blocks)
+                self.host.push(evicted)
+                self.host.pop(len(self.host) - self.host_blocks)
+
+    def advance(self, steps, plan, k, a, e):
+        before = self.total
+        integral = super().advance(steps, plan, k, a, e)
+        if self.total > before:
+            self.take((self.total - before) // self.block)
+        for seq, c in plan:
+            if seq.registered < len(seq.keys):  # (keys beyond its hit: cached as computed)
+                self.register(seq, seq.num_cached + c * k)
+            if seq.loading:
+                seq.loading = 0  # (loaded in the run's first step)
+        return integral
+
+    def load_s(self, plan):
+        return self.host_token_s * sum(seq.loading for seq, _ in plan) if self.host_blocks else 0.0
+
+    def loaded(self, price, plan):
+        load_s = self.load_s(plan)
+        return (price[0] + load_s,) + price[1:] if load_s else price
+
+    def release(self, seq, ctx):
+        keys = seq.keys
+        if keys:
+            n = ctx // self.block
+            if n > len(keys) and self.identity.covers_output(seq.id):  # (its answer: the
+                seq.keys = keys = self.identity.block_keys(seq.id, ctx, self.block)  # next turn's)
+            if min(n, len(keys)) > seq.registered:
+                self.register(seq, ctx)
+        super().release(seq, ctx)
+        ref, held = self.ref, seq.held
+        counts = list(map(ref.__getitem__, held))
+        ref.update(zip(held, map((-1).__add__, counts)))
+        last = counts.count(1)  # blocks it held alone: freed, its tail first
+        freed = held[::-1] if last == len(held) else [] if not last else \
+            list(itertools.compress(reversed(held), map((1).__eq__, reversed(counts))))
+        still = self.block * (len(held) - last)
+        self.total += still  # (held still by others)
+        self.shared -= still
+        if self.preempts:  # its uncached blocks first: they are its tail
+            uncached = -(-ctx // self.block) - len(held)
+            if uncached:
+                self.free.push_run(uncached)
+            self.free.push(freed)
+
+    def report(self):
+        return {PREFIX_REPORT: {
+            "queried_tokens": self.queried, "hit_tokens": self.hit,
+            "host_hit_tokens": self.host_hit, "evicted_blocks": self.evicted,
+            "readmitted_hit_tokens": self.readmitted_hit, "hits": self.hits}}
+
+
+KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks,  # KVBudget.policy -> its manager
+               "prefix": PrefixCache}
+
+
+def merged_reports(results, per_replica):
+    """A fleet's prefix caches: each replica's counts (into per_replica) and their sums."""
+    reports = [res.get(PREFIX_REPORT) for res in results]
+    if not reports[0]:
+        return {}
+    merged = {key: sum(p[key] for p in reports) for key in reports[0] if key != "hits"}
+    merged["hits"] = {r: t for p in reports for r, t in p["hits"].items()}
+    for row, p in zip(per_replica, reports):
+        row[PREFIX_REPORT] = {key: value for key, value in p.items() if key != "hits"}
+    return {PREFIX_REPORT: merged}
+
+
+def kv_manager(kv):
+    """The KV manager of a KVBudget (None: the null object, memory unlimited)."""
+    return KVManager() if kv is None else KV_MANAGERS[kv.policy](kv)
+
+
+def plain_twin(policy):
+    """The registered policy that `policy` is with its prefixes kept (its `caching`), or None
+    where no policy names it: a caching policy's run without caching, where there is one."""
+    return next((p for p, manager in KV_MANAGERS.items() if manager.caching == policy), None)
