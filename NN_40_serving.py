@@ -326,8 +326,9 @@ def engine_rules(cls):
 
 class EngineRules:
     """The `fraction` rule: kv_fraction of what a card has left after its weights and the
-    profile's reserved_gb; the profile's own max_batch and max_tokens."""
-    name = "fraction"
+    profile's reserved_gb; the profile's own max_batch and max_tokens. block_tokens: the
+    granule the engine allocates its cache in (the tokens are rounded down to it)."""
+    name, block_tokens = "fraction", 1
 
     def defaults(self, profile, cfg, card, tp, ep):
         """(max_num_seqs, max_num_batched_tokens, where they come from) on `card`."""
@@ -350,7 +351,7 @@ class FractionRules(EngineRules):
 
 @engine_rules
 class VLLMRules(EngineRules):
-    name = "vllm"
+    name, block_tokens = "vllm", 16  # (whole blocks of 16: kv_cache_utils.py)
 
     def defaults(self, profile, cfg, card, tp, ep):
         large = card.memory_bytes >= 70 * 2**30 and "A100" not in card.name
@@ -367,7 +368,7 @@ class VLLMRules(EngineRules):
 
 @engine_rules
 class SGLangRules(EngineRules):
-    name = "sglang"
+    name, block_tokens = "sglang", 16  # (as vLLM's: SGLang's page is 1 token, within 16)
 
     @staticmethod
     def chunk_and_graphs(card, tp):
@@ -506,7 +507,7 @@ def card_kv_terms(cfg, card, profile, tp=1, ep=1, limits=None):
     terms = rules.kv_terms(profile, cfg, card, tp, ep, limits)
     whole = int(max(terms["kv"], 0) // card_kv_bytes_per_token(cfg, tp))
     return {**terms, "rules": profile.rules, "limits": list(limits),
-            "tokens": whole // 16 * 16 if profile.rules != "fraction" else whole}
+            "tokens": whole // rules.block_tokens * rules.block_tokens}
 
 
 def fit_step_costs(decode_rows, prefill_rows, context, kv_token_s, source):
@@ -3634,8 +3635,8 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
     result, work = schedulers_study(run, share, replica, kv_budgets, log)
     result["who_waits"], result["orders"], waited = who_waits(run, share, replica, budgets)
     result["rate_sweep"], swept = rate_sweep(run, share, dataclasses.replace(
-        serve, order=replica.order), result["schedulers"]["continuous"] if serve == post or
-        replica is serve else None)
+        serve, order=replica.order), result["schedulers"]["continuous"] if replica == serve
+        else None)
     works = [work, waited, swept]
     if run.scheduler.replicas > 1:
         result["replicas"], fleets = replicas_study(run, req, fleet_replica)
