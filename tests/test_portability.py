@@ -483,7 +483,7 @@ def test_free_memory_passes_an_index_to_mem_get_info(fake_cuda):
         torch.cuda.mem_get_info(torch.device("cuda"))
     assert S.free_memory_bytes(torch.device("cuda")) == 40 * 2**30 + 2**30
     run = S.RunConfig.of(model=TINY)
-    budget, source = S.kv_budget_bytes(run, torch.device("cuda"))
+    budget, source = S.kv_budget_bytes(run, S.device_memory(torch.device("cuda")))
     assert source["kind"] == "memory_cuda" and budget == pytest.approx(
         0.9 * 80 * 2**30 - S.param_count(TINY) * 4)
 

@@ -115,7 +115,8 @@ PACKAGE = SOURCE.parent / "nn40"
 # the package's modules in their import order: each may import only those before it (and
 # never the script); none imports torch or matplotlib
 LAYERS = ["errors", "traces", "config", "host", "accounting", "workload", "slot_steps", "stats",
-          "queues", "kv", "replicas", "loop", "text", "text_ko", "settings"]
+          "queues", "kv", "replicas", "loop", "text", "text_ko", "settings", "names",
+          "pricing", "profiles", "published", "memory"]
 MODULE_MAX = 900
 
 

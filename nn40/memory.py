@@ -1,0 +1,83 @@
+"""A card's memory as C plans it: the model must split over the cards and fit (check_card_fits,
+or the split that would: fitting_split), and the bytes C's KV cache gets, with where the
+figure comes from (kv_budget_bytes: a flag, the engine's rule on --gpu, the device this run
+measured on, or the reference card; memory_source: the rule's terms in GiB)
+"""
+from typing import NamedTuple
+
+from nn40.accounting import card_weight_bytes, kv_bytes_per_token, weight_bytes
+from nn40.config import CPU_KV_MEMORY_GB, GPUS, KV_MEMORY_FRACTION, REFERENCE_MEMORY_GB
+from nn40.errors import UsageError
+from nn40.pricing import card_kv_terms
+from nn40.profiles import run_profile
+
+
+def check_card_fits(run):
+    """The model must split over --tp cards, and one card's shard of the weights fit on it,
+    before C plans for it."""
+    hw, model = run.hardware, run.hardware.model
+    card, weights = GPUS[hw.gpu], card_weight_bytes(model, hw.tp, hw.ep)
+    if hw.ep > 1 and (not model.experts or model.experts % hw.ep):
+        raise UsageError(f"--ep {hw.ep} spreads a mixture's experts: the model's "
+                         f"{model.experts} experts must divide over the cards")
+    if model.heads % hw.tp:
+        raise UsageError(f"--tp {hw.tp} must divide the model's {model.heads} heads (each "
+                         "card holds whole heads)")
+    if weights > card.memory_bytes:
+        raise UsageError(f"{model.name} in {model.weight_format} needs "
+                         f"{weights / 1e9:,.1f} GB of weights on each of {hw.tp * hw.ep} x "
+                         f"{card.name} ({card.memory_bytes / 1e9:,.1f} GB): "
+                         + fitting_split(model, card, hw.ep))
+def fitting_split(cfg, card, ep):
+    """What to give when the weights do not fit: the fewest cards (--tp, or --ep with --ep)
+    that the check above then accepts, or smaller weights when no count up to 64 does."""
+    flag, parts = ("--ep", cfg.experts) if ep > 1 else ("--tp", cfg.heads)
+    for n in range(2, 65):
+        split = (1, n) if ep > 1 else (n, 1)
+        if parts % n == 0 and card_weight_bytes(cfg, *split) <= card.memory_bytes:
+            return f"give {flag} {n} (it divides the {parts} {'experts' if ep > 1 else 'heads'}" \
+                   "), or smaller --weights"
+    return f"no {flag} up to 64 fits it: give smaller --weights"
+class DeviceMemory(NamedTuple):
+    """What C's KV budget reads of the device this run measured on (device_memory makes it):
+    "cuda" with its total bytes and name, or "cpu"."""
+    kind: str
+    total_bytes: int = 0
+    name: str = ""
+def kv_budget_bytes(run, device):
+    """(bytes for C's KV cache, where the figure comes from); see KV_MEMORY_FRACTION. device:
+    a DeviceMemory, or None where no device was resolved (C alone)."""
+    cfg = run.hardware.model
+    weights = weight_bytes(cfg)
+    if run.scheduler.kv_tokens:
+        return run.scheduler.kv_tokens * kv_bytes_per_token(cfg), {"kind": "memory_tokens",
+                                                         "tokens": run.scheduler.kv_tokens}
+    if run.scheduler.kv_memory_gb:
+        return run.scheduler.kv_memory_gb * 1e9, {"kind": "memory_flag"}
+    if run.hardware.gpu:  # (the card C plans for, whatever this machine has; tp of them)
+        card, profile = GPUS[run.hardware.gpu], run_profile(run)
+        terms = card_kv_terms(cfg, card, profile, run.hardware.tp, run.hardware.ep,
+                              (run.scheduler.serve_slots, run.scheduler.serve_chunk_tokens))
+        return terms["tokens"] * kv_bytes_per_token(cfg), memory_source(terms, card, run)
+    if device is not None and device.kind == "cuda":
+        total = device.total_bytes
+        return (KV_MEMORY_FRACTION * total - weights,
+                {"kind": "memory_cuda", "fraction": KV_MEMORY_FRACTION,
+                 "total_gib": total / 2**30, "device": device.name,
+                 "weights_gib": weights / 2**30})
+    if device is not None:
+        return CPU_KV_MEMORY_GB * 1e9, {"kind": "memory_cpu"}
+    return (KV_MEMORY_FRACTION * REFERENCE_MEMORY_GB * 1e9 - weights,
+            {"kind": "memory_reference", "fraction": KV_MEMORY_FRACTION,
+             "total_gb": REFERENCE_MEMORY_GB, "weights_gib": weights / 2**30})
+def memory_source(terms, card, run):
+    """The KV line's account of a card's memory (see card_kv_terms): each term of the engine's
+    rule in GiB, the card's memory as the driver reports it and as its spec sheet sells it."""
+    gib = {f"{k}_gib": v / 2**30 for k, v in terms.items()
+           if k in ("total", "weights", "reserved", "activation", "non_torch", "context", "kv")}
+    kind = "memory_card" if terms["rules"] == "fraction" else f"memory_{terms['rules']}"
+    return {"kind": kind, "fraction": terms["fraction"], "card": card.name,
+            "total_gb": card.memory_bytes / 1e9, "sold_gb": card.memory_gb,
+            "tp": run.hardware.tp, "ep": run.hardware.ep, "reserved_gb": terms.get(
+                "reserved", 0.0) / 1e9, "seqs": terms["limits"][0], "tokens": terms["limits"][1],
+            "short_gib": max(-terms["kv"], 0.0) / 2**30, **gib}

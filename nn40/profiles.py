@@ -1,0 +1,52 @@
+"""The engine profile a run prices by: one of ENGINE_PROFILES by name, or a file --calibrate
+wrote, with --kv-fraction (the engine's own memory flag) where given
+"""
+import dataclasses
+import json
+import math
+
+from nn40.errors import UsageError
+from nn40.pricing import ENGINE_PROFILES, EngineProfile
+
+
+def profile_named(text):
+    """--engine-profile: a named engine profile, or a file --calibrate wrote (checked here,
+    then named by its path: see engine_profile)."""
+    try:
+        engine_profile(text)
+    except UsageError as e:
+        raise UsageError(f"{e} (the profiles: {', '.join(ENGINE_PROFILES)}, or a file "
+                         "--calibrate wrote)")
+    return text
+def run_profile(run):
+    """The run's EngineProfile: --engine-profile's, with --kv-fraction (the engine's own
+    memory flag) where given."""
+    profile = engine_profile(run.hardware.engine_profile)
+    if run.scheduler.kv_fraction is not None:
+        profile = dataclasses.replace(profile, kv_fraction=run.scheduler.kv_fraction)
+    return profile
+def engine_profile(name):
+    """The EngineProfile a run names: one of ENGINE_PROFILES, or the path of a profile file."""
+    return ENGINE_PROFILES[name] if name in ENGINE_PROFILES else read_profile_file(name)
+def read_profile_file(path):
+    """A profile file --calibrate wrote -> EngineProfile (one line where it is not one)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise UsageError(f"cannot read engine profile {path}: {e.strerror}")
+    except (ValueError, UnicodeDecodeError):
+        raise UsageError(f"{path}: not a JSON file")
+    fields = data.get("profile") if isinstance(data, dict) else None
+    types = {f.name: f.type for f in dataclasses.fields(EngineProfile)}
+    if not isinstance(fields, dict) or set(fields) - set(types) or \
+            not {"name", "bandwidth_share", "matmul_share"} <= set(fields):
+        raise UsageError(f"{path}: not an engine profile written by --calibrate")
+    for key, value in fields.items():  # (each a value of its field's type: a share above 0)
+        kind = {"str": str, "bool": bool}.get(getattr(types[key], "__name__", types[key]))
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value) and value >= 0 or key == "kv_fraction" and value is None
+        if not (isinstance(value, kind) if kind else number) or \
+                key.endswith("share") and not value > 0:
+            raise UsageError(f"{path}: {key} {value!r} is not a value an engine profile takes")
+    return EngineProfile(**fields)
