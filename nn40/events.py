@@ -1,0 +1,99 @@
+"""The event queue every pool of a fleet runs in time together: arrivals, plans, commits and KV
+sends, in the order they happen and, at one time, in their kinds' order (runs ending, then KV
+sends ending, then arrivals, then new plans)
+"""
+import heapq
+import itertools
+import math
+import time
+
+
+# at one time: runs ending, then KV sends ending (KVSends), then arrivals, then new plans
+ARRIVE, PLAN, COMMIT, SENT = 1, 2, 0, 0.5
+class EventQueue:
+    """The pools' events in time (Vidur's event queue): a replica's run ending (COMMIT), a
+    request entering a pool (ARRIVE: the requests' own arrivals, kept apart as they come in
+    order, and hand-offs), a replica's plan put off past the arrivals at its time (PLAN).
+    A replica runs ahead, planning and committing, while its runs end by the next event."""
+
+    def __init__(self, arrival):
+        self.events, self.order = [], itertools.count()  # (t, kind, order, what, its value)
+        self.arrival, self.r = arrival, 0  # the requests' arrivals; the next to come
+
+    def push(self, t, kind, target, value=0):
+        heapq.heappush(self.events, (t, kind, next(self.order), target, value))
+
+    def horizon(self):
+        """When the next event is (math.inf: none)."""
+        events, r = self.events, self.r
+        t = events[0][0] if events else math.inf
+        return min(t, self.arrival[r]) if r < len(self.arrival) else t
+
+    def run_ahead(self, server):
+        """Plan and commit the replica's runs while they end by the next event; then queue
+        its commit, or its plan where an arrival may come at its clock."""
+        while True:
+            if server.pending is None:
+                if not (server.draining or server.may_plan()) or not server.plan():
+                    return
+                server.version += 1
+            end = server.pending_end()
+            if end > self.horizon():
+                self.push(end, COMMIT, server, server.version)
+                return
+            server.commit()
+            if not server.draining and server.t >= self.horizon():
+                server.plan_queued = True
+                self.push(server.t, PLAN, server)
+                return
+
+    def enter(self, stage, r, t):
+        """Request r enters a stage at t: routed and queued at its replica, whose run may be cut
+        short; once the stage's last request is in, its replicas plan again unconditionally
+        and drain, as a replica alone is given its requests."""
+        if not stage.last:
+            stage.ledger.remaining[r] = 1  # (served to its first token)
+        server = stage.route(r, t)
+        pending = server.pending
+        server.arrive(r, t)
+        if server.pending is not pending:  # (cut short: the run ends at another time)
+            server.version += 1
+            self.push(server.pending_end(), COMMIT, server, server.version)
+        elif pending is None and not server.plan_queued:
+            server.plan_queued = True
+            self.push(t, PLAN, server)
+        if not stage.left:
+            for server in stage.servers:
+                server.draining, server.plan_queued, server.pending = True, False, None
+                server.version += 1
+                self.run_ahead(server)
+
+    def run(self, first, progress):
+        """Every event in time order, the requests' arrivals entering the first stage."""
+        events, arrival, n, clock = self.events, self.arrival, len(self.arrival), time.perf_counter()
+        while self.r < n or events:
+            r = self.r
+            if r < n and (not events or events[0][0] > arrival[r] or
+                          events[0][0] == arrival[r] and events[0][1] >= ARRIVE):
+                self.r += 1  # (an arrival before a hand-off at its time)
+                self.enter(first, r, arrival[r])
+                if progress and not r % 8192 and time.perf_counter() - clock > 10:
+                    clock = time.perf_counter()
+                    progress(f"{r:,} / {n:,} requests routed, {arrival[r]:,.1f} s simulated")
+                continue
+            t, kind, _, target, value = heapq.heappop(events)
+            if kind == ARRIVE:  # (target: a stage; value: the request)
+                self.enter(target, value, t)
+            elif kind == PLAN:
+                if target.plan_queued:
+                    target.plan_queued = False
+                    self.run_ahead(target)
+            elif kind == SENT:  # (target: a KVSends)
+                target.sent(t, value)
+            elif value == target.version:  # (else stale: the run was cut short since)
+                target.commit()
+                if target.draining or target.t < self.horizon():
+                    self.run_ahead(target)
+                else:
+                    target.plan_queued = True
+                    self.push(target.t, PLAN, target)
