@@ -72,13 +72,6 @@ def test_few_functions_take_over_six_parameters():
         ["a", "c", "b", "d"]
 
 
-def test_the_pure_sections_touch_neither_torch_nor_the_text():
-    pure = [(title, lines) for title, _, lines in sections() if "(pure" in title]
-    assert pure  # (the rest: nn40/)
-    for title, lines in pure:
-        assert not {"torch", "TEXT", "describe"} & code_names(lines), title
-
-
 def test_the_structure_checks_can_fail():
     # the checks above read what they claim to: a torch call in a pure section is seen
     assert "torch" in code_names(["x = torch.zeros(3)  # torch"])
@@ -116,9 +109,10 @@ PACKAGE = SOURCE.parent / "nn40"
 # the package's modules in their import order: each may import only those before it (and
 # never the script); none imports torch or matplotlib
 LAYERS = ["errors", "traces", "config", "host", "accounting", "workload", "slot_steps", "stats",
-          "queues", "kv", "replicas", "loop", "text", "text_ko", "settings", "names",
-          "pricing", "profiles", "published", "memory", "metrics", "routers", "events",
-          "handoff", "pools", "disaggregated"]
+          "queues", "kv", "settings", "names", "replicas", "loop", "pricing", "profiles",
+          "memory", "published", "metrics", "routers", "events", "handoff", "pools",
+          "disaggregated", "runs", "capacity", "experiment_c", "calibration", "text",
+          "text_ko"]
 MODULE_MAX = 900
 
 
