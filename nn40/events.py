@@ -2,22 +2,34 @@
 sends, in the order they happen and, at one time, in their kinds' order (runs ending, then KV
 sends ending, then arrivals, then new plans)
 """
+import enum
 import heapq
 import itertools
 import math
 import time
 
 
-# at one time: runs ending, then KV sends ending (KVSends), then arrivals, then new plans
-ARRIVE, PLAN, COMMIT, SENT = 1, 2, 0, 0.5
+class EventKind(enum.IntEnum):
+    """What an event is, its value its place among the events at one time (the queue sorts by
+    time, then kind): a replica's run ends first, then a KV send (its KV lands on the decode
+    replica), then a request enters a pool, then a replica plans."""
+    COMMIT = 0  # a replica's planned run ends (target: the replica; value: the plan's version)
+    SENT = 1    # a KV send on a link ends (target: the link's KVSends; value: what was sent)
+    ARRIVE = 2  # a request enters a pool (target: the pool's stage; value: the request)
+    PLAN = 3    # a replica's plan, put off past the arrivals at its time (target: the replica)
+
+
+COMMIT, SENT, ARRIVE, PLAN = EventKind  # (the names the loop reads)
+
+
 class EventQueue:
-    """The pools' events in time (Vidur's event queue): a replica's run ending (COMMIT), a
-    request entering a pool (ARRIVE: the requests' own arrivals, kept apart as they come in
-    order, and hand-offs), a replica's plan put off past the arrivals at its time (PLAN).
+    """The pools' events in time (Vidur's event queue), each an EventKind: a replica's run
+    ending, a request entering a pool (the requests' own arrivals are kept apart, as they come
+    in order; hand-offs are events), a replica's plan put off past the arrivals at its time.
     A replica runs ahead, planning and committing, while its runs end by the next event."""
 
     def __init__(self, arrival):
-        self.events, self.order = [], itertools.count()  # (t, kind, order, what, its value)
+        self.events, self.order = [], itertools.count()  # (t, kind, order, target, value)
         self.arrival, self.r = arrival, 0  # the requests' arrivals; the next to come
 
     def push(self, t, kind, target, value=0):
@@ -64,8 +76,7 @@ class EventQueue:
             self.push(t, PLAN, server)
         if not stage.left:
             for server in stage.servers:
-                server.draining, server.plan_queued, server.pending = True, False, None
-                server.version += 1
+                server.drain()
                 self.run_ahead(server)
 
     def run(self, first, progress):

@@ -62,19 +62,16 @@ class HandOff:
         """Whether decode replica j has room for r now, past what the requests waiting there
         (landed, or preempted) will take first: at most their tokens and a block each."""
         server = self.decode.servers[j]
-        kv, ledger = server.kv, self.ledger
-        waiting = server.waiting.tokens + len(server.waiting) * (kv.block + 1) + sum(
-            ledger.prompt[q] + ledger.generated[q] + kv.block + 1 for q in server.retry)
-        if not (kv.total or self.reserved[j] or waiting):
+        ahead = server.queued_tokens()
+        if not (server.kv.total or self.reserved[j] or ahead):
             return True  # (holding nothing, it takes r whatever r needs)
-        return kv.capacity - kv.total - kv.watermark - waiting >= self.need(j, r)
+        return server.kv.has_room(self.need(j, r), ahead)
 
     def send(self, j, r, t):
         """Reserve r's blocks at decode replica j and send its KV from t."""
         replica, tokens, since, _ = self.held[r]
-        need, kv = self.need(j, r), self.decode.servers[j].kv
-        kv.capacity -= need
-        kv.lent += need
+        need = self.need(j, r)
+        self.decode.servers[j].kv.reserve(need)
         self.reserved[j] += need
         self.held[r] = (replica, tokens, since, need)
         self.totals["wait_s"] += t - since
@@ -94,14 +91,11 @@ class HandOff:
         admission, and its prefill replica's memory counts what it held until now."""
         j = self.decode.where[r]
         replica, tokens, since, need = self.held.pop(r)
-        kv = self.decode.servers[j].kv
-        kv.capacity += need
-        kv.lent -= need
+        self.decode.servers[j].kv.unreserve(need)
         self.reserved[j] -= need
         server = self.prefill.servers[replica]  # (held there until its last byte left)
         held_s = max(t - (self.sends.link.latency_s if self.sends else 0.0) - since, 0.0)
-        server.memory.totals["held_s"] += tokens * held_s
-        server.memory.totals["alloc_s"] += server.kv.blocks(tokens) * held_s
+        server.memory.hold(tokens, server.kv.blocks(tokens), held_s)
         self.totals["held_token_s"] += tokens * held_s
 
     def freed(self, j, r, t):
@@ -109,6 +103,8 @@ class HandOff:
         waiting = self.waiting[j]
         while waiting and self.fits(j, waiting[0]):
             self.send(j, waiting.popleft(), t)
+
+
 @dataclass(frozen=True)
 class KVLink:
     """The link a prefill replica sends its requests' KV over to the decode pool: bytes_per_s
@@ -129,6 +125,8 @@ class KVLink:
             return size
         return max(size / self.layers,
                    size - self.bytes_per_s * prefill_s * (self.layers - 1) / self.layers)
+
+
 # A GPU's network between nodes, one way, and a send's latency: the HGX/DGX boards give each
 # GPU a NIC of its own (NVIDIA's DGX spec sheets: DGX A100 eight ConnectX-6 HDR InfiniBand,
 # 200 Gb/s each; DGX H100, H200 and B200 eight ConnectX-7 NDR, 400 Gb/s each); the PCIe cards a
@@ -138,10 +136,14 @@ NETWORK_LINKS = {"a100-40gb": ("HDR InfiniBand", 25.0), "a100-80gb": ("HDR Infin
                  "h100": ("NDR InfiniBand", 50.0), "h200": ("NDR InfiniBand", 50.0),
                  "b200": ("NDR InfiniBand", 50.0)}
 NETWORK_DEFAULT, NETWORK_LATENCY_US, GPUS_PER_NODE = ("100 GbE", 12.5), 2.0, 8
+
+
 def network_link(card):
     """(name, GB/s, latency us) of the network a GPU reaches another node's over."""
     key = next((k for k, g in GPUS.items() if g == card), None)
     return (*NETWORK_LINKS.get(key, NETWORK_DEFAULT), NETWORK_LATENCY_US)
+
+
 def kv_link(cfg, card, gbs=None, latency_us=None, network=False, layerwise=False):
     """The link between the pools: the card's own inside a node (NVLink or PCIe, at its spec),
     or, `network`, its NIC between nodes (network_link), unless `gbs` (GB/s) and `latency_us`
@@ -154,6 +156,8 @@ def kv_link(cfg, card, gbs=None, latency_us=None, network=False, layerwise=False
                          "bandwidth above zero and a latency of at least zero")
     return KVLink(rate * 1e9, latency * 1e-6, kv_bytes_per_token(cfg),
                   name if gbs is None else f"{gbs:g} GB/s", cfg.layers if layerwise else 0)
+
+
 class KVSends:
     """The KV hand-offs in flight: one link out of each prefill replica, its bandwidth shared
     fairly among the sends on it (each of n at bytes_per_s / n, as concurrent RDMA flows

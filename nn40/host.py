@@ -229,3 +229,13 @@ def dask_distributed():
         raise UsageError("--cluster runs on Dask, which is not installed: pip install "
                          "distributed (or leave --cluster out: worker processes)") from None
     return distributed
+
+
+def prepare_out_dir(path):
+    """Create OUT and prove it is writable before any experiment runs."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise UsageError(f"cannot write to output directory {path}: {e.strerror}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nn40.errors import UsageError
-from nn40.queues import BlockQueue
+from nn40.queues import EVICTION_ORDERS
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,22 @@ class KVManager:
         """Tokens allocated (else `held`) plus the admitted prompts' `prompt_left` tokens still
         to prefill, where the allocation does not cover them yet: what least-kv compares."""
         return held + prompt_left
+
+    def reserve(self, tokens):
+        """Lend `tokens` of the capacity to KV in flight (a hand-off's, on its way here): out
+        of admission's reach until unreserve gives them back."""
+        self.capacity -= tokens
+        self.lent += tokens
+
+    def unreserve(self, tokens):
+        """The lent `tokens` are back (the KV landed: its request is admitted on them)."""
+        self.capacity += tokens
+        self.lent -= tokens
+
+    def has_room(self, need, ahead):
+        """Whether `need` tokens fit now past the watermark and the `ahead` tokens that
+        requests queued before them will take first."""
+        return self.capacity - self.total - self.watermark - ahead >= need
 
     def fragmentation(self, req, sim, utilization):
         """The share of the allocated memory x time never used."""
@@ -342,15 +358,17 @@ class PrefixCache(PagedBlocks):
     """
 
     in_both, caching, tracks_prefixes = False, None, True
+    eviction = "lru"  # the order of its free queue and host tier (EVICTION_ORDERS)
 
     def __init__(self, kv):
         super().__init__(kv)
         self.preempts = not math.isinf(self.capacity)
         self.ref = {}  # key -> running requests holding its block (0: cached, free)
-        self.free = BlockQueue()  # the cached blocks no one holds, and the uncached blocks
+        order = EVICTION_ORDERS[self.eviction]
+        self.free = order()  # the cached blocks no one holds, and the uncached blocks
         if self.preempts:
             self.free.push_run(int(self.capacity // self.block))  # (every block never used)
-        self.host, self.host_blocks = BlockQueue(), int(kv.host_tokens // self.block)
+        self.host, self.host_blocks = order(), int(kv.host_tokens // self.block)
         self.host_token_s, self.loads = kv.host_token_s, self.host_blocks > 0
         self.pending = None  # the last lookup: (r, keys, the card's hit blocks' holders,
         # blocks hit in host memory, hit blocks no one holds)

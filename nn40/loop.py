@@ -40,6 +40,12 @@ class MemoryRecord:
             + emitted * (a + e * (k - 1))
         return held0 + growth * k + emitted
 
+    def hold(self, tokens, allocated, seconds):
+        """`tokens` (in `allocated` tokens of blocks) held `seconds` beyond the runs counted:
+        a prefill's KV kept until it has crossed to the decode pool."""
+        self.totals["held_s"] += tokens * seconds
+        self.totals["alloc_s"] += allocated * seconds
+
     def preempted(self, cached):
         self.totals["preemptions"] += 1
         self.totals["recomputed_tokens"] += cached
@@ -59,76 +65,11 @@ class MemoryRecord:
                 self.stride *= 2
 
 
-class ServingSim:
-    """One replica in the serving simulation (see simulate_serving): plan (admit at the clock,
-    choose the next run of identical steps), then commit (run it). Pools of replicas
-    (simulate_pools) interleave their loops in one event queue, handing each its requests as
-    they arrive (alone: all at once, `ids`), and are told of first tokens and finishes (hooks)."""
-
-    def __init__(self, req, replica, progress=None, ledger=None, ids=None):
-        self.ledger = ledger = ledger or Ledger(req)
-        ids = range(len(ledger.output)) if ids is None else ids
-        self.waiting = waiting_queue(ledger, ids, replica.order)  # requests not yet admitted
-        self.n, self.slots, self.costs, self.scheduler = len(ids), replica.slots, \
-            replica.costs, replica.scheduler
-        self.chunk_tokens = replica.chunk_tokens if replica.scheduler == "chunked" else None
-        self.fused, self.progress = replica.fused, progress
-        self.prefill_first = replica.prefill_first and not replica.fused
-        self.kv = kv = kv_manager(replica.kv)
-        self.tracks, self.preempts = kv.tracks, kv.preempts
-        self.retry = []                  # preempted ids (a heap: the oldest first)
-        self.pending = self.end_s = None  # the planned run (see plan), its end (pending_end)
-        self.running = {}                # admission order -> Seq, oldest first
-        self.prefill, self.decode = PrefillQueue(), DecodeBatch()  # the running, by phase
-        self.t, self.steps, self.busy, self.done, self.iterations, self.admissions = \
-            0.0, 0, 0, 0, 0, 0
-        self.prefill_s = self.decode_s = self.longest_step_s = 0.0
-        self.memory = MemoryRecord()     # (where kv.tracks)
-        self.on_first_token = self.on_finish = None  # hooks (request, t): what a pool is told
-
-    # the loop: plan (admit at the clock, choose a run of identical steps), then commit
-
-    def serve(self):
-        """Serve every request given; -> result()."""
-        clock = time.perf_counter()
-        while self.plan():
-            self.commit()
-            if self.progress and not self.iterations % 65536 and \
-                    time.perf_counter() - clock > 10:
-                clock = time.perf_counter()
-                self.progress(f"{self.done:,} / {self.n:,} requests finished, "
-                              f"{self.t:,.1f} s simulated")
-        return self.result()
-
-    def plan(self):
-        """Admit at the clock and plan the run of steps up to the next event: self.pending is
-        (this step's prefill chunks [(Seq, tokens)], how many steps, whether the head of the
-        line waits for memory). -> False when there is nothing left to run (nothing running,
-        waiting or preempted)."""
-        self.iterations += 1
-        taken = self.make_room() if self.preempts else \
-            self.kv.planned(self.steps, ()) if self.tracks else 0
-        blocked = self.admit(taken)
-        plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens)
-        if not plan and not self.decode.size:
-            if not (self.waiting or self.retry) or self.kv.lent:
-                return False  # (or its room is lent to KV in flight: it plans as that lands)
-            raise SimulationStalled(
-                f"the {self.scheduler} simulation stalled at t = {self.t:.3f} s with "
-                f"{len(self.waiting) + len(self.retry):,} requests waiting and none running")
-        self.pending = (plan, self.steps_until_event(plan, blocked), blocked)
-        self.end_s = None
-        return True
-
-    def commit(self):
-        """Run the planned steps."""
-        plan, k, _ = self.pending
-        self.pending = self.end_s = None
-        self.advance(plan, k)
-        for seq in self.decode.due(self.steps, self.running):  # (finished: they retire)
-            self.retire(seq)
-
-    # admission: who takes a free seat, and who is preempted to make room
+class Admission:
+    """Admission, ServingSim's part: who takes a free seat, into what memory, and who is
+    preempted to make room. It reads the replica's state that ServingSim keeps (waiting,
+    retry, running, ledger, kv, slots, scheduler, chunk_tokens, prefill, decode, memory, t,
+    steps, admissions) and changes it only as admission does."""
 
     def make_room(self):
         """Preempt the newest request while the planned step needs more memory than exists.
@@ -217,6 +158,77 @@ class ServingSim:
         return not blocked and self.scheduler != "static" and len(self.running) < self.slots \
             and self.spare() > 0
 
+
+class ServingSim(Admission):
+    """One replica in the serving simulation (see simulate_serving): plan (admit at the clock,
+    choose the next run of identical steps), then commit (run it). Pools of replicas
+    (simulate_pools) interleave their loops in one event queue, handing each its requests as
+    they arrive (alone: all at once, `ids`), and are told of first tokens and finishes (hooks)."""
+
+    def __init__(self, req, replica, progress=None, ledger=None, ids=None):
+        self.ledger = ledger = ledger or Ledger(req)
+        ids = range(len(ledger.output)) if ids is None else ids
+        self.waiting = waiting_queue(ledger, ids, replica.order)  # requests not yet admitted
+        self.n, self.slots, self.costs, self.scheduler = len(ids), replica.slots, \
+            replica.costs, replica.scheduler
+        self.chunk_tokens = replica.chunk_tokens if replica.scheduler == "chunked" else None
+        self.fused, self.progress = replica.fused, progress
+        self.prefill_first = replica.prefill_first and not replica.fused
+        self.kv = kv = kv_manager(replica.kv)
+        self.tracks, self.preempts = kv.tracks, kv.preempts
+        self.retry = []                  # preempted ids (a heap: the oldest first)
+        self.pending = self.price = None  # the planned run (see plan), its price (planned_price)
+        self.running = {}                # admission order -> Seq, oldest first
+        self.prefill, self.decode = PrefillQueue(), DecodeBatch()  # the running, by phase
+        self.t, self.steps, self.busy, self.done, self.iterations, self.admissions = \
+            0.0, 0, 0, 0, 0, 0
+        self.prefill_s = self.decode_s = self.longest_step_s = 0.0
+        self.memory = MemoryRecord()     # (where kv.tracks)
+        self.on_first_token = self.on_finish = None  # hooks (request, t): what a pool is told
+
+    # the loop: plan (admit at the clock, choose a run of identical steps), then commit
+
+    def serve(self):
+        """Serve every request given; -> result()."""
+        clock = time.perf_counter()
+        while self.plan():
+            self.commit()
+            if self.progress and not self.iterations % 65536 and \
+                    time.perf_counter() - clock > 10:
+                clock = time.perf_counter()
+                self.progress(f"{self.done:,} / {self.n:,} requests finished, "
+                              f"{self.t:,.1f} s simulated")
+        return self.result()
+
+    def plan(self):
+        """Admit at the clock and plan the run of steps up to the next event: self.pending is
+        (this step's prefill chunks [(Seq, tokens)], how many steps, whether the head of the
+        line waits for memory). -> False when there is nothing left to run (nothing running,
+        waiting or preempted)."""
+        self.iterations += 1
+        taken = self.make_room() if self.preempts else \
+            self.kv.planned(self.steps, ()) if self.tracks else 0
+        blocked = self.admit(taken)
+        plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens)
+        if not plan and not self.decode.size:
+            if not (self.waiting or self.retry) or self.kv.lent:
+                return False  # (or its room is lent to KV in flight: it plans as that lands)
+            raise SimulationStalled(
+                f"the {self.scheduler} simulation stalled at t = {self.t:.3f} s with "
+                f"{len(self.waiting) + len(self.retry):,} requests waiting and none running")
+        self.pending = (plan, self.steps_until_event(plan, blocked), blocked)
+        self.price = None
+        return True
+
+    def commit(self):
+        """Run the planned steps."""
+        plan, k, _ = self.pending
+        price = self.planned_price()
+        self.pending = self.price = None
+        self.advance(plan, k, price)
+        for seq in self.decode.due(self.steps, self.running):  # (finished: they retire)
+            self.retire(seq)
+
     # stepping: how many identical steps run, what they cost, and who they move on
 
     def steps_until_event(self, plan, blocked):
@@ -240,17 +252,25 @@ class ServingSim:
         return self.costs.decode_steps_to(decode.size, decode.base_sum + decode.tokens
                                           * self.steps, self.t, when, k)
 
-    def advance(self, plan, k):
-        """Run k steps: price them, account memory, move every running request on."""
+    def planned_price(self):
+        """The planned run's price (PassPrices.run_price's, with the wait for KV a host tier
+        loads), priced once a plan: the clock commit sets, and the end a fleet's event queue
+        reads first (FleetReplica.pending_end), are one sum of one price."""
+        if self.price is None:
+            plan, k, _ = self.pending
+            decode = self.decode  # (DecodeBatch.cached, inline)
+            price = self.costs.run_price(plan, decode.size, decode.base_sum + decode.tokens
+                                         * self.steps, k, self.fused)
+            self.price = self.kv.loaded(price, plan) if plan and self.kv.loads else price
+        return self.price
+
+    def advance(self, plan, k, price):
+        """Run the k steps of the plan at their price: account memory, move every running
+        request on."""
         emitted = []  # a finished prefill emits a token (a loop: a comprehension is a call)
         for s, c in plan:
             if c == s.prompt_left:
                 emitted.append(s)
-        decode = self.decode  # (DecodeBatch.cached, inline)
-        price = self.costs.run_price(plan, decode.size, decode.base_sum + decode.tokens
-                                     * self.steps, k, self.fused)
-        if plan and self.kv.loads:
-            price = self.kv.loaded(price, plan)
         prefill_s, decode_s, first_s, growth_s, tokens = price
         running, held = len(self.running), 0
         if self.tracks:  # (before the clock moves: it reads the run's start)
@@ -373,22 +393,21 @@ class FleetReplica(ServingSim):
         self.plan_queued = False   # a plan is queued in the event queue
         self.draining = False      # every request of its pool has arrived
 
+    def drain(self):
+        """Every request of its pool has arrived: it drops its plan (and any queued for it) and
+        plans again unconditionally, as a replica alone is given its requests."""
+        self.draining, self.plan_queued, self.pending, self.price = True, False, None, None
+        self.version += 1
+
     def may_plan(self):
         """Whether a plan now could run anything: the replica runs, or a request waits."""
         idle = not (self.running or self.retry) and self.waiting.head(self.t) is None
         return not idle or self.waiting.next_arrival() < math.inf
 
     def pending_end(self):
-        """When the planned run ends (the clock it will set, to the bit), priced once per
-        plan: a fleet asks at every arrival."""
-        if self.end_s is None:
-            plan, k, _ = self.pending
-            price = self.costs.run_price(plan, self.decode.size,
-                                         self.decode.cached(self.steps), k, self.fused)
-            prefill_s, decode_s = self.kv.loaded(price, plan)[:2] if self.kv.loads else \
-                price[:2]
-            self.end_s = self.t + (prefill_s + decode_s)
-        return self.end_s
+        """When the planned run ends: the clock its commit will set (see planned_price)."""
+        prefill_s, decode_s = self.planned_price()[:2]
+        return self.t + (prefill_s + decode_s)
 
     def arrive(self, r, t):
         """Request r, arriving at t, joins this replica's queue; the planned run stops at the
@@ -399,7 +418,14 @@ class FleetReplica(ServingSim):
             plan, k, blocked = self.pending
             if not plan and k > 1 and self.could_join(blocked):
                 self.pending = (plan, self.steps_to_reach(t, k), blocked)
-                self.end_s = None
+                self.price = None
+
+    def queued_tokens(self):
+        """At most the KV tokens the requests waiting here (arrived, or preempted) will take
+        before a newcomer: their tokens and a block each, and one token each to emit."""
+        ledger, block = self.ledger, self.kv.block
+        return self.waiting.tokens + len(self.waiting) * (block + 1) + sum(
+            ledger.prompt[q] + ledger.generated[q] + block + 1 for q in self.retry)
 
     def load(self):
         """Requests queued, preempted and running: what least-requests routing compares."""

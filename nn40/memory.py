@@ -28,6 +28,8 @@ def check_card_fits(run):
                          f"{weights / 1e9:,.1f} GB of weights on each of {hw.tp * hw.ep} x "
                          f"{card.name} ({card.memory_bytes / 1e9:,.1f} GB): "
                          + fitting_split(model, card, hw.ep))
+
+
 def fitting_split(cfg, card, ep):
     """What to give when the weights do not fit: the fewest cards (--tp, or --ep with --ep)
     that the check above then accepts, or smaller weights when no count up to 64 does."""
@@ -38,12 +40,16 @@ def fitting_split(cfg, card, ep):
             return f"give {flag} {n} (it divides the {parts} {'experts' if ep > 1 else 'heads'}" \
                    "), or smaller --weights"
     return f"no {flag} up to 64 fits it: give smaller --weights"
+
+
 class DeviceMemory(NamedTuple):
     """What C's KV budget reads of the device this run measured on (device_memory makes it):
     "cuda" with its total bytes and name, or "cpu"."""
     kind: str
     total_bytes: int = 0
     name: str = ""
+
+
 def kv_budget_bytes(run, device):
     """(bytes for C's KV cache, where the figure comes from); see KV_MEMORY_FRACTION. device:
     a DeviceMemory, or None where no device was resolved (C alone)."""
@@ -70,6 +76,8 @@ def kv_budget_bytes(run, device):
     return (KV_MEMORY_FRACTION * REFERENCE_MEMORY_GB * 1e9 - weights,
             {"kind": "memory_reference", "fraction": KV_MEMORY_FRACTION,
              "total_gb": REFERENCE_MEMORY_GB, "weights_gib": weights / 2**30})
+
+
 def memory_source(terms, card, run):
     """The KV line's account of a card's memory (see card_kv_terms): each term of the engine's
     rule in GiB, the card's memory as the driver reports it and as its spec sheet sells it."""

@@ -28,12 +28,18 @@ def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
         metrics["goodput_rps"] = float(ok.sum() / span)
         metrics["slo_attained"] = float(ok.mean())
     return metrics
+
+
 def quantile_curve(sorted_values, points=200):
     """A compact CDF for the JSON and the figure: values at evenly spaced quantiles."""
     q = np.linspace(0, 1, points)
     return np.quantile(sorted_values, q).tolist() if len(sorted_values) else []
+
+
 def thin(rows, points=400):
     """At most `points` evenly spaced rows of a time series, the last one included."""
     keep = np.unique(np.linspace(0, len(rows) - 1, min(points, len(rows))).astype(int))
     return [rows[i] for i in keep]
+
+
 LATENCIES = ("makespan_s", "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s")

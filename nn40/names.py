@@ -15,10 +15,14 @@ from nn40.errors import UsageError
 NAME_NOISE = frozenset({"nvidia", "geforce", "tesla", "hbm", "hbm2e", "hbm3", "hbm3e", "gddr6",
                         "gddr6x", "gddr7", "blackwell", "server", "workstation", "edition",
                         "instruct", "chat", "hf", "it", "base", "meta", "fp8", "bf16", "fp16"})
+
+
 def _spellings(base, *optional):
     """`base` with every subset of the optional words: "H100", "H100 SXM", "H100 80GB", ..."""
     return tuple(" ".join((base,) + extra) for n in range(len(optional) + 1)
                  for extra in itertools.combinations(optional, n))
+
+
 NAME_ALIASES = {
     "card": {
         "rtx-3090": _spellings("RTX 3090", "24GB"), "rtx-4090": _spellings("RTX 4090", "24GB"),
@@ -51,6 +55,8 @@ NAME_ALIASES = {
                              "Llama-4-Maverick-17B-128E-Instruct"),
     },
 }
+
+
 def name_key(text):
     """A name as a key: lower case, a Hugging Face id's organisation dropped, "SXM5" as "SXM"
     and "PCIe Gen5" as "PCIe", then its words and numbers, less NAME_NOISE, in sorted order:
@@ -60,6 +66,8 @@ def name_key(text):
     text = re.sub(r"pci-?e(\s*gen\s*\d)?", "pcie", text)
     words = [w for w in re.split(r"[\s_,()-]+", text) if w not in NAME_NOISE]
     return " ".join(sorted(a for w in words for a in re.findall(r"\d+(?:\.\d+)?|[a-z]+", w)))
+
+
 def name_index(kind):
     """{name_key(spelling): C's name} of every card or model: its own name, its display name,
     and its aliases."""
@@ -70,9 +78,13 @@ def name_index(kind):
         for spelling in (name, shown) + NAME_ALIASES[kind].get(name, ()):
             index.setdefault(name_key(spelling), name)
     return index
+
+
 def find_name(text, kind):
     """C's name for a card or model as written (None: no spelling of one)."""
     return name_index(kind).get(name_key(text))
+
+
 def closest_names(text, kind, n=3):
     """The C names whose spellings are nearest `text` (difflib's ratio on each lower-cased,
     its organisation and NAME_NOISE dropped), nearest first."""
@@ -88,6 +100,8 @@ def closest_names(text, kind, n=3):
             spellings.setdefault(plain(spelling), name)
     near = difflib.get_close_matches(plain(text), list(spellings), n=12, cutoff=0.4)
     return list(dict.fromkeys(spellings[s] for s in near))[:n]
+
+
 def named(text, kind):
     """C's name for a card or model as written, or one line naming the closest ones."""
     name = find_name(text, kind)

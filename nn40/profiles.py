@@ -18,6 +18,8 @@ def profile_named(text):
         raise UsageError(f"{e} (the profiles: {', '.join(ENGINE_PROFILES)}, or a file "
                          "--calibrate wrote)")
     return text
+
+
 def run_profile(run):
     """The run's EngineProfile: --engine-profile's, with --kv-fraction (the engine's own
     memory flag) where given."""
@@ -25,9 +27,13 @@ def run_profile(run):
     if run.scheduler.kv_fraction is not None:
         profile = dataclasses.replace(profile, kv_fraction=run.scheduler.kv_fraction)
     return profile
+
+
 def engine_profile(name):
     """The EngineProfile a run names: one of ENGINE_PROFILES, or the path of a profile file."""
     return ENGINE_PROFILES[name] if name in ENGINE_PROFILES else read_profile_file(name)
+
+
 def read_profile_file(path):
     """A profile file --calibrate wrote -> EngineProfile (one line where it is not one)."""
     try:

@@ -9,7 +9,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -216,6 +216,32 @@ def waiting_queue(ledger, ids, order=None):
     return PriorityQueue(ledger, ids, order.rank, order.ranked, order.max_wait_s)
 
 
+class EvictionOrder(Protocol):
+    """The order in which a prefix cache gives up the cached blocks no one holds (its free
+    queue), and its host tier the blocks it stores. PrefixCache calls these alone, so an order
+    is one class here, registered in EVICTION_ORDERS. BlockQueue is LRU: the least recently
+    freed first, as vLLM's free block queue. FIFO by first caching or LFU (the fewest hits
+    first, SGLang's lfu) would keep a heap of (first push, key) or (hits, last push, key),
+    push and remove updating a dict as BlockQueue's do, pop skipping the removed keys as
+    BlockQueue skips its stale entries."""
+    where: dict  # key -> its entry while the key is in the queue (a lookup: is it here)
+
+    def __len__(self) -> int:
+        """The keys in the queue."""
+
+    def push(self, keys):
+        """Keys given up (freed, or stored), in the order they go."""
+
+    def push_run(self, count):
+        """`count` blocks with no key (never cached), at the tail."""
+
+    def remove(self, keys):
+        """Take these keys (all in the queue) out: hit again, they are held."""
+
+    def pop(self, blocks):
+        """Take up to `blocks` blocks from the head. -> the keys taken (evicted)."""
+
+
 class BlockQueue:
     """Block keys in the order they were pushed, oldest first, and runs of blocks with no key
     (`count` uncached blocks): a prefix cache's free queue, or its host tier. A key is in the
@@ -306,3 +332,6 @@ class BlockQueue:
         if out:
             self.remove(out)
         return out
+
+
+EVICTION_ORDERS = {"lru": BlockQueue}  # a prefix cache's eviction order, by name

@@ -2,6 +2,31 @@
 the replica request r goes to, from what each replica is doing now. in_all: among the routers
 --router all compares (else only where the KV cache keeps prefixes).
 """
+from typing import Protocol
+
+
+class Server(Protocol):
+    """What a router reads of a replica (a pool's FleetReplica is one): its load, the KV it
+    has committed, and its KV manager's prefix lookup in the requests' ledger."""
+    ledger: object  # the Ledger of the requests it is routed
+    kv: object      # its KVManager: lookup(ledger, r) -> r's leading tokens it holds
+
+    def load(self) -> int:
+        """Requests queued, preempted and running."""
+
+    def committed_kv(self) -> int:
+        """KV tokens allocated (else held), prompt tokens admitted and not yet prefilled, and
+        the prompts waiting."""
+
+
+class Router(Protocol):
+    """A routing rule: pick(servers, r, pair) -> the index of the server request r goes to
+    (pair: two indices drawn at random for power-of-two); in_all: whether --router all runs
+    it."""
+    in_all: bool
+
+    def pick(self, servers: "list[Server]", r: int, pair: "tuple[int, int]") -> int:
+        ...
 
 
 class RoundRobin:
@@ -10,6 +35,8 @@ class RoundRobin:
 
     def pick(self, servers, r, pair):
         return r % len(servers)
+
+
 class LeastRequests:
     """The fewest requests queued, preempted and running (Vidur's LOR); ties to the lowest
     index."""
@@ -18,6 +45,8 @@ class LeastRequests:
     def pick(self, servers, r, pair):
         loads = [server.load() for server in servers]
         return loads.index(min(loads))
+
+
 class PowerOfTwo:
     """Of two replicas drawn at random (`pair`), the less loaded; ties to the first."""
     in_all = True
@@ -25,6 +54,8 @@ class PowerOfTwo:
     def pick(self, servers, r, pair):
         a, b = pair
         return b if servers[b].load() < servers[a].load() else a
+
+
 class LeastKV:
     """The fewest KV tokens allocated (or held) plus prompt tokens waiting."""
     in_all = True
@@ -32,6 +63,8 @@ class LeastKV:
     def pick(self, servers, r, pair):
         kv = [server.committed_kv() for server in servers]
         return kv.index(min(kv))
+
+
 class CacheAware(LeastRequests):
     """The replica whose prefix cache holds the longest run of r's leading blocks, where that
     run is over `cache_threshold` of its prompt, unless that replica is out of balance with the
@@ -53,8 +86,13 @@ class CacheAware(LeastRequests):
                 loads[best] > self.balance_rel * loads[least]:
             return least
         return best
-ROUTERS = {"round-robin": RoundRobin(), "least-requests": LeastRequests(),
-           "power-of-two": PowerOfTwo(), "least-kv": LeastKV(), "cache-aware": CacheAware()}
+
+
+ROUTERS: "dict[str, Router]" = {
+    "round-robin": RoundRobin(), "least-requests": LeastRequests(), "power-of-two": PowerOfTwo(),
+    "least-kv": LeastKV(), "cache-aware": CacheAware()}
+
+
 def route(router, servers, r, pair):
     """The replica that request r goes to (ROUTERS[router]'s pick)."""
     return ROUTERS[router].pick(servers, r, pair)

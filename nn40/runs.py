@@ -42,6 +42,8 @@ def step_costs(hw, results):
     return analytic_costs(hw.model, hw.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
                           or REFERENCE_BANDWIDTH_GBS,
                           hw.peak_tflops or ceil.get("matmul_tflops") or REFERENCE_TFLOPS)
+
+
 def arrivals(run):
     """How C's requests arrive, as a description for the tables."""
     if run.workload.rate is None:
@@ -52,6 +54,8 @@ def arrivals(run):
         return {"kind": "arrivals_poisson", "rate": run.workload.rate}
     return {"kind": "arrivals_gamma", "rate": run.workload.rate,
             "burstiness": run.workload.burstiness}
+
+
 def workload(run):
     """Where C's request lengths come from, as a description for the tables."""
     if run.workload.trace:
@@ -60,18 +64,24 @@ def workload(run):
         return {"kind": "source_file", "path": run.workload.lengths_file}
     return {"kind": "source_law", "mu": LENGTH_MU, "sigma": LENGTH_SIGMA, "max": LENGTH_MAX,
             "seed": run.workload.seed}
+
+
 def run_order(run, output, name=None):
     """The queue's Order for C's requests: --order with --max-wait-s, or the order `name` with
     no guard; the predicted lengths are the same draw (--predict-sigma) in every study."""
     return queue_order(name or run.scheduler.order, output, run.scheduler.predict_sigma,
                        seed_for(run, "predicted"),
                        None if name else run.scheduler.max_wait_s)
+
+
 def order_info(order, output, seed=0):
     """An Order as a description for the tables (with how well its predictions rank)."""
     info = {"name": order.name, "max_wait_s": order.max_wait_s}
     if order.name == "predicted":
         info.update(sigma=order.sigma, kendall_tau=kendall_tau(output, order.keys, seed=seed))
     return info
+
+
 def timed_task(label, simulate, *args):
     """One timed simulation (simulate_serving's or simulate_fleet's), with progress lines on a
     long one: what C's worker processes run."""
@@ -79,13 +89,19 @@ def timed_task(label, simulate, *args):
     result = simulate(*args, progress=functools.partial(log_labelled, label))
     result["wall_s"] = time.perf_counter() - t0
     return result
+
+
 class Work(NamedTuple):
     """What a study's simulations cost: how many ran, their loops' iterations, their seconds."""
     runs: int = 0
     iterations: int = 0
     seconds: float = 0.0
+
+
 def work_of(sims):
     return Work(len(sims), sum(s["iterations"] for s in sims), sum(s["wall_s"] for s in sims))
+
+
 def kv_setup(run, req, device):
     """C's KV budgets, one per policy, checked against every request before anything runs.
     -> (the budget's description, the budgets every request fits); a policy a request does not
@@ -108,6 +124,8 @@ def kv_setup(run, req, device):
         else:
             budgets.append(kv)
     return info, budgets
+
+
 def no_memory(run, source):
     """Why a KV cache got nothing: on a named card, by how much each card falls short and
     which single change would leave it room (fp8 KV, fp8 weights, twice the cards)."""
@@ -122,6 +140,8 @@ def no_memory(run, source):
              and card_kv_tokens(c, card, profile, t, ep)]
     return {"kind": "kv_short", "short_gib": source["short_gib"],
             "would": ", ".join(would) or "a larger card"}
+
+
 def memory_metrics(req, sim, kv, makespan_s):
     """Memory use of a simulated run (a fleet's: its replicas' summed, peaks the largest one's):
     time averages over the makespan."""
@@ -133,6 +153,8 @@ def memory_metrics(req, sim, kv, makespan_s):
             "mean_concurrency": mem["running_s"] / makespan_s,
             "preemptions": mem["preemptions"], "recomputed_tokens": mem["recomputed_tokens"],
             "max_allocated_tokens": mem["max_alloc"]}
+
+
 def kv_metrics(req, sim, kv):
     """Memory use of one simulated run (memory_metrics), and its latencies."""
     m = serving_metrics(req, sim)
@@ -140,15 +162,23 @@ def kv_metrics(req, sim, kv):
             **{k: m[k] for k in ("throughput_rps", "output_tokens_per_s", "makespan_s", "steps",
                                  "iterations", "simulation_s", "ttft_s", "tpot_s", "e2e_s")},
             **prefix_metrics(req, sim)}
+
+
 def study_budget(budgets):
     """The KV budget a study runs under: the policy serving engines run (paged) where every
     request fits it, else another, else none (memory unlimited)."""
     return next((b for b in budgets if KV_MANAGERS[b.policy].served),
                 budgets[0] if budgets else None)
+
+
 def every_nth(req, n, offset=0):
     """The requests one replica of n sees under round-robin (every n-th, arrivals kept)."""
     return req.take(slice(offset, None, n))
+
+
 HIT_BUCKETS = (("hit_none", 0.0, 0.0), ("hit_some", 0.0, 0.5), ("hit_most", 0.5, 1.0))
+
+
 def prefix_metrics(req, sim):
     """What a run's prefix caches did (empty without one): prompt tokens queried and hit per
     tier (vLLM's prefix_cache_queries and _hits, here at each request's first admission; a
@@ -179,6 +209,8 @@ def prefix_metrics(req, sim):
         "per_replica": [(row[PREFIX_REPORT]["hit_tokens"] + row[PREFIX_REPORT]["host_hit_tokens"])
                         / max(row[PREFIX_REPORT]["queried_tokens"], 1)
                         for row in sim.get("per_replica", ()) if PREFIX_REPORT in row]}}
+
+
 def host_tier(run, per_token):
     """A prefix cache's host tier (--host-kv-gb): its tokens, the card's link to it, and the
     seconds a token's KV takes to load: each of a replica's tp cards loads the share it keeps

@@ -297,3 +297,36 @@ RUN_GROUPS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
 RUN_FIELDS = {f.name: f for group in RUN_GROUPS.values() for f in dataclasses.fields(group)}
 RUN_GROUP = {f: name for name, group in RUN_GROUPS.items()
              for f in (g.name for g in dataclasses.fields(group))}
+
+
+@dataclass(frozen=True)
+class ModeConfig:
+    """A mode that runs instead of the experiments and exits (the first given, in the order of
+    the registry, modes.MODES): what it reads of the command line.
+
+    name          the mode (its flag's name: "validate" is --validate)
+    given         the mode's own argument: a file, files or a folder (True: --catalog)
+    settings      --calibrate: the run settings the command line states ({field: value})
+    link_flags    the KV link's flags given; link_gbs, link_latency_us, layerwise: their values
+    pp_micro_batches, gpu_budget, cluster, calibration, engine_profile, seed: their flags'
+    out, lang, jobs, figures, dpi, format: as the main run's
+    """
+    name: str
+    given: object
+    out: str = "figures"
+    lang: str = "en"
+    jobs: int = 1
+    figures: bool = True
+    dpi: int = 100
+    format: str = "png"
+    seed: int = LENGTH_SEED
+    calibration: str = None
+    engine_profile: str = None
+    settings: dict = dataclasses.field(default_factory=dict)
+    link_flags: tuple = ()
+    link_gbs: float = None
+    link_latency_us: float = None
+    layerwise: bool = False
+    pp_micro_batches: int = None
+    gpu_budget: int = 4
+    cluster: str = None

@@ -170,7 +170,7 @@ def read_csv_trace(path, limit=None):
                 if limit is not None and len(rows.prompt) >= limit:
                     break
                 if any(cell.strip() for cell in row):
-                    rows.add(f"line {line}", *(cell(row, cols[k])
+                    rows.add(f"line {line}", *(row_cell(row, cols[k])
                                                for k in ("prompt", "output", "time")))
     except OSError as e:
         raise UsageError(f"cannot read trace {path}: {e.strerror}")
@@ -179,7 +179,7 @@ def read_csv_trace(path, limit=None):
     return rows.result()
 
 
-def cell(row, index):
+def row_cell(row, index):
     """A row's cell (None: no such column; '' where the row is short)."""
     if index is None:
         return None

@@ -27,7 +27,21 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import NN_40_serving as S  # noqa: E402
+import dataclasses  # noqa: E402
+from nn40.accounting import kv_bytes_per_token  # noqa: E402
+from nn40.capacity import SLO, fewest_replicas  # noqa: E402
+from nn40.config import GPUS, HOST_LINKS, MODELS  # noqa: E402
+from nn40.host import run_parallel  # noqa: E402
+from nn40.kv import KVBudget, PREFIX_REPORT  # noqa: E402
+from nn40.loop import simulate_serving  # noqa: E402
+from nn40.metrics import serving_metrics  # noqa: E402
+from nn40.pools import Fleet, simulate_fleet  # noqa: E402
+from nn40.pricing import DEFAULT_PROFILE, ENGINE_PROFILES, card_costs, card_kv_tokens  # noqa: E402
+from nn40.replicas import Replica  # noqa: E402
+from nn40.runs import prefix_metrics  # noqa: E402
+from nn40.workload import (
+    PrefixWorkload, Requests, arrival_times, lognormal_lengths, read_hashed_trace,
+    shared_prompts)
 
 CONVERSATION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
                             "traces", "mooncake", "conversation_trace.jsonl")
@@ -37,25 +51,25 @@ def shared_requests(n, rate, seed=0, output_scale=1):
     """n requests: the post's output law (times output_scale), 128-token messages, 8 system
     prompts of 512 tokens opening 80% of them (Zipf 1), Poisson arrivals at `rate`."""
     rng = np.random.default_rng(seed)
-    base = S.Requests(S.arrival_times(n, rate, 1.0, rng), np.full(n, 128),
-                      S.lognormal_lengths(n, seed) * output_scale)
-    return S.shared_prompts(base, S.PrefixWorkload(512, 8, 0.8, 1.0, 1, 0.0), rng)
+    base = Requests(arrival_times(n, rate, 1.0, rng), np.full(n, 128),
+                      lognormal_lengths(n, seed) * output_scale)
+    return shared_prompts(base, PrefixWorkload(512, 8, 0.8, 1.0, 1, 0.0), rng)
 
 
 def replica(policy, slots=256):
-    cfg, card = S.MODELS["llama-3-8b"], S.GPUS["h100"]
-    profile = S.ENGINE_PROFILES[S.DEFAULT_PROFILE]
-    kv = S.KVBudget(policy, S.card_kv_tokens(cfg, card, profile), 16, watermark=0.01)
-    return S.Replica(slots, S.card_costs(cfg, card, profile), scheduler="chunked",
+    cfg, card = MODELS["llama-3-8b"], GPUS["h100"]
+    profile = ENGINE_PROFILES[DEFAULT_PROFILE]
+    kv = KVBudget(policy, card_kv_tokens(cfg, card, profile), 16, watermark=0.01)
+    return Replica(slots, card_costs(cfg, card, profile), scheduler="chunked",
                      chunk_tokens=2048, kv=kv, fused=True)
 
 
 def timed(label, req, rep):
     """-> (wall seconds, the run's result)."""
     t0 = time.perf_counter()
-    sim = S.simulate_serving(req, rep)
+    sim = simulate_serving(req, rep)
     wall = time.perf_counter() - t0
-    p = sim.get(S.PREFIX_REPORT)
+    p = sim.get(PREFIX_REPORT)
     hit = f"{p['hit_tokens'] / p['queried_tokens']:.4f}" if p else "-"
     ttft = sim["times"].first_token - req.arrival_s
     print(f"{label:34s} {wall:8.2f} s  {sim['iterations']:>10,} iterations "
@@ -67,10 +81,10 @@ def timed(label, req, rep):
 def hits_given(req, sim):
     """The requests with the prefix cache's hits (its run's report) as cached on arrival, and
     no identity: plain paged blocks then run the cache's events without a cache."""
-    hits = sim[S.PREFIX_REPORT]["hits"]
+    hits = sim[PREFIX_REPORT]["hits"]
     cached = np.fromiter((hits.get(r, 0) for r in range(len(req.output))), np.int64,
                          len(req.output))
-    return S.dataclasses.replace(req, cached=cached, identity=None)
+    return dataclasses.replace(req, cached=cached, identity=None)
 
 
 def main():
@@ -111,23 +125,23 @@ def main():
           f"{med['hits given'] / med['paged']:.2f}x (medians); load average now "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     if os.path.exists(CONVERSATION):
-        trace = S.read_hashed_trace(CONVERSATION, block=16)
+        trace = read_hashed_trace(CONVERSATION, block=16)
         for policy in ("paged", "prefix"):
             timed(f"conversation trace, {policy}", trace, replica(policy))
 
 
 def budget(policy, capacity, host_gb=0):
-    cfg, card = S.MODELS["llama-3-8b"], S.GPUS["h100"]
-    per_token = S.kv_bytes_per_token(cfg)
-    return S.KVBudget(policy, capacity, 16, 0, 0.01, int(host_gb * 1e9 // per_token),
-                      per_token / (S.HOST_LINKS["h100"][1] * 1e9))
+    cfg, card = MODELS["llama-3-8b"], GPUS["h100"]
+    per_token = kv_bytes_per_token(cfg)
+    return KVBudget(policy, capacity, 16, 0, 0.01, int(host_gb * 1e9 // per_token),
+                      per_token / (HOST_LINKS["h100"][1] * 1e9))
 
 
 def fleet(label, req, kv, router, replicas=4):
-    rep = S.dataclasses.replace(replica("paged"), kv=kv)
+    rep = dataclasses.replace(replica("paged"), kv=kv)
     t0 = time.perf_counter()
-    sim = S.simulate_fleet(req, rep, S.Fleet(replicas, router, 0))
-    m, p = S.serving_metrics(req, sim), S.prefix_metrics(req, sim).get(S.PREFIX_REPORT)
+    sim = simulate_fleet(req, rep, Fleet(replicas, router, 0))
+    m, p = serving_metrics(req, sim), prefix_metrics(req, sim).get(PREFIX_REPORT)
     line = (f"{label:38s} {router:15s} {time.perf_counter() - t0:6.1f} s  TTFT p50 "
             f"{m['ttft_s']['p50']:.3f} p99 {m['ttft_s']['p99']:.3f} s  queued p99 "
             f"{np.percentile(sim['times'].start - req.arrival_s, 99):.3f} s")
@@ -145,10 +159,10 @@ def traces(host_gb=200):
              (f"card + {host_gb} GB host", budget("prefix", card, host_gb)),
              ("unlimited", budget("prefix", float("inf")))]
     for name in ("conversation", "synthetic"):
-        req = S.read_hashed_trace(CONVERSATION.replace("conversation", name), block=16)
+        req = read_hashed_trace(CONVERSATION.replace("conversation", name), block=16)
         for label, kv in tiers:
             fleet(f"{name}: {label}", req, kv, "least-requests")
-    req = S.read_hashed_trace(CONVERSATION, block=16)
+    req = read_hashed_trace(CONVERSATION, block=16)
     for label, kv in tiers[1:3]:
         for router in ("round-robin", "least-requests", "cache-aware"):
             fleet(f"conversation: {label}", req, kv, router)
@@ -158,7 +172,7 @@ def search(args):
     """One fewest_replicas search (a worker process's)."""
     label, req, rep, router, rate, start = args
     t0 = time.perf_counter()
-    n, tried = S.fewest_replicas(req, rep, S.SLO(2.0, None, 0.9), S.Fleet(start, router, 0),
+    n, tried = fewest_replicas(req, rep, SLO(2.0, None, 0.9), Fleet(start, router, 0),
                                  rate, start)
     return (f"{label:22s} {router:12s} {n} replicas (SLO met {tried[n]:.1%}, with one fewer "
             f"{tried.get(n - 1, float('nan')):.1%})  {time.perf_counter() - t0:6.1f} s")
@@ -167,19 +181,19 @@ def search(args):
 def capacity(rate, seed=13):
     """The conversation trace's 12,031 requests re-timed as Poisson arrivals at `rate` (in the
     trace's order), continuous batching, llama-3-8b on H100 replicas (the card's KV budget)."""
-    req = S.read_hashed_trace(CONVERSATION, block=16)
-    req = req.take(arrival_s=S.arrival_times(len(req.output), 1.0, 1.0,
+    req = read_hashed_trace(CONVERSATION, block=16)
+    req = req.take(arrival_s=arrival_times(len(req.output), 1.0, 1.0,
                                               np.random.default_rng(seed)))
     card = replica("paged").kv.capacity_tokens
     start = max(1, int(0.7 * rate / 0.43))  # (one replica: about 0.43 requests/s at the SLO)
-    calls = [(label, req, S.dataclasses.replace(replica("paged"), scheduler="continuous", kv=kv),
+    calls = [(label, req, dataclasses.replace(replica("paged"), scheduler="continuous", kv=kv),
               router, rate, start)
              for label, kv in (("card prefix cache", budget("prefix", card)),
                                ("no caching", budget("paged", card)))
              for router in ("round-robin", "cache-aware")]
     print(f"conversation trace at {rate:g} requests/s, TTFT <= 2 s for 90%; load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
-    for line in S.run_parallel([(search, (c,)) for c in calls], 2):
+    for line in run_parallel([(search, (c,)) for c in calls], 2):
         print(line, flush=True)
     print(f"load average now {os.getloadavg()[0]:.1f}", flush=True)
 

@@ -4,23 +4,27 @@ import re
 
 import pytest
 
-import NN_40_serving as S
+import nn40.device
+from nn40.cli import parse_args
+from nn40.config import CPU_PRESET, GPUS, MODELS
+from nn40.device import DTYPE_PREFERENCE, PROBE_NOISE, with_probed_dtype
+from nn40.errors import UsageError
 
 SUGGESTION = re.compile(r"give (--[a-z-]+) (\d+)")
 
 
 def refused(argv):
     try:
-        S.parse_args(argv)
-    except S.UsageError as e:
+        parse_args(argv)
+    except UsageError as e:
         return str(e)
     return None
 
 
 def test_every_suggested_split_is_then_accepted():
     walked = 0
-    for model in S.MODELS:
-        for gpu in S.GPUS:
+    for model in MODELS:
+        for gpu in GPUS:
             for weights in ("bf16", "fp8", "int4"):
                 for split in ([], ["--ep", "2"]):
                     argv = ["--experiments", "C", "--model", model, "--gpu", gpu,
@@ -41,18 +45,18 @@ def test_deepseek_v3_in_int4_on_one_h100_is_told_a_tp_that_divides_its_heads():
                                 "int4", "--gpu", "h100", "--tp", "5"])  # (5 does not divide)
 
 
-@pytest.mark.parametrize("chosen, layers", [("float32", S.CPU_PRESET.layers // 2),
-                                            ("bfloat16", S.CPU_PRESET.layers)])
+@pytest.mark.parametrize("chosen, layers", [("float32", CPU_PRESET.layers // 2),
+                                            ("bfloat16", CPU_PRESET.layers)])
 def test_a_float32_run_of_the_cpu_preset_keeps_half_its_layers(chosen, layers, monkeypatch):
     # float32 reads twice a 2-byte type's bytes a layer: half the layers read the same bytes
     # (float32 must beat the 2-byte type by the preference and the noise beyond it)
-    half = S.DTYPE_PREFERENCE * (1 + S.PROBE_NOISE) + (0.01 if chosen == "float32" else -0.01)
-    monkeypatch.setattr(S, "probe_dtypes", lambda width, shapes: {
+    half = DTYPE_PREFERENCE * (1 + PROBE_NOISE) + (0.01 if chosen == "float32" else -0.01)
+    monkeypatch.setattr(nn40.device, "probe_dtypes", lambda width, shapes: {
         "float32": [[1.0] * 5] * len(shapes), "bfloat16": [[half] * 5] * len(shapes),
         "float16": []})
-    run = S.parse_args(["--device", "cpu", "--experiments", "A"])
-    probed, info = S.with_probed_dtype(run)
+    run = parse_args(["--device", "cpu", "--experiments", "A"])
+    probed, info = with_probed_dtype(run)
     assert info["chosen"] == probed.hardware.model.dtype == chosen
     assert probed.hardware.model.layers == layers and f"layers={layers}" in probed.hardware.preset
-    given = S.parse_args(["--device", "cpu", "--experiments", "A", "--layers", "3"])
-    assert S.with_probed_dtype(given)[0].hardware.model.layers == 3  # (a layer count given stays)
+    given = parse_args(["--device", "cpu", "--experiments", "A", "--layers", "3"])
+    assert with_probed_dtype(given)[0].hardware.model.layers == 3  # (a layer count given stays)

@@ -9,6 +9,18 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
+from nn40.accounting import active_param_count, param_count
+from nn40.calibration import (
+    calibrate, calibration_errors, leave_one_out, read_measured_run, replay_run)
+from nn40.cli import parse_args
+from nn40.config import GPUS, MODELS, PROJECT_DIR
+from nn40.kv import KVBudget
+from nn40.loop import simulate_serving
+from nn40.names import NAME_ALIASES, find_name
+from nn40.pricing import ENGINE_PROFILES, card_costs, card_kv_tokens
+from nn40.profiles import engine_profile
+from nn40.replicas import Replica
+from nn40.workload import Requests
 from test_cli import expect_usage_error, run_main
 
 # (spelling, kind, C's name): vendors' sheets, benchmark tables, Hugging Face ids
@@ -39,23 +51,23 @@ SPELLINGS = [
 
 @pytest.mark.parametrize("text, kind, name", SPELLINGS)
 def test_a_name_as_people_write_it(text, kind, name):
-    assert S.find_name(text, kind) == name
+    assert find_name(text, kind) == name
 
 
 @pytest.mark.parametrize("kind", ["card", "model"])
 def test_every_spelling_in_the_table_names_its_own_entry(kind):
-    entries = S.GPUS if kind == "card" else S.MODELS
-    assert set(S.NAME_ALIASES[kind]) <= set(entries)
+    entries = GPUS if kind == "card" else MODELS
+    assert set(NAME_ALIASES[kind]) <= set(entries)
     for name, entry in entries.items():
-        for spelling in (name, entry.name) + S.NAME_ALIASES[kind].get(name, ()):
-            assert S.find_name(spelling, kind) == name, spelling
+        for spelling in (name, entry.name) + NAME_ALIASES[kind].get(name, ()):
+            assert find_name(spelling, kind) == name, spelling
 
 
 @pytest.mark.parametrize("text, kind, near", [("H100 NVL", "card", "h100"),
                                               ("Llama-3.2-3B", "model", "llama-3.2-1b"),
                                               ("Falcon-180B", "model", None)])
 def test_an_unknown_name_is_one_line_with_the_closest(text, kind, near, capsys):
-    assert S.find_name(text, kind) is None
+    assert find_name(text, kind) is None
     flag = "--gpu" if kind == "card" else "--model"
     with pytest.raises(SystemExit) as e:
         S.main(["--experiments", "C", flag, text])
@@ -67,7 +79,7 @@ def test_an_unknown_name_is_one_line_with_the_closest(text, kind, near, capsys):
 
 
 def test_flags_take_names_as_people_write_them():
-    run = S.parse_args(["--experiments", "C", "--model", "meta-llama/Llama-3.1-8B-Instruct",
+    run = parse_args(["--experiments", "C", "--model", "meta-llama/Llama-3.1-8B-Instruct",
                         "--gpu", "NVIDIA H100 SXM5 80GB"])
     assert run.hardware.model.name == "llama-3.1-8b" and run.hardware.gpu == "h100"
 
@@ -78,9 +90,9 @@ def test_flags_take_names_as_people_write_them():
     ("deepseek-r1", 671e9, 37e9),          # "671B total, 37B activated" (V3's config)
     ("llama-4-maverick", 400e9, 17e9)])    # "17B (activated), 400B (total)"
 def test_the_new_presets_hold_their_published_parameter_counts(name, total, active):
-    cfg = S.MODELS[name]
-    assert S.param_count(cfg) == pytest.approx(total, rel=2e-3)
-    assert S.active_param_count(cfg) == pytest.approx(active, rel=0.02)
+    cfg = MODELS[name]
+    assert param_count(cfg) == pytest.approx(total, rel=2e-3)
+    assert active_param_count(cfg) == pytest.approx(active, rel=0.02)
 
 
 # The same published rows in calibration.csv's columns, spelled as other tables spell them
@@ -140,11 +152,11 @@ def bench_result(n=60, rate=6.0, slower=SLOWER, seed=5, **keys):
     arrival -= arrival[0]
     prompt = rng.integers(50, 400, n)
     output = rng.integers(20, 200, n)
-    req = S.Requests(arrival, prompt, output)
-    profile = dataclasses.replace(S.ENGINE_PROFILES["vllm"], **slower)
-    cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["h100"]
-    kv = S.KVBudget("paged", S.card_kv_tokens(cfg, card, profile), 16, int(output.max()), 0.01)
-    sim = S.simulate_serving(req, S.Replica(256, S.card_costs(cfg, card, profile),
+    req = Requests(arrival, prompt, output)
+    profile = dataclasses.replace(ENGINE_PROFILES["vllm"], **slower)
+    cfg, card = MODELS["llama-3.1-8b"], GPUS["h100"]
+    kv = KVBudget("paged", card_kv_tokens(cfg, card, profile), 16, int(output.max()), 0.01)
+    sim = simulate_serving(req, Replica(256, card_costs(cfg, card, profile),
                                             scheduler="chunked", chunk_tokens=2048, kv=kv,
                                             fused=True))
     ttft = sim["times"].first_token - arrival
@@ -194,7 +206,7 @@ def test_calibrate_end_to_end_on_a_vllm_bench_serve_file(tmp_path, capsys):
                           "--kv-policy", "paged", "--no-figures", "--out",
                           str(tmp_path / "replay")], capsys)
     chunked = replay["C"]["kv"]["paged"]["chunked"]
-    assert got["profile_path"] not in S.ENGINE_PROFILES  # (read, not registered globally)
+    assert got["profile_path"] not in ENGINE_PROFILES  # (read, not registered globally)
     for k in ("ttft_s", "tpot_s", "e2e_s"):
         assert chunked[k]["p50"] * 1e3 == pytest.approx(fitted[k]["calibrated_ms"], rel=1e-9)
 
@@ -250,31 +262,31 @@ def test_an_sglang_result_and_a_vllm_result_of_one_run_calibrate_alike(tmp_path,
     vllm = {k: v for k, v in result.items() if k != "start_times"}  # (arrivals drawn alike)
     path = tmp_path / "sglang.jsonl"
     path.write_text(json.dumps({"backend": "sglang", "completed": 1}) + "\n" + json.dumps(sglang))
-    runs = [S.read_measured_run(p, {"gpu": "h100"})
+    runs = [read_measured_run(p, {"gpu": "h100"})
             for p in (str(path), write_json(tmp_path / "vllm.json", vllm))]
     assert [r.kind for r in runs] == ["sglang-bench", "vllm-bench"]
     assert runs[0].settings["arrivals"] == "drawn"
     np.testing.assert_array_equal(runs[0].requests.arrival_s, runs[1].requests.arrival_s)
     assert runs[0].measured == runs[1].measured
-    assert S.replay_run(runs[0], S.ENGINE_PROFILES["vllm"]) == \
-        S.replay_run(runs[1], S.ENGINE_PROFILES["vllm"])
+    assert replay_run(runs[0], ENGINE_PROFILES["vllm"]) == \
+        replay_run(runs[1], ENGINE_PROFILES["vllm"])
 
 
 def test_leave_one_out_fits_on_the_others(tmp_path):
-    runs = [S.read_measured_run(write_json(tmp_path / f"run{seed}.json",
+    runs = [read_measured_run(write_json(tmp_path / f"run{seed}.json",
                                            bench_result(n=40, seed=seed)[0]), {"gpu": "h100"})
             for seed in (1, 2)]
-    start = S.ENGINE_PROFILES["vllm"]
-    loo = S.leave_one_out(runs, start)
+    start = ENGINE_PROFILES["vllm"]
+    loo = leave_one_out(runs, start)
     for i, (got, err) in enumerate(loo):  # each left out, priced by the fit on the other
-        other = S.calibrate([runs[1 - i]], start)[0]
-        assert got == S.replay_run(runs[i], other)
+        other = calibrate([runs[1 - i]], start)[0]
+        assert got == replay_run(runs[i], other)
         assert abs(err["tpot_s"]) < 0.05 and abs(err["e2e_s"]) < 0.05
 
 
 # Held out: vLLM 0.19 on the RTX PRO 6000 (LLMServingSim's runs in ../shared), calibrated on
 # one run and predicting each other; (TPOT p50, E2E p50) errors as measured on this code
-REAL = os.path.join(S.PROJECT_DIR, "..", "shared", "traces", "real_runs", "llmservingsim")
+REAL = os.path.join(PROJECT_DIR, "..", "shared", "traces", "real_runs", "llmservingsim")
 PRO6000 = {"llama": "RTXPRO6000_Llama-3.1-8B_tp1", "qwen32": "RTXPRO6000_Qwen3-32B_tp2",
            "moe": "RTXPRO6000_Qwen3-30B-A3B-Instruct-2507_dp2-ep2"}
 HELD_OUT = [("llama", "qwen32", -0.124, -0.147), ("llama", "moe", -0.023, +0.043),
@@ -285,12 +297,12 @@ needs_runs = pytest.mark.skipif(not os.path.isdir(REAL), reason="../shared is ab
 
 @functools.lru_cache(maxsize=None)
 def real_run(folder, **given):
-    return S.read_measured_run(os.path.join(REAL, folder, "requests.jsonl"), given)
+    return read_measured_run(os.path.join(REAL, folder, "requests.jsonl"), given)
 
 
 @functools.lru_cache(maxsize=None)
 def calibrated_on(key):
-    return S.calibrate([real_run(PRO6000[key])], S.ENGINE_PROFILES["vllm"])
+    return calibrate([real_run(PRO6000[key])], ENGINE_PROFILES["vllm"])
 
 
 @needs_runs
@@ -298,7 +310,7 @@ def calibrated_on(key):
 def test_a_profile_calibrated_on_one_run_predicts_another(fitted, held_out, tpot, e2e):
     profile, rms = calibrated_on(fitted)
     assert rms < 0.035  # (each fits its own run within 3.3%)
-    _, err = S.calibration_errors([real_run(PRO6000[held_out])], profile)[0]
+    _, err = calibration_errors([real_run(PRO6000[held_out])], profile)[0]
     assert err["tpot_s"] == pytest.approx(tpot, abs=0.005)
     assert err["e2e_s"] == pytest.approx(e2e, abs=0.005)
     # within 10% except where the held-out run is the TP2 one: its all-reduces over PCIe,
@@ -314,11 +326,11 @@ def test_one_rtx_4090_run_fixes_its_card_and_predicts_the_other():
     new = real_run("RTX4090_Llama-3.1-8B_tp1")
     old = real_run("RTX4090_Llama-3.1-8B_tp1-mns128_superseded", kv_tokens=41408)
     assert (new.slots, new.kv_tokens, old.slots) == (256, 41408, 128)
-    start = S.ENGINE_PROFILES["vllm"]
-    profile, rms = S.calibrate([new], start)
+    start = ENGINE_PROFILES["vllm"]
+    profile, rms = calibrate([new], start)
     assert profile.bandwidth_share >= 0.98 and profile.step_s == profile.layer_s == 0
     assert rms == pytest.approx(0.0286, abs=0.002)
-    before, after = (S.calibration_errors([old], p)[0][1] for p in (start, profile))
+    before, after = (calibration_errors([old], p)[0][1] for p in (start, profile))
     assert before["e2e_s"] > 0.25 and abs(after["e2e_s"]) < 0.11
     assert abs(after["tpot_s"]) < 0.09
 
@@ -336,7 +348,7 @@ def test_an_llmservingsim_run_says_its_model_card_and_parallelism(tmp_path):
              "arrival_time": 1.7e9 + i, "queued_ts": 500.0 + i, "scheduled_ts": 500.0 + i,
              "first_token_ts": 500.1 + i, "last_token_ts": 501.0 + i} for i in range(8)]
     (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run = S.read_measured_run(str(folder / "requests.jsonl"), {"slots": 4, "gpu": "h100"})
+    run = read_measured_run(str(folder / "requests.jsonl"), {"slots": 4, "gpu": "h100"})
     assert run.kind == "llmservingsim" and run.model == "qwen3-30b-a3b"
     assert run.gpu == "rtx-pro-6000"  # (the file's word over the flag's)
     assert (run.tp, run.ep, run.replicas, run.slots, run.chunk_tokens, run.kv_tokens) == \
@@ -363,4 +375,4 @@ def test_a_profile_file_is_read_as_it_is_now(tmp_path):
     for share in (0.5, 0.9):  # (rewritten in one process, as --calibrate then a replay do)
         path.write_text(json.dumps({"profile": {"name": "x", "bandwidth_share": share,
                                                 "matmul_share": 0.5}}))
-        assert S.engine_profile(str(path)).bandwidth_share == share
+        assert engine_profile(str(path)).bandwidth_share == share

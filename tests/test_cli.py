@@ -8,6 +8,12 @@ import pytest
 import torch
 
 import NN_40_serving as S
+import nn40.device
+from nn40.accounting import dense_twin, memory_needed_bytes, weight_bytes
+from nn40.cli import parse_args
+from nn40.host import write_atomic
+from nn40.pricing import measured
+from nn40.text_ko import TEXT
 
 
 def said(phrase, printed):
@@ -61,7 +67,7 @@ def test_end_to_end_tiny_run(tiny_args, tmp_path, capsys):
 
 
 def test_simulation_alone_touches_no_device(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(S, "resolve_device", lambda name: pytest.fail("device probed"))
+    monkeypatch.setattr(nn40.device, "resolve_device", lambda name: pytest.fail("device probed"))
     results, out = run_main(["--experiments", "C", "--out", str(tmp_path), "--no-figures"],
                             capsys)
     assert "A" not in results and "device" not in results["environment"]
@@ -92,9 +98,9 @@ def between_banner_and_files(printed):
 def assert_no_english(printed):
     """No English phrase of any template in what was printed (flag names are names: kept)."""
     printed = re.sub(r"--[a-z-]+", "", printed)
-    for key, english in S.TEXT["en"].items():
+    for key, english in TEXT["en"].items():
         for phrase in english_phrases(english):
-            if phrase not in S.TEXT["ko"][key]:  # (kept as they are: units, acronyms, names)
+            if phrase not in TEXT["ko"][key]:  # (kept as they are: units, acronyms, names)
                 assert phrase not in printed, (key, phrase)
 
 
@@ -184,7 +190,7 @@ def test_cuda_without_cuda(capsys):
 
 def test_rows_that_do_not_fit_are_marked(tiny_args, tmp_path, capsys, monkeypatch):
     # pretend the device has 64 MiB free: batch 4 at context 8 fits, batch 4096 does not
-    monkeypatch.setattr(S, "free_memory_bytes", lambda device: 64 * 2**20)
+    monkeypatch.setattr(nn40.device, "free_memory_bytes", lambda device: 64 * 2**20)
     args = tiny_args + ["--experiments", "A", "--batch-sizes", "4,4096", "--context", "4000",
                         "--contexts", "4000", "--max-positions", "4096"]
     results, out = run_main(args, capsys)
@@ -194,18 +200,18 @@ def test_rows_that_do_not_fit_are_marked(tiny_args, tmp_path, capsys, monkeypatc
 
 
 def test_model_too_large_for_memory(tiny_args, capsys, monkeypatch):
-    monkeypatch.setattr(S, "free_memory_bytes", lambda device: 2**20)
+    monkeypatch.setattr(nn40.device, "free_memory_bytes", lambda device: 2**20)
     expect_usage_error(tiny_args + ["--experiments", "A"], capsys, "weights need")
 
 
 def test_a_mixture_and_its_dense_twin_must_fit_together(tiny_args, capsys, monkeypatch):
     moe = ["--experiments", "A", "--mlp", "gated", "--experts", "8", "--experts-per-token", "2"]
-    run = S.parse_args(tiny_args + moe)
-    alone = S.weight_bytes(run.hardware.model) \
-        + S.memory_needed_bytes(run.hardware.model, 1, run.measurement.context + 1, 1)
-    twin = S.weight_bytes(S.dense_twin(run.hardware.model))
+    run = parse_args(tiny_args + moe)
+    alone = weight_bytes(run.hardware.model) \
+        + memory_needed_bytes(run.hardware.model, 1, run.measurement.context + 1, 1)
+    twin = weight_bytes(dense_twin(run.hardware.model))
     # room for the mixture alone but not for its dense twin beside it: refused before A runs
-    monkeypatch.setattr(S, "free_memory_bytes", lambda device: (alone + twin / 2) / 0.9)
+    monkeypatch.setattr(nn40.device, "free_memory_bytes", lambda device: (alone + twin / 2) / 0.9)
     expect_usage_error(tiny_args + moe, capsys, "its weights and its dense twin's need")
 
 
@@ -236,14 +242,14 @@ def test_write_atomic_leaves_no_partial_file(tmp_path):
             raise RuntimeError
 
     with pytest.raises(TypeError):
-        S.write_atomic(str(target), Boom())
+        write_atomic(str(target), Boom())
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["results.json"]
 
 
 def test_write_atomic_gives_a_plain_files_mode(tmp_path):
     plain = tmp_path / "plain.txt"
     plain.write_text("x")
-    S.write_atomic(str(tmp_path / "atomic.txt"), "x")
+    write_atomic(str(tmp_path / "atomic.txt"), "x")
     assert (tmp_path / "atomic.txt").stat().st_mode == plain.stat().st_mode
 
 
@@ -254,7 +260,7 @@ def test_arch_post_runs_a_and_b_on_the_proxy(tiny_args, tmp_path, capsys):
     assert results["config"]["model"]["arch"] == "post"
     assert results["A"]["contexts"] == [8]  # no KV cache: one context is all there is
     assert said("the post's proxy, 1 square 64 x 64 float32 matmuls per token", out.out)
-    for row in S.measured(results["B"]["rows"]):  # FLOPs = 2 L h^2 per token
+    for row in measured(results["B"]["rows"]):  # FLOPs = 2 L h^2 per token
         tokens = row["tokens"] * row["batch"]
         assert row["flops"] == 2 * 64 * 64 * tokens
         assert row["tflops"] == pytest.approx(row["flops"] / row["step_ms"] * 1e3 / 1e12)

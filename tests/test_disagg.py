@@ -10,10 +10,26 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
+from nn40.config import GPUS, MODELS
+from nn40.disaggregated import (
+    PipelineCosts, check_placement, distserve_kv_tokens, distserve_placement, pipeline_costs,
+    placement_goodput, placement_pools, profiled_costs, read_distserve_profile,
+    replay_distserve, search_candidates, search_placements, steps_reaching)
+from nn40.errors import UsageError
+from nn40.events import EventQueue, SENT
+from nn40.handoff import KVLink, KVSends, kv_link
+from nn40.host import run_parallel
+from nn40.kv import KVBudget
+from nn40.loop import simulate_serving
+from nn40.metrics import serving_metrics
+from nn40.pools import Pool, simulate_pools
+from nn40.pricing import StepCosts, card_costs
+from nn40.replicas import Replica
+from nn40.workload import Requests, arrival_times, read_engine_run
 from test_cli import expect_usage_error
 
-UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
-SLOW = S.StepCosts((1, 2), (1.5, 1.5), 0.0, "every pass 1.5 s")
+UNIT = StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
+SLOW = StepCosts((1, 2), (1.5, 1.5), 0.0, "every pass 1.5 s")
 HERE = os.path.dirname(os.path.abspath(__file__))
 DISTSERVE = os.path.join(HERE, "..", "..", "shared", "traces", "real_runs", "distserve")
 PROFILES = os.path.join(DISTSERVE, "profile_data")
@@ -43,7 +59,7 @@ def distserve_decode_ms(contexts):
 
 @pytest.mark.parametrize("prompts", [[1], [814], [2031, 17, 300], [512] * 20])
 def test_profiled_prefill_is_distserves_formula(prompts):
-    costs = S.profiled_costs(FIT, "test")
+    costs = profiled_costs(FIT, "test")
     prefill_s = costs.run_price([(Chunk(), p) for p in prompts], 0, 0, 1)[0]
     assert prefill_s * 1e3 == pytest.approx(distserve_prefill_ms(prompts), rel=1e-12)
 
@@ -52,7 +68,7 @@ def test_profiled_prefill_is_distserves_formula(prompts):
 def test_profiled_decode_is_distserves_formula_over_a_run(rows):
     # k steps of a decode run: each row's context grows by one a step; the run's seconds are
     # the formula's steps summed
-    costs, rng = S.profiled_costs(FIT, "test"), np.random.default_rng(rows)
+    costs, rng = profiled_costs(FIT, "test"), np.random.default_rng(rows)
     contexts, k = rng.integers(10, 2000, size=rows), 7
     decode_s = costs.run_price((), rows, int(contexts.sum()), k)[1]
     reference = sum(distserve_decode_ms(contexts + j) for j in range(k))
@@ -63,31 +79,31 @@ def test_a_pipeline_step_is_its_stages_plus_hops_by_hand():
     # inner: 0.5 s + 0.1 s a token or row; 2 stages, a hop 0.1 s + 0.01 s a token.
     # Decode of 5 rows: 2 micro-batches of 3 rows (rounded up): 0.5 + 0.3 + (0.1 + 0.03)
     # = 0.93 s a step, every row a token. Prefill of 10 tokens: 1.5 + 0.1 + 0.1 = 1.7 s
-    inner = S.StepCosts((1, 2), (0.6, 0.7), 0.0, "0.5 s + 0.1 s a token")
-    pp = S.PipelineCosts(inner, 2, 0.1, 0.01)
+    inner = StepCosts((1, 2), (0.6, 0.7), 0.0, "0.5 s + 0.1 s a token")
+    pp = PipelineCosts(inner, 2, 0.1, 0.01)
     assert pp.run_price((), 5, 0, 1)[1] == pytest.approx(0.93)
     assert pp.run_price([(Chunk(), 10)], 0, 0, 1)[0] == pytest.approx(1.7)
     assert pp.run_price([(Chunk(), 10)], 5, 0, 3)[:2] == pytest.approx((5.1, 2.79))
-    one = S.PipelineCosts(inner, 2, 0.1, 0.01, micro_batches=1)  # one batch in flight
+    one = PipelineCosts(inner, 2, 0.1, 0.01, micro_batches=1)  # one batch in flight
     assert one.run_price((), 5, 0, 1)[1] == pytest.approx(1.0 + 0.15)
     # four stages of 8 rows holding 800 tokens, 1 ms a cached token: 2 rows, 200 tokens
-    inner = S.StepCosts((1, 2), (0.6, 0.7), 1e-3, "and 1 ms a cached token")
-    pp4 = S.PipelineCosts(inner, 4, 0.0, 0.0)
+    inner = StepCosts((1, 2), (0.6, 0.7), 1e-3, "and 1 ms a cached token")
+    pp4 = PipelineCosts(inner, 4, 0.0, 0.0)
     assert pp4.run_price((), 8, 800, 1)[1] == pytest.approx(0.7 + 0.2)
     # and the growth: each step every micro-batch's 2 rows add 2 cached tokens
     assert pp4.run_price((), 8, 800, 2)[1] == pytest.approx(0.9 + 0.902)
-    card = S.GPUS["a100-80gb"]
-    assert S.pipeline_costs(inner, 1, S.MODELS["opt-13b"], card) is inner
-    hop = S.pipeline_costs(inner, 2, S.MODELS["opt-13b"], card).hop_token_s
+    card = GPUS["a100-80gb"]
+    assert pipeline_costs(inner, 1, MODELS["opt-13b"], card) is inner
+    hop = pipeline_costs(inner, 2, MODELS["opt-13b"], card).hop_token_s
     assert hop == pytest.approx(5120 * 2 / 300e9)  # a token's hidden state over NVLink 3
 
 
 def test_a_pipeline_replica_decodes_by_hand():
     # one request (prompt 4, 3 tokens) on 2 stages of the 1 s model, hops 0.25 s: its prefill
     # 1 + 0.25, then two decode steps of 1 + 0.25 each
-    pp = S.PipelineCosts(UNIT, 2, 0.25, 0.0)
-    req = S.Requests(np.array([0.0]), np.array([4]), np.array([3]))
-    sim = S.simulate_serving(req, S.Replica(4, pp))
+    pp = PipelineCosts(UNIT, 2, 0.25, 0.0)
+    req = Requests(np.array([0.0]), np.array([4]), np.array([3]))
+    sim = simulate_serving(req, Replica(4, pp))
     assert sim["times"].first_token.tolist() == [1.25] and sim["times"].finish.tolist() == [3.75]
 
 
@@ -97,16 +113,16 @@ def test_steps_reaching_is_the_first_run_long_enough(first, gap, k):
     for growth in (0.0, 0.01, 0.7):
         ends = [first * j + growth * j * (j - 1) / 2 for j in range(1, k + 1)]
         want = next((j for j, end in enumerate(ends, 1) if end >= gap), k)
-        assert S.steps_reaching(first, growth, gap, k) == want
+        assert steps_reaching(first, growth, gap, k) == want
 
 
 def test_prefill_first_emits_the_first_token_before_the_decode_pass():
     # A (prompt 4, 3 tokens) at 0: prefilled 0-1, its first token at 1. B (2 tokens) at 0.5
     # is admitted at 1: the step 1-3 prefills B (1 s), then decodes A (1 s). Prefill first,
     # B's first token is at 2, else at the step's end, 3; A's tokens are at 3 and 5 either way
-    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
-    late = S.simulate_serving(req, S.Replica(2, UNIT))
-    first = S.simulate_serving(req, S.Replica(2, UNIT, prefill_first=True))
+    req = Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
+    late = simulate_serving(req, Replica(2, UNIT))
+    first = simulate_serving(req, Replica(2, UNIT, prefill_first=True))
     assert late["times"].first_token.tolist() == [1.0, 3.0]
     assert first["times"].first_token.tolist() == [1.0, 2.0]
     assert first["times"].finish.tolist() == late["times"].finish.tolist() == [4.0, 4.0]
@@ -114,8 +130,8 @@ def test_prefill_first_emits_the_first_token_before_the_decode_pass():
 
 def land_times(link, starts):
     """KVSends on one link alone: [(tokens, start s)] -> (when each lands, the totals)."""
-    queue, landed = S.EventQueue([]), {}
-    sends = S.KVSends(link, 1, queue, landed.__setitem__)
+    queue, landed = EventQueue([]), {}
+    sends = KVSends(link, 1, queue, landed.__setitem__)
     pending = sorted((t, r, tokens) for r, (tokens, t) in enumerate(starts))
     while pending or queue.events:
         if pending and (not queue.events or pending[0][0] < queue.events[0][0]):
@@ -123,7 +139,7 @@ def land_times(link, starts):
             sends.send(0, tokens, t, r)
         else:
             t, kind, _, target, value = heapq.heappop(queue.events)
-            assert kind == S.SENT
+            assert kind == SENT
             target.sent(t, value)
     return [landed[r] for r in range(len(starts))], sends.totals
 
@@ -131,11 +147,11 @@ def land_times(link, starts):
 def test_kv_bytes_of_a_hand_off_by_hand():
     # OPT-13B: 40 layers x K and V x 5,120 x 2 bytes = 819,200 bytes a token; a 1,000-token
     # prompt is 819.2 MB, over the A100's NVLink 3 (300 GB/s) 2.7307 ms
-    link = S.kv_link(S.MODELS["opt-13b"], S.GPUS["a100-80gb"])
+    link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"])
     assert link.kv_bytes_per_token == 819_200 and link.bytes_per_s == 300e9
     landed, totals = land_times(link, [(1000, 0.0)])
     assert landed == [pytest.approx(819.2e6 / 300e9)] and totals["bytes"] == 819.2e6
-    net = S.kv_link(S.MODELS["opt-13b"], S.GPUS["a100-80gb"], gbs=25.0, latency_us=10.0)
+    net = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], gbs=25.0, latency_us=10.0)
     assert land_times(net, [(1000, 1.0)])[0] == [pytest.approx(1.0 + 819.2e6 / 25e9 + 1e-5)]
 
 
@@ -144,7 +160,7 @@ def test_sends_on_one_link_share_it_fairly_by_hand():
     # at 0.5: three at 10/3 bytes/s each; C's 2 bytes end at 1.1 (A has 3 left, B 8); two at
     # 5 bytes/s: A ends at 1.7 (B 5 left), B alone at 2.2: all 22 bytes at the full rate, as
     # first come first sent would end them (1.0, 2.0, 2.2), but each shares the wait
-    link = S.KVLink(10.0, 0.0, 1.0)
+    link = KVLink(10.0, 0.0, 1.0)
     landed, totals = land_times(link, [(10, 0.0), (10, 0.5), (2, 0.5)])
     assert landed == pytest.approx([1.7, 2.2, 1.1])
     assert totals["link_s"] == pytest.approx(2.2)
@@ -158,29 +174,29 @@ def test_a_hand_off_waits_for_its_kv_exactly():
     # byte a token: a 4-token prompt takes 0.25 s to send and lands 0.25 s later. A's first
     # token at 1.5, in the decode pool at 2.0: 2.0-3.0-4.0. B's first token at 3.0 (it waited
     # for the prefill slot), sent 3.0-3.25, in at 3.5 during A's step 3-4: joins at 4, ends 5
-    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
-    pools = [S.Pool("prefill", S.Replica(1, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
-    link = S.KVLink(16.0, 0.25, 1.0)
-    sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
+    req = Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
+    pools = [Pool("prefill", Replica(1, SLOW)), Pool("decode", Replica(2, UNIT))]
+    link = KVLink(16.0, 0.25, 1.0)
+    sim = simulate_pools(req, pools, ["prefill", "decode"], link=link)
     times = sim["times"]
     assert times.first_token.tolist() == [1.5, 3.0] and times.finish.tolist() == [4.0, 5.0]
     assert sim["kv_transfer"] == {"sends": 2, "bytes": 8.0, "link_s": 0.5, "queued_s": 0.0}
     # two prompts prefilled in one step share their replica's link: each at 8 bytes/s, both
     # sent 1.5-2.0, in at 2.25, decoding together 2.25-3.25-4.25
-    req = S.Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
-    pools = [S.Pool("prefill", S.Replica(2, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
-    sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
+    req = Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
+    pools = [Pool("prefill", Replica(2, SLOW)), Pool("decode", Replica(2, UNIT))]
+    sim = simulate_pools(req, pools, ["prefill", "decode"], link=link)
     assert sim["times"].first_token.tolist() == [1.5, 1.5] and sim["times"].finish.tolist() == [4.25, 4.25]
     assert sim["kv_transfer"]["queued_s"] == 0.5
     # without a link the hand-off is at the first token, as before
-    sim = S.simulate_pools(req, pools, ["prefill", "decode"])
+    sim = simulate_pools(req, pools, ["prefill", "decode"])
     assert sim["times"].finish.tolist() == [3.5, 3.5] and "kv_transfer" not in sim
 
 
 def test_a_one_token_request_sends_nothing():
-    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([1, 3]))
-    pools = [S.Pool("prefill", S.Replica(1, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
-    sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=S.KVLink(16.0, 0.25, 1.0))
+    req = Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([1, 3]))
+    pools = [Pool("prefill", Replica(1, SLOW)), Pool("decode", Replica(2, UNIT))]
+    sim = simulate_pools(req, pools, ["prefill", "decode"], link=KVLink(16.0, 0.25, 1.0))
     assert sim["kv_transfer"]["sends"] == 1 and sim["times"].finish.tolist() == [1.5, 5.5]
 
 
@@ -190,32 +206,32 @@ def test_a_one_token_request_sends_nothing():
     ("distserve-c21d12-400-4.exp", "distserve", ((2, 1), (1, 2))),
     ("distserve-800-8.exp", "distserve", ((2, 1), (1, 1)))])
 def test_a_logs_name_gives_its_placement(name, engine, placement):
-    assert S.distserve_placement(name) == (engine, placement)
+    assert distserve_placement(name) == (engine, placement)
 
 
 def test_a_name_that_is_no_distserve_run_is_a_usage_error():
-    with pytest.raises(S.UsageError, match="not a DistServe run"):
-        S.distserve_placement("sglang-100-1.exp")
+    with pytest.raises(UsageError, match="not a DistServe run"):
+        distserve_placement("sglang-100-1.exp")
 
 
 @pytest.mark.skipif(not os.path.isdir(PROFILES), reason="DistServe's profiles absent")
 def test_the_profiles_read_from_their_files():
-    costs = S.read_distserve_profile(PROFILES, "vllm", "opt-13b", 1)
+    costs = read_distserve_profile(PROFILES, "vllm", "opt-13b", 1)
     with open(os.path.join(PROFILES, "profiler-a100-80g.vllm.json")) as f:
         assert json.load(f)["facebook/opt-13b"]["1"] == FIT
     assert costs.run_price([(Chunk(), 814)], 0, 0, 1)[0] * 1e3 == \
         pytest.approx(distserve_prefill_ms([814]))
-    assert S.distserve_kv_tokens(PROFILES, "opt-13b", 1, 1) == 66_144
-    assert S.distserve_kv_tokens(PROFILES, "opt-13b", 1, 2) == 163_008
-    with pytest.raises(S.UsageError, match="no fit of opt-13b at tp 3"):
-        S.read_distserve_profile(PROFILES, "vllm", "opt-13b", 3)
+    assert distserve_kv_tokens(PROFILES, "opt-13b", 1, 1) == 66_144
+    assert distserve_kv_tokens(PROFILES, "opt-13b", 1, 2) == 163_008
+    with pytest.raises(UsageError, match="no fit of opt-13b at tp 3"):
+        read_distserve_profile(PROFILES, "vllm", "opt-13b", 3)
 
 
 @needs_logs
 def test_a_colocated_vllm_run_replayed_on_the_profile():
     # priced on the profile alone: C's TPOT p50 on the 1 request/s run is within 5% of the
     # measured 31.2 ms, every request is served, and the measured row is the log's own
-    row = S.replay_distserve(os.path.join(LOGS, "vllm-100-1.exp"), PROFILES)
+    row = replay_distserve(os.path.join(LOGS, "vllm-100-1.exp"), PROFILES)
     assert row["requests"] == 100 and row["pools"] == ["vllm"] and row["placement"] == "TP1"
     assert row["measured"]["tpot_s"]["p50"] == pytest.approx(0.0312, abs=5e-4)
     assert row["simulated"]["tpot_s"]["p50"] == pytest.approx(0.0312, rel=0.05)
@@ -225,7 +241,7 @@ def test_a_colocated_vllm_run_replayed_on_the_profile():
 @needs_logs
 def test_a_disaggregated_run_replayed_moves_every_prompts_kv():
     path = os.path.join(LOGS, "distserve-c21d11-300-3.exp")
-    row, log = S.replay_distserve(path, PROFILES), S.read_engine_run(path)
+    row, log = replay_distserve(path, PROFILES), read_engine_run(path)
     sends = row["kv_transfer"]
     assert row["pools"] == ["prefill", "decode"]
     assert sends["sends"] == int((log["output"] > 1).sum())
@@ -245,8 +261,8 @@ def test_replay_distserve_end_to_end(tmp_path, capsys):
     assert [r["file"] for r in saved["distserve_replay"]["rows"]] == [r["file"] for r in rows]
     # a slower link between the pools only delays the decode side: TTFT is unchanged
     path = os.path.join(LOGS, "distserve-c21d11-300-3.exp")
-    slow = S.replay_distserve(path, PROFILES, S.kv_link(S.MODELS["opt-13b"],
-                                                         S.GPUS["a100-80gb"], 1.0, 100.0))
+    slow = replay_distserve(path, PROFILES, kv_link(MODELS["opt-13b"],
+                                                         GPUS["a100-80gb"], 1.0, 100.0))
     fast = next(r for r in rows if r["file"] == "distserve-c21d11-300-3.exp")
     assert slow["simulated"]["ttft_s"] == fast["simulated"]["ttft_s"]
     assert slow["kv_transfer"]["link_s"] == pytest.approx(fast["kv_transfer"]["link_s"] * 300)
@@ -261,8 +277,8 @@ def test_bad_replay_flags(args, fragment, capsys):
     expect_usage_error(args, capsys, fragment)
 
 
-OPT = S.MODELS["opt-13b"]
-A100 = S.GPUS["a100-80gb"]
+OPT = MODELS["opt-13b"]
+A100 = GPUS["a100-80gb"]
 
 
 @pytest.mark.parametrize("pools, gpus, fragment", [
@@ -274,29 +290,29 @@ A100 = S.GPUS["a100-80gb"]
     ([("colocated", 0, 1, 1)], None, "a replica at least"),
     ([("prefill", 4, 2, 1), ("decode", 4, 1, 2)], 8, "16 cards, past the budget of 8")])
 def test_a_placement_that_does_not_fit_is_one_line(pools, gpus, fragment):
-    with pytest.raises(S.UsageError, match=fragment) as e:
-        S.check_placement(OPT, A100, pools, gpus)
+    with pytest.raises(UsageError, match=fragment) as e:
+        check_placement(OPT, A100, pools, gpus)
     assert "\n" not in str(e.value)
 
 
 def test_weights_that_do_not_fit_a_card_and_a_zero_link():
-    big = S.MODELS["llama-3.1-70b"] if "llama-3.1-70b" in S.MODELS else None
+    big = MODELS["llama-3.1-70b"] if "llama-3.1-70b" in MODELS else None
     if big is not None:
-        with pytest.raises(S.UsageError, match="GB of llama-3.1-70b's weights on each"):
-            S.check_placement(big, A100, [("colocated", 1, 1, 1)])
-        assert S.check_placement(big, A100, [("colocated", 1, 2, 2)]) == 4
-    assert S.check_placement(OPT, A100, [("prefill", 1, 2, 1), ("decode", 1, 1, 2)], 4) == 4
-    with pytest.raises(S.UsageError, match="a bandwidth above zero"):
-        S.kv_link(OPT, A100, gbs=0.0)
+        with pytest.raises(UsageError, match="GB of llama-3.1-70b's weights on each"):
+            check_placement(big, A100, [("colocated", 1, 1, 1)])
+        assert check_placement(big, A100, [("colocated", 1, 2, 2)]) == 4
+    assert check_placement(OPT, A100, [("prefill", 1, 2, 1), ("decode", 1, 1, 2)], 4) == 4
+    with pytest.raises(UsageError, match="a bandwidth above zero"):
+        kv_link(OPT, A100, gbs=0.0)
 
 
 def test_the_placements_within_a_budget_by_hand():
     # two cards: a colocated replica at TP1, TP2 or PP2, and one prefill TP1 + one decode TP1
-    assert S.search_candidates(2) == [
+    assert search_candidates(2) == [
         [("colocated", 1, 1, 1)], [("colocated", 1, 1, 2)], [("colocated", 1, 2, 1)],
         [("prefill", 1, 1, 1), ("decode", 1, 1, 1)]]
-    every = S.search_candidates(4)
-    assert len(every) == 23 and all(S.check_placement(OPT, A100, p, 4) <= 4 for p in every)
+    every = search_candidates(4)
+    assert len(every) == 23 and all(check_placement(OPT, A100, p, 4) <= 4 for p in every)
     assert [("prefill", 1, 2, 1), ("decode", 1, 1, 2)] in every  # (c21d12)
 
 
@@ -316,18 +332,18 @@ def test_placement_search_end_to_end(tmp_path, capsys):
 
 @needs_logs
 def test_the_goodput_is_where_the_slo_stops_being_met():
-    log = S.read_engine_run(os.path.join(LOGS, "vllm-100-1.exp"))
+    log = read_engine_run(os.path.join(LOGS, "vllm-100-1.exp"))
     rng = np.random.default_rng(0)
-    unit = S.Requests(S.arrival_times(100, 1.0, 1.0, rng), log["prompt"], log["output"])
+    unit = Requests(arrival_times(100, 1.0, 1.0, rng), log["prompt"], log["output"])
     placement = [("prefill", 1, 2, 1), ("decode", 1, 1, 1)]
-    row = S.placement_goodput(PROFILES, placement, unit)
-    pools = S.placement_pools(PROFILES, placement)
-    link = S.kv_link(OPT, A100)
+    row = placement_goodput(PROFILES, placement, unit)
+    pools = placement_pools(PROFILES, placement)
+    link = kv_link(OPT, A100)
 
     def met(rate):
         req = unit.take(arrival_s=unit.arrival_s / rate)
-        sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
-        return S.serving_metrics(req, sim, 0.2, 0.1)["slo_attained"]
+        sim = simulate_pools(req, pools, ["prefill", "decode"], link=link)
+        return serving_metrics(req, sim, 0.2, 0.1)["slo_attained"]
     assert met(row["goodput_rps"]) >= 0.9 > met(row["goodput_rps"] * 1.05)
     assert row["gpus"] == 3 and row["goodput_per_gpu"] == row["goodput_rps"] / 3
 
@@ -335,8 +351,8 @@ def test_the_goodput_is_where_the_slo_stops_being_met():
 def test_pipeline_stages_on_the_per_operator_model():
     # C's own prices of OPT-13B on an A100 (card_costs): two stages of 8 decoders are a
     # pass of 4 rows and the hops of 4 tokens' hidden states; a prefill is the whole pass
-    costs = S.card_costs(OPT, A100)
-    pp = S.pipeline_costs(costs, 2, OPT, A100)
+    costs = card_costs(OPT, A100)
+    pp = pipeline_costs(costs, 2, OPT, A100)
     hop = 4 * 5120 * 2 / 300e9
     assert pp.run_price((), 8, 8000, 1)[1] == pytest.approx(costs.pass_s(4, 4000) + hop)
     prefill = costs.run_price([(Chunk(), 512)], 0, 0, 1)[0]
@@ -352,7 +368,7 @@ def test_the_link_flags_are_refused_where_nothing_reads_them(capsys):
 def small_search(**where):
     rng = np.random.default_rng(3)  # (lengths of ShareGPT's scale, drawn)
     lengths = (rng.integers(20, 900, size=200), rng.integers(2, 300, size=200))
-    return S.search_placements(PROFILES, lengths, 2, requests=60, **where)
+    return search_placements(PROFILES, lengths, 2, requests=60, **where)
 
 
 @pytest.mark.skipif(not os.path.isdir(PROFILES), reason="DistServe's profiles absent")
@@ -374,7 +390,7 @@ def test_the_search_on_a_dask_cluster_ranks_as_worker_processes_do():
 
 def test_the_inline_executor_and_worker_processes_agree():
     calls = [(pow, (n, 3)) for n in range(6)]
-    assert S.run_parallel(calls, 1) == S.run_parallel(calls, 2) == [n ** 3 for n in range(6)]
+    assert run_parallel(calls, 1) == run_parallel(calls, 2) == [n ** 3 for n in range(6)]
 
 
 def test_a_cluster_without_dask_is_one_line(monkeypatch, capsys):
@@ -398,13 +414,13 @@ def test_back_pressure_by_hand():
     # on the prefill replica, until A finishes at 4.0: sent 4.0-4.25, in at 4.5, decodes
     # 4.5-5.5-6.5. Held on the prefill side until its last byte left: A 5 tokens x 0.25 s,
     # B 5 x 2.75 s = 15.0 token-s
-    req = S.Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
-    link = S.KVLink(16.0, 0.25, 1.0)
-    prefill = S.Pool("prefill", S.Replica(2, SLOW, kv=S.KVBudget("paged", 16, 4)))
+    req = Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
+    link = KVLink(16.0, 0.25, 1.0)
+    prefill = Pool("prefill", Replica(2, SLOW, kv=KVBudget("paged", 16, 4)))
 
     def run(decode_tokens):
-        decode = S.Pool("decode", S.Replica(2, UNIT, kv=S.KVBudget("paged", decode_tokens, 4)))
-        return S.simulate_pools(req, [prefill, decode], ["prefill", "decode"], link=link)
+        decode = Pool("decode", Replica(2, UNIT, kv=KVBudget("paged", decode_tokens, 4)))
+        return simulate_pools(req, [prefill, decode], ["prefill", "decode"], link=link)
     sim = run(8)
     assert sim["times"].first_token.tolist() == [1.5, 1.5] and sim["times"].finish.tolist() == [4.0, 6.5]
     assert sim["hand_off"] == {"waited": 1, "wait_s": 2.5, "held_token_s": 15.0}
@@ -422,13 +438,13 @@ def test_back_pressure_by_hand():
 def test_the_network_between_nodes_from_the_catalogue():
     # an A100 node's HDR InfiniBand, 200 Gb/s a GPU: 25 GB/s and 2 us; an H100's NDR twice
     # that; a card with no HGX board a 100 GbE NIC; --kv-link-gbs overrides the rate alone
-    net = S.kv_link(OPT, A100, network=True)
+    net = kv_link(OPT, A100, network=True)
     assert (net.bytes_per_s, net.latency_s, net.name) == (25e9, 2e-6, "HDR InfiniBand")
-    assert S.kv_link(OPT, S.GPUS["h100"], network=True).bytes_per_s == 50e9
-    assert S.kv_link(OPT, S.GPUS["l40s"], network=True).bytes_per_s == 12.5e9
-    assert S.kv_link(OPT, A100, gbs=40.0, network=True).bytes_per_s == 40e9
-    assert S.kv_link(OPT, A100, network=True).latency_s == 2e-6
-    assert S.kv_link(OPT, A100).latency_s == 0.0  # (inside a node: NVLink, no latency)
+    assert kv_link(OPT, GPUS["h100"], network=True).bytes_per_s == 50e9
+    assert kv_link(OPT, GPUS["l40s"], network=True).bytes_per_s == 12.5e9
+    assert kv_link(OPT, A100, gbs=40.0, network=True).bytes_per_s == 40e9
+    assert kv_link(OPT, A100, network=True).latency_s == 2e-6
+    assert kv_link(OPT, A100).latency_s == 0.0  # (inside a node: NVLink, no latency)
     # 1,000 tokens of OPT-13B's KV over the network: 819.2 MB / 25 GB/s + 2 us
     assert land_times(net, [(1000, 0.0)])[0] == [pytest.approx(819.2e6 / 25e9 + 2e-6)]
 
@@ -453,17 +469,17 @@ def test_layerwise_overlap_sends_the_kv_during_the_prefill_by_hand():
     # its end the first 3 layers' KV could have gone (16 bytes/s x 1.5 s x 3/4 >= 3 bytes),
     # so 1 byte (its last layer's) is left: sent 1.5-1.5625, in at 1.8125, decoding
     # 1.8125-2.8125-3.8125. Off (layers 0) it is the whole 4 bytes: in at 2.0, as above
-    req = S.Requests(np.array([0.0]), np.array([4]), np.array([3]))
-    pools = [S.Pool("prefill", S.Replica(1, SLOW)), S.Pool("decode", S.Replica(2, UNIT))]
+    req = Requests(np.array([0.0]), np.array([4]), np.array([3]))
+    pools = [Pool("prefill", Replica(1, SLOW)), Pool("decode", Replica(2, UNIT))]
     for layers, finish in ((4, 3.8125), (0, 4.0)):
-        link = S.KVLink(16.0, 0.25, 1.0, layers=layers)
-        sim = S.simulate_pools(req, pools, ["prefill", "decode"], link=link)
+        link = KVLink(16.0, 0.25, 1.0, layers=layers)
+        sim = simulate_pools(req, pools, ["prefill", "decode"], link=link)
         assert sim["times"].finish.tolist() == [finish] and sim["kv_transfer"]["bytes"] == 4.0
     # a slow link: of 100 bytes at 10 bytes/s in a 2 s prefill, 4 layers: 100 - 10 x 2 x 3/4
     # = 85 left; a prefill long enough leaves the last layer's 25
-    assert S.KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 2.0) == 85.0
-    assert S.KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 60.0) == 25.0
-    assert S.kv_link(OPT, A100, layerwise=True).layers == 40 and S.kv_link(OPT, A100).layers == 0
+    assert KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 2.0) == 85.0
+    assert KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 60.0) == 25.0
+    assert kv_link(OPT, A100, layerwise=True).layers == 40 and kv_link(OPT, A100).layers == 0
 
 
 @pytest.mark.parametrize("flags", [["--kv-link-gbs", "10"], ["--kv-layerwise"],
@@ -497,14 +513,14 @@ def test_back_pressure_never_stalls_and_finishes_every_request(seed):
     # a replica whose room is lent to KV in flight waits for it to land, never stalls
     rng = np.random.default_rng(seed)
     n = 60
-    req = S.Requests(np.sort(rng.uniform(0, 20, n)), rng.integers(1, 30, n),
+    req = Requests(np.sort(rng.uniform(0, 20, n)), rng.integers(1, 30, n),
                      rng.integers(1, 20, n))
-    link = S.KVLink(float(rng.uniform(5, 50)), 0.1, 1.0, layers=int(rng.choice([0, 4])))
-    prefill = S.Pool("prefill", S.Replica(4, SLOW, kv=S.KVBudget("paged", 64, 4)), 2,
+    link = KVLink(float(rng.uniform(5, 50)), 0.1, 1.0, layers=int(rng.choice([0, 4])))
+    prefill = Pool("prefill", Replica(4, SLOW, kv=KVBudget("paged", 64, 4)), 2,
                      "least-requests")
-    decode = S.Pool("decode", S.Replica(8, UNIT, kv=S.KVBudget(
+    decode = Pool("decode", Replica(8, UNIT, kv=KVBudget(
         "paged", int(rng.choice([52, 64, 128])), 4)), 2, "round-robin")
-    sim = S.simulate_pools(req, [prefill, decode], ["prefill", "decode"], link=link)
+    sim = simulate_pools(req, [prefill, decode], ["prefill", "decode"], link=link)
     assert np.isfinite(sim["times"].finish).all()
     assert (sim["times"].finish >= sim["times"].first_token).all()
 

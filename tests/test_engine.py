@@ -7,73 +7,95 @@ import pytest
 import torch
 
 import NN_40_serving as S
+import dataclasses
+import nn40.engine_check
+import nn40.experiment_d
+import nn40.model
+from nn40.cli import parse_args
+from nn40.config import ModelConfig
+from nn40.engine_check import (
+    ENGINE_BOUND_S, bounded_lengths, engine_costs, engine_requests, engine_verdict,
+    steps_check)
+from nn40.experiment_d import EnginePrefix, EngineRequests, run_engine
+from nn40.kv import KVBudget
+from nn40.loop import simulate_serving
+from nn40.metrics import LATENCIES
+from nn40.model import attention_spans, build_model, new_kv_cache
+from nn40.pricing import StepCosts, fit_passes
+from nn40.queues import ORDERS, RequestTimes, queue_order
+from nn40.replicas import Replica
+from nn40.settings import RunConfig
+from nn40.tables_c import verdict_text
+from nn40.text_ko import TEXT
+from nn40.workload import Requests, SharedPrompts, lognormal_lengths
 from test_cli import expect_usage_error, run_main, said
 
-TINY = S.ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, dtype="float32")
+TINY = ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, dtype="float32")
 
 
 def test_attention_spans_by_hand():
     # rows 0,1 at position 5 share a span; row 2 starts a new one (position 7); row 4 is not
     # next to row 2 in the cache; rows 4,5 at 7 share one again
-    assert S.attention_spans([0, 1, 2, 4, 5], [5, 5, 7, 7, 7]) == \
+    assert attention_spans([0, 1, 2, 4, 5], [5, 5, 7, 7, 7]) == \
         [(0, 2, 0, 6), (2, 3, 2, 8), (3, 5, 4, 8)]
-    assert S.attention_spans(list(range(4)), [9] * 4) == [(0, 4, 0, 10)]
+    assert attention_spans(list(range(4)), [9] * 4) == [(0, 4, 0, 10)]
 
 
 def generate_alone(model, prompt, n, device="cpu"):
     """The plain reference: the whole sequence through the model for every token, no cache."""
     seq = prompt.tolist()
     for _ in range(n):
-        cache = S.new_kv_cache(TINY, 1, len(seq), device)
-        seq.append(int(S.prefill(model, cache, torch.tensor([seq], device=device))[0].argmax()))
+        cache = new_kv_cache(TINY, 1, len(seq), device)
+        logits = nn40.model.prefill(model, cache, torch.tensor([seq], device=device))
+        seq.append(int(logits[0].argmax()))
     return seq[len(prompt):]
 
 
 @torch.inference_mode()
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_every_request_generates_what_it_would_alone(policy):
-    model = S.build_model(TINY, "cpu", seed=3)
+    model = build_model(TINY, "cpu", seed=3)
     lengths = [7, 1, 12, 3, 3, 9, 2, 15, 5, 1]  # different lengths share batches of 4 slots
     prompts = torch.randint(TINY.vocab, (len(lengths), 6), generator=torch.Generator()
                             .manual_seed(0))
-    cache = S.new_kv_cache(TINY, 4, 6 + max(lengths), "cpu")
-    generated, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths), policy)
+    cache = new_kv_cache(TINY, 4, 6 + max(lengths), "cpu")
+    generated, log = run_engine(model, cache, EngineRequests(prompts, lengths), policy)
     for prompt, n, tokens in zip(prompts, lengths, generated):
         assert tokens == generate_alone(model, prompt, n)
     assert max(log["running"]) == 4 and len(set(lengths)) > 4
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("order", S.ORDERS)
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_every_request_takes_the_steps_the_simulation_gives_it(policy, order):
-    model = S.build_model(TINY, "cpu")
-    lengths = S.lognormal_lengths(40, 5, mu=math.log(8), max_len=40)
+    model = build_model(TINY, "cpu")
+    lengths = lognormal_lengths(40, 5, mu=math.log(8), max_len=40)
     prompts = torch.randint(TINY.vocab, (40, 4))
-    cache = S.new_kv_cache(TINY, 8, 4 + int(lengths.max()), "cpu")
-    o = S.queue_order(order, lengths, 0.8, 1)
-    _, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths.tolist()), policy,
+    cache = new_kv_cache(TINY, 8, 4 + int(lengths.max()), "cpu")
+    o = queue_order(order, lengths, 0.8, 1)
+    _, log = run_engine(model, cache, EngineRequests(prompts, lengths.tolist()), policy,
                           order=o)
-    req = S.Requests(np.zeros(40), np.full(40, 4), lengths)
-    sim = S.simulate_serving(req, S.Replica(8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
+    req = Requests(np.zeros(40), np.full(40, 4), lengths)
+    sim = simulate_serving(req, Replica(8, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                             policy, order=o))
     assert len(log["t_s"]) == sim["steps"]
     assert sum(log["running"]) == round(sim["occupancy"] * sim["steps"] * 8)
     assert log["times"].first_step.tolist() == sim["times"].first_step.tolist()
     assert log["times"].finish_step.tolist() == sim["times"].finish_step.tolist()
-    assert S.steps_check(log["times"], sim["times"]) == {"requests": 40, "agree": 40}
+    assert steps_check(log["times"], sim["times"]) == {"requests": 40, "agree": 40}
     if order != "fcfs":  # (the order changes who runs when: the check is not vacuous)
-        fcfs = S.simulate_serving(req, S.Replica(8, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
+        fcfs = simulate_serving(req, Replica(8, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                                  policy))
-        assert S.steps_check(log["times"], fcfs["times"])["agree"] < 40
+        assert steps_check(log["times"], fcfs["times"])["agree"] < 40
 
 
 def test_steps_check_names_the_first_request_that_differs():
     def times(first_step, finish_step):
-        return S.RequestTimes(*[np.zeros(4)] * 4, np.array(first_step), np.array(finish_step),
+        return RequestTimes(*[np.zeros(4)] * 4, np.array(first_step), np.array(finish_step),
                               np.ones(4))
     engine, sim = times([1, 1, 3, 4], [5, 2, 7, 9]), times([1, 1, 3, 5], [5, 2, 8, 9])
-    assert S.steps_check(engine, sim) == {"requests": 4, "agree": 2, "first_mismatch": {
+    assert steps_check(engine, sim) == {"requests": 4, "agree": 2, "first_mismatch": {
         "request": 2, "engine": [3, 7], "simulated": [3, 8]}}
 
 
@@ -98,13 +120,13 @@ class FakeClock:
 @torch.inference_mode()
 def test_arrivals_are_honoured_on_the_wall_clock(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(S, "time", clock)
-    model = S.build_model(TINY, "cpu")
+    monkeypatch.setattr(nn40.experiment_d, "time", clock)
+    model = build_model(TINY, "cpu")
     lengths = [3, 5, 2, 4, 6, 1]
     arrival = [0.0, 0.0, 0.05, 0.08, 0.2, 0.21]  # the engine idles until the fifth arrives
     prompts = torch.randint(TINY.vocab, (6, 4))
-    cache = S.new_kv_cache(TINY, 2, 4 + max(lengths), "cpu")
-    generated, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths, arrival),
+    cache = new_kv_cache(TINY, 2, 4 + max(lengths), "cpu")
+    generated, log = run_engine(model, cache, EngineRequests(prompts, lengths, arrival),
                                   "continuous")
     times = log["times"]
     assert all(start >= a for start, a in zip(times.start, arrival))
@@ -122,7 +144,7 @@ def test_fitting_an_engines_passes_by_hand():
     passes = [(2, kv, 0.010 + 1e-6 * kv) for kv in (100, 300, 900)] + \
              [(4, kv, 0.012 + 0.5e-6 * kv) for kv in (400, 800, 1600, 2000)] + \
              [(32, 0, 0.020), (32, 0, 0.020)]
-    costs = S.fit_passes(passes, "hand")
+    costs = fit_passes(passes, "hand")
     assert costs.tokens == (2, 4, 32)
     np.testing.assert_allclose(costs.seconds, (0.010, 0.012, 0.020))
     np.testing.assert_allclose([s for _, s in costs.kv_by_batch], (1e-6, 0.5e-6))
@@ -141,7 +163,7 @@ def test_fitted_passes_sum_back_to_the_measured_time_with_noisy_passes():
         passes += [(rows, int(k), base + per_kv * k + rng.exponential(0.002)) for k in kv]
     passes += [(tokens, 0, 0.02 * tokens / 16 + rng.exponential(0.003)) for tokens in (16, 128)
                for _ in range(15)]
-    costs = S.fit_passes(passes, "noisy")
+    costs = fit_passes(passes, "noisy")
     for tokens in (1, 2, 8, 16, 128):
         mine = [(kv, sec) for t, kv, sec in passes if t == tokens]
         assert sum(costs.pass_s(tokens, kv) for kv, _ in mine) == pytest.approx(
@@ -155,7 +177,7 @@ def test_a_run_faster_than_its_price_is_outside_the_tolerance_too():
     for run in (D["static"], D["continuous"]):
         run["latency"]["priced"] = {k: v / 0.8 for k, v in run["latency"]["measured"].items()}
     D["speedup_measured"], D["speedup_predicted"] = 2.0, 2.6
-    verdict = S.engine_verdict(D)
+    verdict = engine_verdict(D)
     assert verdict["priced"]["within"] == 0 and verdict["priced"]["worst"]["off"] == \
         pytest.approx(-0.2)
     assert verdict["passes"]["within"] == 10  # (priced with its own passes: exact)
@@ -164,7 +186,7 @@ def test_a_run_faster_than_its_price_is_outside_the_tolerance_too():
     for run in (just["static"], just["continuous"]):
         run["latency"]["priced"] = {k: v / 0.86 for k, v in run["latency"]["measured"].items()}
     just["speedup_measured"], just["speedup_predicted"] = 2.0, 2.0 / 0.86
-    verdict = S.engine_verdict(just)  # 14% under the price: within 15%
+    verdict = engine_verdict(just)  # 14% under the price: within 15%
     assert verdict["priced"]["within"] == 10 and verdict["within"]
 
 
@@ -182,32 +204,32 @@ def engine_run(wall, other, prefill=1.0, agree=10):
 def test_verdict_names_the_cost_the_simulation_missed():
     D = {"static": engine_run(10.0, 0.1), "continuous": engine_run(5.0, 2.0)}
     D["speedup_measured"], D["speedup_predicted"] = 10.0 / 5.0, 9.9 / 3.0
-    verdict = S.engine_verdict(D)
+    verdict = engine_verdict(D)
     assert (verdict["mode"], verdict["part"]) == ("continuous", "host")
     assert verdict["steps_exact"] and verdict["passes"]["within"] == 10
     assert verdict["priced"]["within"] == 5  # continuous priced 40% short on every metric
     assert verdict["priced"]["worst"]["mode"] == "continuous"
-    text = S.verdict_text(S.TEXT["en"], verdict)
+    text = verdict_text(TEXT["en"], verdict)
     assert "outside 15%" in text and "continuous batching's host work between passes" in text
     assert "5 of 10 priced beforehand" in text
     D["speedup_predicted"] = 2.1
-    assert S.verdict_text(S.TEXT["en"], S.engine_verdict(D)).endswith("within 15%")
+    assert verdict_text(TEXT["en"], engine_verdict(D)).endswith("within 15%")
     D["continuous"]["steps_check"] = {"requests": 10, "agree": 9}
-    assert "steps exact for every request: no" in S.verdict_text(S.TEXT["en"],
-                                                                  S.engine_verdict(D))
+    assert "steps exact for every request: no" in verdict_text(TEXT["en"],
+                                                                  engine_verdict(D))
 
 
 def test_a_mispriced_cost_model_fails_the_seconds(tiny_args, capsys, monkeypatch):
     # every pass priced at a third of what it costs: the steps still agree request by
     # request, the run's own passes still price it, the costs timed beforehand do not
-    timed = S.engine_costs
+    timed = engine_costs
 
     def cheap(bench, prompt_len, pad):
         spans, padded, rows = timed(bench, prompt_len, pad)
-        return S.dataclasses.replace(spans, seconds=tuple(s / 3 for s in spans.seconds),
+        return dataclasses.replace(spans, seconds=tuple(s / 3 for s in spans.seconds),
                                      kv_token_s=spans.kv_token_s / 3, kv_by_batch=tuple(
                                          (b, s / 3) for b, s in spans.kv_by_batch)), padded, rows
-    monkeypatch.setattr(S, "engine_costs", cheap)
+    monkeypatch.setattr(nn40.engine_check, "engine_costs", cheap)
     results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
                                          "--max-positions", "4096", "--no-figures"], capsys)
     v = results["D"]["verdict"]
@@ -225,7 +247,7 @@ def test_d_end_to_end(tiny_args, tmp_path, capsys):
         assert {"wall_s", "output_tokens_per_s", "steps", "occupancy"} <= set(D[policy])
         assert D[policy]["steps"] == D[policy]["predicted"]["steps"]
         assert D[policy]["steps_check"] == {"requests": 12, "agree": 12}
-        assert set(D[policy]["latency"]["measured"]) == set(S.LATENCIES)
+        assert set(D[policy]["latency"]["measured"]) == set(LATENCIES)
         per = D[policy]["per_request"]
         assert per["engine_finish_step"] == list(per["simulated_finish_step"])
     assert D["verdict"]["steps_exact"] is True
@@ -247,12 +269,12 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_padded_engine_still_generates_what_it_would_alone(device):
     # the padded decode (the default on CUDA): one masked attention call per layer
-    model = S.build_model(TINY, device, seed=3)
+    model = build_model(TINY, device, seed=3)
     lengths = [7, 1, 12, 3, 3, 9, 2, 15, 5, 1]
     prompts = torch.randint(TINY.vocab, (len(lengths), 6), generator=torch.Generator()
                             .manual_seed(0)).to(device)
-    cache = S.new_kv_cache(TINY, 4, 6 + max(lengths), device)
-    generated, log = S.run_engine(model, cache, S.EngineRequests(prompts, lengths),
+    cache = new_kv_cache(TINY, 4, 6 + max(lengths), device)
+    generated, log = run_engine(model, cache, EngineRequests(prompts, lengths),
                                   "continuous", pad=True)
     assert 0 < log["padded_decode_steps"] < log["decode_steps"]
     assert log["attention_calls"] == log["decode_steps"]  # one call per layer, every step
@@ -303,31 +325,32 @@ def test_d_with_arrivals_and_an_order(tiny_args, capsys):
     assert said("steps: not compared", out.out) and said("queue: shortest first", out.out)
 
 
-UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, {"kind": "pricing_engine", "device": "unit"})
+UNIT = StepCosts((1, 2), (1.0, 1.0), 0.0, {"kind": "pricing_engine", "device": "unit"})
 
 
 def test_d_past_its_bound_shrinks_its_outputs_by_hand():
     # every pass 1 s; 4 requests of 40 tokens on 2 slots: static, two batches of a prefill and
     # 39 decodes (80 s); continuous the same (80 s): 160 s past 120, so outputs are halved
-    run = S.RunConfig.of(model=TINY, engine_slots=2, engine_prompt_len=4)
+    run = RunConfig.of(model=TINY, engine_slots=2, engine_prompt_len=4)
     lengths = np.full(4, 40)
-    got, divisor, (first, shrunk) = S.bounded_lengths(run, lengths, None, UNIT, UNIT)
-    assert S.ENGINE_BOUND_S == 120 and (first, divisor, shrunk) == (160, 2, 80)
+    got, divisor, (first, shrunk) = bounded_lengths(run, lengths, None, UNIT, UNIT)
+    assert ENGINE_BOUND_S == 120 and (first, divisor, shrunk) == (160, 2, 80)
     assert got.tolist() == [20] * 4
-    assert S.bounded_lengths(run, np.full(4, 10), None, UNIT, UNIT)[1:] == (1, (40, 40))
+    assert bounded_lengths(run, np.full(4, 10), None, UNIT, UNIT)[1:] == (1, (40, 40))
     with pytest.raises(RuntimeError, match="even with one-token outputs"):
-        S.bounded_lengths(run, np.full(400, 3), None, UNIT, UNIT)  # (200 prefills alone)
+        bounded_lengths(run, np.full(400, 3), None, UNIT, UNIT)  # (200 prefills alone)
 
 
 def test_d_whose_steps_take_it_past_its_bound_shrinks_before_running(tiny_args, capsys,
                                                                      monkeypatch):
-    monkeypatch.setattr(S, "engine_costs", lambda bench, prompt_len, pad: (UNIT, UNIT, []))
+    monkeypatch.setattr(nn40.engine_check, "engine_costs",
+                        lambda bench, prompt_len, pad: (UNIT, UNIT, []))
     results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
                                          "--max-positions", "4096", "--no-figures"], capsys)
     D = results["D"]
     assert D["bound"]["priced_s"] > 120 >= D["bound"]["priced_shrunk_s"]
-    run = S.parse_args(tiny_args + ["--experiments", "D", "--engine-requests", "12"])
-    lengths, _ = S.engine_requests(run)  # (the outputs as drawn: / 8 on CPU)
+    run = parse_args(tiny_args + ["--experiments", "D", "--engine-requests", "12"])
+    lengths, _ = engine_requests(run)  # (the outputs as drawn: / 8 on CPU)
     assert D["shrink"] == 8 * D["bound"]["shrunk_by"] > 8
     assert D["lengths"]["total"] == np.maximum(lengths // D["bound"]["shrunk_by"], 1).sum()
     assert D["static"]["steps_check"]["agree"] == 12  # (the run and its price, shrunk alike)
@@ -336,8 +359,9 @@ def test_d_whose_steps_take_it_past_its_bound_shrinks_before_running(tiny_args, 
 
 
 def test_d_that_cannot_fit_its_bound_is_refused_in_one_line(tiny_args, capsys, monkeypatch):
-    monkeypatch.setattr(S, "ENGINE_BOUND_S", 1.0)
-    monkeypatch.setattr(S, "engine_costs", lambda bench, prompt_len, pad: (UNIT, UNIT, []))
+    monkeypatch.setattr(nn40.engine_check, "ENGINE_BOUND_S", 1.0)
+    monkeypatch.setattr(nn40.engine_check, "engine_costs",
+                        lambda bench, prompt_len, pad: (UNIT, UNIT, []))
     with pytest.raises(SystemExit) as stop:
         S.main(tiny_args + ["--experiments", "D", "--engine-requests", "12", "--no-figures"])
     err = capsys.readouterr().err
@@ -348,29 +372,29 @@ def test_d_that_cannot_fit_its_bound_is_refused_in_one_line(tiny_args, capsys, m
 
 @torch.inference_mode()
 def test_a_prefill_after_a_cached_prefix_equals_the_whole_prompts():
-    model = S.build_model(TINY, "cpu", seed=3)
+    model = build_model(TINY, "cpu", seed=3)
     tokens = torch.randint(TINY.vocab, (3, 20), generator=torch.Generator().manual_seed(0))
-    whole, split = (S.new_kv_cache(TINY, 3, 24, "cpu", seed=s) for s in (0, 1))
-    logits = S.prefill(model, whole, tokens)
-    S.prefill(model, split, tokens[:, :12])  # the prefix, then the rest over it
-    rest = S.prefill(model, split, tokens[:, 12:], torch.arange(3), start=12)
+    whole, split = (new_kv_cache(TINY, 3, 24, "cpu", seed=s) for s in (0, 1))
+    logits = nn40.model.prefill(model, whole, tokens)
+    nn40.model.prefill(model, split, tokens[:, :12])  # the prefix, then the rest over it
+    rest = nn40.model.prefill(model, split, tokens[:, 12:], torch.arange(3), start=12)
     assert torch.allclose(rest, logits, atol=1e-5)
     assert torch.allclose(split[..., :20, :], whole[..., :20, :], atol=1e-5)
 
 
 @torch.inference_mode()
 def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
-    model, n, P, prefix_len = S.build_model(TINY, "cpu", seed=3), 12, 20, 16
+    model, n, P, prefix_len = build_model(TINY, "cpu", seed=3), 12, 20, 16
     g = torch.Generator().manual_seed(1)
     system = np.array([0, 1, 0, -1, 0, 1, 0, 0, 1, -1, 0, 0])
     prompts = torch.randint(TINY.vocab, (n, P), generator=g)
     texts = torch.randint(TINY.vocab, (2, prefix_len), generator=g)
     prompts[system >= 0, :prefix_len] = texts[system[system >= 0]]
     lengths = [5, 3, 7, 2, 9, 4, 1, 6, 3, 8, 2, 5]
-    cache = S.new_kv_cache(TINY, 4, P + 10, "cpu")
-    plain, _ = S.run_engine(model, cache, S.EngineRequests(prompts, lengths), "continuous")
-    cached, log = S.run_engine(model, cache, S.EngineRequests(
-        prompts, lengths, prefix=S.EnginePrefix(system, prefix_len)), "continuous")
+    cache = new_kv_cache(TINY, 4, P + 10, "cpu")
+    plain, _ = run_engine(model, cache, EngineRequests(prompts, lengths), "continuous")
+    cached, log = run_engine(model, cache, EngineRequests(
+        prompts, lengths, prefix=EnginePrefix(system, prefix_len)), "continuous")
     assert cached == plain
     # the first four are prefilled together and share nothing; 3 and 9 open with no system
     # prompt; the rest find theirs, computed in an earlier step
@@ -378,10 +402,10 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
     prefills = [log["passes"][i][:2] for i in log["prefill_passes"]]
     assert sum(c for _, c in prefills) == sum(log["hit_tokens"])  # (each row: 4 new, 16 cached)
     assert all(4 * c == 16 * t for t, c in prefills if c) and prefills[0] == (80, 0)
-    identity = S.SharedPrompts(system, np.full(2, prefix_len), np.full(n, -1))
-    req = S.Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
-    sim = S.simulate_serving(req, S.Replica(4, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
-                                            kv=S.KVBudget("prefix", math.inf, 16)))
+    identity = SharedPrompts(system, np.full(2, prefix_len), np.full(n, -1))
+    req = Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
+    sim = simulate_serving(req, Replica(4, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
+                                            kv=KVBudget("prefix", math.inf, 16)))
     assert (list(sim["times"].first_step), list(sim["times"].finish_step)) == \
         (log["times"].first_step.tolist(), log["times"].finish_step.tolist())
     assert sim["prefix_cache"]["hits"] == dict(enumerate(log["hit_tokens"]))

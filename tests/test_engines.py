@@ -7,7 +7,16 @@ import json
 
 import pytest
 
-import NN_40_serving as S
+from nn40.accounting import weight_bytes
+from nn40.capacity import capacity_choice
+from nn40.cli import parse_args
+from nn40.config import GPUS, MODELS
+from nn40.pricing import ENGINE_PROFILES, ENGINE_RULES, card_kv_terms, card_kv_tokens
+from nn40.runs import kv_setup
+from nn40.tables import summary_text
+from nn40.tables_c import capacity_answer, capacity_text, counted
+from nn40.text_ko import TEXT
+from nn40.workload import make_requests
 from test_cli import expect_usage_error, run_main
 
 
@@ -16,10 +25,10 @@ def said(text, out):
 
 
 def kv_tokens(model, gpu, profile, tp=1, limits=None, fraction=None):
-    p = S.ENGINE_PROFILES[profile]
+    p = ENGINE_PROFILES[profile]
     if fraction is not None:
         p = dataclasses.replace(p, kv_fraction=fraction)
-    return S.card_kv_tokens(S.MODELS[model], S.GPUS[gpu], p, tp, 1, limits)
+    return card_kv_tokens(MODELS[model], GPUS[gpu], p, tp, 1, limits)
 
 
 # Published start-up logs: (model, card, profile, tp, (max_num_seqs, max_num_batched_tokens),
@@ -54,28 +63,28 @@ def test_each_engines_rule_gives_the_kv_tokens_its_start_up_log_does(
 
 
 def test_vllms_rule_by_hand():
-    cfg, card = S.MODELS["llama-3-8b"], S.GPUS["rtx-4090"]
-    terms = S.card_kv_terms(cfg, card, S.ENGINE_PROFILES["vllm"])
+    cfg, card = MODELS["llama-3-8b"], GPUS["rtx-4090"]
+    terms = card_kv_terms(cfg, card, ENGINE_PROFILES["vllm"])
     assert terms["limits"] == [256, 2048]  # (vllm serve's on a card under 70 GiB)
     # activations at 2,048 tokens: the residual and its normed copy (2 x 4,096) beside the
     # gated MLP's 2 x 14,336 + 14,336, in bf16; the sampler's 256 rows of 128,256 float32
     # logits and probabilities
     activation = 2048 * (2 * 4096 + 3 * 14336) * 2 + 256 * 128256 * 4 * 2
     assert terms["activation"] == activation
-    kv = 0.9 * card.memory_bytes - S.weight_bytes(cfg) - activation - 0.25 * 2**30
+    kv = 0.9 * card.memory_bytes - weight_bytes(cfg) - activation - 0.25 * 2**30
     assert terms["kv"] == pytest.approx(kv)
     assert terms["tokens"] == int(kv // 131_072) // 16 * 16
     assert 25_000 <= terms["tokens"] <= 50_000
 
 
 def test_sglangs_defaults_by_hand():
-    rules, P = S.ENGINE_RULES["sglang"], S.ENGINE_PROFILES["sglang"]
+    rules, P = ENGINE_RULES["sglang"], ENGINE_PROFILES["sglang"]
     # RTX 4090 (24,081 MiB): chunk 2,048, graphs to 24; reserve 512 + 1.5 x 2,048 + 2 x 24 +
     # 1,024 / 8 = 3,760 MiB
-    assert rules.fraction(P, S.GPUS["rtx-4090"], 1) == round((24081 - 3760) / 24081, 3)
+    assert rules.fraction(P, GPUS["rtx-4090"], 1) == round((24081 - 3760) / 24081, 3)
     # H100 (81,559 MiB): chunk 8,192, graphs to 256: 512 + 12,288 + 512 + 128 = 13,440 MiB
-    assert rules.fraction(P, S.GPUS["h100"], 1) == round((81559 - 13440) / 81559, 3)
-    assert [rules.chunk_and_graphs(S.GPUS[g], 1)[0] for g in ("rtx-4090", "h100", "b200")] \
+    assert rules.fraction(P, GPUS["h100"], 1) == round((81559 - 13440) / 81559, 3)
+    assert [rules.chunk_and_graphs(GPUS[g], 1)[0] for g in ("rtx-4090", "h100", "b200")] \
         == [2048, 8192, 16384]
 
 
@@ -83,17 +92,17 @@ def test_sglangs_defaults_by_hand():
                                          ("rtx-4090", (256, 2048, "vllm_small")),
                                          ("a100-80gb", (256, 2048, "vllm_small"))])
 def test_the_vllm_profile_brings_vllm_serves_scheduler(gpu, limits):
-    run = S.parse_args(["--experiments", "C", "--model", "llama-3-8b", "--gpu", gpu,
+    run = parse_args(["--experiments", "C", "--model", "llama-3-8b", "--gpu", gpu,
                         "--engine-profile", "vllm"])
     sched = run.scheduler
     assert (sched.serve_slots, sched.serve_chunk_tokens, sched.serve_source) == limits
     assert (sched.slots, sched.chunk_tokens) == (32, 512)  # (the post's table keeps its own)
-    flagged = S.parse_args(["--experiments", "C", "--model", "llama-3-8b", "--gpu", gpu,
+    flagged = parse_args(["--experiments", "C", "--model", "llama-3-8b", "--gpu", gpu,
                             "--engine-profile", "vllm", "--max-num-seqs", "64"])
     assert (flagged.scheduler.serve_slots, flagged.scheduler.serve_chunk_tokens,
             flagged.scheduler.serve_source) == (64, limits[1], limits[2] + "+flag")
     assert flagged.scheduler.slots == 64
-    post = S.parse_args(["--experiments", "C"])
+    post = parse_args(["--experiments", "C"])
     assert (post.scheduler.serve_slots, post.scheduler.serve_chunk_tokens,
             post.scheduler.serve_source) == (32, 512, "post")
 
@@ -128,14 +137,14 @@ def test_a_memory_fraction_flag_needs_a_card_and_moves_the_cache(capsys):
     expect_usage_error(["--experiments", "C", "--gpu", "h100", "--kv-fraction", "0.8",
                         "--kv-tokens", "1000"], capsys, "give one or the other")
     # SGLang's default is the card's; a fraction given is taken as it is
-    sglang = S.ENGINE_PROFILES["sglang"]
-    assert sglang.kv_fraction is None and S.ENGINE_RULES["sglang"].fraction(
-        S.dataclasses.replace(sglang, kv_fraction=0.5), S.GPUS["h100"], 1) == 0.5
+    sglang = ENGINE_PROFILES["sglang"]
+    assert sglang.kv_fraction is None and ENGINE_RULES["sglang"].fraction(
+        dataclasses.replace(sglang, kv_fraction=0.5), GPUS["h100"], 1) == 0.5
     base = ["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100", "--engine-profile"]
-    tokens = [S.kv_setup(run, S.make_requests(run), None)[0]["budget_tokens"] for run in (
-        S.parse_args(base + ["vllm"]), S.parse_args(base + ["vllm", "--gpu-memory-utilization",
+    tokens = [kv_setup(run, make_requests(run), None)[0]["budget_tokens"] for run in (
+        parse_args(base + ["vllm"]), parse_args(base + ["vllm", "--gpu-memory-utilization",
                                                            "0.8"]),
-        S.parse_args(base + ["sglang", "--mem-fraction-static", "0.8"]))]
+        parse_args(base + ["sglang", "--mem-fraction-static", "0.8"]))]
     assert tokens[1] < tokens[0] and tokens[2] < tokens[0]
 
 
@@ -145,12 +154,12 @@ def test_one_capacity_answer_the_fewest_replicas_then_the_most_met():
         "least-requests": {"replicas": 7, "attainment": 1.0},
         "power-of-two": {"replicas": 8, "attainment": 1.0},
         "least-kv": {"replicas": None, "attainment": 0.5}}}
-    assert S.capacity_choice(cap) == {"router": "least-requests", "replicas": 7, "gpus": 14,
+    assert capacity_choice(cap) == {"router": "least-requests", "replicas": 7, "gpus": 14,
                                       "tie": True}
     # round-robin met at the same count: a true tie, and the routers' order decides
     cap["routers"]["round-robin"]["attainment"] = 1.0
-    assert S.capacity_choice(cap)["router"] == "round-robin"  # (a true tie: the routers' order)
-    assert S.capacity_choice({"routers": {"round-robin": {"replicas": None}}}) is None
+    assert capacity_choice(cap)["router"] == "round-robin"  # (a true tie: the routers' order)
+    assert capacity_choice({"routers": {"round-robin": {"replicas": None}}}) is None
 
 
 def test_both_answers_print_the_one_stored(capsys):
@@ -164,16 +173,16 @@ def test_both_answers_print_the_one_stored(capsys):
                            "output_tokens_per_s": 3223.0, "tried": [(31.0, 0.9)]},
            "routers": {"round-robin": {"replicas": 7, "attainment": 0.985, "below": 0.495},
                        "least-requests": {"replicas": 7, "attainment": 1.0, "below": 0.243}}}
-    cap["answer"] = S.capacity_choice(cap)
+    cap["answer"] = capacity_choice(cap)
     results = {"config": {"model": {"name": "llama-3-8b"}, "burstiness": 1.0,
                           "chunk_tokens": 512},
                "C": {"capacity": cap, "cost_model": {"source": {"kind": "pricing_card",
                                                                "card": "H100 SXM"}},
                      "prompt_tokens": {"p50": 128}, "output_tokens": {"p50": 70},
                      "source": "the post's law", "slots": 32}}
-    T = S.TEXT["en"]
-    top = " ".join(S.capacity_answer(T, results).split())
-    bottom = " ".join(S.capacity_text(T, cap).split())
+    T = TEXT["en"]
+    top = " ".join(capacity_answer(T, results).split())
+    bottom = " ".join(capacity_text(T, cap).split())
     assert "routed least-requests" in top and "with least-requests" in bottom
     assert "32 sequences a replica and 512 tokens a step (the flags')" in top
 
@@ -186,8 +195,8 @@ def test_the_answer_at_the_top_and_the_bottom_name_one_router(tmp_path, capsys):
                             capsys)
     answer = results["C"]["capacity"]["answer"]
     text = " ".join(out.out.split())
-    T = S.TEXT["en"]
-    replicas = S.counted(T, answer["replicas"], "replica")
+    T = TEXT["en"]
+    replicas = counted(T, answer["replicas"], "replica")
     top = text.split("answer: ")[1].split("assuming")[0]
     bottom = text.split("answer: ")[-1]
     assert f"need {replicas}" in top and f"routed {answer['router']} (" in top
@@ -210,7 +219,7 @@ def claims(batch8=6.0, prefill_bound="compute", speedup=3.9, d_measured=None):
                      "speedup": speedup}}
     if d_measured:
         results["D"] = {"verdict": {"measured": d_measured, "predicted": 1.5}}
-    return " ".join(S.summary_text(S.TEXT["en"], results).split())
+    return " ".join(summary_text(TEXT["en"], results).split())
 
 
 def test_the_summary_says_what_its_numbers_say():
@@ -224,5 +233,5 @@ def test_the_summary_says_what_its_numbers_say():
             prefill_bound="memory")
     assert "3. continuous batching was not ahead here" in claims(speedup=3.9, d_measured=0.9)
     assert "3. continuous batching was not ahead here" in claims(speedup=0.95)
-    assert "연속 배칭이 앞서지 않았다" in S.summary_text(S.TEXT["ko"], {"C": {
+    assert "연속 배칭이 앞서지 않았다" in summary_text(TEXT["ko"], {"C": {
         "static": {"occupancy": 0.2}, "continuous": {"occupancy": 0.8}, "speedup": 0.9}})

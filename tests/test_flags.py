@@ -2,6 +2,10 @@
 import pytest
 
 import NN_40_serving as S
+import dataclasses
+from nn40.cli import build_parser, parse_args
+from nn40.config import ENGINE_CPU, RATES
+from nn40.settings import RUN_GROUP, RUN_GROUPS, RunConfig, experiment_letters
 
 VALUES = ["0", "-1", "1e-300", "1e-9", "1e300", "nan", "inf", str(10**20), "", "abc"]
 
@@ -42,8 +46,8 @@ FLAGS = {
 
 
 def test_every_numeric_flag_is_listed():
-    numeric = {a.option_strings[0] for a in S.build_parser()._actions
-               if a.type not in (None, str, S.experiment_letters) and not a.choices
+    numeric = {a.option_strings[0] for a in build_parser()._actions
+               if a.type not in (None, str, experiment_letters) and not a.choices
                and not hasattr(a.type, "resolves")}
     assert numeric == set(FLAGS)
 
@@ -51,12 +55,12 @@ def test_every_numeric_flag_is_listed():
 def bounds():
     """(flag, value) at each end of every numeric flag's range: these are accepted, so each
     must run or be refused later, by a check of memory or of the clock."""
-    for action in S.build_parser()._actions:
+    for action in build_parser()._actions:
         flag = action.option_strings[0]
         if flag in FLAGS and flag != "--rate":  # (--rate's type also takes "trace")
             yield from ((flag, f"{v:g}" if isinstance(v, float) else str(v))
                         for v in action.type.bounds)
-    yield from (("--rate", f"{v:g}") for v in S.RATES)
+    yield from (("--rate", f"{v:g}") for v in RATES)
 
 
 @pytest.mark.parametrize("value", VALUES)
@@ -88,19 +92,19 @@ def run_and_check(flag, value, tmp_path, capsys):
 
 def test_the_run_is_its_flags_groups_each_frozen():
     # each field in exactly one group; of and replace take fields by their own names
-    run = S.parse_args(C_ONLY + ["--gpu", "h100", "--slo-ttft-ms", "500", "--order", "sjf"])
+    run = parse_args(C_ONLY + ["--gpu", "h100", "--slo-ttft-ms", "500", "--order", "sjf"])
     assert (run.scheduler.slots, run.hardware.gpu, run.slo.slo_ttft_s) == (4, "h100", 0.5)
     assert (run.workload.requests, run.scheduler.order, run.measurement.jobs) == (40, "sjf", 1)
-    names = [f for group in S.RUN_GROUPS.values() for f in S.dataclasses.fields(group)]
+    names = [f for group in RUN_GROUPS.values() for f in dataclasses.fields(group)]
     assert len(names) == len({f.name for f in names}) == len(run.flat())
     moved = run.replace(slots=8, rate=2.0)
     assert (moved.scheduler.slots, moved.workload.rate, run.scheduler.slots) == (8, 2.0, 4)
     assert moved.hardware is run.hardware  # (the groups it did not touch, as they were)
-    assert S.RunConfig.of(model=run.hardware.model, slots=4).scheduler.order == "fcfs"
-    with pytest.raises(S.dataclasses.FrozenInstanceError):
+    assert RunConfig.of(model=run.hardware.model, slots=4).scheduler.order == "fcfs"
+    with pytest.raises(dataclasses.FrozenInstanceError):
         run.scheduler.slots = 1
     with pytest.raises(TypeError, match="no field sloots"):
-        S.RunConfig.of(model=run.hardware.model, sloots=4)
+        RunConfig.of(model=run.hardware.model, sloots=4)
     with pytest.raises(TypeError, match="^RunConfig has no field sloots$"):
         run.replace(slots=8, sloots=4)
 
@@ -114,16 +118,16 @@ FLAG_GROUPS = {"workload": {"workload"}, "shared": {"workload", "scheduler"},
 
 
 def test_each_flag_group_fills_its_config_group():
-    groups = [g for g in S.build_parser()._action_groups if g._group_actions]
+    groups = [g for g in build_parser()._action_groups if g._group_actions]
     assert [g.title.split()[0].rstrip(":") for g in groups] == list(FLAG_GROUPS)
     for group in groups:
-        filled = {S.RUN_GROUP[a.dest] for a in group._group_actions if a.dest in S.RUN_GROUP}
+        filled = {RUN_GROUP[a.dest] for a in group._group_actions if a.dest in RUN_GROUP}
         assert filled == FLAG_GROUPS[group.title.split()[0].rstrip(":")], group.title
 
 
 @pytest.mark.parametrize("args, engine", [
-    (["--device", "cpu"], (S.ENGINE_CPU["requests"], S.ENGINE_CPU["slots"], S.ENGINE_CPU["prompt_len"],
-          S.ENGINE_CPU["shrink"])),
+    (["--device", "cpu"], (ENGINE_CPU["requests"], ENGINE_CPU["slots"], ENGINE_CPU["prompt_len"],
+          ENGINE_CPU["shrink"])),
     (["--quick", "--device", "cpu"], (16, 4, 8, 16)),
     (["--experiments", "C", "--requests", "50", "--slots", "6", "--prompt-len", "20",
       "--prefix-len", "64"], (50, 6, 64 + 20, 1)),
@@ -132,7 +136,7 @@ def test_each_flag_group_fills_its_config_group():
 ])
 def test_the_engine_is_resolved_once_by_run_config(args, engine):
     # on CPU, with --quick, C alone (the run's own sizes) or as given: set in one place
-    run = S.parse_args(args)
+    run = parse_args(args)
     got = run.engine
     assert (got.engine_requests, got.engine_slots, got.engine_prompt_len,
             got.engine_shrink) == engine

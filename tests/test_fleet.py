@@ -5,15 +5,30 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
+import nn40.capacity
+from nn40.capacity import SLO, capacity_one, fewest_replicas, fleet_summary
+from nn40.config import CAPACITY_SEEDS, ModelConfig
+from nn40.errors import UsageError
+from nn40.kv import KVBudget
+from nn40.loop import simulate_serving
+from nn40.pools import Fleet, Pool, simulate_fleet, simulate_pools
+from nn40.pricing import StepCosts, analytic_costs
+from nn40.queues import queue_order
+from nn40.replicas import Replica, SCHEDULERS
+from nn40.routers import ROUTERS
+from nn40.runs import every_nth, kv_metrics
+from nn40.tables_c import counted
+from nn40.text_ko import TEXT
+from nn40.workload import Requests, arrival_times, lognormal_lengths
 from test_cli import expect_usage_error, run_main, said
 
-COSTS = S.analytic_costs(S.ModelConfig(), 960.0, 105.5)
-UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
+COSTS = analytic_costs(ModelConfig(), 960.0, 105.5)
+UNIT = StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
 
 
 def poisson(n, rate, seed=1, prompt=128):
-    return S.Requests(S.arrival_times(n, rate, 1.0, np.random.default_rng(seed)),
-                      np.full(n, prompt), S.lognormal_lengths(n, seed))
+    return Requests(arrival_times(n, rate, 1.0, np.random.default_rng(seed)),
+                      np.full(n, prompt), lognormal_lengths(n, seed))
 
 
 def same(a, b):
@@ -22,37 +37,37 @@ def same(a, b):
         a["steps"] == b["steps"]
 
 
-@pytest.mark.parametrize("router", S.ROUTERS)
-@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+@pytest.mark.parametrize("router", ROUTERS)
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 @pytest.mark.parametrize("policy", [None, "paged", "reserve"])
 def test_one_replica_is_the_plain_simulation(router, scheduler, policy):
     req = poisson(1500, 95.0)
-    kv = None if policy is None else S.KVBudget(policy, 60_000, 16, 2048,
+    kv = None if policy is None else KVBudget(policy, 60_000, 16, 2048,
                                                 0.01 if policy == "paged" else 0.0)
-    plain = S.simulate_serving(req, S.Replica(32, COSTS, scheduler, 512, kv=kv))
-    fleet = S.simulate_fleet(req, S.Replica(32, COSTS, scheduler, 512, kv=kv), S.Fleet(1, router))
+    plain = simulate_serving(req, Replica(32, COSTS, scheduler, 512, kv=kv))
+    fleet = simulate_fleet(req, Replica(32, COSTS, scheduler, 512, kv=kv), Fleet(1, router))
     assert same(plain, fleet)
 
 
 def test_one_replica_with_an_order_and_preemption_is_the_plain_simulation():
     req = poisson(800, 120.0, prompt=600)
-    kv = S.KVBudget("paged", 12_000, 16)
-    order = S.queue_order("predicted", req.output, 0.8, 3, max_wait_s=0.5)
-    plain = S.simulate_serving(req, S.Replica(32, COSTS, "chunked", 256, kv=kv, order=order))
-    fleet = S.simulate_fleet(req, S.Replica(32, COSTS, "chunked", 256, kv=kv, order=order),
-                             S.Fleet(1, "least-kv"))
+    kv = KVBudget("paged", 12_000, 16)
+    order = queue_order("predicted", req.output, 0.8, 3, max_wait_s=0.5)
+    plain = simulate_serving(req, Replica(32, COSTS, "chunked", 256, kv=kv, order=order))
+    fleet = simulate_fleet(req, Replica(32, COSTS, "chunked", 256, kv=kv, order=order),
+                             Fleet(1, "least-kv"))
     assert plain["kv"]["preemptions"] > 0 and same(plain, fleet)
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_round_robin_is_independent_replicas_of_every_nth_request(n):
     req = poisson(2000, 60.0 * n)
-    kv = S.KVBudget("paged", 40_000, 16, watermark=0.01)
-    fleet = S.simulate_fleet(req, S.Replica(16, COSTS, "continuous", 512, kv=kv),
-                             S.Fleet(n, "round-robin"))
+    kv = KVBudget("paged", 40_000, 16, watermark=0.01)
+    fleet = simulate_fleet(req, Replica(16, COSTS, "continuous", 512, kv=kv),
+                             Fleet(n, "round-robin"))
     for i in range(n):
-        alone = S.simulate_serving(S.every_nth(req, n, i),
-                                   S.Replica(16, COSTS, "continuous", 512, kv=kv))
+        alone = simulate_serving(every_nth(req, n, i),
+                                   Replica(16, COSTS, "continuous", 512, kv=kv))
         for key in ("start", "first_token", "finish"):
             np.testing.assert_array_equal(getattr(alone["times"], key),
                                           getattr(fleet["times"], key)[i::n])
@@ -62,26 +77,26 @@ def test_round_robin_is_independent_replicas_of_every_nth_request(n):
 
 def test_a_fleet_keeps_its_replicas_memory_metrics():
     req = poisson(1200, 3 * 120.0, prompt=600)
-    kv = S.KVBudget("paged", 12_000, 16)
-    replica = S.Replica(32, COSTS, "continuous", 512, kv=kv)
-    fleet = S.fleet_summary(req, S.simulate_fleet(req, replica, S.Fleet(3, "round-robin")),
+    kv = KVBudget("paged", 12_000, 16)
+    replica = Replica(32, COSTS, "continuous", 512, kv=kv)
+    fleet = fleet_summary(req, simulate_fleet(req, replica, Fleet(3, "round-robin")),
                             None, None, kv)
-    alone = [S.kv_metrics(r, S.simulate_serving(r, replica), kv)
-             for r in (S.every_nth(req, 3, i) for i in range(3))]
+    alone = [kv_metrics(r, simulate_serving(r, replica), kv)
+             for r in (every_nth(req, 3, i) for i in range(3))]
     assert fleet["preemptions"] == sum(m["preemptions"] for m in alone) > 0
     assert fleet["recomputed_tokens"] == sum(m["recomputed_tokens"] for m in alone)
     for key in ("peak_concurrency", "max_allocated_tokens"):
         assert fleet[key] == max(m[key] for m in alone)
     used = [m["utilization"] for m in alone]  # (held over allocated, summed: between theirs)
     assert min(used) <= fleet["utilization"] <= max(used)
-    assert "utilization" not in S.fleet_summary(  # (no KV budget: no memory to report)
-        req, S.simulate_fleet(req, S.Replica(32, COSTS, "continuous", 512), S.Fleet(3)), None, None)
+    assert "utilization" not in fleet_summary(  # (no KV budget: no memory to report)
+        req, simulate_fleet(req, Replica(32, COSTS, "continuous", 512), Fleet(3)), None, None)
 
 
 def routed(router, arrival, output, replicas=2, prompt=None, kv=None):
     prompt = np.full(len(output), 4) if prompt is None else np.array(prompt)
-    req = S.Requests(np.array(arrival, float), prompt, np.array(output))
-    return S.simulate_fleet(req, S.Replica(1, UNIT, "continuous", kv=kv), S.Fleet(replicas, router))
+    req = Requests(np.array(arrival, float), prompt, np.array(output))
+    return simulate_fleet(req, Replica(1, UNIT, "continuous", kv=kv), Fleet(replicas, router))
 
 
 def test_least_requests_by_hand():
@@ -123,7 +138,7 @@ def test_least_kv_counts_the_prompts_waiting():
     assert fleet["replica"].tolist() == [0, 1, 0, 1]
     # and what runs counts its prompt before its prefill has run: at 0.2, A's and B's passes
     # are both under way; replica 0's 100 < 300 is what sends C there
-    kv = S.KVBudget("paged", 10_000, 16)
+    kv = KVBudget("paged", 10_000, 16)
     paged = routed("least-kv", [0.0, 0.1, 0.2, 0.3], [20, 20, 20, 1],
                    prompt=[100, 300, 250, 10], kv=kv)
     assert paged["replica"].tolist() == [0, 1, 0, 1]
@@ -148,10 +163,10 @@ def test_power_of_two_keeps_the_replicas_even():
     # distinct replicas keeps the queues within a few of each other; a draw that could pick
     # the same replica twice (or one that ignored the loads) lets them drift apart by tens
     n, replicas = 24_000, 4
-    req = S.Requests(np.zeros(n), np.full(n, 4), np.full(n, 1))
+    req = Requests(np.zeros(n), np.full(n, 4), np.full(n, 1))
     for seed in range(3):
-        fleet = S.simulate_fleet(req, S.Replica(1, UNIT, "continuous"),
-                                 S.Fleet(replicas, "power-of-two", seed))
+        fleet = simulate_fleet(req, Replica(1, UNIT, "continuous"),
+                                 Fleet(replicas, "power-of-two", seed))
         counts = np.bincount(fleet["replica"], minlength=replicas)
         assert counts.sum() == n and counts.max() - counts.min() <= 4, counts
 
@@ -166,29 +181,29 @@ def test_least_kv_by_hand():
 
 
 def test_a_replica_that_could_never_hold_a_request_gets_none():
-    req = S.Requests(np.zeros(3), np.array([10, 5000, 10]), np.array([5, 5, 5]))
-    with pytest.raises(S.UsageError) as error:
-        S.simulate_fleet(req, S.Replica(8, UNIT, "continuous", kv=S.KVBudget("paged", 2_000, 16)),
-                         S.Fleet(4))
+    req = Requests(np.zeros(3), np.array([10, 5000, 10]), np.array([5, 5, 5]))
+    with pytest.raises(UsageError) as error:
+        simulate_fleet(req, Replica(8, UNIT, "continuous", kv=KVBudget("paged", 2_000, 16)),
+                         Fleet(4))
     assert error.value.why["kind"] == "kv_too_long" and error.value.why["request"] == 1
     assert "cannot hold every request: request 1 alone needs" in S.error_text(error.value)
 
 
 def test_the_bisection_finds_a_known_threshold(monkeypatch):
     # a synthetic attainment: every request within the SLO up to 37.3 requests/s, a third past
-    monkeypatch.setattr(S, "attained", lambda req, rate, *a: 1.0 if rate <= 37.3 else 0.3)
-    req, replica, slo = poisson(50, 1.0), S.Replica(8, COSTS), S.SLO(1.0, None, 0.9)
-    rate, tried = S.capacity_one(req, replica, slo)
+    monkeypatch.setattr(nn40.capacity, "attained", lambda req, rate, *a: 1.0 if rate <= 37.3 else 0.3)
+    req, replica, slo = poisson(50, 1.0), Replica(8, COSTS), SLO(1.0, None, 0.9)
+    rate, tried = capacity_one(req, replica, slo)
     assert 37.3 / 1.01 <= rate <= 37.3
     assert all((met == 1.0) == (r <= 37.3) for r, met in tried)
     # and the fewest replicas: 13 meet the SLO, 12 do not, from above and from below
-    monkeypatch.setattr(S, "attained", lambda req, rate, replica, fleet, slo:
+    monkeypatch.setattr(nn40.capacity, "attained", lambda req, rate, replica, fleet, slo:
                         0.95 if fleet.replicas >= 13 else 0.5)
     for start in (1, 5, 13, 40):
-        n, tried = S.fewest_replicas(req, replica, slo, S.Fleet(start), 100.0, start)
+        n, tried = fewest_replicas(req, replica, slo, Fleet(start), 100.0, start)
         assert n == 13 and tried[12] == 0.5 and tried[13] == 0.95
-    monkeypatch.setattr(S, "attained", lambda *a: 0.5)
-    assert S.fewest_replicas(req, replica, slo, S.Fleet(3), 100.0, 3)[0] is None
+    monkeypatch.setattr(nn40.capacity, "attained", lambda *a: 0.5)
+    assert fewest_replicas(req, replica, slo, Fleet(3), 100.0, 3)[0] is None
 
 
 def test_replicas_and_capacity_end_to_end(tmp_path, capsys):
@@ -207,7 +222,7 @@ def test_replicas_and_capacity_end_to_end(tmp_path, capsys):
         assert m["balance"]["requests_min"] <= 2000 / 3 <= m["balance"]["requests_max"]
     cap = C["capacity"]
     one = cap["one_replica"]["rate_rps"]
-    assert 0 < one < 1e4 and len(cap["one_replica"]["rates_rps"]) == S.CAPACITY_SEEDS
+    assert 0 < one < 1e4 and len(cap["one_replica"]["rates_rps"]) == CAPACITY_SEEDS
     for router, r in cap["routers"].items():
         assert r["attainment"] >= 0.9 and (r["below"] is None or r["below"] < 0.9)
         assert r["replicas"] >= 1
@@ -216,10 +231,10 @@ def test_replicas_and_capacity_end_to_end(tmp_path, capsys):
         assert said(text, out.out)
     # the question's answer first, in words, with the workload and limits it assumes
     fewest = min(r["replicas"] for r in cap["routers"].values())
-    T, first = S.TEXT["en"], out.out.split("C  static vs continuous")[0]
+    T, first = TEXT["en"], out.out.split("C  static vs continuous")[0]
     assert said(f"answer: 300 requests/s of the post's model with TTFT <= 500 ms, TPOT <= 20 ms "
-                f"for 90% of requests need {S.counted(T, fewest, 'replica')} "
-                f"({S.counted(T, fewest, 'gpu')})", first)
+                f"for 90% of requests need {counted(T, fewest, 'replica')} "
+                f"({counted(T, fewest, 'gpu')})", first)
     assert said("assuming Poisson arrivals; prompts of 128 tokens", first)
     assert said("32 sequences a replica and 512 tokens a step (the post's, as its table)", first)
     assert (tmp_path / "capacity.png").stat().st_size > 10_000
@@ -256,10 +271,10 @@ def test_a_prefill_pool_hands_each_request_to_a_decode_pool_at_its_first_token()
     # holding 5 tokens and decodes two steps, 1.5-2.5-3.5. B (2 tokens) at 0.5 waits for the
     # prefill slot: 1.5-3.0. It enters the decode pool at 3.0, within A's second step, and
     # joins at the next step boundary, 3.5: its last token at 4.5
-    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
-    slow = S.StepCosts((1, 2), (1.5, 1.5), 0.0, "every pass 1.5 s")
-    pools = [S.Pool("prefill", S.Replica(1, slow)), S.Pool("decode", S.Replica(2, UNIT))]
-    sim = S.simulate_pools(req, pools, ["prefill", "decode"])
+    req = Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([3, 2]))
+    slow = StepCosts((1, 2), (1.5, 1.5), 0.0, "every pass 1.5 s")
+    pools = [Pool("prefill", Replica(1, slow)), Pool("decode", Replica(2, UNIT))]
+    sim = simulate_pools(req, pools, ["prefill", "decode"])
     times = sim["times"]
     assert times.start.tolist() == [0.0, 1.5] and times.first_token.tolist() == [1.5, 3.0]
     assert times.finish.tolist() == [3.5, 4.5]
@@ -267,10 +282,10 @@ def test_a_prefill_pool_hands_each_request_to_a_decode_pool_at_its_first_token()
     assert decode["requests"] == 2 and decode["output_tokens"] == 3 and decode["steps"] == 3
     assert sim["pools"]["prefill"]["per_replica"][0]["steps"] == 2
     # a one-token request ends in the prefill pool; paged memory is kept across both pools
-    kv = S.KVBudget("paged", 64, 4)
-    pools = [S.Pool("prefill", S.Replica(1, slow, kv=kv)), S.Pool("decode", S.Replica(2, UNIT,
+    kv = KVBudget("paged", 64, 4)
+    pools = [Pool("prefill", Replica(1, slow, kv=kv)), Pool("decode", Replica(2, UNIT,
                                                                                      kv=kv))]
-    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([1, 3]))
-    sim = S.simulate_pools(req, pools, ["prefill", "decode"])
+    req = Requests(np.array([0.0, 0.5]), np.array([4, 4]), np.array([1, 3]))
+    sim = simulate_pools(req, pools, ["prefill", "decode"])
     assert sim["times"].finish.tolist() == [1.5, 5.0] and sim["generated"].tolist() == [1, 3]
     assert sim["pools"]["decode"]["replica"].tolist() == [-1, 0] and sim["kv"]["max_alloc"] == 8

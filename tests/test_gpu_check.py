@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-import NN_40_serving as S
+from nn40.config import MODELS, ModelConfig
 import gpu_probe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,9 +77,9 @@ def test_the_gpu_check_stopped_by_a_signal_brings_back_what_it_has(tmp_path):
 
 def test_the_probe_names_the_largest_32_bit_view_and_its_kernels():
     # the post's model on CUDA: batch 256 at 4,097 keys is past 2^31 elements; 128 is not
-    assert gpu_probe.largest_view(S.MODELS["post"], (1, 8, 32, 128, 256),
+    assert gpu_probe.largest_view(MODELS["post"], (1, 8, 32, 128, 256),
                                   (128, 1024, 4096)) == (128, 4097)
-    tiny = S.ModelConfig(layers=1, hidden=64, heads=4, kv_heads=2, vocab=97, dtype="float32")
+    tiny = ModelConfig(layers=1, hidden=64, heads=4, kv_heads=2, vocab=97, dtype="float32")
     with torch.inference_mode():
         result = gpu_probe.probe(torch.device("cpu"), tiny, 4, 33)
     assert result["policy_kernels"] == ["_scaled_dot_product_flash_attention_for_cpu"]

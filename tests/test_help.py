@@ -4,6 +4,11 @@ import argparse
 import pytest
 
 import NN_40_serving as S
+from nn40.cli import HELP_WIDTH, build_parser, parse_args
+from nn40.host import OUTPUT_WIDTH, columns, fit_lines
+from nn40.tables import table
+from nn40.tables_c import counted
+from nn40.text_ko import TEXT
 
 C = ["--experiments", "C", "--gpu", "h100"]
 ALIASES = [  # (ours, vLLM's): the same RunConfig field from either
@@ -22,9 +27,9 @@ ALIASES = [  # (ours, vLLM's): the same RunConfig field from either
 
 @pytest.mark.parametrize("ours, theirs", ALIASES)
 def test_every_vllm_alias_parses_to_the_same_setting(ours, theirs):
-    plain, alias = S.parse_args(C + ours), S.parse_args(C + theirs)
+    plain, alias = parse_args(C + ours), parse_args(C + theirs)
     assert alias == plain
-    assert alias != S.parse_args(C)  # (the flag changed something)
+    assert alias != parse_args(C)  # (the flag changed something)
 
 
 def test_help_fits_a_page_in_groups_by_task(capsys):
@@ -34,7 +39,7 @@ def test_help_fits_a_page_in_groups_by_task(capsys):
     text = capsys.readouterr().out
     lines = text.splitlines()
     # (a page: 155 lines since the engines' own memory flags joined the scheduler group)
-    assert len(lines) <= 155 and max(map(len, lines)) <= S.HELP_WIDTH
+    assert len(lines) <= 155 and max(map(len, lines)) <= HELP_WIDTH
     for group in ("workload", "model and hardware", "scheduler and KV cache",
                   "SLOs and capacity", "measurement", "engine check (D", "output", "recipes"):
         assert f"\n{group}" in text, group
@@ -44,7 +49,7 @@ def test_help_fits_a_page_in_groups_by_task(capsys):
 
 
 def test_every_flag_has_help_and_every_value_its_default():
-    for action in S.build_parser()._actions:
+    for action in build_parser()._actions:
         assert action.help, action.option_strings
         if action.nargs != 0:
             assert action.help.endswith(")") and "(default: " in action.help, \
@@ -52,10 +57,10 @@ def test_every_flag_has_help_and_every_value_its_default():
 
 
 def test_capacity_flags_run_the_simulation_alone():
-    assert S.parse_args(["--slo-ttft-ms", "500"]).measurement.experiments == "C"
-    assert S.parse_args(["--goodput", "tpot:50", "--target-rate", "9"]).measurement.experiments \
+    assert parse_args(["--slo-ttft-ms", "500"]).measurement.experiments == "C"
+    assert parse_args(["--goodput", "tpot:50", "--target-rate", "9"]).measurement.experiments \
         == "C"
-    assert S.parse_args(["--slo-ttft-ms", "500", "--experiments", "CD",
+    assert parse_args(["--slo-ttft-ms", "500", "--experiments", "CD",
                          "--device", "cpu"]).measurement.experiments == "CD"
 
 
@@ -75,9 +80,9 @@ def test_bad_vllm_spellings_are_one_line(argv, message, capsys):
 def test_quick_run_fits_a_terminal_and_ends_in_the_three_claims(tmp_path, capsys):
     results = S.main(["--quick", "--out", str(tmp_path), "--no-figures", "--jobs", "1"])
     out = capsys.readouterr().out
-    wide = [line for line in out.splitlines() if len(line) > S.OUTPUT_WIDTH]
+    wide = [line for line in out.splitlines() if len(line) > OUTPUT_WIDTH]
     assert not wide, wide[:3]
-    summary = out.split(S.TEXT["en"]["summary"])[1]
+    summary = out.split(TEXT["en"]["summary"])[1]
     # each claim in the words its numbers allow: the post's where they agree, else "not"
     prefill = max((r for r in results["B"]["rows"] if r["phase"] == "prefill"),
                   key=lambda r: r["tokens"])
@@ -94,31 +99,31 @@ def test_quick_run_fits_a_terminal_and_ends_in_the_three_claims(tmp_path, capsys
 
 
 def test_a_wide_table_splits_under_its_labels():
-    T = S.TEXT["en"]
+    T = TEXT["en"]
     rows = [["static batching", "x" * 40, "1.0", "y" * 40], ["continuous", "2", "3", "4"]]
-    text = S.table(T, rows, ["policy", "steps", "seconds", "req_s"])
-    assert max(map(len, text.splitlines())) <= S.OUTPUT_WIDTH
+    text = table(T, rows, ["policy", "steps", "seconds", "req_s"])
+    assert max(map(len, text.splitlines())) <= OUTPUT_WIDTH
     parts = text.split("\n\n")
     assert len(parts) == 2 and all("policy" in p and "continuous" in p for p in parts)
-    wrapped = S.fit_lines("  word" * 60).splitlines()
-    assert len(wrapped) == 4 and max(map(len, wrapped)) <= S.OUTPUT_WIDTH
+    wrapped = fit_lines("  word" * 60).splitlines()
+    assert len(wrapped) == 4 and max(map(len, wrapped)) <= OUTPUT_WIDTH
     assert all(line.startswith("    word") for line in wrapped[1:])  # (two past its indent)
     assert " ".join(wrapped).split() == ["word"] * 60
 
 
 def test_plurals_in_the_capacity_answer():
-    T = S.TEXT["en"]
-    assert S.counted(T, 1, "replica") == "1 replica" and S.counted(T, 2, "gpu") == "2 GPUs"
+    T = TEXT["en"]
+    assert counted(T, 1, "replica") == "1 replica" and counted(T, 2, "gpu") == "2 GPUs"
 
 
 @pytest.mark.parametrize("lang", ["en", "ko"])
 def test_a_table_as_rendered_fits_before_any_wrapping(lang):
     # A's columns at the reference run's widths: tabulate pads each header by two, so a split
     # that sums the cells' widths alone leaves rows of 108 columns for the prose wrapper to break
-    T = S.TEXT[lang]
+    T = TEXT[lang]
     cols = ["mode", "batch", "step_ms", "tokens_per_s", "throughput_vs_1", "wait_vs_1", "gbs",
             "mbu", "mfu", "bound"]
     rows = [["eager", "128", "143.888", "890", "15.6", "8.22", "3.0", "17%", "44.1%", "compute"]]
-    text = S.table(T, rows, cols)
-    assert max(map(S.columns, text.splitlines())) <= S.OUTPUT_WIDTH
+    text = table(T, rows, cols)
+    assert max(map(columns, text.splitlines())) <= OUTPUT_WIDTH
     assert all(len(part.splitlines()) == 3 for part in text.split("\n\n"))  # (head, rule, row)

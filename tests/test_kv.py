@@ -7,34 +7,47 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
+import nn40.device
+from nn40.accounting import kv_bytes_per_token
+from nn40.config import ModelConfig
+from nn40.kv import (
+    KVBudget, KVManager, KV_MANAGERS, PrefixCache, Seq, check_kv_budget, kv_manager,
+    plain_twin)
+from nn40.loop import ServingSim, simulate_serving
+from nn40.pools import Fleet, simulate_fleet
+from nn40.pricing import StepCosts
+from nn40.queues import Ledger
+from nn40.replicas import DecodeBatch, Replica, SCHEDULERS
+from nn40.runs import kv_metrics
+from nn40.workload import Requests, arrival_times, lognormal_lengths
 from test_cli import run_main, said
 
-COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
+COSTS = StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
                     source="test")
 
 
 def requests(n=300, seed=0, prompt=64, rate=None):
     rng = np.random.default_rng(seed)
-    output = S.lognormal_lengths(n, seed)
-    arrival = S.arrival_times(n, rate, 1.0, rng)
-    return S.Requests(arrival, np.full(n, prompt), output)
+    output = lognormal_lengths(n, seed)
+    arrival = arrival_times(n, rate, 1.0, rng)
+    return Requests(arrival, np.full(n, prompt), output)
 
 
 def test_whole_blocks_by_hand():
-    paged = S.kv_manager(S.KVBudget("paged", 100, block_tokens=4))
+    paged = kv_manager(KVBudget("paged", 100, block_tokens=4))
     assert paged.blocks(np.array([1, 4, 5, 8, 9])).tolist() == [4, 4, 8, 8, 12]
-    assert S.kv_manager(S.KVBudget("reserve", 100)).blocks(7) == 7
-    assert S.kv_manager(S.KVBudget("paged", 1000, 16, watermark=0.01)).watermark == 0 * 16
-    assert S.kv_manager(S.KVBudget("paged", 16_000, 16, watermark=0.01)).watermark == 10 * 16
-    assert S.kv_manager(S.KVBudget("reserve", 16_000, 16, watermark=0.01)).watermark == 0
+    assert kv_manager(KVBudget("reserve", 100)).blocks(7) == 7
+    assert kv_manager(KVBudget("paged", 1000, 16, watermark=0.01)).watermark == 0 * 16
+    assert kv_manager(KVBudget("paged", 16_000, 16, watermark=0.01)).watermark == 10 * 16
+    assert kv_manager(KVBudget("reserve", 16_000, 16, watermark=0.01)).watermark == 0
 
 
 def paged_decoders(b, steps, contexts, capacity=10**6):
     """A paged cache whose decoders hold these contexts at the simulation's step `steps`, each
     admitted with its context cached and joining a DecodeBatch there."""
-    paged, batch = S.kv_manager(S.KVBudget("paged", capacity, b)), S.DecodeBatch()
+    paged, batch = kv_manager(KVBudget("paged", capacity, b)), DecodeBatch()
     for i, ctx in enumerate(contexts):
-        seq = S.Seq(i, i, 0, 1, num_cached=ctx)
+        seq = Seq(i, i, 0, 1, num_cached=ctx)
         paged.admit(seq, paged.need(ctx, ctx, 0, 0))
         batch.join([seq], steps)
         paged.join(seq)
@@ -60,13 +73,13 @@ def test_paged_runs_against_step_by_step(b, k):
         assert paged_decoders(b, s0, contexts, capacity).max_steps(s0, [], k) == want, capacity
 
 
-@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 @pytest.mark.parametrize("policy", ["reserve", "paged"])
 def test_unlimited_memory_equals_the_plain_scheduler(policy, scheduler):
     req = requests(rate=40.0)
-    kv = S.KVBudget(policy, math.inf, 16, int(req.output.max()))
-    plain = S.simulate_serving(req, S.Replica(16, COSTS, scheduler, 256))
-    limited = S.simulate_serving(req, S.Replica(16, COSTS, scheduler, 256, kv=kv))
+    kv = KVBudget(policy, math.inf, 16, int(req.output.max()))
+    plain = simulate_serving(req, Replica(16, COSTS, scheduler, 256))
+    limited = simulate_serving(req, Replica(16, COSTS, scheduler, 256, kv=kv))
     assert limited["steps"] == plain["steps"] and limited["kv"]["preemptions"] == 0
     for key in ("start", "first_token", "finish"):
         np.testing.assert_array_equal(getattr(limited["times"], key),
@@ -76,18 +89,18 @@ def test_unlimited_memory_equals_the_plain_scheduler(policy, scheduler):
 def test_two_reservations_fit_by_hand():
     # 4 requests (prompt 4, output 4) reserving 4 + 4 tokens in a budget of 16: two at a time;
     # each pair takes a prefill step and 3 decode steps
-    req = S.Requests(np.zeros(4), np.full(4, 4), np.full(4, 4))
-    sim = S.simulate_serving(req, S.Replica(4, COSTS, "continuous",
-                                            kv=S.KVBudget("reserve", 16, 1, 4)))
+    req = Requests(np.zeros(4), np.full(4, 4), np.full(4, 4))
+    sim = simulate_serving(req, Replica(4, COSTS, "continuous",
+                                            kv=KVBudget("reserve", 16, 1, 4)))
     assert sim["steps"] == 8 and sim["kv"]["peak_running"] == 2
     assert sim["times"].start.tolist() == [0, 0, sim["times"].finish[0], sim["times"].finish[0]]
 
 
-@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_reserve_never_holds_more_than_the_budget(scheduler):
     req = requests()
-    kv = S.KVBudget("reserve", 8_000, 16, 2048)
-    sim = S.simulate_serving(req, S.Replica(32, COSTS, scheduler, 256, kv=kv))
+    kv = KVBudget("reserve", 8_000, 16, 2048)
+    sim = simulate_serving(req, Replica(32, COSTS, scheduler, 256, kv=kv))
     t, held, alloc, running = np.array(sim["kv"]["series"]).T
     assert alloc.max() <= kv.capacity_tokens and sim["kv"]["max_alloc"] <= kv.capacity_tokens
     assert (held <= alloc).all()
@@ -95,11 +108,11 @@ def test_reserve_never_holds_more_than_the_budget(scheduler):
     np.testing.assert_array_equal(sim["generated"], req.output)
 
 
-@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_paged_stays_within_the_budget_and_a_block_per_request(scheduler):
     req = requests()
-    kv = S.KVBudget("paged", 3_000, 16)
-    sim = S.simulate_serving(req, S.Replica(32, COSTS, scheduler, 256, kv=kv))
+    kv = KVBudget("paged", 3_000, 16)
+    sim = simulate_serving(req, Replica(32, COSTS, scheduler, 256, kv=kv))
     t, held, alloc, running = np.array(sim["kv"]["series"]).T
     assert alloc.max() <= kv.capacity_tokens
     assert (held <= alloc).all() and (alloc - held < kv.block_tokens * np.maximum(running, 1)).all()
@@ -112,23 +125,23 @@ def test_paged_stays_within_the_budget_and_a_block_per_request(scheduler):
 
 def test_paged_packs_more_requests_than_reserve():
     req = requests(prompt=128)
-    kv = {p: S.KVBudget(p, 20_000, 16, 2048) for p in ("reserve", "paged")}
-    sims = {p: S.simulate_serving(req, S.Replica(64, COSTS, "continuous", kv=kv[p])) for p in kv}
+    kv = {p: KVBudget(p, 20_000, 16, 2048) for p in ("reserve", "paged")}
+    sims = {p: simulate_serving(req, Replica(64, COSTS, "continuous", kv=kv[p])) for p in kv}
     assert sims["reserve"]["kv"]["peak_running"] == 20_000 // (128 + 2048)
     assert sims["paged"]["kv"]["peak_running"] > 3 * sims["reserve"]["kv"]["peak_running"]
     assert sims["paged"]["times"].finish.max() < sims["reserve"]["times"].finish.max()
-    used = {p: S.kv_metrics(req, sims[p], kv[p])["utilization"] for p in kv}
+    used = {p: kv_metrics(req, sims[p], kv[p])["utilization"] for p in kv}
     assert used["reserve"] < 0.3 < 0.9 < used["paged"]
 
 
 def test_a_request_that_cannot_fit_is_named():
-    req = S.Requests(np.zeros(2), np.array([10, 500]), np.array([5, 5]))
-    assert S.check_kv_budget(req, S.KVBudget("paged", 300, 16)) == {
+    req = Requests(np.zeros(2), np.array([10, 500]), np.array([5, 5]))
+    assert check_kv_budget(req, KVBudget("paged", 300, 16)) == {
         "kind": "kv_too_long", "request": 1, "needs": 512, "prompt": 500, "output": 5,
         "holds": 300}
-    assert S.check_kv_budget(req, S.KVBudget("reserve", 10_000, 16, max_output=4))["kind"] \
+    assert check_kv_budget(req, KVBudget("reserve", 10_000, 16, max_output=4))["kind"] \
         == "kv_max_output"
-    assert S.check_kv_budget(req, S.KVBudget("paged", 512, 16)) is None
+    assert check_kv_budget(req, KVBudget("paged", 512, 16)) is None
 
 
 def test_a_budget_below_a_prompt_marks_the_kv_rows_and_keeps_the_rest(tmp_path, capsys):
@@ -165,9 +178,9 @@ def test_kv_results_and_figure(tmp_path, capsys):
     results, out = run_main(["--experiments", "C", "--requests", "200", "--kv-memory-gb", "1",
                              "--slots", "64", "--out", str(tmp_path)], capsys)
     kv = results["C"]["kv"]
-    assert kv["budget_tokens"] == int(1e9 // S.kv_bytes_per_token(S.ModelConfig()))
+    assert kv["budget_tokens"] == int(1e9 // kv_bytes_per_token(ModelConfig()))
     for policy in ("reserve", "paged"):
-        for name in S.SCHEDULERS:
+        for name in SCHEDULERS:
             m = kv[policy][name]
             assert {"utilization", "peak_concurrency", "mean_concurrency", "preemptions",
                     "max_allocated_tokens", "throughput_rps"} <= set(m)
@@ -184,7 +197,7 @@ def test_the_budget_is_allocated_on_the_device(tiny_args, capsys):
 
 
 def test_a_budget_the_device_cannot_hold_is_marked(tiny_args, capsys, monkeypatch):
-    monkeypatch.setattr(S, "free_memory_bytes", lambda device: 64 * 2**20)
+    monkeypatch.setattr(nn40.device, "free_memory_bytes", lambda device: 64 * 2**20)
     results, out = run_main(tiny_args + ["--experiments", "AC", "--kv-memory-gb", "5",
                                          "--no-figures"], capsys)
     check = results["C"]["kv"]["device_check"]
@@ -195,17 +208,17 @@ def test_a_budget_the_device_cannot_hold_is_marked(tiny_args, capsys, monkeypatc
 def test_memory_averages_by_hand():
     # one request, prompt 4, output 6, every pass 1 s: a prefill step (4 tokens + the emitted
     # one held), then a closed-form run of 5 decode steps; held 5, 6, ..., 10 tokens
-    req = S.Requests(np.zeros(1), np.array([4]), np.array([6]))
-    unit = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit")
-    paged = S.simulate_serving(req, S.Replica(1, unit, "continuous",
-                                              kv=S.KVBudget("paged", 100, 4)))
+    req = Requests(np.zeros(1), np.array([4]), np.array([6]))
+    unit = StepCosts((1, 2), (1.0, 1.0), 0.0, "unit")
+    paged = simulate_serving(req, Replica(1, unit, "continuous",
+                                              kv=KVBudget("paged", 100, 4)))
     assert paged["steps"] == 6 and paged["times"].finish[0] == 6.0
     assert paged["kv"]["held_s"] == 5 + 6 + 7 + 8 + 9 + 10
     assert paged["kv"]["alloc_s"] == 8 + 8 + 8 + 8 + 12 + 12  # blocks of 4 as it grows
-    reserve = S.KVBudget("reserve", 100, max_output=10)
-    sim = S.simulate_serving(req, S.Replica(1, unit, "continuous", kv=reserve))
+    reserve = KVBudget("reserve", 100, max_output=10)
+    sim = simulate_serving(req, Replica(1, unit, "continuous", kv=reserve))
     assert sim["kv"]["alloc_s"] == 6 * (4 + 10)
-    m = S.kv_metrics(req, sim, reserve)
+    m = kv_metrics(req, sim, reserve)
     assert m["utilization"] == pytest.approx(45 / 84)
     assert m["fragmentation"] == pytest.approx(4 * 6 / 84)  # 4 reserved tokens never used
     assert m["mean_concurrency"] == 1.0 and m["peak_concurrency"] == 1
@@ -215,9 +228,9 @@ def test_memory_integrals_are_exact_per_step():
     # one request, prompt 4, output 6, a pass costs 1 s + 0.5 s per cached token: a prefill
     # step (1 s, then 5 tokens held), then one run of 5 decode steps over 5..9 cached tokens
     # (3.5, 4, 4.5, 5, 5.5 s; then 6..10 held); each step weighs what it holds by its own time
-    req = S.Requests(np.zeros(1), np.array([4]), np.array([6]))
-    costs = S.StepCosts((1, 2), (1.0, 1.0), 0.5, "linear")
-    sim = S.simulate_serving(req, S.Replica(1, costs, "continuous", kv=S.KVBudget("paged", 100, 4)))
+    req = Requests(np.zeros(1), np.array([4]), np.array([6]))
+    costs = StepCosts((1, 2), (1.0, 1.0), 0.5, "linear")
+    sim = simulate_serving(req, Replica(1, costs, "continuous", kv=KVBudget("paged", 100, 4)))
     assert sim["times"].finish[0] == 1 + 3.5 + 4 + 4.5 + 5 + 5.5
     assert sim["kv"]["held_s"] == pytest.approx(1 * 5 + 3.5 * 6 + 4 * 7 + 4.5 * 8 + 5 * 9
                                                 + 5.5 * 10)
@@ -229,9 +242,9 @@ def test_the_newest_request_is_preempted():
     # A then B (prompt 2, output 5 each) in 8 tokens of blocks of 1: after the prefill (3 + 3
     # held) and one decode step (4 + 4), the next step needs 10: B, the newer, is preempted
     # (its 2 prompt + 2 generated tokens to recompute) and waits until A has finished
-    req = S.Requests(np.zeros(2), np.array([2, 2]), np.array([5, 5]))
-    sim = S.simulate_serving(req, S.Replica(2, S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
-                                            "continuous", kv=S.KVBudget("paged", 8, 1)))
+    req = Requests(np.zeros(2), np.array([2, 2]), np.array([5, 5]))
+    sim = simulate_serving(req, Replica(2, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
+                                            "continuous", kv=KVBudget("paged", 8, 1)))
     assert sim["kv"]["preemptions"] == 1 and sim["kv"]["recomputed_tokens"] == 4
     # A decodes alone to its end at 5 s; B is prefilled again (4 tokens) and ends at 8 s
     assert sim["times"].finish.tolist() == [5.0, 8.0] and sim["steps"] == 8
@@ -242,10 +255,10 @@ def test_the_newest_request_is_preempted():
 def test_the_watermark_keeps_blocks_free_at_admission():
     # two prompts of 45 tokens (+ a first token) in 100 tokens of blocks of 1: without a
     # watermark both fit (46 + 46); keeping 10% free, the second waits for the first
-    req = S.Requests(np.zeros(2), np.array([45, 45]), np.array([1, 1]))
+    req = Requests(np.zeros(2), np.array([45, 45]), np.array([1, 1]))
     for watermark, together in ((0.0, 2), (0.1, 1)):
-        kv = S.KVBudget("paged", 100, 1, watermark=watermark)
-        sim = S.simulate_serving(req, S.Replica(2, COSTS, "continuous", kv=kv))
+        kv = KVBudget("paged", 100, 1, watermark=watermark)
+        sim = simulate_serving(req, Replica(2, COSTS, "continuous", kv=kv))
         assert sim["kv"]["peak_running"] == together
 
 
@@ -253,7 +266,7 @@ def test_the_watermark_stops_chunked_prefill_thrashing():
     # long prompts in a small cache: admitted on their first chunk, prompts are preempted by
     # their own next chunks; admitted on their whole prompt (vLLM's rule), they are not
     req = requests(n=200, prompt=1500, rate=20.0)
-    runs = {w: S.simulate_serving(req, S.Replica(32, COSTS, "chunked", 256, kv=S.KVBudget(
+    runs = {w: simulate_serving(req, Replica(32, COSTS, "chunked", 256, kv=KVBudget(
                 "paged", 12_000, 16, watermark=w)))
             for w in (0.0, 0.01)}
     naive, vllm = runs[0.0]["kv"]["preemptions"], runs[0.01]["kv"]["preemptions"]
@@ -263,7 +276,7 @@ def test_the_watermark_stops_chunked_prefill_thrashing():
         assert sim["iterations"] <= 6 * 200 + 3 * sim["kv"]["preemptions"]
 
 
-class StaticRows(S.KVManager):
+class StaticRows(KVManager):
     """A static cache (gpt-fast's, D's engine's): each request takes a row of block_tokens."""
     tracks = True
 
@@ -281,20 +294,20 @@ class StaticRows(S.KVManager):
         self.total -= seq.allocated
 
 
-@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_a_new_kv_manager_is_one_class_and_one_registry_line(monkeypatch, scheduler):
-    monkeypatch.setitem(S.KV_MANAGERS, "rows", StaticRows)
+    monkeypatch.setitem(KV_MANAGERS, "rows", StaticRows)
     rng = np.random.default_rng(0)
-    req = S.Requests(S.arrival_times(60, 50.0, 1.0, rng), np.full(60, 64), rng.integers(1, 100, 60))
-    kv = S.KVBudget("rows", 3 * 200, block_tokens=200)
-    replica = S.Replica(8, COSTS, scheduler, 128, kv=kv)
-    sim = S.simulate_serving(req, replica)
+    req = Requests(arrival_times(60, 50.0, 1.0, rng), np.full(60, 64), rng.integers(1, 100, 60))
+    kv = KVBudget("rows", 3 * 200, block_tokens=200)
+    replica = Replica(8, COSTS, scheduler, 128, kv=kv)
+    sim = simulate_serving(req, replica)
     assert sim["kv"]["peak_running"] == 3 and sim["kv"]["max_alloc"] == 600  # three rows
     np.testing.assert_array_equal(sim["generated"], req.output)
     t, held, alloc, running = np.array(sim["kv"]["series"]).T
     assert (held <= alloc).all() and (alloc == 200 * running).all()
-    assert 0 < S.kv_metrics(req, sim, kv)["utilization"] < 1
-    fleet = S.simulate_fleet(req, replica, S.Fleet(2, "least-kv"))
+    assert 0 < kv_metrics(req, sim, kv)["utilization"] < 1
+    fleet = simulate_fleet(req, replica, Fleet(2, "least-kv"))
     assert set(fleet["replica"].tolist()) == {0, 1} and not np.isnan(fleet["times"].finish).any()
 
 
@@ -302,10 +315,10 @@ def test_a_new_kv_manager_is_one_class_and_one_registry_line(monkeypatch, schedu
 def test_a_request_admitted_part_way_holds_its_cache_and_prefills_the_rest(policy):
     # alone: 64 prompt tokens at 20 a step take 4 steps; with 48 cached, the other 16 take one,
     # priced over the 48 cached; paged, its blocks for the 48 are taken at admission
-    kv = S.KVBudget(policy, 10**6, 16, 8)
-    one, part = (S.Requests(np.zeros(1), np.array([64]), np.array([8]), cached=c)
+    kv = KVBudget(policy, 10**6, 16, 8)
+    one, part = (Requests(np.zeros(1), np.array([64]), np.array([8]), cached=c)
                  for c in (None, np.array([48])))
-    cold, warm = (S.simulate_serving(r, S.Replica(8, COSTS, "chunked", 20, kv=kv))
+    cold, warm = (simulate_serving(r, Replica(8, COSTS, "chunked", 20, kv=kv))
                   for r in (one, part))
     assert (cold["times"].first_step[0], warm["times"].first_step[0]) == (4, 1)
     assert warm["times"].first_token[0] == pytest.approx(COSTS.pass_s(16, 48))
@@ -313,9 +326,9 @@ def test_a_request_admitted_part_way_holds_its_cache_and_prefills_the_rest(polic
     assert warm["kv"]["max_alloc"] == cold["kv"]["max_alloc"] == (80 if policy == "paged" else 72)
     # many, arriving over time: every token emitted, and less held than computing it all
     req = requests(n=40, prompt=64, rate=20.0)
-    part = S.Requests(req.arrival_s, req.prompt, req.output, cached=np.full(40, 48))
-    kv = S.KVBudget(policy, 10**6, 16, 2048)
-    cold, warm = (S.simulate_serving(r, S.Replica(8, COSTS, "chunked", 20, kv=kv))
+    part = Requests(req.arrival_s, req.prompt, req.output, cached=np.full(40, 48))
+    kv = KVBudget(policy, 10**6, 16, 2048)
+    cold, warm = (simulate_serving(r, Replica(8, COSTS, "chunked", 20, kv=kv))
                   for r in (req, part))
     np.testing.assert_array_equal(warm["generated"], req.output)
     assert np.mean(warm["times"].first_token - req.arrival_s) < np.mean(cold["times"].first_token
@@ -325,11 +338,11 @@ def test_a_request_admitted_part_way_holds_its_cache_and_prefills_the_rest(polic
 def test_a_request_prefilled_elsewhere_decodes_from_its_first_step():
     # its prompt (100) and first token prefilled elsewhere: it arrives holding 101 tokens and
     # decodes its other 9, one a step, in blocks of 16 that grow to hold 110
-    req = S.Requests(np.zeros(1), np.array([100]), np.array([10]))
-    ledger = S.Ledger(req)
+    req = Requests(np.zeros(1), np.array([100]), np.array([10]))
+    ledger = Ledger(req)
     ledger.to_prefill[0] = ledger.cached[0] = 101
     ledger.remaining[0], ledger.first_token[0] = 9, -1.0
-    sim = S.ServingSim(req, S.Replica(4, COSTS, "continuous", kv=S.KVBudget("paged", 512, 16)),
+    sim = ServingSim(req, Replica(4, COSTS, "continuous", kv=KVBudget("paged", 512, 16)),
                        ledger=ledger).serve()
     times = sim["times"]
     assert sim["steps"] == 9 and times.finish_step[0] == 9 and times.first_token[0] == -1.0
@@ -339,7 +352,7 @@ def test_a_request_prefilled_elsewhere_decodes_from_its_first_step():
 
 def kind_tests(source):
     """Lines of `source` that compare with a KV policy's name or isinstance a manager class."""
-    names, classes = set(S.KV_MANAGERS), {c.__name__ for c in S.KV_MANAGERS.values()}
+    names, classes = set(KV_MANAGERS), {c.__name__ for c in KV_MANAGERS.values()}
     out = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Compare):
@@ -355,15 +368,17 @@ def kind_tests(source):
 
 
 def test_no_code_asks_which_kv_manager_it_holds():
-    assert kind_tests(pathlib.Path(S.__file__).read_text(encoding="utf-8")) == []
+    root = pathlib.Path(S.__file__).parent
+    for path in [root / "NN_40_serving.py", *sorted((root / "nn40").glob("*.py"))]:
+        assert kind_tests(path.read_text(encoding="utf-8")) == [], path.name
     # (the check sees both ways of asking)
     assert kind_tests("if kv.policy == 'paged': pass\nisinstance(a, (Reservation, int))") == [1, 2]
 
 
 def test_a_caching_policy_finds_its_plain_twin_through_the_registry(monkeypatch):
-    assert S.plain_twin("prefix") == "paged" and S.plain_twin("paged") is None
+    assert plain_twin("prefix") == "paged" and plain_twin("paged") is None
 
-    class Other(S.PrefixCache):  # a second caching policy that no plain policy names
+    class Other(PrefixCache):  # a second caching policy that no plain policy names
         pass
-    monkeypatch.setitem(S.KV_MANAGERS, "prefix-other", Other)
-    assert S.plain_twin("prefix-other") is None  # (no StopIteration: the callers skip it)
+    monkeypatch.setitem(KV_MANAGERS, "prefix-other", Other)
+    assert plain_twin("prefix-other") is None  # (no StopIteration: the callers skip it)

@@ -5,6 +5,12 @@ import re
 import pytest
 
 import NN_40_serving as S
+from nn40.accounting import step_cost
+from nn40.config import ModelConfig
+from nn40.experiment_ab import roofline_row
+from nn40.tables import describe, machine_warnings
+from nn40.tables_c import engine_machine_text
+from nn40.text_ko import TEXT
 
 
 def ceilings(bandwidth=100.0, tflops=1.0):
@@ -13,7 +19,7 @@ def ceilings(bandwidth=100.0, tflops=1.0):
 
 
 def kinds(results):
-    return [w["kind"] for w in S.machine_warnings(results)]
+    return [w["kind"] for w in machine_warnings(results)]
 
 
 @pytest.mark.parametrize("end, warned", [
@@ -32,7 +38,7 @@ def test_ceilings_that_moved_together_or_far_alone_warn(end, warned):
     assert ("warn_moved" in kinds(results)) == warned
     results["D"] = {"machine": {"before": ceilings(), "after": end}}
     assert ("warn_engine" in kinds(results)) == warned
-    text = S.engine_machine_text(S.TEXT["en"], results["D"])[0]
+    text = engine_machine_text(TEXT["en"], results["D"])[0]
     assert ("moved between D's pricing and its run" in text) == warned
 
 
@@ -46,23 +52,23 @@ def test_a_ridge_under_one_flop_per_byte_warns(tflops, warned):
 def test_mfu_or_mbu_over_100_percent_warns(share, warned):
     c = ceilings()
     timing = {"median_ms": 10.0, "p10_ms": 9.0, "p90_ms": 11.0, "n": 5}
-    cfg = S.ModelConfig(layers=1, hidden=64, heads=4, vocab=128, dtype="float32")
-    cost = S.step_cost(cfg, 1, 1, 8)
+    cfg = ModelConfig(layers=1, hidden=64, heads=4, vocab=128, dtype="float32")
+    cost = step_cost(cfg, 1, 1, 8)
     c["bandwidth_gbs"] = cost["bytes"] / 0.010 / 1e9 / share  # (MBU = share)
-    row = S.roofline_row(cfg, c, timing, (1, 1, 8))
+    row = roofline_row(cfg, c, timing, (1, 1, 8))
     assert ("mbu" in row.get("above_ceiling", ())) == warned
     results = {"environment": {"ceilings": {**c, "ridge_flop_per_byte": 10.0}},
                "A": {"rows": [row]}}
     assert ("warn_above" in kinds(results)) == warned
     if warned:
-        text = S.describe(S.TEXT["en"], S.machine_warnings(results)[0])
+        text = describe(TEXT["en"], machine_warnings(results)[0])
         assert "MBU over 100%" in text and "re-run --experiments AB" in text
 
 
 def test_a_quiet_run_warns_of_nothing():
-    assert S.machine_warnings({"environment": {"ceilings": ceilings(),
+    assert machine_warnings({"environment": {"ceilings": ceilings(),
                                                "ceilings_end": ceilings(110.0, 0.9)}}) == []
-    assert S.machine_warnings({"environment": {}}) == []  # (C alone: no ceilings)
+    assert machine_warnings({"environment": {}}) == []  # (C alone: no ceilings)
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])

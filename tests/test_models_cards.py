@@ -4,13 +4,20 @@ import math
 import pytest
 import torch
 
-import NN_40_serving as S
+import nn40.device
+import nn40.experiment_ab
+import nn40.model
+from nn40.accounting import kv_bytes_per_token, kv_crossover_batch, param_count, step_cost
+from nn40.config import GPUS, MODELS, ModelConfig
+from nn40.experiment_c import catalog
+from nn40.model import RMSNorm, build_model, new_kv_cache, rope_frequencies, rotate
+from nn40.pricing import ENGINE_PROFILES, measured
 from test_cli import expect_usage_error, run_main, said
 
 
 def test_rotary_positions_turn_pairs_and_keep_relative_angles():
-    cfg = S.ModelConfig(hidden=8, heads=1, positions="rope", rope_theta=100.0)
-    inv_freq = S.rope_frequencies(cfg)  # theta^(-2i/D): 1, 100^-0.25, 100^-0.5, 100^-0.75
+    cfg = ModelConfig(hidden=8, heads=1, positions="rope", rope_theta=100.0)
+    inv_freq = rope_frequencies(cfg)  # theta^(-2i/D): 1, 100^-0.25, 100^-0.5, 100^-0.75
     assert inv_freq.tolist() == pytest.approx([1.0, 100 ** -0.25, 0.1, 100 ** -0.75])
 
     def rope(position):
@@ -18,18 +25,18 @@ def test_rotary_positions_turn_pairs_and_keep_relative_angles():
         return angles.cos(), angles.sin()
     x = torch.zeros(1, 1, 1, 8)
     x[..., 0] = 1.0  # the pair (x_0, x_4) = (1, 0), turned by 1 radian at position 1
-    turned = S.rotate(x, rope(1))
+    turned = rotate(x, rope(1))
     assert turned[..., 0].item() == pytest.approx(math.cos(1.0))
     assert turned[..., 4].item() == pytest.approx(math.sin(1.0))
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
-    dot = [(S.rotate(q, rope(p + 3)) * S.rotate(k, rope(p))).sum().item() for p in (0, 5, 40)]
+    dot = [(rotate(q, rope(p + 3)) * rotate(k, rope(p))).sum().item() for p in (0, 5, 40)]
     assert dot == pytest.approx([dot[0]] * 3, rel=1e-5)  # only the distance, 3, matters
 
 
 def test_rms_norm_of_a_four_element_vector_by_hand():
     # x = (1, 2, 3, 4): mean of squares 30 / 4 = 7.5, so x / sqrt(7.5 + 1e-5), times the weight
-    norm = S.RMSNorm(4)
+    norm = RMSNorm(4)
     with torch.no_grad():
         norm.weight.copy_(torch.tensor([1.0, 0.5, 2.0, -1.0]))
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
@@ -47,29 +54,29 @@ def test_rotary_attention_sees_only_relative_positions():
     # a rope model's prefill of the same tokens at positions 0..5 and at 37..42 gives the same
     # logits: rotating q and k by their positions leaves only the distance between them in
     # their dot products. Keys left unrotated (or rotated by another position) break this.
-    cfg = S.ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, vocab=97, max_positions=64,
+    cfg = ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, vocab=97, max_positions=64,
                         dtype="float32", mlp="gated", norm="rms", positions="rope")
-    model = S.build_model(cfg, "cpu", seed=1)
+    model = build_model(cfg, "cpu", seed=1)
     tokens = torch.randint(cfg.vocab, (2, 6), generator=torch.Generator().manual_seed(2))
     logits = []
     for shift in (0, 37):
-        cache = S.new_kv_cache(cfg, 2, 64, "cpu")
+        cache = new_kv_cache(cfg, 2, 64, "cpu")
         positions = torch.arange(shift, shift + 6).expand(2, 6)
         logits.append(model(tokens, positions, cache))
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
     # (the property is not empty: the same model without rotary positions on the keys differs)
-    real = S.rotate
+    real = nn40.model.rotate
     calls = []
 
     def rotate_queries_only(x, rope):
         calls.append(1)
         return real(x, rope) if len(calls) % 2 else x
     try:
-        S.rotate = rotate_queries_only
+        nn40.model.rotate = rotate_queries_only
         shifted = [model(tokens, torch.arange(s, s + 6).expand(2, 6),
-                         S.new_kv_cache(cfg, 2, 64, "cpu")) for s in (0, 37)]
+                         new_kv_cache(cfg, 2, 64, "cpu")) for s in (0, 37)]
     finally:
-        S.rotate = real
+        nn40.model.rotate = real
     assert (shifted[0] - shifted[1]).abs().max() > 1e-3
 
 
@@ -116,8 +123,9 @@ def test_a_model_the_card_cannot_hold_still_prices(tmp_path, capsys):
 
 
 def test_an_unfit_model_is_refused_before_allocating(capsys, monkeypatch):
-    monkeypatch.setattr(S, "free_memory_bytes", lambda device: 2**30)
-    monkeypatch.setattr(S, "build_model", lambda *a, **k: pytest.fail("allocated"))
+    monkeypatch.setattr(nn40.device, "free_memory_bytes", lambda device: 2**30)
+    monkeypatch.setattr(nn40.experiment_ab, "build_model",
+                        lambda *a, **k: pytest.fail("allocated"))
     err = expect_usage_error(["--device", "cpu", "--model", "llama-3.2-1b", "--experiments",
                               "A"], capsys, "its weights need", "1.00 GiB free")
     assert "llama-3.2-1b" in err
@@ -125,9 +133,9 @@ def test_an_unfit_model_is_refused_before_allocating(capsys, monkeypatch):
 
 def test_d_s_cache_counts_with_the_weights(tiny_args, capsys, monkeypatch):
     # the weights fit alone; with D's 64 rows x 1,343 tokens of KV they do not
-    weights = S.param_count(S.ModelConfig(layers=1, hidden=64, heads=4, vocab=128,
+    weights = param_count(ModelConfig(layers=1, hidden=64, heads=4, vocab=128,
                                           max_positions=4096, dtype="float32")) * 4
-    monkeypatch.setattr(S, "free_memory_bytes", lambda device: int(2.5 * weights))
+    monkeypatch.setattr(nn40.device, "free_memory_bytes", lambda device: int(2.5 * weights))
     expect_usage_error(tiny_args + ["--experiments", "D", "--engine-requests", "12",
                                     "--engine-slots", "64", "--engine-shrink", "1",
                                     "--max-positions", "4096"], capsys,
@@ -156,17 +164,17 @@ def test_a_named_model_with_fields_overridden_runs_a_and_b(tiny_args, tmp_path, 
     assert (cfg["kv_heads"], cfg["mlp"], cfg["norm"], cfg["positions"], cfg["tied"]) == \
         (2, "gated", "rms", "rope", True)
     assert cfg["name"].startswith("llama-3.2-1b (layers=1, hidden=64, heads=8, kv-heads=2")
-    assert all(r["step_ms"] > 0 for r in S.measured(results["A"]["rows"]))
+    assert all(r["step_ms"] > 0 for r in measured(results["A"]["rows"]))
     # KV reads pass weight reads 4x later than with all 8 heads keeping K and V
-    mha = S.ModelConfig(**{**{k: v for k, v in cfg.items() if k in
-                                S.ModelConfig.__dataclass_fields__}, "kv_heads": None})
-    assert S.kv_bytes_per_token(mha) == 4 * cfg["layers"] * 2 * 16 * 4
+    mha = ModelConfig(**{**{k: v for k, v in cfg.items() if k in
+                                ModelConfig.__dataclass_fields__}, "kv_heads": None})
+    assert kv_bytes_per_token(mha) == 4 * cfg["layers"] * 2 * 16 * 4
 
 
 def test_the_catalog(capsys):
     results, out = run_main(["--catalog"], capsys)
     rows = results["catalog"]["rows"]
-    assert len(rows) == len(S.MODELS) * len(S.GPUS)
+    assert len(rows) == len(MODELS) * len(GPUS)
     by = {(r["model"], r["gpu"]): r for r in rows}
     assert by["llama-3-8b", "rtx-5080"]["kv_tokens"] == 0  # 16 GB of weights on a 16 GB card
     assert by["llama-3-8b", "rtx-5080"]["decode_b1_ms"] is None
@@ -175,9 +183,9 @@ def test_the_catalog(capsys):
     # the faster card prices the same step shorter
     assert by["llama-3-8b", "h200"]["decode_b1_ms"] < by["llama-3-8b", "h100"]["decode_b1_ms"]
     # where KV reads pass weight reads: weights / (1,024 tokens x KV bytes per token)
-    llama = S.MODELS["llama-3-8b"]
-    assert by["llama-3-8b", "h100"]["crossover_batch"] == S.kv_crossover_batch(llama, 1024) == \
-        math.floor(S.step_cost(llama, 1, 1, 1024)["weight_bytes"] / (1024 * 131_072)) + 1
+    llama = MODELS["llama-3-8b"]
+    assert by["llama-3-8b", "h100"]["crossover_batch"] == kv_crossover_batch(llama, 1024) == \
+        math.floor(step_cost(llama, 1, 1, 1024)["weight_bytes"] / (1024 * 131_072)) + 1
     assert said("does not fit", out.out) and said("H200 SXM", out.out)
 
 
@@ -187,17 +195,17 @@ def test_the_catalogs_batch_1_price_of_llama_3_8b_on_an_h100_by_hand():
     # 7,504,928,768 x 2 bytes = 15.01 GB; 1,024 cached tokens of 131,072 bytes each (32 layers
     # x K and V x 8 heads x 128 x 2 bytes): 134 MB. At the roofline profile's 90% of the
     # H100's 3,350 GB/s: 4.978 + 0.045 = 5.02 ms. (Activations add 5 MB, 0.03%.)
-    by = {(r["model"], r["gpu"]): r for r in S.catalog(profile_name="roofline")["rows"]}
+    by = {(r["model"], r["gpu"]): r for r in catalog(profile_name="roofline")["rows"]}
     weights = (8_030_261_248 - 128_256 * 4_096 + 4_096) * 2
     kv = 1024 * 32 * 2 * 8 * 128 * 2
-    assert S.ENGINE_PROFILES["roofline"].bandwidth_share == 0.9
+    assert ENGINE_PROFILES["roofline"].bandwidth_share == 0.9
     want_ms = 1e3 * (weights + kv) / (0.9 * 3350e9)
     assert want_ms == pytest.approx(5.023, abs=1e-3)
     assert by["llama-3-8b", "h100"]["decode_b1_ms"] == pytest.approx(want_ms, rel=1e-3)
     # the default, TensorRT-LLM's fitted profile: a fixed cost per pass and per layer, its
     # share of the bandwidth, and the activations' traffic once more (5 MB)
-    tensorrt = {(r["model"], r["gpu"]): r for r in S.catalog()["rows"]}
-    profile = S.ENGINE_PROFILES["tensorrt-llm"]
+    tensorrt = {(r["model"], r["gpu"]): r for r in catalog()["rows"]}
+    profile = ENGINE_PROFILES["tensorrt-llm"]
     fixed = profile.step_s + 32 * profile.layer_s
     want_ms = 1e3 * (fixed + (weights + kv) / (profile.bandwidth_share * 3350e9))
     assert tensorrt["llama-3-8b", "h100"]["decode_b1_ms"] == pytest.approx(want_ms, rel=1e-3)

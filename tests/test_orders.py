@@ -2,15 +2,22 @@
 import numpy as np
 import pytest
 
-import NN_40_serving as S
+from nn40.experiment_c import orders_steps
+from nn40.kv import KVBudget
+from nn40.loop import simulate_serving
+from nn40.pricing import StepCosts
+from nn40.queues import ORDERS, kendall_tau, queue_order
+from nn40.replicas import Replica
+from nn40.slot_steps import simulate_slots
+from nn40.workload import Requests, arrival_times, lognormal_lengths
 from test_cli import run_main, said
 
-UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
+UNIT = StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
 
 
 def serve(arrival, output, order, slots=1, max_wait_s=None, sigma=0.0, scheduler="continuous"):
-    req = S.Requests(np.array(arrival, float), np.full(len(output), 4), np.array(output))
-    return S.simulate_serving(req, S.Replica(slots, UNIT, scheduler, order=S.queue_order(
+    req = Requests(np.array(arrival, float), np.full(len(output), 4), np.array(output))
+    return simulate_serving(req, Replica(slots, UNIT, scheduler, order=queue_order(
         order, req.output, sigma, 0, max_wait_s)))
 
 
@@ -91,10 +98,10 @@ def test_every_admission_takes_the_best_request_that_has_arrived(order):
     # key (ties: the earliest) among those that have arrived and not yet started
     rng = np.random.default_rng(1)
     n = 300
-    output = S.lognormal_lengths(n, 4)
-    req = S.Requests(S.arrival_times(n, 0.02, 1.0, rng), np.full(n, 8), output)
-    o = S.queue_order(order, output, 0.8, 5)
-    sim = S.simulate_serving(req, S.Replica(1, UNIT, "continuous", order=o))
+    output = lognormal_lengths(n, 4)
+    req = Requests(arrival_times(n, 0.02, 1.0, rng), np.full(n, 8), output)
+    o = queue_order(order, output, 0.8, 5)
+    sim = simulate_serving(req, Replica(1, UNIT, "continuous", order=o))
     started = np.zeros(n, bool)
     for r in np.argsort(sim["times"].start, kind="stable"):
         waiting = np.flatnonzero((req.arrival_s <= sim["times"].start[r]) & ~started)
@@ -103,11 +110,11 @@ def test_every_admission_takes_the_best_request_that_has_arrived(order):
 
 
 def test_fcfs_is_the_plain_simulation():
-    req = S.Requests(S.arrival_times(400, 30.0, 1.0, np.random.default_rng(2)), np.full(400, 64),
-                     S.lognormal_lengths(400, 2))
-    kv = S.KVBudget("paged", 2_500, 16)
-    plain = S.simulate_serving(req, S.Replica(16, UNIT, "chunked", 128, kv=kv))
-    fcfs = S.simulate_serving(req, S.Replica(16, UNIT, "chunked", 128, kv=kv, order=S.queue_order(
+    req = Requests(arrival_times(400, 30.0, 1.0, np.random.default_rng(2)), np.full(400, 64),
+                     lognormal_lengths(400, 2))
+    kv = KVBudget("paged", 2_500, 16)
+    plain = simulate_serving(req, Replica(16, UNIT, "chunked", 128, kv=kv))
+    fcfs = simulate_serving(req, Replica(16, UNIT, "chunked", 128, kv=kv, order=queue_order(
         "fcfs", req.output, max_wait_s=0.5)))  # (a guard changes nothing in arrival order)
     for key in ("start", "first_token", "finish"):
         np.testing.assert_array_equal(getattr(plain["times"], key),
@@ -117,19 +124,19 @@ def test_fcfs_is_the_plain_simulation():
 
 @pytest.mark.parametrize("name", ["fcfs", "sjf", "longest", "predicted"])
 def test_the_reordered_post_table_against_a_sorted_queue(name):
-    lengths = S.lognormal_lengths(600, 3)
-    order = S.queue_order(name, lengths, 0.8, 7)
-    table = S.orders_steps(lengths, 32, [order])[name]
+    lengths = lognormal_lengths(600, 3)
+    order = queue_order(name, lengths, 0.8, 7)
+    table = orders_steps(lengths, 32, [order])[name]
     # the plain reference: the post's slot model on the lengths sorted by the order's keys
     ranked = np.arange(600) if order.keys is None else \
         np.array(sorted(range(600), key=lambda i: (order.keys[i], i)))
     for policy in ("static", "continuous"):
-        plain = S.simulate_slots(lengths[ranked], 32, policy)
+        plain = simulate_slots(lengths[ranked], 32, policy)
         assert table[policy]["steps"] == plain["steps"]
         assert table[policy]["occupancy"] == pytest.approx(plain["occupancy"])
     # and the serving simulation's own steps, request by request, with every pass free
-    req = S.Requests(np.zeros(600), np.full(600, 1), lengths)
-    sim = S.simulate_serving(req, S.Replica(32, S.StepCosts((1, 2), (0.0, 0.0), 0.0, "free"),
+    req = Requests(np.zeros(600), np.full(600, 1), lengths)
+    sim = simulate_serving(req, Replica(32, StepCosts((1, 2), (0.0, 0.0), 0.0, "free"),
                                             "continuous", order=order))
     assert sim["steps"] == table["continuous"]["steps"]
     assert sim["times"].finish_step.mean() == pytest.approx(table["continuous"]["mean_finish_step"])
@@ -138,8 +145,8 @@ def test_the_reordered_post_table_against_a_sorted_queue(name):
 def test_the_orders_table():
     # the post's 600 lengths in 32 slots: shortest first halves the mean finish; longest first
     # fills the seats (the drain at the end is gone)
-    lengths = S.lognormal_lengths(600, 3)
-    t = S.orders_steps(lengths, 32, [S.queue_order(n, lengths) for n in ("fcfs", "sjf",
+    lengths = lognormal_lengths(600, 3)
+    t = orders_steps(lengths, 32, [queue_order(n, lengths) for n in ("fcfs", "sjf",
                                                                            "longest")])
     assert (t["fcfs"]["continuous"]["steps"], round(t["fcfs"]["continuous"]["mean_finish_step"])) \
         == (2444, 971)
@@ -150,14 +157,14 @@ def test_the_orders_table():
 
 
 def test_kendall_tau_by_hand():
-    assert S.kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
-    assert S.kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
     # 6 pairs: (2, 3) disagree, the other five agree: (5 - 1) / 6
-    assert S.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
     # tau-b with a tie in x: 3 pairs, (a, b) tied in x; n_x = 2, n_y = 3, agree 2
-    assert S.kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / np.sqrt(2 * 3))
-    lengths = S.lognormal_lengths(3000, 3)
-    taus = [S.kendall_tau(lengths, S.queue_order("predicted", lengths, s, 1).keys)
+    assert kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / np.sqrt(2 * 3))
+    lengths = lognormal_lengths(3000, 3)
+    taus = [kendall_tau(lengths, queue_order("predicted", lengths, s, 1).keys)
             for s in (0.0, 0.4, 0.8, 1.6)]
     assert taus[0] == pytest.approx(1.0, abs=1e-3) and taus == sorted(taus, reverse=True)
 
@@ -170,7 +177,7 @@ def test_who_waits_end_to_end(tmp_path, capsys):
     assert C["order"]["name"] == "predicted" and 0.3 < C["order"]["kendall_tau"] < 0.8
     assert set(C["orders"]) == {"fcfs", "sjf", "predicted", "longest", "sjf_guarded",
                                 "predicted_guarded"}
-    assert set(C["orders_steps"]) == set(S.ORDERS)
+    assert set(C["orders_steps"]) == set(ORDERS)
     for name, m in C["orders"].items():
         assert sum(b["count"] for b in m["by_length"]) == 300
         assert m["max_wait_s"] == max(b["max_wait_s"] for b in m["by_length"])
@@ -208,9 +215,9 @@ def test_a_request_exactly_at_the_guard_goes_first():
 def test_predicted_lengths_carry_log_normal_noise_of_sigma(sigma):
     # each prediction is the true length times e^N(0, sigma^2): the log-ratio has mean 0 and
     # standard deviation sigma (a variance used in its place would give 0.25 or 4.0)
-    output = S.lognormal_lengths(200_000, 7)
-    order = S.queue_order("predicted", output, sigma, seed=11)
+    output = lognormal_lengths(200_000, 7)
+    order = queue_order("predicted", output, sigma, seed=11)
     noise = np.log(np.array(order.keys) / output)
     assert abs(noise.mean()) < 0.01 * sigma and noise.std() == pytest.approx(sigma, rel=0.01)
     assert order.sigma == sigma
-    assert S.queue_order("predicted", output, sigma, seed=12).keys != order.keys  # (a draw)
+    assert queue_order("predicted", output, sigma, seed=12).keys != order.keys  # (a draw)

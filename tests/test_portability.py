@@ -12,24 +12,52 @@ import pytest
 import torch
 
 import NN_40_serving as S
+import torch.nn.functional as F
+import os
+import sys
+import nn40.device
+import nn40.experiment_ab
+import nn40.model
+from nn40.accounting import param_count, step_cost
+from nn40.cli import parse_args
+from nn40.config import MODELS, ModelConfig
+from nn40.device import (
+    DTYPE_PREFERENCE, LAYOUT_ROWS, PROBE_DTYPES, PROBE_EARLY_ROUNDS, PROBE_NOISE,
+    PROBE_PREFILL_OUT, PROBE_ROUNDS, ProbeShape, VIEW_ELEMENTS_MAX, check_cuda_arch,
+    choose_dtype, device_memory, fits, free_memory_bytes, interleaved_ms, kv_view_elements,
+    out_of_memory, probe_dtypes, probe_layouts, probe_shapes, with_probed_dtype,
+    with_probed_layout)
+from nn40.errors import UsageError
+from nn40.experiment_ab import (
+    Bench, CEILING_MATMUL_SHARE, decode_row, kv_device_check, measure_ceilings, roofline_row,
+    run_decode_sweep)
+from nn40.host import busy, cpu_clock, load_between, windows_available_bytes
+from nn40.memory import kv_budget_bytes
+from nn40.model import (
+    Linear, MoE, build_model, decode_step, grouped_mm_works, new_kv_cache, prefill)
+from nn40.pricing import measured_costs
+from nn40.settings import RunConfig
+from nn40.tables import cell, describe, load_warnings, machine_warnings, ridge_text, roofline_notes
+from nn40.text_ko import TEXT
+from nn40.timing import OpLog, capture_blocker, cuda_graph, time_region
 from nn40 import host
 
-TINY = S.ModelConfig(layers=1, hidden=64, heads=4, vocab=128, max_positions=64, dtype="float32")
+TINY = ModelConfig(layers=1, hidden=64, heads=4, vocab=128, max_positions=64, dtype="float32")
 CPU = torch.device("cpu")
 
 
 # --- the dtype probe ---------------------------------------------------------------------
 # Stand-in times by (type, rows): the probe's rules on a clock the test controls.
 
-SHAPES = [S.ProbeShape(1, 64, 4, 1, 1.0), S.ProbeShape(8, 64, 4, 1, 1.0),
-          S.ProbeShape(256, 1024, 1, 1, 16.0)]
+SHAPES = [ProbeShape(1, 64, 4, 1, 1.0), ProbeShape(8, 64, 4, 1, 1.0),
+          ProbeShape(256, 1024, 1, 1, 16.0)]
 
 
 def stand_in_clock(monkeypatch, table, cold_ms=300.0, burst=None):
-    """S.call_ms by the type and rows of the F.linear fn runs: table[dtype][shape index] ms,
+    """call_ms by the type and rows of the F.linear fn runs: table[dtype][shape index] ms,
     cold_ms for the first call of each (type, rows) (a kernel's set-up), and burst: {(dtype,
     rows, nth call): ms} for a call another process slowed. -> the (dtype, rows) of each call"""
-    ran, seen, real_linear = [], collections.Counter(), S.F.linear
+    ran, seen, real_linear = [], collections.Counter(), F.linear
 
     def linear(x, w):
         ran.append((str(x.dtype).removeprefix("torch."), x.shape[0]))
@@ -43,15 +71,15 @@ def stand_in_clock(monkeypatch, table, cold_ms=300.0, burst=None):
             return cold_ms
         rows = [s.rows for s in SHAPES].index(key[1])
         return (burst or {}).get((*key, seen[key]), table[key[0]][rows])
-    monkeypatch.setattr(S.F, "linear", linear)
-    monkeypatch.setattr(S, "call_ms", call_ms)
+    monkeypatch.setattr(F, "linear", linear)
+    monkeypatch.setattr(nn40.device, "call_ms", call_ms)
     return ran
 
 
 def probed(monkeypatch, table, **clock):
     stand_in_clock(monkeypatch, table, **clock)
-    rounds = S.probe_dtypes(64, SHAPES)
-    return rounds, S.choose_dtype(rounds, SHAPES)
+    rounds = probe_dtypes(64, SHAPES)
+    return rounds, choose_dtype(rounds, SHAPES)
 
 
 @pytest.mark.parametrize("table, chosen", [
@@ -71,10 +99,10 @@ def probed(monkeypatch, table, **clock):
     ({"float32": [2, 2, 1], "bfloat16": [1, 1, 2], "float16": [1, 1, 9]}, "float32"),
 ])
 def test_the_probe_chooses_the_type_its_warm_rounds_say(table, chosen, monkeypatch):
-    assert S.DTYPE_PREFERENCE == 1.1 and S.PROBE_NOISE == 0.1
+    assert DTYPE_PREFERENCE == 1.1 and PROBE_NOISE == 0.1
     rounds, probe = probed(monkeypatch, table)  # (a 300 ms first call of each: never counted)
     assert probe["chosen"] == chosen
-    assert rounds["float32"] == [[table["float32"][i]] * S.PROBE_ROUNDS for i in range(3)]
+    assert rounds["float32"] == [[table["float32"][i]] * PROBE_ROUNDS for i in range(3)]
 
 
 def test_a_burst_on_the_tie_loser_or_near_the_preference_does_not_flip_the_choice(monkeypatch):
@@ -96,8 +124,8 @@ def test_a_burst_on_the_tie_loser_or_near_the_preference_does_not_flip_the_choic
 
 def test_the_types_take_turns_in_a_rotated_order(monkeypatch):
     order = []
-    monkeypatch.setattr(S, "call_ms", lambda fn: order.append(fn()) or 1.0)
-    S.interleaved_ms({"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}, rounds=3)
+    monkeypatch.setattr(nn40.device, "call_ms", lambda fn: order.append(fn()) or 1.0)
+    interleaved_ms({"a": lambda: "a", "b": lambda: "b", "c": lambda: "c"}, rounds=3)
     assert order == list("abc") + list("abc") + list("bca") + list("cab")  # (warm, 3 rounds)
 
 
@@ -105,7 +133,7 @@ def test_a_cold_call_or_a_burst_in_one_turn_does_not_decide(monkeypatch):
     table = {"float32": [2, 2, 2], "bfloat16": [1, 1, 1], "float16": [1.5, 1.5, 1.5]}
     # the old probe's failure: bfloat16's one cold call at one row timed as its speed
     rounds, probe = probed(monkeypatch, table, cold_ms=300.0)
-    assert probe["chosen"] == "bfloat16" and rounds["bfloat16"][0] == [1] * S.PROBE_ROUNDS
+    assert probe["chosen"] == "bfloat16" and rounds["bfloat16"][0] == [1] * PROBE_ROUNDS
     # a burst of other work during bfloat16's turn in one round, at every shape
     burst = {("bfloat16", s.rows, 3): 10.0 for s in SHAPES}
     rounds, probe = probed(monkeypatch, table, burst=burst)
@@ -118,48 +146,48 @@ def test_a_cold_call_or_a_burst_in_one_turn_does_not_decide(monkeypatch):
 def test_a_type_far_behind_leaves_the_probe_and_float32_never_does(monkeypatch):
     table = {"float32": [5, 5, 5], "bfloat16": [1, 30, 30], "float16": [1, 1, 30]}
     ran = stand_in_clock(monkeypatch, table)
-    rounds = S.probe_dtypes(64, SHAPES)
+    rounds = probe_dtypes(64, SHAPES)
     # bfloat16 out at 8 rows (30x the fastest call), float16 at the prefill (6x float32's)
-    assert [len(rounds[d]) for d in S.PROBE_DTYPES] == [3, 1, 2]
+    assert [len(rounds[d]) for d in PROBE_DTYPES] == [3, 1, 2]
     assert ("bfloat16", 256) not in ran and ("float32", 256) in ran
     # (at 8 rows: its warm call and PROBE_EARLY_ROUNDS timed ones, no more)
-    assert ran.count(("bfloat16", 8)) == (1 + S.PROBE_EARLY_ROUNDS) * 4  # (four weights a call)
-    probe = S.choose_dtype(rounds, SHAPES)
+    assert ran.count(("bfloat16", 8)) == (1 + PROBE_EARLY_ROUNDS) * 4  # (four weights a call)
+    probe = choose_dtype(rounds, SHAPES)
     assert probe["vs_float32"]["bfloat16"] is None and probe["vs_float32"]["float16"] is None
     assert probe["chosen"] == "float32" and probe["margin"] is None
     # a real probe, tiny: every type timed at every shape, each timing a real one
     monkeypatch.undo()
-    rounds = S.probe_dtypes(64, SHAPES[:2])
-    assert all(len(r) == 2 and all(len(ms) == S.PROBE_ROUNDS and min(ms) > 0 for ms in r)
+    rounds = probe_dtypes(64, SHAPES[:2])
+    assert all(len(r) == 2 and all(len(ms) == PROBE_ROUNDS and min(ms) > 0 for ms in r)
                for d, r in rounds.items() if d == "float32")
 
 
 def test_the_probe_times_the_shapes_the_run_makes():
-    run = S.parse_args(["--device", "cpu", "--experiments", "AB", "--batch-sizes", "1,8",
+    run = parse_args(["--device", "cpu", "--experiments", "AB", "--batch-sizes", "1,8",
                         "--contexts", "64,128", "--prefill-lengths", "512",
                         "--decode-batches", "1,32"])
-    shapes = S.probe_shapes(run, 1024)
+    shapes = probe_shapes(run, 1024)
     assert [(s.rows, s.calls) for s in shapes] == [(1, 3), (8, 2), (32, 1), (512, 1)]
     assert [s.weight for s in shapes] == [3.0, 2.0, 1.0, 16.0]  # (2^24 / (1024 x 1024))
-    assert shapes[-1].out == S.PROBE_PREFILL_OUT and shapes[0].out * 1024 == 2**22
+    assert shapes[-1].out == PROBE_PREFILL_OUT and shapes[0].out * 1024 == 2**22
 
 
 def test_the_probe_sets_the_dtype_only_when_none_is_given(monkeypatch):
-    monkeypatch.setattr(S, "probe_dtypes", lambda width, shapes: {
+    monkeypatch.setattr(nn40.device, "probe_dtypes", lambda width, shapes: {
         "float32": [[1.0] * 5] * len(shapes), "bfloat16": [], "float16": []})
-    run = S.parse_args(["--device", "cpu", "--experiments", "A"])
+    run = parse_args(["--device", "cpu", "--experiments", "A"])
     assert not run.hardware.dtype_given and "dtype=" not in " ".join(run.hardware.preset)
-    probed_run, info = S.with_probed_dtype(run)
+    probed_run, info = with_probed_dtype(run)
     assert probed_run.hardware.model.dtype == "float32" and info["chosen"] == "float32"
     assert info["margin"] is None  # (no other type finished)
-    given = S.parse_args(["--device", "cpu", "--experiments", "A", "--dtype", "bfloat16"])
-    assert S.with_probed_dtype(given) == (given, None)
-    alone = S.parse_args(["--experiments", "C"])  # no device: nothing to probe
-    assert S.with_probed_dtype(alone) == (alone, None)
+    given = parse_args(["--device", "cpu", "--experiments", "A", "--dtype", "bfloat16"])
+    assert with_probed_dtype(given) == (given, None)
+    alone = parse_args(["--experiments", "C"])  # no device: nothing to probe
+    assert with_probed_dtype(alone) == (alone, None)
 
 
 def test_the_probe_is_printed_and_recorded(tiny_args, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(S, "probe_dtypes", lambda width, shapes: {
+    monkeypatch.setattr(nn40.device, "probe_dtypes", lambda width, shapes: {
         "float32": [[2.0] * 5] * len(shapes), "bfloat16": [[80.0] * 5] * len(shapes),
         "float16": [[9.0] * 5]})
     args = [a for a in tiny_args if a not in ("--dtype", "float32")]
@@ -181,24 +209,24 @@ def test_the_probe_is_printed_and_recorded(tiny_args, tmp_path, capsys, monkeypa
 
 
 def test_the_load_beside_the_run_is_the_machines_busy_time_less_its_own(monkeypatch):
-    monkeypatch.setattr(S.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     # 10 s of wall on 2 CPUs: the machine busy 15 s, this process 5 s of it, 1 s stolen
-    load = S.load_between((0.0, 0.0, 100.0, 0.0), (10.0, 5.0, 115.0, 1.0))
+    load = load_between((0.0, 0.0, 100.0, 0.0), (10.0, 5.0, 115.0, 1.0))
     assert load["others_share"] == pytest.approx(0.5) and load["steal_share"] == 0.05
-    assert S.busy(load) and not S.busy({**load, "others_share": 0.1})
-    assert S.busy({**load, "others_share": 0.0, "steal_share": 0.3})  # (the hypervisor's)
+    assert busy(load) and not busy({**load, "others_share": 0.1})
+    assert busy({**load, "others_share": 0.0, "steal_share": 0.3})  # (the hypervisor's)
     # on 16 CPUs two busy processes are 12.5%, under a quarter, yet a whole CPU: busy
-    assert S.busy({**load, "cpus": 16, "others_share": 0.125, "steal_share": 0.0})
-    assert not S.busy({**load, "cpus": 16, "others_share": 0.05, "steal_share": 0.0})
-    assert not S.busy(S.load_between((0.0, 0.0, None, None), (1.0, 1.0, None, None)))
+    assert busy({**load, "cpus": 16, "others_share": 0.125, "steal_share": 0.0})
+    assert not busy({**load, "cpus": 16, "others_share": 0.05, "steal_share": 0.0})
+    assert not busy(load_between((0.0, 0.0, None, None), (1.0, 1.0, None, None)))
     results = {"environment": {"load": {"probes": {**load, "others_share": 0.0},
                                         "A": load, "B": {**load, "others_share": 0.6}}}}
-    warning = next(w for w in S.machine_warnings(results) if w["kind"] == "warn_busy")
+    warning = next(w for w in machine_warnings(results) if w["kind"] == "warn_busy")
     assert warning["stages"] == "A, B" and warning["others"] == 0.6
-    text = S.describe(S.TEXT["en"], warning)
+    text = describe(TEXT["en"], warning)
     assert "other processes used 60% of its 2 CPUs and the hypervisor took 5%" in text
-    assert "60%" in S.describe(S.TEXT["ko"], warning)
-    wall, own, machine, stolen = S.cpu_clock()  # (this machine: Linux or not, it answers)
+    assert "60%" in describe(TEXT["ko"], warning)
+    wall, own, machine, stolen = cpu_clock()  # (this machine: Linux or not, it answers)
     assert wall > 0 and own > 0 and (machine is None or machine >= own / 4)
 
 
@@ -207,20 +235,20 @@ def test_the_machines_busy_time_is_read_from_proc_stat(tmp_path, monkeypatch):
     # irq + softirq (idle and iowait are not), steal apart
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 20 30 5000 70 8 2 40 9 0\ncpu0 1 2 3 4\n")
-    hz = S.os.sysconf("SC_CLK_TCK")
-    _, _, machine, stolen = S.cpu_clock(str(stat))
+    hz = os.sysconf("SC_CLK_TCK")
+    _, _, machine, stolen = cpu_clock(str(stat))
     assert machine == pytest.approx(160 / hz) and stolen == pytest.approx(40 / hz)
-    assert S.cpu_clock(str(tmp_path / "none"))[2:] == (None, None)
-    unknown = {"probes": S.load_between((0.0, 0.0, None, None), (1.0, 1.0, None, None))}
-    assert S.load_warnings(unknown) == [{"kind": "note_load", "stages": "probes"}]
-    assert "whether other programs slowed probes is not known" in S.describe(
-        S.TEXT["en"], S.load_warnings(unknown)[0])
+    assert cpu_clock(str(tmp_path / "none"))[2:] == (None, None)
+    unknown = {"probes": load_between((0.0, 0.0, None, None), (1.0, 1.0, None, None))}
+    assert load_warnings(unknown) == [{"kind": "note_load", "stages": "probes"}]
+    assert "whether other programs slowed probes is not known" in describe(
+        TEXT["en"], load_warnings(unknown)[0])
 
 
 def test_a_ridge_under_one_is_printed_as_its_figures_not_zero():
-    assert S.ridge_text(0.0412) == "0.041" and S.ridge_text(0.5) == "0.5"
-    assert S.ridge_text(8.05) == "8"
-    assert S.ridge_text(120.4) == "120"
+    assert ridge_text(0.0412) == "0.041" and ridge_text(0.5) == "0.5"
+    assert ridge_text(8.05) == "8"
+    assert ridge_text(120.4) == "120"
 
 
 # --- memory facts, any OS -------------------------------------------------------------------
@@ -238,37 +266,37 @@ def no_meminfo(monkeypatch):
 
 def test_free_memory_on_macos_falls_back_to_physical_pages(monkeypatch):
     no_meminfo(monkeypatch)
-    monkeypatch.setattr(S.sys, "platform", "darwin")
+    monkeypatch.setattr(sys, "platform", "darwin")
 
     def sysconf(name):  # macOS: no SC_AVPHYS_PAGES
         if name == "SC_AVPHYS_PAGES":
             raise ValueError("unrecognized configuration name")
         return {"SC_PHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}[name]
-    monkeypatch.setattr(S.os, "sysconf", sysconf)
-    assert S.free_memory_bytes(CPU) == 1000 * 4096
+    monkeypatch.setattr(os, "sysconf", sysconf)
+    assert free_memory_bytes(CPU) == 1000 * 4096
 
 
 def test_free_memory_on_windows_asks_windows(monkeypatch):
     no_meminfo(monkeypatch)
-    monkeypatch.setattr(S.sys, "platform", "win32")
-    monkeypatch.delattr(S.os, "sysconf")  # Windows has none
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.delattr(os, "sysconf")  # Windows has none
     monkeypatch.setattr(host, "windows_available_bytes", lambda: 8 * 2**30)
-    assert S.free_memory_bytes(CPU) == 8 * 2**30
+    assert free_memory_bytes(CPU) == 8 * 2**30
 
 
 def test_free_memory_unknown_is_infinite_not_an_error(monkeypatch):
     no_meminfo(monkeypatch)
-    monkeypatch.setattr(S.sys, "platform", "plan9")
-    monkeypatch.delattr(S.os, "sysconf")
-    assert S.free_memory_bytes(CPU) == math.inf
-    assert S.fits(TINY, CPU, 1, 8, 1)[0]
+    monkeypatch.setattr(sys, "platform", "plan9")
+    monkeypatch.delattr(os, "sysconf")
+    assert free_memory_bytes(CPU) == math.inf
+    assert fits(TINY, CPU, 1, 8, 1)[0]
 
 
 def test_windows_memory_reads_globalmemorystatusex():
     if not hasattr(__import__("ctypes"), "windll"):
-        assert S.windows_available_bytes() == math.inf  # (not Windows: no windll)
+        assert windows_available_bytes() == math.inf  # (not Windows: no windll)
     else:
-        assert 0 < S.windows_available_bytes() < math.inf
+        assert 0 < windows_available_bytes() < math.inf
 
 
 # --- timing bounded by time -----------------------------------------------------------------
@@ -282,7 +310,7 @@ def test_a_slow_call_is_timed_fewer_times_and_says_so(sleep_s, budget_s, expect)
     def fn():
         calls.append(1)
         time.sleep(sleep_s)
-    timing = S.time_region(fn, CPU, warmup=2, reps=12, budget_s=budget_s)
+    timing = time_region(fn, CPU, warmup=2, reps=12, budget_s=budget_s)
     assert timing["n"] == expect and timing["few_reps"] == (expect < 5)
     warm = len(calls) - timing["n"]
     assert 1 <= warm <= 2
@@ -298,12 +326,12 @@ def test_the_ceilings_matmul_grows_until_it_takes_tens_of_ms(monkeypatch):
         n = 256 * 2 ** (len(sizes) - 2)
         tflops = 0.25 if n == 1024 else 0.2  # (a matmul library best at one size)
         return {"median_ms": 2 * n ** 3 / (tflops * 1e12) * 1e3, "n": 5}
-    monkeypatch.setattr(S, "time_region", fake_time_region)
-    run = S.RunConfig.of(model=TINY, warmup=1, reps=3, time_budget_s=2.0)
-    ceilings = S.measure_ceilings(run, CPU, log=lambda m: None)
+    monkeypatch.setattr(nn40.experiment_ab, "time_region", fake_time_region)
+    run = RunConfig.of(model=TINY, warmup=1, reps=3, time_budget_s=2.0)
+    ceilings = measure_ceilings(run, CPU, log=lambda m: None)
     # 256: 0.17 ms, 512: 1.3, 1024: 8.6, 2048: 85.9 ms >= 50 ms (a 40th of the 2 s budget):
     # stops there, keeps the best
-    assert len(sizes) == 1 + 4 and S.CEILING_MATMUL_SHARE * run.measurement.time_budget_s == 0.05
+    assert len(sizes) == 1 + 4 and CEILING_MATMUL_SHARE * run.measurement.time_budget_s == 0.05
     assert ceilings["matmul_source"]["n"] == 1024
     assert ceilings["matmul_tflops"] == pytest.approx(0.25)
 
@@ -319,36 +347,36 @@ def timing_ms(ms):
 
 
 def test_a_step_above_a_ceiling_is_flagged_not_printed(tiny_args, capsys):
-    cost = S.step_cost(TINY, 1, 1, 8)
+    cost = step_cost(TINY, 1, 1, 8)
     fast_ms = 1e3 * cost["bytes"] / 200e9  # twice the 100 GB/s ceiling
-    row = S.roofline_row(TINY, CEILINGS, timing_ms(fast_ms), (1, 1, 8))
+    row = roofline_row(TINY, CEILINGS, timing_ms(fast_ms), (1, 1, 8))
     assert row["above_ceiling"] == ["mbu"] and row["mbu"] == pytest.approx(2.0)
-    T = S.TEXT["en"]
-    assert S.cell(T, row, "mbu", ".0%") == "> ceiling" and S.cell(T, row, "mfu", ".1%") != ""
+    T = TEXT["en"]
+    assert cell(T, row, "mbu", ".0%") == "> ceiling" and cell(T, row, "mfu", ".1%") != ""
     results = {"config": {"time_budget_s": 2.0}}
-    assert T["above_ceiling_note"] in S.roofline_notes(T, results, [row])
+    assert T["above_ceiling_note"] in roofline_notes(T, results, [row])
 
 
 def test_a_step_far_below_both_roofs_is_launch_or_overhead_bound():
-    cost = S.step_cost(TINY, 1, 1, 8)
+    cost = step_cost(TINY, 1, 1, 8)
     slow_ms = 1e3 * cost["bytes"] / 10e9  # 10% of the bandwidth, far less of the FLOP rate
-    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), (1, 1, 8))["bound"] == "overhead"
-    assert S.roofline_row(TINY, CEILINGS, timing_ms(slow_ms), (1, 1, 8), cuda=True)["bound"] \
+    assert roofline_row(TINY, CEILINGS, timing_ms(slow_ms), (1, 1, 8))["bound"] == "overhead"
+    assert roofline_row(TINY, CEILINGS, timing_ms(slow_ms), (1, 1, 8), cuda=True)["bound"] \
         == "launch"
     fair_ms = 1e3 * cost["bytes"] / 50e9  # half the bandwidth: memory-bound as ever
-    assert S.roofline_row(TINY, CEILINGS, timing_ms(fair_ms), (1, 1, 8))["bound"] == "memory"
+    assert roofline_row(TINY, CEILINGS, timing_ms(fair_ms), (1, 1, 8))["bound"] == "memory"
 
 
 def test_a_view_past_2_31_elements_is_skipped_before_allocation(monkeypatch):
-    post = S.ModelConfig()  # A's largest CUDA row: batch 256, 4,096 cached tokens + 1
-    assert S.kv_view_elements(post, 256, 4097) == 256 * 16 * 4097 * 128 > 2**31 - 1
-    assert S.kv_view_elements(post, 128, 4097) <= 2**31 - 1
-    monkeypatch.setattr(S, "fits", lambda *a, **k: (True, 0, 0))
+    post = ModelConfig()  # A's largest CUDA row: batch 256, 4,096 cached tokens + 1
+    assert kv_view_elements(post, 256, 4097) == 256 * 16 * 4097 * 128 > 2**31 - 1
+    assert kv_view_elements(post, 128, 4097) <= 2**31 - 1
+    monkeypatch.setattr(nn40.experiment_ab, "fits", lambda *a, **k: (True, 0, 0))
     bench = types.SimpleNamespace(cfg=post, device=CPU)
-    reason = S.Bench.skip_reason(bench, 256, 4097, 1)
+    reason = Bench.skip_reason(bench, 256, 4097, 1)
     assert reason["kind"] == "view_too_large" and reason["elements"] == 2_148_007_936
-    assert S.Bench.skip_reason(bench, 128, 4097, 1) is None
-    assert "32-bit" in S.describe(S.TEXT["en"], reason)
+    assert Bench.skip_reason(bench, 128, 4097, 1) is None
+    assert "32-bit" in describe(TEXT["en"], reason)
 
 
 # --- failures keep what finished -----------------------------------------------------------------
@@ -357,7 +385,7 @@ def test_a_view_past_2_31_elements_is_skipped_before_allocation(monkeypatch):
 def test_a_late_failure_keeps_the_finished_experiments(tiny_args, tmp_path, capsys, monkeypatch):
     def broken(bench, ceilings, log):
         raise RuntimeError("CUDA error: an illegal memory access\nmore detail")
-    monkeypatch.setattr(S, "run_prefill_decode", broken)
+    monkeypatch.setattr(nn40.experiment_ab, "run_prefill_decode", broken)
     with pytest.raises(SystemExit) as exit_info:
         S.main(tiny_args + ["--experiments", "ABC", "--no-figures"])
     assert exit_info.value.code == 1
@@ -373,13 +401,13 @@ def test_a_late_failure_keeps_the_finished_experiments(tiny_args, tmp_path, caps
 
 
 def test_a_row_out_of_memory_is_skipped_and_the_rest_run(tiny_args, capsys, monkeypatch):
-    real = S.Bench.time_decode
+    real = Bench.time_decode
 
     def time_decode(self, batch, context, *args, **kwargs):
         if batch == 4:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(self, batch, context, *args, **kwargs)
-    monkeypatch.setattr(S.Bench, "time_decode", time_decode)
+    monkeypatch.setattr(Bench, "time_decode", time_decode)
     results = S.main(tiny_args + ["--experiments", "A", "--no-figures"])
     rows = {(r["context"], r["batch"]): r for r in results["A"]["rows"]}
     assert rows[8, 4]["skipped"]["kind"] == "out_of_memory" and "step_ms" in rows[8, 1]
@@ -388,10 +416,10 @@ def test_a_row_out_of_memory_is_skipped_and_the_rest_run(tiny_args, capsys, monk
 
 
 def test_host_allocation_failure_counts_as_out_of_memory():
-    assert S.out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you "
+    assert out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you "
                                         "tried to allocate 1000 bytes"))
-    assert S.out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory"))
-    assert not S.out_of_memory(RuntimeError("shape mismatch"))
+    assert out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    assert not out_of_memory(RuntimeError("shape mismatch"))
 
 
 # --- stand-ins for torch.cuda ------------------------------------------------------------------
@@ -424,7 +452,7 @@ class FakeGraph:
 
 @contextlib.contextmanager
 def fake_capture(graph):
-    with S.OpLog() as log:
+    with OpLog() as log:
         yield
     FakeGraph.captured.append(log)
 
@@ -472,7 +500,7 @@ def fake_cuda(monkeypatch):
 
 def test_cuda_timing_uses_events_with_warmup_and_sample_counts(fake_cuda):
     calls = []
-    timing = S.time_region(lambda: calls.append(1), fake_cuda, warmup=3, reps=7, budget_s=5.0)
+    timing = time_region(lambda: calls.append(1), fake_cuda, warmup=3, reps=7, budget_s=5.0)
     assert timing["n"] == 7 and len(calls) == 3 + 7
     assert FakeEvent.records == 2 * 7  # a start and an end event around every timed call
 
@@ -481,33 +509,33 @@ def test_free_memory_passes_an_index_to_mem_get_info(fake_cuda):
     # torch 2.3 and 2.4 refuse torch.device("cuda") in mem_get_info (fixed in 2.5)
     with pytest.raises(ValueError):
         torch.cuda.mem_get_info(torch.device("cuda"))
-    assert S.free_memory_bytes(torch.device("cuda")) == 40 * 2**30 + 2**30
-    run = S.RunConfig.of(model=TINY)
-    budget, source = S.kv_budget_bytes(run, S.device_memory(torch.device("cuda")))
+    assert free_memory_bytes(torch.device("cuda")) == 40 * 2**30 + 2**30
+    run = RunConfig.of(model=TINY)
+    budget, source = kv_budget_bytes(run, device_memory(torch.device("cuda")))
     assert source["kind"] == "memory_cuda" and budget == pytest.approx(
-        0.9 * 80 * 2**30 - S.param_count(TINY) * 4)
+        0.9 * 80 * 2**30 - param_count(TINY) * 4)
 
 
 def test_cuda_defaults_from_parse_args(fake_cuda):
-    run = S.parse_args([])
+    run = parse_args([])
     assert run.hardware.device == "cuda" and run.measurement.graphs == "both"
-    assert run.measurement.contexts == (128, 1024, 4096) and run.hardware.model == S.MODELS["post"]
+    assert run.measurement.contexts == (128, 1024, 4096) and run.hardware.model == MODELS["post"]
     assert (run.engine.engine_requests, run.engine.engine_slots, run.engine.engine_prompt_len,
             run.engine.engine_shrink) == (600, 32, 128, 1)
-    assert S.with_probed_dtype(run) == (run, None)  # no probe on CUDA: float16 as the post
+    assert with_probed_dtype(run) == (run, None)  # no probe on CUDA: float16 as the post
 
 
 @torch.inference_mode()
 def test_a_graph_captured_decode_step_never_syncs_with_the_host(fake_cuda):
-    cfg = S.ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, vocab=97, max_positions=64,
+    cfg = ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, vocab=97, max_positions=64,
                         dtype="float32", mlp="gated", norm="rms", positions="rope")
-    model = S.build_model(cfg, CPU)
-    cache = S.new_kv_cache(cfg, 4, 17, CPU)
+    model = build_model(cfg, CPU)
+    cache = new_kv_cache(cfg, 4, 17, CPU)
     tokens = torch.randint(cfg.vocab, (4,))
-    S.cuda_graph(lambda: S.decode_step(model, cache, tokens, 16))  # A's and B's timed step
+    cuda_graph(lambda: decode_step(model, cache, tokens, 16))  # A's and B's timed step
     assert FakeGraph.captured[-1].attention() and FakeGraph.captured[-1].host_syncs() == []
     # the check can fail: rows at several positions read their positions from the host
-    S.cuda_graph(lambda: S.decode_step(model, cache, tokens, [3, 8, 8, 16]))
+    cuda_graph(lambda: decode_step(model, cache, tokens, [3, 8, 8, 16]))
     assert FakeGraph.captured[-1].host_syncs()
 
 
@@ -519,38 +547,38 @@ def test_the_stand_in_sees_the_host_syncs_cuda_would():
     # .tolist() and int() record no aten op on a CPU, and bincount reads its input's range on the
     # host on CUDA: each is a host sync, as CUDA would see it
     x = torch.tensor([3, 1, 1])
-    with S.OpLog() as log:
+    with OpLog() as log:
         x.tolist(), int(x[0]), torch.bincount(x)
     assert {"tolist", "__int__", "bincount"} <= set(log.host_syncs())
-    with S.OpLog() as log:
+    with OpLog() as log:
         x[0].item()
     assert log.host_syncs()
 
 
 @torch.inference_mode()
 def test_an_moe_step_is_captured_only_in_its_grouped_form(fake_cuda):
-    model = S.build_model(MOE, CPU, seed=2)
-    cache = S.new_kv_cache(MOE, 4, 17, CPU)
+    model = build_model(MOE, CPU, seed=2)
+    cache = new_kv_cache(MOE, 4, 17, CPU)
     tokens = torch.randint(MOE.vocab, (4,))
-    step = lambda: S.decode_step(model, cache, tokens, 16)  # noqa: E731 (A's timed step)
-    why = S.capture_blocker(step)  # the loop reads each expert's count on the host
+    step = lambda: decode_step(model, cache, tokens, 16)  # noqa: E731 (A's timed step)
+    why = capture_blocker(step)  # the loop reads each expert's count on the host
     assert why.startswith("host syncs:") and "bincount" in why and "tolist" in why
-    if not S.grouped_mm_works(CPU, torch.float32):
+    if not grouped_mm_works(CPU, torch.float32):
         pytest.skip("torch._grouped_mm does not run here")
     for m in model.modules():
-        if isinstance(m, S.MoE):
+        if isinstance(m, MoE):
             m.set_grouped(True)
-    assert S.capture_blocker(step) is None
-    S.cuda_graph(step)
+    assert capture_blocker(step) is None
+    cuda_graph(step)
     assert FakeGraph.captured[-1].host_syncs() == []
 
 
 def test_a_step_that_cannot_be_captured_is_never_captured_and_says_why(fake_cuda):
-    run = S.RunConfig.of(model=MOE, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
-    bench = S.Bench(run, CPU)
+    run = RunConfig.of(model=MOE, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
+    bench = Bench(run, CPU)
     with torch.inference_mode():
         timing = bench.time_decode(2, 8, mode="graph")
-        dense = S.Bench(run.replace(model=TINY), CPU).time_decode(2, 8, mode="graph")
+        dense = Bench(run.replace(model=TINY), CPU).time_decode(2, 8, mode="graph")
     assert FakeGraph.captured and len(FakeGraph.captured) == 1  # the dense step's alone
     assert timing["ran"] == "eager" and "bincount" in timing["graph_failed"]
     assert dense["ran"] == "graph" and "graph_failed" not in dense
@@ -565,41 +593,43 @@ def test_a_capture_that_raises_leaves_the_caller_stream_current(fake_cuda, monke
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: caller)
     monkeypatch.setattr(torch.cuda, "graph", failing_capture)
     with pytest.raises(RuntimeError, match="operation not permitted"):
-        S.cuda_graph(lambda: None)
+        cuda_graph(lambda: None)
     assert FakeStream.current[-1:] == [caller]
 
 
 @torch.inference_mode()
 def test_moe_rows_and_their_dense_twin_compare_in_the_mode_they_ran(fake_cuda, monkeypatch):
-    run = S.RunConfig.of(model=MOE, device="cpu", graphs="both", batch_sizes=(1, 4), context=8,
+    run = RunConfig.of(model=MOE, device="cpu", graphs="both", batch_sizes=(1, 4), context=8,
                          contexts=(8,), warmup=1, reps=3, time_budget_s=5.0)
-    A = S.run_decode_sweep(S.Bench(run, CPU), CEILINGS, lambda line: None)
+    A = run_decode_sweep(Bench(run, CPU), CEILINGS, lambda line: None)
     graph_rows = [r for r in A["rows"] if r["mode"] == "graph"]
     assert all(r["ran"] == "eager" and "graph_failed" in r for r in graph_rows)
     twin = A["dense_twin"]["rows"]
     assert [(r["mode"], r["ran"]) for r in twin] == [("eager", "eager")] * 2
     assert all(r["dense_twin_ms"] > 0 for r in graph_rows)
     # where the twin ran in another mode than the MoE row, no ratio is taken
-    real = S.decode_row
-    monkeypatch.setattr(S, "decode_row", lambda bench, *a: {**real(bench, *a), "ran": "graph"}
+    real = decode_row
+    monkeypatch.setattr(nn40.experiment_ab, "decode_row",
+                        lambda bench, *a: {**real(bench, *a), "ran": "graph"}
                         if not bench.cfg.experts else real(bench, *a))
-    A = S.run_decode_sweep(S.Bench(run, CPU), CEILINGS, lambda line: None)
+    A = run_decode_sweep(Bench(run, CPU), CEILINGS, lambda line: None)
     assert not any("dense_twin_ms" in r for r in A["rows"])
 
 
 @torch.inference_mode()
 def test_graph_mode_times_prefill_too_and_feeds_fresh_prompts(fake_cuda, monkeypatch):
-    run = S.RunConfig.of(model=TINY, device="cpu", graphs="both", warmup=1, reps=5,
+    run = RunConfig.of(model=TINY, device="cpu", graphs="both", warmup=1, reps=5,
                          time_budget_s=10.0)
-    bench = S.Bench(run, CPU)
+    bench = Bench(run, CPU)
     seen = []
-    real_prefill = S.prefill
+    real_prefill = prefill
 
     def spy(model, cache, tokens, rows=None):
         seen.append(tokens.clone())
         return real_prefill(model, cache, tokens, rows)
-    monkeypatch.setattr(S, "prefill", spy)
-    monkeypatch.setattr(S, "cuda_graph", lambda step: step)  # replay = the step itself
+    monkeypatch.setattr(nn40.experiment_ab, "prefill", spy)
+    # (replay = the step itself)
+    monkeypatch.setattr(nn40.experiment_ab, "cuda_graph", lambda step: step)
     timing = bench.time_prefill(16, mode="graph")
     assert timing["n"] == 5 and "graph_failed" not in timing
     assert len({tuple(t.flatten().tolist()) for t in seen}) > 1  # a fresh prompt each call
@@ -608,14 +638,14 @@ def test_graph_mode_times_prefill_too_and_feeds_fresh_prompts(fake_cuda, monkeyp
 def test_a_failed_capture_is_timed_eagerly_and_says_so(fake_cuda, monkeypatch):
     def broken(step):
         raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(S, "cuda_graph", broken)
-    run = S.RunConfig.of(model=TINY, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
-    bench = S.Bench(run, CPU)
+    monkeypatch.setattr(nn40.experiment_ab, "cuda_graph", broken)
+    run = RunConfig.of(model=TINY, device="cpu", warmup=1, reps=5, time_budget_s=10.0)
+    bench = Bench(run, CPU)
     with torch.inference_mode():
         timing = bench.time_decode(2, 8, mode="graph")
     assert timing["n"] == 5 and timing["graph_failed"].startswith("RuntimeError: operation")
-    row = S.roofline_row(TINY, CEILINGS, timing, (2, 1, 8))
-    assert S.cell(S.TEXT["en"], {**row, "mode": "graph"}, "mode", "s") == \
+    row = roofline_row(TINY, CEILINGS, timing, (2, 1, 8))
+    assert cell(TEXT["en"], {**row, "mode": "graph"}, "mode", "s") == \
         "eager (graph failed)"
 
 
@@ -630,7 +660,7 @@ def test_c_prices_decode_and_prefill_from_one_mode():
                                                                   tokens=512)]}
     results = {"A": A, "B": B, "environment": {
         "device": "GPU", "ceilings": {"bandwidth_gbs": 1000.0}}}
-    costs = S.measured_costs(S.ModelConfig(), results)
+    costs = measured_costs(ModelConfig(), results)
     assert costs.source["mode"] == "graph"
     assert dict(zip(costs.tokens, costs.seconds))[512] == pytest.approx(6.0e-3)
 
@@ -638,38 +668,39 @@ def test_c_prices_decode_and_prefill_from_one_mode():
 def test_an_unsupported_gpu_architecture_is_one_line(fake_cuda, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "RTX 5080")
-    with pytest.raises(S.UsageError, match="no kernels for the RTX 5080 .sm_120.*CUDA 12.8"):
-        S.check_cuda_arch(torch.device("cuda"))
+    with pytest.raises(UsageError, match="no kernels for the RTX 5080 .sm_120.*CUDA 12.8"):
+        check_cuda_arch(torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_90", "compute_90"])
-    S.check_cuda_arch(torch.device("cuda"))  # PTX of an older sm: JIT-compiled, runs
+    check_cuda_arch(torch.device("cuda"))  # PTX of an older sm: JIT-compiled, runs
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_90", "sm_120"])
-    S.check_cuda_arch(torch.device("cuda"))
+    check_cuda_arch(torch.device("cuda"))
 
 
 def test_rows_that_do_not_fit_the_gpu_are_skipped_before_allocating(fake_cuda, monkeypatch):
-    monkeypatch.setattr(S, "free_memory_bytes", lambda device: 2**30)
-    bench = types.SimpleNamespace(cfg=S.ModelConfig(), device=torch.device("cuda"))
-    reason = S.Bench.skip_reason(bench, 256, 4097, 1)
+    monkeypatch.setattr(nn40.device, "free_memory_bytes", lambda device: 2**30)
+    bench = types.SimpleNamespace(cfg=ModelConfig(), device=torch.device("cuda"))
+    reason = Bench.skip_reason(bench, 256, 4097, 1)
     assert reason["kind"] == "does_not_fit" and reason["free_gib"] == 1.0
-    assert S.Bench.skip_reason(bench, 1, 129, 1) is None
+    assert Bench.skip_reason(bench, 1, 129, 1) is None
 
 
 @torch.inference_mode()
 def test_the_kv_device_check_counts_the_view_its_decode_reads(monkeypatch):
     # a budget of 40 M tokens as 625,000 rows of 64: the whole cache is 2.56e9 elements of K
     # a layer, past 32 bits, but the decode of the peak's 3 rows views 3 rows alone
-    bench = S.Bench(S.RunConfig.of(model=TINY, device="cpu", warmup=1, reps=3,
+    bench = Bench(RunConfig.of(model=TINY, device="cpu", warmup=1, reps=3,
                                    time_budget_s=1.0), CPU)
     kv = {"budget_tokens": 40_000_000, "peak": {"contexts": [20, 30, 40]}}
-    monkeypatch.setattr(S, "free_memory_bytes", lambda device: math.inf)
-    real = S.new_kv_cache  # (the check's 625,000 rows as the 3 the step reads)
-    monkeypatch.setattr(S, "new_kv_cache", lambda cfg, rows, n, device: real(cfg, 3, n, device))
-    check = S.kv_device_check(bench, kv)
+    monkeypatch.setattr(nn40.device, "free_memory_bytes", lambda device: math.inf)
+    real = new_kv_cache  # (the check's 625,000 rows as the 3 the step reads)
+    monkeypatch.setattr(nn40.experiment_ab, "new_kv_cache",
+                        lambda cfg, rows, n, device: real(cfg, 3, n, device))
+    check = kv_device_check(bench, kv)
     assert (check["rows"], check["row_tokens"]) == (625_000, 64)
-    assert S.kv_view_elements(TINY, check["rows"], 64) > S.VIEW_ELEMENTS_MAX
+    assert kv_view_elements(TINY, check["rows"], 64) > VIEW_ELEMENTS_MAX
     assert "skipped" not in check and check["step_ms"] > 0
-    monkeypatch.setattr(S, "VIEW_ELEMENTS_MAX", S.kv_view_elements(TINY, 3, 64) - 1)
-    assert S.kv_device_check(bench, kv)["skipped"]["kind"] == "view_too_large"
+    monkeypatch.setattr(nn40.experiment_ab, "VIEW_ELEMENTS_MAX", kv_view_elements(TINY, 3, 64) - 1)
+    assert kv_device_check(bench, kv)["skipped"]["kind"] == "view_too_large"
 
 
 def test_the_ceilings_draw_their_operands_on_the_device(monkeypatch):
@@ -678,10 +709,10 @@ def test_the_ceilings_draw_their_operands_on_the_device(monkeypatch):
     def randn(*shape, **kwargs):
         drawn.append(kwargs.get("device"))
         return real(*shape, **kwargs)
-    monkeypatch.setattr(S.torch, "randn", randn)
-    run = S.RunConfig.of(model=TINY, device="cpu", warmup=1, reps=3, time_budget_s=0.05,
+    monkeypatch.setattr(torch, "randn", randn)
+    run = RunConfig.of(model=TINY, device="cpu", warmup=1, reps=3, time_budget_s=0.05,
                          peak_bandwidth_gbs=10.0)
-    S.measure_ceilings(run, CPU, lambda line: None)
+    measure_ceilings(run, CPU, lambda line: None)
     assert drawn and all(d == CPU for d in drawn)  # (no operand drawn elsewhere and moved)
 
 
@@ -694,45 +725,45 @@ def test_weight_first_linear_equals_f_linear(dtype):
     w = torch.randn(48, 32, generator=g).to(dtype)
     for shape in [(1, 32), (3, 32), (2, 3, 32), (5, 1, 32), (70, 32)]:
         x = torch.randn(*shape, generator=g).to(dtype)
-        got = S.linear(x, w, weight_first_rows=64)
+        got = nn40.model.linear(x, w, weight_first_rows=64)
         assert got.shape == (*shape[:-1], 48)
         torch.testing.assert_close(got, torch.nn.functional.linear(x, w))
 
 
 @torch.inference_mode()
 def test_a_model_in_either_layout_computes_the_same():
-    cfg = S.ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, vocab=97, max_positions=64,
+    cfg = ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, vocab=97, max_positions=64,
                         dtype="float32", mlp="gated", ffn_hidden=96, norm="rms",
                         positions="rope", experts=8, experts_per_token=2, expert_ffn=32)
     tokens = torch.randint(0, 97, (3, 9), generator=torch.Generator().manual_seed(2))
     logits = []
     for rows in (0, 64):
-        model = S.build_model(cfg, "cpu", seed=4, weight_first_rows=rows)
+        model = build_model(cfg, "cpu", seed=4, weight_first_rows=rows)
         assert all(m.weight_first_rows == rows for m in model.modules()
-                   if isinstance(m, (S.Linear, S.MoE)))
-        cache = S.new_kv_cache(cfg, 3, 10, "cpu")
-        S.prefill(model, cache, tokens)
-        logits.append(S.decode_step(model, cache, tokens[:, 0], 9))
+                   if isinstance(m, (Linear, MoE)))
+        cache = new_kv_cache(cfg, 3, 10, "cpu")
+        prefill(model, cache, tokens)
+        logits.append(decode_step(model, cache, tokens[:, 0], 9))
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
 
 
 def layout_clock(monkeypatch, linear_ms, first_ms):
-    """S.call_ms by the layout and rows the fn runs: linear_ms[i] and first_ms[i] at the i-th
+    """call_ms by the layout and rows the fn runs: linear_ms[i] and first_ms[i] at the i-th
     of LAYOUT_ROWS (a 300 ms cold first call of each never counted)."""
     ran, seen = [], collections.Counter()
-    real_linear, real_first = S.F.linear, S.linear
-    monkeypatch.setattr(S.F, "linear", lambda x, w: ran.append(("linear", x.shape[0]))
+    real_linear, real_first = F.linear, nn40.model.linear
+    monkeypatch.setattr(F, "linear", lambda x, w: ran.append(("linear", x.shape[0]))
                         or real_linear(x, w))
-    monkeypatch.setattr(S, "linear", lambda x, w, rows: ran.append(("first", x.shape[0]))
+    monkeypatch.setattr(nn40.device, "linear", lambda x, w, rows: ran.append(("first", x.shape[0]))
                         or real_first(x, w, rows))
 
     def call_ms(fn):
         fn()
         seen[ran[-1]] += 1
         layout, rows = ran[-1]
-        i = S.LAYOUT_ROWS.index(rows)
+        i = LAYOUT_ROWS.index(rows)
         return 300.0 if seen[ran[-1]] == 1 else (linear_ms if layout == "linear" else first_ms)[i]
-    monkeypatch.setattr(S, "call_ms", call_ms)
+    monkeypatch.setattr(nn40.device, "call_ms", call_ms)
 
 
 def test_the_layout_probe_keeps_w_xt_up_to_the_rows_it_wins(monkeypatch):
@@ -740,24 +771,24 @@ def test_the_layout_probe_keeps_w_xt_up_to_the_rows_it_wins(monkeypatch):
     # up to 8 rows makes the least total (1.1 + 3 x 0.5 + 3 x 2 = 8.6 ms against 13), the
     # next up to 16 rows (9.6 ms, 1.12x: past the noise)
     layout_clock(monkeypatch, [1] + [2] * 6, [1.1, 0.5, 0.5, 0.5, 3, 3, 3])
-    probe = S.probe_layouts.__wrapped__(64, "float32")
+    probe = probe_layouts.__wrapped__(64, "float32")
     assert probe["linear_ms"] == [1, 2, 2, 2, 2, 2, 2]
     assert probe["weight_first_rows"] == 8 and probe["margin"] == pytest.approx(9.6 / 8.6)
     # where W x^T never wins, F.linear throughout; where it always does, up to 64 rows; where
     # it wins by less than the noise, F.linear (the smallest turn of those tied)
     for linear_ms, first_ms, rows in ((1, 1, 0), (2, 1, 64), (1, 0.95, 0)):
         layout_clock(monkeypatch, [linear_ms] * 7, [first_ms] * 7)
-        assert S.probe_layouts.__wrapped__(64, "float32")["weight_first_rows"] == rows
+        assert probe_layouts.__wrapped__(64, "float32")["weight_first_rows"] == rows
 
 
 def test_the_layout_probe_runs_on_cpu_where_a_model_is_built(monkeypatch, tiny_args, capsys):
     probe = {"rows": [1, 2], "linear_ms": [1.0, 2.0], "weight_first_ms": [1.0, 1.0],
              "weight_first_rows": 2}
-    monkeypatch.setattr(S, "probe_layouts", lambda width, dtype: probe)
-    run = S.parse_args(["--device", "cpu", "--experiments", "A"])
-    assert S.with_probed_layout(run) == (run.replace(weight_first_rows=2), probe)
-    alone = S.parse_args(["--experiments", "C"])
-    assert S.with_probed_layout(alone) == (alone, None)
+    monkeypatch.setattr(nn40.device, "probe_layouts", lambda width, dtype: probe)
+    run = parse_args(["--device", "cpu", "--experiments", "A"])
+    assert with_probed_layout(run) == (run.replace(weight_first_rows=2), probe)
+    alone = parse_args(["--experiments", "C"])
+    assert with_probed_layout(alone) == (alone, None)
     results = S.main(tiny_args + ["--experiments", "A", "--no-figures"])
     assert results["environment"]["layout_probe"] == probe
     assert "matmuls: W x^T up to 2 rows, F.linear beyond" in capsys.readouterr().out

@@ -6,10 +6,25 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
+from nn40.accounting import kv_bytes_per_token
+from nn40.cli import parse_args
+from nn40.config import GPUS, MODELS
+from nn40.kv import KVBudget, PrefixCache, Seq
+from nn40.loop import simulate_serving
+from nn40.pools import Fleet, simulate_fleet
+from nn40.pricing import StepCosts, card_costs
+from nn40.queues import BlockQueue
+from nn40.replicas import Replica
+from nn40.routers import CacheAware
+from nn40.runs import host_tier
+from nn40.tables_c import format_tables
+from nn40.workload import (
+    HashedPrompts, PrefixWorkload, Requests, SharedPrompts, arrival_times, is_engine_run,
+    is_hashed_trace, lognormal_lengths, make_requests, read_hashed_trace, shared_prompts)
 from conftest import TRACES
 from test_cli import expect_usage_error, run_main, said
 
-COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
+COSTS = StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
                     source="test")
 MOONCAKE = os.path.join(TRACES, "mooncake")
 
@@ -24,14 +39,14 @@ class FakeLedger:
 
 def system_prompts(n, system_tokens=8, own=2, system=0):
     """n requests opening with the same system prompt, then `own` tokens of their own."""
-    identity = S.SharedPrompts(np.full(n, system), np.array([system_tokens]), np.full(n, -1))
+    identity = SharedPrompts(np.full(n, system), np.array([system_tokens]), np.full(n, -1))
     return FakeLedger(identity, [system_tokens + own] * n)
 
 
 def admit(cache, ledger, r):
     cached = cache.lookup(ledger, r)
     left = ledger.to_prefill[r] - cached
-    seq = S.Seq(r, r, left, 5, cached)
+    seq = Seq(r, r, left, 5, cached)
     cache.admit(seq, cache.need(ledger.to_prefill[r], cached, left, left))
     return seq
 
@@ -50,7 +65,7 @@ def free_blocks(cache):
 def test_hashed_prompts_share_keys_while_their_ids_agree():
     ids = np.empty(3, dtype=object)
     ids[:] = [(7, 8, 9), (7, 8, 5), (1, 8, 9)]
-    keys = S.HashedPrompts(ids, np.array([1536, 1536, 1400])).block_keys
+    keys = HashedPrompts(ids, np.array([1536, 1536, 1400])).block_keys
     a, b, c = (keys(r, 1536, 256) for r in range(3))  # two engine blocks per hash id
     assert len(a) == 6 and len(set(a)) == 6
     assert a[:4] == b[:4] and a[4] != b[4]          # the third id differs
@@ -61,7 +76,7 @@ def test_hashed_prompts_share_keys_while_their_ids_agree():
 
 
 def test_a_hit_is_the_cached_leading_blocks_and_leaves_a_token_to_compute():
-    cache = S.PrefixCache(S.KVBudget("prefix", 32, 4))   # 8 blocks of 4 tokens
+    cache = PrefixCache(KVBudget("prefix", 32, 4))   # 8 blocks of 4 tokens
     ledger = system_prompts(3)
     first = admit(cache, ledger, 0)
     assert first.num_cached == 0
@@ -78,7 +93,7 @@ def test_a_hit_is_the_cached_leading_blocks_and_leaves_a_token_to_compute():
 
 
 def test_reference_counts_and_the_free_queue_tail_first():
-    cache = S.PrefixCache(S.KVBudget("prefix", 32, 4))
+    cache = PrefixCache(KVBudget("prefix", 32, 4))
     ledger = system_prompts(2)
     first = admit(cache, ledger, 0)
     prefill(cache, first)
@@ -102,12 +117,12 @@ def test_reference_counts_and_the_free_queue_tail_first():
 def test_preemption_and_the_watermark_keep_working_and_memory_counts_once():
     n = 400
     rng = np.random.default_rng(3)
-    output = S.lognormal_lengths(n, 3)
-    req = S.shared_prompts(S.Requests(S.arrival_times(n, 30.0, 1.0, rng), np.full(n, 32), output),
-                           S.PrefixWorkload(96, 4, 0.8, 1.0, 3, 2.0), rng)
-    replica = S.Replica(16, COSTS, scheduler="chunked", chunk_tokens=256,
-                        kv=S.KVBudget("prefix", 3000, 16, watermark=0.01))
-    sim = S.simulate_serving(req, replica)
+    output = lognormal_lengths(n, 3)
+    req = shared_prompts(Requests(arrival_times(n, 30.0, 1.0, rng), np.full(n, 32), output),
+                           PrefixWorkload(96, 4, 0.8, 1.0, 3, 2.0), rng)
+    replica = Replica(16, COSTS, scheduler="chunked", chunk_tokens=256,
+                        kv=KVBudget("prefix", 3000, 16, watermark=0.01))
+    sim = simulate_serving(req, replica)
     assert np.isfinite(sim["times"].finish).all()
     mem, p = sim["kv"], sim["prefix_cache"]
     assert mem["preemptions"] > 0 and p["evicted_blocks"] > 0
@@ -120,11 +135,11 @@ def test_preemption_and_the_watermark_keep_working_and_memory_counts_once():
 def test_with_nothing_shared_it_is_the_paged_simulation(scheduler):
     n = 300
     rng = np.random.default_rng(5)
-    req = S.Requests(S.arrival_times(n, 40.0, 1.0, rng), np.full(n, 64), S.lognormal_lengths(n, 5))
-    lone = S.SharedPrompts(np.full(n, -1), np.array([0]), np.full(n, -1))
-    sims = [S.simulate_serving(r, S.Replica(16, COSTS, scheduler=scheduler, chunk_tokens=256,
-                                            kv=S.KVBudget(policy, 2000, 16, watermark=0.01)))
-            for r, policy in ((req, "paged"), (S.Requests(req.arrival_s, req.prompt, req.output,
+    req = Requests(arrival_times(n, 40.0, 1.0, rng), np.full(n, 64), lognormal_lengths(n, 5))
+    lone = SharedPrompts(np.full(n, -1), np.array([0]), np.full(n, -1))
+    sims = [simulate_serving(r, Replica(16, COSTS, scheduler=scheduler, chunk_tokens=256,
+                                            kv=KVBudget(policy, 2000, 16, watermark=0.01)))
+            for r, policy in ((req, "paged"), (Requests(req.arrival_s, req.prompt, req.output,
                                                           identity=lone), "prefix"))]
     assert sims[0]["kv"]["preemptions"] > 0
     for key in ("start", "first_token", "finish", "first_step", "finish_step"):
@@ -134,11 +149,11 @@ def test_with_nothing_shared_it_is_the_paged_simulation(scheduler):
 
 def test_a_hit_is_not_prefilled():
     # two requests of one long system prompt, far apart: the second prefills 1 block's worth
-    identity = S.SharedPrompts(np.zeros(2, int), np.array([1008]), np.full(2, -1))
-    req = S.Requests(np.array([0.0, 100.0]), np.array([1024, 1024]), np.array([2, 2]),
+    identity = SharedPrompts(np.zeros(2, int), np.array([1008]), np.full(2, -1))
+    req = Requests(np.array([0.0, 100.0]), np.array([1024, 1024]), np.array([2, 2]),
                      identity=identity)
-    runs = [S.simulate_serving(S.Requests(req.arrival_s, req.prompt, req.output, identity=i),
-                               S.Replica(4, COSTS, kv=S.KVBudget(p, 10**5, 16)))
+    runs = [simulate_serving(Requests(req.arrival_s, req.prompt, req.output, identity=i),
+                               Replica(4, COSTS, kv=KVBudget(p, 10**5, 16)))
             for i, p in ((None, "paged"), (identity, "prefix"))]
     ttft = [r["times"].first_token - req.arrival_s for r in runs]
     assert ttft[0][1] == pytest.approx(ttft[0][0])
@@ -174,21 +189,21 @@ def test_an_unlimited_cache_hits_what_the_trace_allows(name):
     path = os.path.join(MOONCAKE, f"{name}_trace.jsonl")
     if not os.path.exists(path):
         pytest.skip("the Mooncake traces are not beside the project")
-    req = S.read_hashed_trace(path, block=16)
+    req = read_hashed_trace(path, block=16)
     # one at a time (each done before the next comes), so every earlier block is computed
-    apart = S.Requests(np.arange(len(req.output)) * 1e4, req.prompt, req.output,
+    apart = Requests(np.arange(len(req.output)) * 1e4, req.prompt, req.output,
                        identity=req.identity)
-    sim = S.simulate_serving(apart, S.Replica(64, S.card_costs(S.MODELS["llama-3-8b"],
-                                                              S.GPUS["h100"]),
-                                              kv=S.KVBudget("prefix", float("inf"), 16)))
+    sim = simulate_serving(apart, Replica(64, card_costs(MODELS["llama-3-8b"],
+                                                              GPUS["h100"]),
+                                              kv=KVBudget("prefix", float("inf"), 16)))
     p = sim["prefix_cache"]
     assert p["hit_tokens"] / p["queried_tokens"] == trace_bound(path, 16)
     assert p["queried_tokens"] == int(req.prompt.sum())
 
 
 def test_shared_prompts_by_hand():
-    req = S.Requests(np.array([0.0, 1.0, 2.0]), np.array([10, 20, 30]), np.array([5, 6, 7]))
-    convs = S.shared_prompts(req, S.PrefixWorkload(100, 1, 1.0, 1.0, 2, 0.0),
+    req = Requests(np.array([0.0, 1.0, 2.0]), np.array([10, 20, 30]), np.array([5, 6, 7]))
+    convs = shared_prompts(req, PrefixWorkload(100, 1, 1.0, 1.0, 2, 0.0),
                              np.random.default_rng(0))
     # conversations (0: turns 0 and 1) and (1: turn 0); no think time: turn 1 at turn 0's time
     assert convs.arrival_s.tolist() == [0.0, 0.0, 1.0]
@@ -202,17 +217,17 @@ def test_shared_prompts_by_hand():
 
 def conversations(n=800, replicas=4, rate=8.0, seed=2):
     rng = np.random.default_rng(seed)
-    base = S.Requests(S.arrival_times(n, rate, 1.0, rng), np.full(n, 64), S.lognormal_lengths(
+    base = Requests(arrival_times(n, rate, 1.0, rng), np.full(n, 64), lognormal_lengths(
         n, seed))
-    return S.shared_prompts(base, S.PrefixWorkload(256, 4, 0.9, 1.0, 4, 5.0), rng)
+    return shared_prompts(base, PrefixWorkload(256, 4, 0.9, 1.0, 4, 5.0), rng)
 
 
 def test_cache_aware_routing_hits_more_than_round_robin_on_four_replicas():
     req = conversations()
-    replica = S.Replica(16, COSTS, kv=S.KVBudget("prefix", 20_000, 16, watermark=0.01))
+    replica = Replica(16, COSTS, kv=KVBudget("prefix", 20_000, 16, watermark=0.01))
     ratio = {}
     for router in ("round-robin", "cache-aware"):
-        sim = S.simulate_fleet(req, replica, S.Fleet(4, router))
+        sim = simulate_fleet(req, replica, Fleet(4, router))
         p = sim["prefix_cache"]
         ratio[router] = p["hit_tokens"] / p["queried_tokens"]
         assert sum(row["prefix_cache"]["queried_tokens"] for row in sim["per_replica"]) == \
@@ -222,14 +237,14 @@ def test_cache_aware_routing_hits_more_than_round_robin_on_four_replicas():
 
 def test_cache_aware_by_hand_follows_the_cache_unless_out_of_balance():
     # requests 0 and 1 open conversation 0 and its next turn; 2 is a stranger
-    identity = S.SharedPrompts(np.full(3, -1), np.array([0]), np.array([0, 0, 1]))
-    req = S.Requests(np.array([0.0, 10.0, 10.0]), np.array([64, 64 + 4 + 64, 64]),
+    identity = SharedPrompts(np.full(3, -1), np.array([0]), np.array([0, 0, 1]))
+    req = Requests(np.array([0.0, 10.0, 10.0]), np.array([64, 64 + 4 + 64, 64]),
                      np.array([4, 4, 4]), identity=identity)
-    replica = S.Replica(4, COSTS, kv=S.KVBudget("prefix", 10_000, 16))
-    sim = S.simulate_fleet(req, replica, S.Fleet(3, "cache-aware"))
+    replica = Replica(4, COSTS, kv=KVBudget("prefix", 10_000, 16))
+    sim = simulate_fleet(req, replica, Fleet(3, "cache-aware"))
     assert sim["replica"].tolist() == [0, 0, 1]  # the next turn where its first turn is cached
     assert sim["prefix_cache"]["hits"] == {0: 0, 1: 64, 2: 0}
-    router, loads = S.CacheAware(), [S.CacheAware.balance_abs + 2, 1, 5]
+    router, loads = CacheAware(), [CacheAware.balance_abs + 2, 1, 5]
 
     class Server:
         def __init__(self, load, hit):
@@ -285,7 +300,7 @@ def test_a_first_line_without_hash_ids_is_a_trace_of_lengths_not_an_engine_log(
     # (Mooncake's fields without hash ids: read as lengths and times, no prefix shared)
     path = tmp_path / "trace.jsonl"
     path.write_text(text)
-    assert not S.is_hashed_trace(str(path)) and not S.is_engine_run(str(path))
+    assert not is_hashed_trace(str(path)) and not is_engine_run(str(path))
     results = S.main(["--experiments", "C", "--trace", str(path), "--out",
                       str(tmp_path / "out"), "--no-figures", "--rates", "5"])
     assert results["C"]["requests"] == text.count("\n")
@@ -295,8 +310,8 @@ def test_a_first_line_without_hash_ids_is_a_trace_of_lengths_not_an_engine_log(
 def test_a_trace_opening_with_a_blank_line_is_read(tmp_path):
     path = tmp_path / "trace.jsonl"
     path.write_text("\n" + GOOD + "\n")
-    assert S.is_hashed_trace(str(path)) and not S.is_engine_run(str(path))
-    req = S.read_hashed_trace(str(path))
+    assert is_hashed_trace(str(path)) and not is_engine_run(str(path))
+    req = read_hashed_trace(str(path))
     assert req.prompt.tolist() == [600] and req.identity.hash_ids[0] == (1, 2)
 
 
@@ -310,7 +325,7 @@ def test_a_block_that_does_not_divide_the_hash_block_is_refused(tmp_path, capsys
 
 def test_the_rate_counts_requests_whatever_the_turns():
     for turns in (1, 3):  # (conversations open at rate / turns: `turns` requests each)
-        req = S.make_requests(S.parse_args(["--experiments", "C", "--requests", "3000", "--rate",
+        req = make_requests(parse_args(["--experiments", "C", "--requests", "3000", "--rate",
                                             "10", "--turns", str(turns)]))
         assert len(req.output) / (req.arrival_s.max() - req.arrival_s.min()) == \
             pytest.approx(10, rel=0.1)
@@ -370,7 +385,7 @@ def test_the_prefix_study_end_to_end(tmp_path, capsys):
 
 
 def test_an_evicted_block_moves_to_the_host_tier_and_its_hit_is_loaded():
-    cache = S.PrefixCache(S.KVBudget("prefix", 32, 4, host_tokens=8, host_token_s=0.5))
+    cache = PrefixCache(KVBudget("prefix", 32, 4, host_tokens=8, host_token_s=0.5))
     ledger = system_prompts(2)
     first = admit(cache, ledger, 0)
     prefill(cache, first)
@@ -391,7 +406,7 @@ def test_the_block_queue_takes_blocks_as_an_ordered_dict_of_keys_and_runs_would(
     """BlockQueue against a plain reference: an OrderedDict of keys (None) and runs (a count),
     popped from the head one entry at a time, on random pushes, removals and pops."""
     rng = np.random.default_rng(5)
-    queue, ref, runs = S.BlockQueue(), __import__("collections").OrderedDict(), 0
+    queue, ref, runs = BlockQueue(), __import__("collections").OrderedDict(), 0
     for _ in range(3000):
         op = rng.integers(4)
         if op == 0:  # push keys not in the queue, some pushed and taken before
@@ -447,7 +462,7 @@ def test_the_fewest_replicas_with_and_without_caching_under_each_router(tmp_path
         assert dict(r["tried"])[r["replicas"]] == r["attainment"]
     assert said("round-robin, no prefix caching", out.out)
     assert said("cache-aware", out.out.split("replicas needed for 2 requests/s")[1])
-    ko = S.format_tables(results, "ko")
+    ko = format_tables(results, "ko")
     assert "round-robin, 접두사 캐시 없이" in ko
 
 
@@ -456,10 +471,10 @@ def test_a_host_tier_loads_over_each_tensor_parallel_cards_link_at_once():
     all at once: its K/V heads' share (llama-3-8b's 8 heads over 2 cards: half each; over 16,
     one head each, replicated), or a latent attention's whole latent (every card keeps it)."""
     def host(model, tp):
-        run = S.parse_args(["--experiments", "C", "--model", model, "--gpu", "h200", "--tp",
+        run = parse_args(["--experiments", "C", "--model", model, "--gpu", "h200", "--tp",
                             str(tp), "--enable-prefix-caching", "--host-kv-gb", "10"])
-        per_token = S.kv_bytes_per_token(run.hardware.model)
-        return per_token, S.host_tier(run, per_token)
+        per_token = kv_bytes_per_token(run.hardware.model)
+        return per_token, host_tier(run, per_token)
     per_token, one = host("llama-3-8b", 1)
     assert one["host_token_s"] == per_token / (one["host_link_gbs"] * 1e9)
     assert host("llama-3-8b", 2)[1]["host_token_s"] == one["host_token_s"] / 2

@@ -7,18 +7,35 @@ import os
 import numpy as np
 import pytest
 
-import NN_40_serving as S
+import nn40.published
+from nn40.accounting import (
+    active_param_count, attention_flops_per_key, attention_weights, card_experts,
+    card_kv_bytes_per_token, card_share, card_weight_bytes, dense_twin, ep_card_cost,
+    expert_inclusion, experts_touched, kv_bytes_per_token, layer_weights, moe_step_bytes,
+    param_count, step_cost, weight_bytes)
+from nn40.config import (
+    CALIBRATION_CSV, GPUS, MODELS, ModelConfig, PUBLISHED_CSV, read_model_config)
+from nn40.loop import simulate_serving
+from nn40.pricing import (
+    ENGINE_PROFILES, EngineProfile, StepCosts, card_costs, card_kv_terms, card_kv_tokens,
+    pass_cost, pass_seconds)
+from nn40.published import (
+    Published, max_load_tokens_per_s, predict_published, read_published, row_model, validate)
+from nn40.replicas import Replica
+from nn40.tables_c import capacity_text
+from nn40.text_ko import TEXT
+from nn40.workload import Requests, read_engine_run
 import fit_profiles as F
 from test_cli import expect_usage_error, run_main, said
 
 LLAMA2_7B_MATMULS = 32 * (2 * 4096 * 4096 + 2 * 4096 * 4096 + 3 * 4096 * 11008)  # 6,476,005,376
 LLAMA2_7B_REST = 2 * 32000 * 4096 + (2 * 32 + 1) * 4096  # LM head, token table, norms (16-bit)
-needs_calibration = pytest.mark.skipif(not os.path.exists(S.CALIBRATION_CSV),
+needs_calibration = pytest.mark.skipif(not os.path.exists(CALIBRATION_CSV),
                                        reason="../shared/published/calibration.csv is absent")
 
 
 def with_format(name, **fields):
-    return dataclasses.replace(S.MODELS[name], **fields)
+    return dataclasses.replace(MODELS[name], **fields)
 
 
 @pytest.mark.parametrize("weights, per_weight", [
@@ -29,52 +46,52 @@ def test_weight_bytes_of_llama_2_7b_in_each_format_by_hand(weights, per_weight):
     assert LLAMA2_7B_MATMULS == 6_476_005_376
     cfg = with_format("llama-2-7b", weights=weights)
     assert cfg.weight_element_bytes == per_weight
-    assert S.weight_bytes(cfg) == pytest.approx(LLAMA2_7B_MATMULS * per_weight
+    assert weight_bytes(cfg) == pytest.approx(LLAMA2_7B_MATMULS * per_weight
                                                 + LLAMA2_7B_REST * 2, rel=1e-12)
     # a decode step reads every matmul weight, the LM head and one row of the token table
-    read = S.step_cost(cfg, 1, 1, 0)["weight_bytes"]
+    read = step_cost(cfg, 1, 1, 0)["weight_bytes"]
     assert read == pytest.approx(LLAMA2_7B_MATMULS * per_weight
                                  + (32000 * 4096 + 65 * 4096 + 4096) * 2, rel=1e-12)
 
 
 def test_an_fp8_kv_cache_halves_the_bytes_per_token():
     # Llama-3.1-8B: 32 layers x K and V x 8 heads x 128 x 2 bytes = 131,072; in fp8 65,536
-    assert S.kv_bytes_per_token(S.MODELS["llama-3.1-8b"]) == 131_072
+    assert kv_bytes_per_token(MODELS["llama-3.1-8b"]) == 131_072
     cfg = with_format("llama-3.1-8b", kv_dtype="fp8")
-    assert S.kv_bytes_per_token(cfg) == 65_536
-    assert S.step_cost(cfg, 4, 1, 100)["kv_read_bytes"] == 4 * 100 * 65_536
+    assert kv_bytes_per_token(cfg) == 65_536
+    assert step_cost(cfg, 4, 1, 100)["kv_read_bytes"] == 4 * 100 * 65_536
 
 
 def test_tensor_parallel_shards_by_hand():
-    cfg = S.MODELS["llama-3.1-70b"]  # 8 K/V heads, 80 layers, 128 wide
+    cfg = MODELS["llama-3.1-70b"]  # 8 K/V heads, 80 layers, 128 wide
     norms = (2 * 80 + 1) * 8192 * 2
-    assert S.card_weight_bytes(cfg, 4) == pytest.approx((S.weight_bytes(cfg) - norms) / 4 + norms)
-    assert S.card_kv_bytes_per_token(cfg, 4) == 80 * 2 * 2 * 128 * 2      # two heads a card
-    assert S.card_kv_bytes_per_token(cfg, 8) == 80 * 2 * 1 * 128 * 2      # one
-    assert S.card_kv_bytes_per_token(cfg, 16) == 80 * 2 * 1 * 128 * 2     # one, copied
-    cost = S.step_cost(cfg, 8, 1, 64)
-    share = S.card_share(cfg, cost, 4)
+    assert card_weight_bytes(cfg, 4) == pytest.approx((weight_bytes(cfg) - norms) / 4 + norms)
+    assert card_kv_bytes_per_token(cfg, 4) == 80 * 2 * 2 * 128 * 2      # two heads a card
+    assert card_kv_bytes_per_token(cfg, 8) == 80 * 2 * 1 * 128 * 2      # one
+    assert card_kv_bytes_per_token(cfg, 16) == 80 * 2 * 1 * 128 * 2     # one, copied
+    cost = step_cost(cfg, 8, 1, 64)
+    share = card_share(cfg, cost, 4)
     assert share["matmul_flops"] == cost["matmul_flops"] / 4
     assert share["kv_read_bytes"] == cost["kv_read_bytes"] / 4
     assert share["weight_bytes"] == pytest.approx((cost["weight_bytes"] - norms) / 4 + norms)
-    assert S.card_share(cfg, cost, 1)["collective_bytes"] == 0
+    assert card_share(cfg, cost, 1)["collective_bytes"] == 0
 
 
 def test_all_reduce_bytes_by_hand():
     # two ring all-reduces a layer of tokens x hidden x 2 bytes, each card sending 2 (tp-1)/tp
     # of it: Llama-3.1-8B, 10 tokens on 4 cards: 2 x 32 x 10 x 4,096 x 2 x 2 x 3/4 = 7,864,320
-    cfg = S.MODELS["llama-3.1-8b"]
-    share = S.card_share(cfg, S.step_cost(cfg, 10, 1, 0), 4)
+    cfg = MODELS["llama-3.1-8b"]
+    share = card_share(cfg, step_cost(cfg, 10, 1, 0), 4)
     assert share["collective_bytes"] == 7_864_320
 
 
 def test_a_pass_price_by_hand():
-    cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["h100"]
-    profile = S.EngineProfile("hand", bandwidth_share=0.5, matmul_share=0.5, half_tokens=100,
+    cfg, card = MODELS["llama-3.1-8b"], GPUS["h100"]
+    profile = EngineProfile("hand", bandwidth_share=0.5, matmul_share=0.5, half_tokens=100,
                               step_s=1e-3, layer_s=2e-5, allreduce_s=1e-5, link_share=0.5,
                               activation_passes=0.5)
     for tokens, tp in ((1, 1), (4096, 1), (64, 2)):
-        cost = S.card_share(cfg, S.step_cost(cfg, tokens, 1, 0), tp)
+        cost = card_share(cfg, step_cost(cfg, tokens, 1, 0), tp)
         bandwidth = 3350e9 * 0.5
         matmul = max(cost["matmul_flops"] / (989.4e12 * 0.5 * tokens / (tokens + 100)),
                      (cost["weight_bytes"] + cost["activation_bytes"]) / bandwidth)
@@ -82,25 +99,25 @@ def test_a_pass_price_by_hand():
                                             + 0.5 * cost["activation_bytes"]) / bandwidth
         if tp > 1:
             want += 2 * 32 * 1e-5 + cost["collective_bytes"] / (450e9 * 0.5)
-        assert S.pass_seconds(cfg, card, profile, tp, tokens) == pytest.approx(want, rel=1e-12)
-    costs = S.card_costs(cfg, card, profile, 2)
+        assert pass_seconds(cfg, card, profile, tp, tokens) == pytest.approx(want, rel=1e-12)
+    costs = card_costs(cfg, card, profile, 2)
     assert costs.kv_token_s == pytest.approx(131_072 / 2 / bandwidth)
     # weight-only int8 on 2 cards: each dequantizes its half of the matmul weights
     int8 = with_format("llama-3.1-8b", weights="int8")
     dq = dataclasses.replace(profile, dequant_flops=20.0)
-    extra = 32 * S.layer_weights(int8) / 2 * 20.0 / 989.4e12
-    assert S.pass_seconds(int8, card, dq, 2, 1) == pytest.approx(
-        S.pass_seconds(int8, card, profile, 2, 1) + extra, rel=1e-12)
+    extra = 32 * layer_weights(int8) / 2 * 20.0 / 989.4e12
+    assert pass_seconds(int8, card, dq, 2, 1) == pytest.approx(
+        pass_seconds(int8, card, profile, 2, 1) + extra, rel=1e-12)
 
 
 def test_wide_heads_attention_costs_by_hand():
     # 8 heads of 16 on a width of 64: q is 128 wide, K and V 2 heads x 16 = 32
-    cfg = S.ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, head_width=16, vocab=97,
+    cfg = ModelConfig(layers=2, hidden=64, heads=8, kv_heads=2, head_width=16, vocab=97,
                         max_positions=64, dtype="float32", mlp="gated", ffn_hidden=96,
                         norm="rms", positions="rope")
     assert (cfg.q_dim, cfg.kv_dim) == (128, 32)
-    assert S.layer_weights(cfg) == 2 * 64 * 128 + 2 * 64 * 32 + 3 * 64 * 96
-    cost = S.step_cost(cfg, 3, 1, 10)  # 3 rows, 1 new token each after 10 cached
+    assert layer_weights(cfg) == 2 * 64 * 128 + 2 * 64 * 32 + 3 * 64 * 96
+    cost = step_cost(cfg, 3, 1, 10)  # 3 rows, 1 new token each after 10 cached
     # QK^T and PV: 2 x 16 FLOPs each per head per key, 8 heads, 11 keys, 2 layers, 3 rows
     assert cost["attention_flops"] == 4 * 16 * 8 * 11 * 2 * 3
     # a token's activations: qkv in 64, out 128 + 2 x 32; attention's q in and out 2 x 128;
@@ -110,76 +127,76 @@ def test_wide_heads_attention_costs_by_hand():
 
 
 def test_fp8_matmuls_run_at_the_fp8_rate_where_the_card_has_one():
-    profile = S.ENGINE_PROFILES["roofline"]
-    bf16, fp8 = S.MODELS["llama-3.1-8b"], with_format("llama-3.1-8b", weights="fp8")
+    profile = ENGINE_PROFILES["roofline"]
+    bf16, fp8 = MODELS["llama-3.1-8b"], with_format("llama-3.1-8b", weights="fp8")
     big = 16384  # compute-bound: the FLOPs set the price
-    h100 = [S.pass_seconds(c, S.GPUS["h100"], profile, 1, big) for c in (bf16, fp8)]
-    a100 = [S.pass_seconds(c, S.GPUS["a100-80gb"], profile, 1, big) for c in (bf16, fp8)]
+    h100 = [pass_seconds(c, GPUS["h100"], profile, 1, big) for c in (bf16, fp8)]
+    a100 = [pass_seconds(c, GPUS["a100-80gb"], profile, 1, big) for c in (bf16, fp8)]
     assert h100[1] == pytest.approx(h100[0] / 2, rel=0.02)  # 1,978.9 against 989.4 TFLOP/s
     assert a100[1] == pytest.approx(a100[0], rel=0.02)      # no FP8 units: the 16-bit rate
     # at batch 1 the bytes set it: fp8 weights are half the bytes
-    one = [S.pass_seconds(c, S.GPUS["a100-80gb"], profile, 1, 1) for c in (bf16, fp8)]
+    one = [pass_seconds(c, GPUS["a100-80gb"], profile, 1, 1) for c in (bf16, fp8)]
     assert one[1] < 0.55 * one[0]
 
 
 def test_card_kv_tokens_by_hand():
-    cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["h100"]
-    profile = S.EngineProfile("hand", 0.9, 0.8, reserved_gb=2.0, kv_fraction=0.9)
-    free = 81559 * 2**20 - S.weight_bytes(cfg) - 2e9
-    assert S.card_kv_tokens(cfg, card, profile) == int(0.9 * free // 131_072)
+    cfg, card = MODELS["llama-3.1-8b"], GPUS["h100"]
+    profile = EngineProfile("hand", 0.9, 0.8, reserved_gb=2.0, kv_fraction=0.9)
+    free = 81559 * 2**20 - weight_bytes(cfg) - 2e9
+    assert card_kv_tokens(cfg, card, profile) == int(0.9 * free // 131_072)
     # a model larger than the card: nothing fits
-    assert S.card_kv_tokens(S.MODELS["llama-3.1-70b"], card, profile) == 0
+    assert card_kv_tokens(MODELS["llama-3.1-70b"], card, profile) == 0
 
 
 def test_max_load_steady_state_by_hand():
-    costs = S.StepCosts((1, 100000), (0.01, 0.01), 0.0, {"kind": "hand"})
-    profile = S.EngineProfile("hand", 1, 1, max_batch=64, max_tokens=8192)
+    costs = StepCosts((1, 100000), (0.01, 0.01), 0.0, {"kind": "hand"})
+    profile = EngineProfile("hand", 1, 1, max_batch=64, max_tokens=8192)
     # 10,000 KV tokens hold 10,000 // (100 + 100) = 50 whole requests: 50 rows, 10 ms a step
-    assert S.max_load_tokens_per_s(costs, 10_000, profile, 100, 100) == pytest.approx(5000)
+    assert max_load_tokens_per_s(costs, 10_000, profile, 100, 100) == pytest.approx(5000)
     # the batch limit binds: 64 rows
-    assert S.max_load_tokens_per_s(costs, 10**6, profile, 100, 100) == pytest.approx(6400)
+    assert max_load_tokens_per_s(costs, 10**6, profile, 100, 100) == pytest.approx(6400)
     # the tokens per pass bind: rows x (1 + 2,000 / 100) <= 8,192 -> 390.1 rows (fractional)
     wide = dataclasses.replace(profile, max_batch=10**4)
-    assert S.max_load_tokens_per_s(costs, 10**8, wide, 2000, 100) == pytest.approx(
+    assert max_load_tokens_per_s(costs, 10**8, wide, 2000, 100) == pytest.approx(
         8192 / 21 / 0.01)
-    assert S.max_load_tokens_per_s(costs, 150, profile, 100, 100) is None  # not one fits
+    assert max_load_tokens_per_s(costs, 150, profile, 100, 100) is None  # not one fits
     # the cache's reads: every row holds isl + osl/2 tokens on average
     kv = dataclasses.replace(costs, kv_token_s=1e-7)
-    assert S.max_load_tokens_per_s(kv, 10_000, profile, 100, 100) == pytest.approx(
+    assert max_load_tokens_per_s(kv, 10_000, profile, 100, 100) == pytest.approx(
         50 / (0.01 + 1e-7 * 50 * 150))
     # and the prompts' attention: 50 / 100 prompts start a step, 5,050 pairs each
     pairs = dataclasses.replace(costs, pair_s=1e-7)
-    assert S.max_load_tokens_per_s(pairs, 10_000, profile, 100, 100) == pytest.approx(
+    assert max_load_tokens_per_s(pairs, 10_000, profile, 100, 100) == pytest.approx(
         50 / (0.01 + 1e-7 * 0.5 * 5050))
 
 
 def test_prompt_attention_priced_by_its_pairs_by_hand():
-    cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["h100"]
-    profile = S.EngineProfile("hand", 0.5, 0.5)
-    costs = S.card_costs(cfg, card, profile)
+    cfg, card = MODELS["llama-3.1-8b"], GPUS["h100"]
+    profile = EngineProfile("hand", 0.5, 0.5)
+    costs = card_costs(cfg, card, profile)
     # QK^T and PV: 2 x 4,096 FLOPs each, a (query, key) pair, in each of 32 layers
     assert costs.pair_s == pytest.approx(4 * 4096 * 32 / (989.4e12 * 0.5))
-    assert S.card_costs(cfg, card, profile, tp=2).pair_s == pytest.approx(costs.pair_s / 2)
+    assert card_costs(cfg, card, profile, tp=2).pair_s == pytest.approx(costs.pair_s / 2)
     # a decode's key: 131,072 bytes at 1,675 GB/s outweigh its 524,288 FLOPs
     assert costs.kv_token_s == pytest.approx(131_072 / (3350e9 * 0.5))
     # latent attention's absorbed key: 2 x 128 heads x (2 x 512 + 64) FLOPs a layer against
     # 1,152 bytes (its latent and rotary key in bf16), 242 FLOPs a byte, past an H200's 206:
     # a decode's key at its FLOPs; over 8 cards each has 16 heads but the whole latent
-    mla, h200 = S.MODELS["deepseek-v3"], S.GPUS["h200"]
-    ds = S.card_costs(mla, h200, profile)
+    mla, h200 = MODELS["deepseek-v3"], GPUS["h200"]
+    ds = card_costs(mla, h200, profile)
     assert ds.pair_s == pytest.approx(2 * 128 * (2 * 512 + 64) * 61 / (989.4e12 * 0.5))
     assert ds.kv_token_s == ds.pair_s
-    tp8 = S.card_costs(mla, h200, profile, tp=8)
+    tp8 = card_costs(mla, h200, profile, tp=8)
     assert tp8.kv_token_s == pytest.approx(70_272 / (4800e9 * 0.5)) and tp8.kv_token_s > tp8.pair_s
 
 
 def test_chunked_prefill_pays_each_chunks_pairs_by_hand():
     # one prompt of 10 tokens in chunks of 4, 4 and 2 (then 2 output tokens), every pass 1 s
     # and each attention pair 1 ms: the chunks see 4 x 0 + 10, 4 x 4 + 10 and 2 x 8 + 3 pairs
-    costs = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "unit", pair_s=1e-3)
-    req = S.Requests(np.zeros(1), np.array([10]), np.array([2]))
+    costs = StepCosts((1, 2), (1.0, 1.0), 0.0, "unit", pair_s=1e-3)
+    req = Requests(np.zeros(1), np.array([10]), np.array([2]))
     for fused in (False, True):
-        sim = S.simulate_serving(req, S.Replica(1, costs, "chunked", 4, fused=fused))
+        sim = simulate_serving(req, Replica(1, costs, "chunked", 4, fused=fused))
         assert sim["prefill_s"] == pytest.approx(3 + 1e-3 * (10 + 26 + 19))
         assert sim["times"].first_token[0] == pytest.approx(3 + 0.055)
 
@@ -191,11 +208,11 @@ def test_every_prompt_pays_its_pairs_once_however_it_is_chunked(scheduler, fused
     # seconds, sum over prompts of P (P + 1) / 2, whatever the chunks and the decodes beside
     rng = np.random.default_rng(3)
     prompt, output = rng.integers(1, 300, 40), rng.integers(1, 60, 40)
-    req = S.Requests(np.zeros(40), prompt, output)
-    costs = S.StepCosts((1, 64, 512), (0.01, 0.02, 0.1), 1e-6, "hand")
-    replica = S.Replica(8, costs, scheduler, 96, fused=fused)
-    plain = S.simulate_serving(req, replica)
-    priced = S.simulate_serving(req, dataclasses.replace(
+    req = Requests(np.zeros(40), prompt, output)
+    costs = StepCosts((1, 64, 512), (0.01, 0.02, 0.1), 1e-6, "hand")
+    replica = Replica(8, costs, scheduler, 96, fused=fused)
+    plain = simulate_serving(req, replica)
+    priced = simulate_serving(req, dataclasses.replace(
         replica, costs=dataclasses.replace(costs, pair_s=1e-7)))
     assert priced["steps"] == plain["steps"]
     added = priced["prefill_s"] + priced["decode_s"] - plain["prefill_s"] - plain["decode_s"]
@@ -203,21 +220,21 @@ def test_every_prompt_pays_its_pairs_once_however_it_is_chunked(scheduler, fused
 
 
 def test_predictions_of_each_kind_of_row_by_hand():
-    profile = S.ENGINE_PROFILES["gpt-fast"]
-    row = S.Published("hand", "gpt-fast", "llama-2-7b", "a100-80gb", 1, "bf16", "auto", 1, 5,
+    profile = ENGINE_PROFILES["gpt-fast"]
+    row = Published("hand", "gpt-fast", "llama-2-7b", "a100-80gb", 1, "bf16", "auto", 1, 5,
                       200, "tokens_per_s_per_user", 100.0, "validation")
-    costs = S.card_costs(S.row_model(row), S.GPUS["a100-80gb"], profile, 1)
+    costs = card_costs(row_model(row), GPUS["a100-80gb"], profile, 1)
     assert costs.pair_s > 0
     # the prompt's pass computes 1 + 2 + ... + 5 = 15 attention pairs
     seconds = costs.pass_s(5, 0, 15) + sum(costs.pass_s(1, 5 + j) for j in range(199))
-    assert S.predict_published(row, profile) == pytest.approx(200 / seconds, rel=1e-9)
+    assert predict_published(row, profile) == pytest.approx(200 / seconds, rel=1e-9)
     ttft = row._replace(metric="ttft_ms", isl=128, osl=1)
-    assert S.predict_published(ttft, profile) == pytest.approx(
+    assert predict_published(ttft, profile) == pytest.approx(
         1e3 * costs.pass_s(128, 0, 128 * 129 / 2))
     static = row._replace(batch=8, isl=64, osl=32, metric="output_tokens_per_s")
     seconds = costs.pass_s(8 * 64, 0, 8 * 64 * 65 / 2) + \
         sum(costs.pass_s(8, 8 * (64 + j)) for j in range(31))
-    assert S.predict_published(static, profile) == pytest.approx(8 * 32 / seconds, rel=1e-9)
+    assert predict_published(static, profile) == pytest.approx(8 * 32 / seconds, rel=1e-9)
 
 
 def write_rows(path, rows):
@@ -257,8 +274,8 @@ def test_validate_on_a_three_row_file(tmp_path, capsys):
     assert V["left_out"] == {"model Falcon-180B": 1, "batch server-slo": 1,
                              "metric tpot_ms_p50": 1}
     first = V["rows"][0]
-    row = S.Published(**{k: first[k] for k in S.Published._fields})
-    got = S.predict_published(row, S.ENGINE_PROFILES["gpt-fast"])  # osl: gpt-fast's 200
+    row = Published(**{k: first[k] for k in Published._fields})
+    got = predict_published(row, ENGINE_PROFILES["gpt-fast"])  # osl: gpt-fast's 200
     assert first["osl"] == 200 and first["predicted"] == pytest.approx(got)
     assert first["error"] == pytest.approx(got / 100 - 1)
     assert first["profile"] == "gpt-fast" and V["rows"][1]["profile"] == "tensorrt-llm"
@@ -284,7 +301,7 @@ def test_validate_refuses_a_file_that_is_not_published_rows(tmp_path, capsys):
 
 
 def test_the_projects_published_rows_all_name_a_source_and_are_expressible():
-    rows, left = S.read_published(S.PUBLISHED_CSV, "validation")
+    rows, left = read_published(PUBLISHED_CSV, "validation")
     assert len(rows) >= 150 and not left
     assert {r.source for r in rows} == {"trtllm_perf_v0.14.0", "gptfast_readme_0f925b5"}
 
@@ -293,25 +310,25 @@ def test_the_projects_published_rows_all_name_a_source_and_are_expressible():
 def test_no_row_is_both_calibration_and_validation():
     def key(r):
         return (r.engine, r.model, r.gpu, r.tp, r.weights, r.batch, r.isl, r.osl, r.metric)
-    cal, _ = S.read_published(S.CALIBRATION_CSV, "calibration")
-    val, _ = S.read_published(S.PUBLISHED_CSV, "validation")
+    cal, _ = read_published(CALIBRATION_CSV, "calibration")
+    val, _ = read_published(PUBLISHED_CSV, "validation")
     assert len(cal) >= 50 and not {key(r) for r in cal} & {key(r) for r in val}
 
 
 @needs_calibration
 def test_the_committed_profiles_are_the_fit_on_calibration_rows_alone(monkeypatch):
-    cal, _ = S.read_published(S.CALIBRATION_CSV, "calibration")
+    cal, _ = read_published(CALIBRATION_CSV, "calibration")
     seen = []
-    real = S.predict_published
+    real = predict_published
 
     def recording(row, profile):
         seen.append(row)
         return real(row, profile)
-    monkeypatch.setattr(S, "predict_published", recording)
+    monkeypatch.setattr(nn40.published, "predict_published", recording)
     for engine in ("gpt-fast", "tensorrt-llm"):
         fitted, _ = F.refit(engine, cal)
         for field in F.FIT_FIELDS:
-            committed = getattr(S.ENGINE_PROFILES[engine], field)
+            committed = getattr(ENGINE_PROFILES[engine], field)
             assert getattr(fitted, field) == pytest.approx(committed), field
     assert seen and {r.role for r in seen} == {"calibration"}
     assert not {r.model for r in seen} & {"mixtral-8x7b", "mixtral-8x22b"}  # (checked, not fit)
@@ -320,7 +337,7 @@ def test_the_committed_profiles_are_the_fit_on_calibration_rows_alone(monkeypatc
 
 @needs_calibration
 def test_the_fitted_profiles_meet_the_calibration_target():
-    V = S.validate(S.PUBLISHED_CSV, S.CALIBRATION_CSV)
+    V = validate(PUBLISHED_CSV, CALIBRATION_CSV)
     summary = {(s["role"], s["source"]): s for s in V["summary"]}
     assert summary["calibration", "all"]["median_abs"] <= 0.10
     assert summary["validation", "all"]["median_abs"] <= 0.15
@@ -335,7 +352,7 @@ def test_c_runs_a_tensor_parallel_replica_in_fp8(tmp_path, capsys):
     assert (source["tp"], source["weights"], source["kv_dtype"]) == (4, "fp8", "fp8")
     assert source["profile"] == "tensorrt-llm" and said("4 x H100 SXM", out.out)
     cfg = with_format("llama-3.1-70b", weights="fp8", kv_dtype="fp8")
-    tokens = S.card_kv_tokens(cfg, S.GPUS["h100"], S.ENGINE_PROFILES["tensorrt-llm"], 4)
+    tokens = card_kv_tokens(cfg, GPUS["h100"], ENGINE_PROFILES["tensorrt-llm"], 4)
     assert results["C"]["kv"]["budget_tokens"] == tokens
     assert results["C"]["kv"]["bytes_per_token"] == 80 * 2 * 8 * 128  # fp8: a byte each
     # one card cannot hold the bf16 model: a clear line, not a traceback
@@ -355,10 +372,10 @@ def test_precision_and_parallel_flags_that_contradict(argv, says, capsys, tmp_pa
 def test_a_fused_step_reads_the_weights_once():
     # one pass of 64 prompt tokens and 4 decodes, against a prefill pass and a decode pass:
     # flat passes of 10 ms (f) and 1 us per cached token, caches of 100 tokens each
-    costs = S.StepCosts((1, 1000), (0.01, 0.01), 1e-6, {"kind": "hand"})
-    req = S.Requests(S.np.zeros(5), S.np.array([100, 100, 100, 100, 64]),
-                     S.np.array([50, 50, 50, 50, 2]))
-    sims = {fused: S.simulate_serving(req, S.Replica(8, costs, "chunked", 512, fused=fused))
+    costs = StepCosts((1, 1000), (0.01, 0.01), 1e-6, {"kind": "hand"})
+    req = Requests(np.zeros(5), np.array([100, 100, 100, 100, 64]),
+                     np.array([50, 50, 50, 50, 2]))
+    sims = {fused: simulate_serving(req, Replica(8, costs, "chunked", 512, fused=fused))
             for fused in (False, True)}
     # step 1 prefills all five prompts (464 tokens): one pass either way, 10 ms + nothing cached
     for sim in sims.values():
@@ -366,8 +383,8 @@ def test_a_fused_step_reads_the_weights_once():
     # then every step decodes; with nothing left to prefill, fused or not, one pass each
     assert sims[True]["times"].finish.max() == pytest.approx(sims[False]["times"].finish.max())
     # a step with prompt left and decodes: two passes' fixed costs, or one
-    req2 = S.Requests(S.np.array([0.0, 0.005]), S.np.array([10, 300]), S.np.array([5, 3]))
-    split, fused = (S.simulate_serving(req2, S.Replica(8, costs, "chunked", 100, fused=f))
+    req2 = Requests(np.array([0.0, 0.005]), np.array([10, 300]), np.array([5, 3]))
+    split, fused = (simulate_serving(req2, Replica(8, costs, "chunked", 100, fused=f))
                     for f in (False, True))
     assert fused["times"].first_token[1] < split["times"].first_token[1]
 
@@ -376,10 +393,10 @@ def test_the_fused_price_of_one_step_by_hand():
     # three prompts of 99 prefill in step 1 (one pass of 297 tokens, nothing cached); a fourth,
     # arriving meanwhile with 30 of its 70 prompt tokens cached, prefills its other 40 in
     # step 2 beside the three decodes, each holding 100 tokens: one pass of 43 tokens
-    costs = S.StepCosts((1, 1000), (0.01, 0.02), 2e-6, {"kind": "hand"})
-    req = S.Requests(S.np.array([0, 0, 0, 0.001]), S.np.array([99, 99, 99, 70]),
-                     S.np.array([5, 5, 5, 2]), cached=S.np.array([0, 0, 0, 30]))
-    sim = S.simulate_serving(req, S.Replica(4, costs, "continuous", fused=True))
+    costs = StepCosts((1, 1000), (0.01, 0.02), 2e-6, {"kind": "hand"})
+    req = Requests(np.array([0, 0, 0, 0.001]), np.array([99, 99, 99, 70]),
+                     np.array([5, 5, 5, 2]), cached=np.array([0, 0, 0, 30]))
+    sim = simulate_serving(req, Replica(4, costs, "continuous", fused=True))
 
     def f(tokens):  # the pass of this many tokens, interpolated
         return 0.01 + 0.01 * (tokens - 1) / 999
@@ -391,9 +408,9 @@ def test_the_fused_price_of_one_step_by_hand():
 
 def test_vllms_kv_cache_is_a_share_of_the_whole_card():
     # (its every term by hand: tests/test_engines.py)
-    cfg, card = S.MODELS["llama-3.1-8b"], S.GPUS["rtx-4090"]
-    terms = S.card_kv_terms(cfg, card, S.ENGINE_PROFILES["vllm"])
-    free = 0.9 * 24081 * 2**20 - S.weight_bytes(cfg) - terms["activation"] - 0.25 * 2**30
+    cfg, card = MODELS["llama-3.1-8b"], GPUS["rtx-4090"]
+    terms = card_kv_terms(cfg, card, ENGINE_PROFILES["vllm"])
+    free = 0.9 * 24081 * 2**20 - weight_bytes(cfg) - terms["activation"] - 0.25 * 2**30
     assert terms["tokens"] == max(int(free // 131_072), 0) // 16 * 16
 
 
@@ -413,7 +430,7 @@ def test_reading_an_engines_logged_requests_by_hand(tmp_path):
         "vllm_version": "0.19.0", "engine_kwargs": {"max_num_seqs": 7,
                                                     "max_num_batched_tokens": 64},
         "kv_cache": {"num_kv_tokens": 4096}}))
-    run = S.read_engine_run(str(log))
+    run = read_engine_run(str(log))
     assert run["prompt"].tolist() == [10, 20, 1] and run["output"].tolist() == [5, 1, 3]
     assert run["arrival_s"] == pytest.approx([0.0, 0.5, 1.0])
     assert run["ttft_s"] == pytest.approx([0.2, 0.4, 0.1])
@@ -428,7 +445,7 @@ def test_reading_an_engines_logged_requests_by_hand(tmp_path):
                          {"prompt_len": 4, "output_len": 2, "issue_time": 4.0,
                           "ttft_ms": 20.0, "tpot_ms": 5.0, "latency_ms": 25.0}])
                    + "\n{\n\tnum_requests: 2\n}\n")
-    run = S.read_engine_run(str(exp))
+    run = read_engine_run(str(exp))
     assert run["prompt"].tolist() == [4, 8] and run["arrival_s"] == pytest.approx([0, 1])
     assert run["tpot_s"] == pytest.approx([0.005, 0.010]) and run["settings"] == {}
 
@@ -465,7 +482,7 @@ def test_the_capacity_answer_counts_gpus_as_replicas_times_tp():
                            "output_tokens_per_s": 700.0, "tried": [(10.0, 0.9)]},
            "target_rate": 50.0, "fleet_requests": 4000,
            "routers": {"round-robin": {"replicas": 6, "attainment": 0.95, "below": 0.8}}}
-    assert "answer: 6 replicas (24 GPUs), with round-robin" in S.capacity_text(S.TEXT["en"],
+    assert "answer: 6 replicas (24 GPUs), with round-robin" in capacity_text(TEXT["en"],
                                                                                cap)
 
 
@@ -475,74 +492,74 @@ def test_mixture_of_experts_parameter_counts_against_the_makers():
     for name, total, active in (("mixtral-8x7b", 46.7e9, 12.9e9),
                                 ("qwen3-30b-a3b", 30.5e9, 3.3e9),
                                 ("deepseek-v3", 671e9, 37e9)):
-        cfg = S.MODELS[name]
-        assert S.param_count(cfg) == pytest.approx(total, rel=2e-3), name
-        assert S.active_param_count(cfg) == pytest.approx(active, rel=0.02), name
+        cfg = MODELS[name]
+        assert param_count(cfg) == pytest.approx(total, rel=2e-3), name
+        assert active_param_count(cfg) == pytest.approx(active, rel=0.02), name
     # Mixtral by hand: 32 layers of attention (2 x 4096^2 + 2 x 4096 x 1024), a router
     # (4096 x 8) and 8 experts of 3 x 4096 x 14,336; embeddings and LM head of 32,000 x 4096
-    mixtral = S.MODELS["mixtral-8x7b"]
+    mixtral = MODELS["mixtral-8x7b"]
     expert = 3 * 4096 * 14336
     want = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 4096 * 8 + 8 * expert) + 2 * 32000 * 4096 + \
         (2 * 32 + 1) * 4096
-    assert S.param_count(mixtral) == want == 46_702_792_704
-    assert S.active_param_count(mixtral) == want - 32 * 6 * expert
+    assert param_count(mixtral) == want == 46_702_792_704
+    assert active_param_count(mixtral) == want - 32 * 6 * expert
 
 
 def test_latent_attention_caches_70272_bytes_a_token_in_deepseek_v3():
-    cfg = S.MODELS["deepseek-v3"]
-    assert S.kv_bytes_per_token(cfg) == 61 * (512 + 64) * 2 == 70_272
+    cfg = MODELS["deepseek-v3"]
+    assert kv_bytes_per_token(cfg) == 61 * (512 + 64) * 2 == 70_272
     # its attention by hand: q down 7168 x 1536 and up 1536 x 128 x (128 + 64), the K/V latent
     # and rotary key 7168 x (512 + 64), their up-projection 512 x 128 x (128 + 128), output
-    assert S.attention_weights(cfg) == 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + \
+    assert attention_weights(cfg) == 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + \
         512 * 128 * 256 + 128 * 128 * 7168
     # a query against a cached key, weights absorbed: 2 x 128 heads x (512 + 64 + 512)
-    assert S.attention_flops_per_key(cfg) == 2 * 128 * (2 * 512 + 64)
-    assert S.card_kv_bytes_per_token(cfg, 8) == 70_272  # (the latent is every head's)
+    assert attention_flops_per_key(cfg) == 2 * 128 * (2 * 512 + 64)
+    assert card_kv_bytes_per_token(cfg, 8) == 70_272  # (the latent is every head's)
 
 
 def test_experts_touched_grow_with_the_batch_then_saturate():
-    cfg = S.MODELS["mixtral-8x7b"]  # 8 experts, 2 a token
-    assert S.experts_touched(cfg, 1) == pytest.approx(2)
-    assert S.experts_touched(cfg, 2) == pytest.approx(8 * (1 - 0.75**2))  # 3.5
-    assert S.experts_touched(cfg, 64) == pytest.approx(8, rel=1e-7)
-    assert S.experts_touched(S.MODELS["llama-3.1-8b"], 64) == 0
+    cfg = MODELS["mixtral-8x7b"]  # 8 experts, 2 a token
+    assert experts_touched(cfg, 1) == pytest.approx(2)
+    assert experts_touched(cfg, 2) == pytest.approx(8 * (1 - 0.75**2))  # 3.5
+    assert experts_touched(cfg, 64) == pytest.approx(8, rel=1e-7)
+    assert experts_touched(MODELS["llama-3.1-8b"], 64) == 0
     # a decode step reads the experts its tokens touch: batch 1 two of eight, batch 2 3.5
     expert = 3 * 4096 * 14336 * 2  # bytes in bf16
-    one, two = (S.step_cost(cfg, b, 1, 0)["weight_bytes"] for b in (1, 2))
+    one, two = (step_cost(cfg, b, 1, 0)["weight_bytes"] for b in (1, 2))
     assert two - one == pytest.approx(32 * 1.5 * expert)
     # while the FLOPs follow the active parameters: 2 experts a token
-    flops = S.step_cost(cfg, 1, 1, 0)["matmul_flops"]
-    assert flops == 2 * (S.active_param_count(cfg) - 2 * 32000 * 4096 - 65 * 4096) + \
+    flops = step_cost(cfg, 1, 1, 0)["matmul_flops"]
+    assert flops == 2 * (active_param_count(cfg) - 2 * 32000 * 4096 - 65 * 4096) + \
         2 * 4096 * 32000
     # gpt-oss-20b's experts in MXFP4: 4 bits and a 1-byte scale per 32
-    assert S.MODELS["gpt-oss-20b"].expert_element_bytes == 0.5 + 1 / 32
+    assert MODELS["gpt-oss-20b"].expert_element_bytes == 0.5 + 1 / 32
 
 
 def test_skewed_routing_reads_fewer_experts_by_hand():
-    two = dataclasses.replace(S.MODELS["mixtral-8x7b"], experts=2, experts_per_token=1)
+    two = dataclasses.replace(MODELS["mixtral-8x7b"], experts=2, experts_per_token=1)
     # skew 1 over 2 experts, 1 a token: picked 2/3 and 1/3 of the time; two tokens read
     # 1 - (1/3)^2 + 1 - (2/3)^2 = 13/9 experts
     skewed = dataclasses.replace(two, expert_skew=1.0)
-    assert S.expert_inclusion(skewed) == pytest.approx([2 / 3, 1 / 3])
-    assert S.experts_touched(skewed, 1) == pytest.approx(1)
-    assert S.experts_touched(skewed, 2) == pytest.approx(13 / 9)
+    assert expert_inclusion(skewed) == pytest.approx([2 / 3, 1 / 3])
+    assert experts_touched(skewed, 1) == pytest.approx(1)
+    assert experts_touched(skewed, 2) == pytest.approx(13 / 9)
     # a favourite picked at most once a token: 4 experts, 2 a token, skew 3 gives the first
     # 2 x 1 / 1.1777 > 1, so it is capped at 1 and the second pick shared by the others
     four = dataclasses.replace(two, experts=4, experts_per_token=2, expert_skew=3.0)
     rest = np.array([1 / 8, 1 / 27, 1 / 64])
-    assert S.expert_inclusion(four) == pytest.approx([1.0, *(rest / rest.sum())])
-    assert S.expert_inclusion(four).sum() == pytest.approx(2)
+    assert expert_inclusion(four) == pytest.approx([1.0, *(rest / rest.sum())])
+    assert expert_inclusion(four).sum() == pytest.approx(2)
     # skew 0 is the uniform formula; more skew, fewer experts read, the same at batch 1
-    cfg = S.MODELS["qwen3-30b-a3b"]
+    cfg = MODELS["qwen3-30b-a3b"]
     flat = dataclasses.replace(cfg, expert_skew=1e-9)
-    assert S.experts_touched(flat, 16) == pytest.approx(S.experts_touched(cfg, 16))
-    read = [S.experts_touched(dataclasses.replace(cfg, expert_skew=a), 16)
+    assert experts_touched(flat, 16) == pytest.approx(experts_touched(cfg, 16))
+    read = [experts_touched(dataclasses.replace(cfg, expert_skew=a), 16)
             for a in (0, 0.5, 1, 2)]
     assert read == sorted(read, reverse=True) and read[-1] < 0.5 * read[0]
-    assert S.experts_touched(dataclasses.replace(cfg, expert_skew=2), 1) == pytest.approx(8)
+    assert experts_touched(dataclasses.replace(cfg, expert_skew=2), 1) == pytest.approx(8)
     # and a step reads the skewed count's weights
-    cost = S.step_cost(dataclasses.replace(cfg, expert_skew=2), 16, 1, 0)
-    uniform = S.step_cost(cfg, 16, 1, 0)
+    cost = step_cost(dataclasses.replace(cfg, expert_skew=2), 16, 1, 0)
+    uniform = step_cost(cfg, 16, 1, 0)
     assert uniform["weight_bytes"] - cost["weight_bytes"] == pytest.approx(
         48 * (read[0] - read[-1]) * 3 * 2048 * 768 * 2)
 
@@ -560,9 +577,9 @@ def test_moe_models_run_in_c_and_latent_attention_is_refused_by_a_b_and_d(tmp_pa
                           capsys)
     assert results["C"]["cost_model"]["source"]["model"].startswith("mixtral-8x7b")
     # its batch-1 decode reads 2 of 8 experts: far less than all the weights
-    costs = S.card_costs(dataclasses.replace(S.MODELS["mixtral-8x7b"], weights="fp8"),
-                         S.GPUS["h100"], S.ENGINE_PROFILES["roofline"], 2)
-    all_weights = S.card_weight_bytes(S.MODELS["mixtral-8x7b"], 2) / 2  # fp8: half of bf16
+    costs = card_costs(dataclasses.replace(MODELS["mixtral-8x7b"], weights="fp8"),
+                         GPUS["h100"], ENGINE_PROFILES["roofline"], 2)
+    all_weights = card_weight_bytes(MODELS["mixtral-8x7b"], 2) / 2  # fp8: half of bf16
     assert costs.pass_s(1) < 0.45 * all_weights / (0.9 * 3350e9)
 
 
@@ -602,12 +619,12 @@ def test_a_hugging_face_config_gives_the_presets_shape(name, tmp_path):
     path = tmp_path / name / "config.json"
     path.parent.mkdir()
     path.write_text(json.dumps(HF_CONFIGS[name]))
-    cfg = S.read_model_config(str(path))
-    preset = S.MODELS[name]
+    cfg = read_model_config(str(path))
+    preset = MODELS[name]
     assert cfg.name == name
-    assert S.param_count(cfg) == S.param_count(preset)
-    assert S.active_param_count(cfg) == S.active_param_count(preset)
-    assert S.kv_bytes_per_token(cfg) == S.kv_bytes_per_token(preset)
+    assert param_count(cfg) == param_count(preset)
+    assert active_param_count(cfg) == active_param_count(preset)
+    assert kv_bytes_per_token(cfg) == kv_bytes_per_token(preset)
 
 
 def test_a_config_it_cannot_read_is_one_line(tmp_path, capsys):
@@ -634,15 +651,15 @@ def _write(path, data):
 
 
 def test_expert_parallel_card_cost_by_hand():
-    cfg = S.MODELS["qwen3-30b-a3b"]  # 128 experts of 3 x 2048 x 768, 8 a token, 48 layers
+    cfg = MODELS["qwen3-30b-a3b"]  # 128 experts of 3 x 2048 x 768, 8 a token, 48 layers
     expert = 3 * 2048 * 768 * 2  # bytes in bf16
-    own = S.step_cost(cfg, 4, 1, 0)
-    ep = S.ep_card_cost(cfg, 4, 2)
+    own = step_cost(cfg, 4, 1, 0)
+    ep = ep_card_cost(cfg, 4, 2)
     # each card holds 64 experts and reads those the group's 8 tokens touch: 64 (1 - (1 -
     # 8/128)^8), in place of the 128 (1 - (1 - 8/128)^4) its own 4 tokens would touch
     read = 64 * (1 - (1 - 1 / 16) ** 8)
     assert ep["weight_bytes"] - own["weight_bytes"] == pytest.approx(
-        48 * (read - S.experts_touched(cfg, 4)) * expert)
+        48 * (read - experts_touched(cfg, 4)) * expert)
     assert ep["matmul_flops"] == pytest.approx(own["matmul_flops"])  # (balanced routes)
     assert ep["kv_read_bytes"] == own["kv_read_bytes"]
     # two all-to-alls an MoE layer, each sending half of its 4 x 8 routes of 2048 x 2 bytes
@@ -650,34 +667,34 @@ def test_expert_parallel_card_cost_by_hand():
     assert ep["collective_bytes"] == 96 * 4 * 8 * 2048 * 2 / 2
     # a card holds every weight but the experts, and half of those
     experts = 48 * 128 * expert
-    assert S.card_weight_bytes(cfg, ep=2) == pytest.approx(S.weight_bytes(cfg) - experts / 2)
-    assert S.card_weight_bytes(cfg, ep=4) == pytest.approx(S.weight_bytes(cfg) - experts * 3 / 4)
+    assert card_weight_bytes(cfg, ep=2) == pytest.approx(weight_bytes(cfg) - experts / 2)
+    assert card_weight_bytes(cfg, ep=4) == pytest.approx(weight_bytes(cfg) - experts * 3 / 4)
     # skewed routing: the card with the favourite experts reads more and computes more
     skewed = dataclasses.replace(cfg, expert_skew=1.0)
-    busiest, routes = S.card_experts(skewed, 8, 2)
-    q = S.expert_inclusion(skewed)
+    busiest, routes = card_experts(skewed, 8, 2)
+    q = expert_inclusion(skewed)
     assert busiest == pytest.approx(max(np.sum(1 - (1 - q[c::2]) ** 8) for c in (0, 1)))
     assert routes == pytest.approx(q[0::2].sum() / 8) and routes > 0.5
-    assert S.ep_card_cost(skewed, 4, 2)["matmul_flops"] > S.step_cost(skewed, 4, 1, 0)[
+    assert ep_card_cost(skewed, 4, 2)["matmul_flops"] > step_cost(skewed, 4, 1, 0)[
         "matmul_flops"]
 
 
 def test_expert_parallel_prices_all_to_alls_over_the_link():
     # (at the all-to-alls' own share of the link: the all-reduces' share prices tp alone)
-    cfg, card = S.MODELS["qwen3-30b-a3b"], S.GPUS["rtx-pro-6000"]
-    profile = S.EngineProfile("hand", 0.5, 0.5, allreduce_s=1e-5, all_to_all_share=0.5)
-    cost = S.pass_cost(cfg, 1, 16, 2)
+    cfg, card = MODELS["qwen3-30b-a3b"], GPUS["rtx-pro-6000"]
+    profile = EngineProfile("hand", 0.5, 0.5, allreduce_s=1e-5, all_to_all_share=0.5)
+    cost = pass_cost(cfg, 1, 16, 2)
     alone = dataclasses.replace(profile, allreduce_s=0.0, all_to_all_share=1e9)  # (free links)
-    got = S.pass_seconds(cfg, card, profile, 1, 16, 2) - S.pass_seconds(cfg, card, alone, 1, 16, 2)
+    got = pass_seconds(cfg, card, profile, 1, 16, 2) - pass_seconds(cfg, card, alone, 1, 16, 2)
     want = 96 * 1e-5 + cost["collective_bytes"] / (card.link_gbs * 1e9 * 0.5)
     assert got == pytest.approx(want, rel=1e-6)
     for share, tp, ep in (("link_share", 1, 2), ("all_to_all_share", 2, 1)):  # (each its own)
         slow = dataclasses.replace(profile, **{share: 0.01})
-        assert S.pass_seconds(cfg, card, slow, tp, 16, ep) == \
-            S.pass_seconds(cfg, card, profile, tp, 16, ep)
+        assert pass_seconds(cfg, card, slow, tp, 16, ep) == \
+            pass_seconds(cfg, card, profile, tp, 16, ep)
         other = "all_to_all_share" if share == "link_share" else "link_share"
-        assert S.pass_seconds(cfg, card, dataclasses.replace(profile, **{other: 0.01}), tp,
-                              16, ep) > S.pass_seconds(cfg, card, profile, tp, 16, ep)
+        assert pass_seconds(cfg, card, dataclasses.replace(profile, **{other: 0.01}), tp,
+                              16, ep) > pass_seconds(cfg, card, profile, tp, 16, ep)
 
 
 def test_ep_flag_checks(tmp_path, capsys):
@@ -694,16 +711,16 @@ def test_ep_flag_checks(tmp_path, capsys):
 
 
 def test_a_mixtures_dense_twin_runs_its_active_parameters_by_hand():
-    cfg = S.MODELS["deepseek-v3"]  # 8 routed and 1 shared expert of 2,048 a token
-    twin = S.dense_twin(cfg)
+    cfg = MODELS["deepseek-v3"]  # 8 routed and 1 shared expert of 2,048 a token
+    twin = dense_twin(cfg)
     assert twin.ffn == 9 * 2048 and not twin.experts and twin.mlp == "gated"
     # every layer's MLP is the active experts' width: the twin's parameters are the MoE's
     # active ones with the three dense layers' wider MLPs and the routers taken out
     h, dense = 7168, 3 * 3 * 7168 * (18432 - 9 * 2048)
     routers = 58 * h * 256
-    assert S.param_count(twin) == S.active_param_count(cfg) - dense - routers
+    assert param_count(twin) == active_param_count(cfg) - dense - routers
     # a measured step's bytes: the experts it read in place of the routing's expectation
-    assert S.moe_step_bytes(cfg, 4, 100, S.experts_touched(cfg, 4)) == \
-        S.step_cost(cfg, 4, 1, 100)["bytes"]
-    assert S.moe_step_bytes(cfg, 4, 100, 10) - S.moe_step_bytes(cfg, 4, 100, 9) == \
+    assert moe_step_bytes(cfg, 4, 100, experts_touched(cfg, 4)) == \
+        step_cost(cfg, 4, 1, 100)["bytes"]
+    assert moe_step_bytes(cfg, 4, 100, 10) - moe_step_bytes(cfg, 4, 100, 9) == \
         pytest.approx(58 * 3 * h * 2048 * 1)  # (one more expert a layer, in fp8)

@@ -23,6 +23,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import NN_40_serving as S  # noqa: E402
+from nn40.tables import ceilings_line, render  # noqa: E402
+from nn40.tables_c import format_tables  # noqa: E402
+from nn40.text_ko import TEXT  # noqa: E402
 
 READMES = [ROOT / "README.md", ROOT / "figures" / "README.md", ROOT / "tests" / "README.md"]
 RESULTS = ROOT / "figures" / "reference.json"
@@ -34,12 +37,12 @@ VALUE = re.compile(r"(?P<number>[-+]?[\d,]*\.?\d+%?)<!--= (?P<path>\S+) (?P<fmt>
 def sample_output(results, lang="en"):
     """What a run prints on stdout before its last line ("wrote ..."): the banner, the
     ceilings (when A or B ran) and every table, from the results dictionary alone."""
-    T = S.TEXT[lang]
+    T = TEXT[lang]
     lines = [S.banner(results, T)]
     if "ceilings" in results["environment"]:
-        lines.append(S.ceilings_line(T, results["environment"]["ceilings"],
+        lines.append(ceilings_line(T, results["environment"]["ceilings"],
                                      results["environment"].get("device_type")))
-    return "\n".join(lines) + "\n\n" + S.format_tables(results, lang)
+    return "\n".join(lines) + "\n\n" + format_tables(results, lang)
 
 
 def excerpt(output, prefix, n):
@@ -75,7 +78,7 @@ def stale(text, results, output):
         if [line.rstrip() for line in m["body"].split("\n")] != want.split("\n"):
             found.append((m.group(1), m["body"], want))
     for m in VALUE.finditer(text):
-        want = S.render(lookup(results, m["path"]), m["fmt"])
+        want = render(lookup(results, m["path"]), m["fmt"])
         if m["number"] != want:
             found.append((m["path"], m["number"], want))
     return found
@@ -84,7 +87,7 @@ def stale(text, results, output):
 def refreshed(text, results, output):
     """The text with every block and number rendered again from the results."""
     text = BLOCK.sub(lambda m: m.group(0).replace(m["body"], expected_block(output, m)), text)
-    return VALUE.sub(lambda m: S.render(lookup(results, m["path"]), m["fmt"])
+    return VALUE.sub(lambda m: render(lookup(results, m["path"]), m["fmt"])
                      + m.group(0)[len(m["number"]):], text)
 
 

@@ -5,6 +5,10 @@ import os
 import pytest
 
 import NN_40_serving as S
+import nn40.device
+import nn40.experiment_ab
+import nn40.figures
+from nn40.figures import FIGURES, draw_figures
 from test_cli import expect_usage_error
 from test_disagg import DISTSERVE
 
@@ -14,9 +18,11 @@ def test_replot_redraws_the_same_set(tiny_args, tmp_path, capsys, monkeypatch):
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
     # (every figure but the capacity search's, which needs an SLO, the experts', the prefix
     # study's and the placement search's)
-    assert "phases.png" in drawn and len(drawn) == len(S.FIGURES) - 4
-    monkeypatch.setattr(S, "Bench", lambda *a: pytest.fail("replot ran an experiment"))
-    monkeypatch.setattr(S, "resolve_device", lambda *a: pytest.fail("replot probed a device"))
+    assert "phases.png" in drawn and len(drawn) == len(FIGURES) - 4
+    monkeypatch.setattr(nn40.experiment_ab, "Bench",
+                        lambda *a: pytest.fail("replot ran an experiment"))
+    monkeypatch.setattr(nn40.device, "resolve_device",
+                        lambda *a: pytest.fail("replot probed a device"))
     again = tmp_path / "again"
     result = S.main(["--replot", str(tmp_path / "results.json"), "--out", str(again),
                      "--format", "svg"])
@@ -80,11 +86,11 @@ def test_no_figure_prints_a_raw_description(tiny_args, tmp_path, capsys, monkeyp
         import matplotlib.text
         texts[path] = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
         plt.close(fig)
-    monkeypatch.setattr(S, "save_figure", collect)
+    monkeypatch.setattr(nn40.figures, "save_figure", collect)
     for out in runs:
         saved = out / ("placement_search.json" if out == placements else "results.json")
-        S.draw_figures(json.loads(saved.read_text()), str(out), jobs=1)
-    assert {os.path.basename(p) for p in texts} == set(S.FIGURES) - (
+        draw_figures(json.loads(saved.read_text()), str(out), jobs=1)
+    assert {os.path.basename(p) for p in texts} == set(FIGURES) - (
         set() if placements in runs else {"placements.png"})
     for name, strings in texts.items():
         for text in strings:  # (no dict, no template left unfilled, no missing value)

@@ -4,14 +4,21 @@ import math
 import pytest
 import torch
 
-import NN_40_serving as S
+import dataclasses
+import nn40.experiment_ab
+from nn40.accounting import kv_bytes_per_token, kv_crossover_batch, step_cost
+from nn40.config import ModelConfig
+from nn40.experiment_ab import Bench, measure_ceilings, roofline_row
+from nn40.model import MoE, build_model, decode_step, grouped_mm_works, new_kv_cache
+from nn40.settings import RunConfig
+from nn40.timing import capture_blocker, cuda_graph
 
-TINY = S.ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, dtype="float32")
+TINY = ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, dtype="float32")
 
 
 def test_ceilings_are_positive_and_finite_on_cpu():
-    run = S.RunConfig.of(model=TINY, warmup=1, reps=5, time_budget_s=0.2)
-    ceilings = S.measure_ceilings(run, torch.device("cpu"), log=lambda m: None)
+    run = RunConfig.of(model=TINY, warmup=1, reps=5, time_budget_s=0.2)
+    ceilings = measure_ceilings(run, torch.device("cpu"), log=lambda m: None)
     for key in ("bandwidth_gbs", "matmul_tflops", "ridge_flop_per_byte"):
         assert math.isfinite(ceilings[key]) and ceilings[key] > 0
     assert ceilings["ridge_flop_per_byte"] == pytest.approx(
@@ -19,8 +26,8 @@ def test_ceilings_are_positive_and_finite_on_cpu():
 
 
 def test_given_peaks_replace_measurements():
-    run = S.RunConfig.of(model=TINY, peak_bandwidth_gbs=1000.0, peak_tflops=100.0)
-    ceilings = S.measure_ceilings(run, torch.device("cpu"), log=lambda m: None)
+    run = RunConfig.of(model=TINY, peak_bandwidth_gbs=1000.0, peak_tflops=100.0)
+    ceilings = measure_ceilings(run, torch.device("cpu"), log=lambda m: None)
     assert (ceilings["bandwidth_gbs"], ceilings["matmul_tflops"]) == (1000.0, 100.0)
     assert ceilings["ridge_flop_per_byte"] == 100.0
 
@@ -28,49 +35,49 @@ def test_given_peaks_replace_measurements():
 def test_mbu_and_mfu_use_the_step_cost_model():
     ceilings = {"bandwidth_gbs": 1000.0, "matmul_tflops": 100.0, "ridge_flop_per_byte": 100.0}
     timing = {"median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.2, "n": 10}
-    cfg = S.ModelConfig()
-    row = S.roofline_row(cfg, ceilings, timing, (8, 1, 128))
-    cost = S.step_cost(cfg, 8, 1, 128)
+    cfg = ModelConfig()
+    row = roofline_row(cfg, ceilings, timing, (8, 1, 128))
+    cost = step_cost(cfg, 8, 1, 128)
     assert row["bytes"] == cost["bytes"] and row["flops"] == cost["flops"]
     assert row["mbu"] == pytest.approx(cost["bytes"] / 2e-3 / 1e12)
     assert row["mfu"] == pytest.approx(cost["flops"] / 2e-3 / 100e12)
     assert row["bound"] == "memory"  # intensity ~8 < ridge 100
-    prefill = S.roofline_row(cfg, ceilings, timing, (1, 2048, 0))
+    prefill = roofline_row(cfg, ceilings, timing, (1, 2048, 0))
     assert prefill["bound"] == "compute"
 
 
 def test_kv_crossover_batch_by_hand():
-    cfg = S.ModelConfig()
+    cfg = ModelConfig()
     context = 1024
-    cost = S.step_cost(cfg, 1, 1, context)
-    b = S.kv_crossover_batch(cfg, context)
+    cost = step_cost(cfg, 1, 1, context)
+    b = kv_crossover_batch(cfg, context)
     assert (b - 1) * cost["kv_read_bytes"] <= cost["weight_bytes"] < b * cost["kv_read_bytes"]
     # the post's model, fp16: 98,304 bytes of KV per token, so 100.7 MB per row at context
     # 1024, against 1.339 GB of weights read per step: 13.3 rows -> batch 14
-    assert S.kv_bytes_per_token(cfg) == 98304 and cost["weight_bytes"] == 1_339_244_544
+    assert kv_bytes_per_token(cfg) == 98304 and cost["weight_bytes"] == 1_339_244_544
     assert b == 14
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
 @torch.inference_mode()
 def test_cuda_graph_gives_the_eager_logits():
-    cfg = S.ModelConfig(layers=2, hidden=256, heads=4, vocab=1000, max_positions=128,
+    cfg = ModelConfig(layers=2, hidden=256, heads=4, vocab=1000, max_positions=128,
                         dtype="float32")
     device = torch.device("cuda")
-    model = S.build_model(cfg, device)
-    cache = S.new_kv_cache(cfg, 4, 33, device)
+    model = build_model(cfg, device)
+    cache = new_kv_cache(cfg, 4, 33, device)
     tokens = torch.randint(cfg.vocab, (4,), device=device)
     out = {}
 
     def step():
-        out["logits"] = S.decode_step(model, cache, tokens, 32)
-    replay = S.cuda_graph(step)
+        out["logits"] = decode_step(model, cache, tokens, 32)
+    replay = cuda_graph(step)
     graphed_out = out["logits"]  # the graph's static output buffer
     for _ in range(3):
         tokens.copy_(torch.randint(cfg.vocab, (4,), device=device))
         replay()
         torch.cuda.synchronize()
-        eager = S.decode_step(model, cache, tokens, 32)
+        eager = decode_step(model, cache, tokens, 32)
         torch.testing.assert_close(graphed_out, eager, rtol=1e-5, atol=1e-5)
 
 
@@ -80,31 +87,31 @@ def test_cuda_moe_step_refused_in_its_loop_form_captured_in_its_grouped_form():
     # on the device: the loop's host syncs are caught before any capture begins (so a dense
     # capture after it still works), and where grouped_mm_works the grouped form is captured
     # and its replay gives the loop's logits
-    cfg = S.ModelConfig(layers=2, hidden=256, heads=4, kv_heads=2, vocab=1000,
+    cfg = ModelConfig(layers=2, hidden=256, heads=4, kv_heads=2, vocab=1000,
                         max_positions=128, dtype="bfloat16", mlp="gated", norm="rms",
                         positions="rope", experts=8, experts_per_token=2, expert_ffn=128)
     device = torch.device("cuda")
-    model = S.build_model(cfg, device, seed=3)
-    cache = S.new_kv_cache(cfg, 4, 33, device)
+    model = build_model(cfg, device, seed=3)
+    cache = new_kv_cache(cfg, 4, 33, device)
     tokens = torch.randint(cfg.vocab, (4,), device=device)
-    moe = [m for m in model.modules() if isinstance(m, S.MoE)]
+    moe = [m for m in model.modules() if isinstance(m, MoE)]
     for m in moe:
         m.set_grouped(False)
-    assert S.capture_blocker(lambda: S.decode_step(model, cache, tokens, 32)) is not None
-    dense = S.dataclasses.replace(cfg, experts=0, expert_ffn=None, ffn_hidden=512)
-    dense_model = S.build_model(dense, device)
-    S.cuda_graph(lambda: S.decode_step(dense_model, cache, tokens, 32))()  # (not poisoned)
-    loop = S.decode_step(model, cache, tokens, 32)
-    if not S.grouped_mm_works(device, torch.bfloat16):
+    assert capture_blocker(lambda: decode_step(model, cache, tokens, 32)) is not None
+    dense = dataclasses.replace(cfg, experts=0, expert_ffn=None, ffn_hidden=512)
+    dense_model = build_model(dense, device)
+    cuda_graph(lambda: decode_step(dense_model, cache, tokens, 32))()  # (not poisoned)
+    loop = decode_step(model, cache, tokens, 32)
+    if not grouped_mm_works(device, torch.bfloat16):
         pytest.skip("torch._grouped_mm does not run on this device in bfloat16")
     for m in moe:
         m.set_grouped(True)
     out = {}
 
     def step():
-        out["logits"] = S.decode_step(model, cache, tokens, 32)
-    assert S.capture_blocker(step) is None
-    S.cuda_graph(step)()
+        out["logits"] = decode_step(model, cache, tokens, 32)
+    assert capture_blocker(step) is None
+    cuda_graph(step)()
     torch.cuda.synchronize()
     torch.testing.assert_close(out["logits"].float(), loop.float(), rtol=2e-2, atol=2e-2)
 
@@ -119,10 +126,10 @@ def test_a_graph_replays_on_fresh_inputs(arch, monkeypatch):
     def capture(step):
         captured.append(step)
         return step
-    monkeypatch.setattr(S, "cuda_graph", capture)
-    cfg = S.dataclasses.replace(TINY, arch=arch)
-    run = S.RunConfig.of(model=cfg, warmup=1, reps=5, time_budget_s=0.1)
-    bench = S.Bench(run, torch.device("cpu"))
+    monkeypatch.setattr(nn40.experiment_ab, "cuda_graph", capture)
+    cfg = dataclasses.replace(TINY, arch=arch)
+    run = RunConfig.of(model=cfg, warmup=1, reps=5, time_budget_s=0.1)
+    bench = Bench(run, torch.device("cpu"))
     bench.time_decode(4, 8, mode="graph")
     step, = captured
     buffers = {}

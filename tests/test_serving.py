@@ -5,21 +5,30 @@ import numpy as np
 import pytest
 
 import NN_40_serving as S
+from nn40.config import GPUS, PUBLISHED_CSV
+from nn40.kv import KVBudget, PagedBlocks
+from nn40.loop import simulate_serving
+from nn40.metrics import serving_metrics
+from nn40.pricing import ENGINE_PROFILES, StepCosts, card_costs, card_kv_tokens, fit_step_costs
+from nn40.published import predict_published, read_published, row_model
+from nn40.replicas import Replica, SCHEDULERS, SimulationStalled
+from nn40.slot_steps import simulate_slots
+from nn40.workload import Requests, arrival_times, lognormal_lengths, read_trace
 from conftest import TRACES
 
-COSTS = S.StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
+COSTS = StepCosts(tokens=(1, 64, 1024), seconds=(0.010, 0.012, 0.100), kv_token_s=1e-7,
                     source="test")
 
 
 def poisson_requests(n, rate, seed=0, prompt=32):
     rng = np.random.default_rng(seed)
-    output = S.lognormal_lengths(n, seed)
-    return S.Requests(S.arrival_times(n, rate, 1.0, rng), np.full(n, prompt), output)
+    output = lognormal_lengths(n, seed)
+    return Requests(arrival_times(n, rate, 1.0, rng), np.full(n, prompt), output)
 
 
 def test_one_slot_is_a_fifo_queue_lindley():
     req = poisson_requests(300, rate=20.0)
-    sim = S.simulate_serving(req, S.Replica(1, COSTS, "continuous"))
+    sim = simulate_serving(req, Replica(1, COSTS, "continuous"))
     previous_finish = 0.0
     for i in range(len(req.output)):
         assert sim["times"].start[i] == max(req.arrival_s[i], previous_finish)
@@ -27,28 +36,28 @@ def test_one_slot_is_a_fifo_queue_lindley():
 
 
 def test_all_at_zero_reproduces_the_step_counts():
-    lengths = S.lognormal_lengths(600, 3)
-    req = S.Requests(np.zeros(600), np.full(600, 50), lengths)
-    zero_prefill = S.StepCosts((1, 2), (0.0, 0.0), 0.0, "free prefill")
+    lengths = lognormal_lengths(600, 3)
+    req = Requests(np.zeros(600), np.full(600, 50), lengths)
+    zero_prefill = StepCosts((1, 2), (0.0, 0.0), 0.0, "free prefill")
     for costs in (zero_prefill, COSTS):  # step counts do not depend on the prices
         for policy in ("static", "continuous"):
-            sim = S.simulate_serving(req, S.Replica(32, costs, policy))
-            assert sim["steps"] == S.simulate_slots(lengths, 32, policy)["steps"]
+            sim = simulate_serving(req, Replica(32, costs, policy))
+            assert sim["steps"] == simulate_slots(lengths, 32, policy)["steps"]
 
 
 def test_chunked_with_an_unlimited_budget_equals_continuous():
     req = poisson_requests(400, rate=50.0)
-    a = S.simulate_serving(req, S.Replica(16, COSTS, "continuous"))
-    b = S.simulate_serving(req, S.Replica(16, COSTS, "chunked", 10**9))
+    a = simulate_serving(req, Replica(16, COSTS, "continuous"))
+    b = simulate_serving(req, Replica(16, COSTS, "chunked", 10**9))
     for key in ("start", "first_token", "finish"):
         np.testing.assert_array_equal(getattr(a["times"], key), getattr(b["times"], key))
     assert a["steps"] == b["steps"]
 
 
-@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_tokens_are_conserved_and_times_ordered(scheduler):
     req = poisson_requests(300, rate=30.0, prompt=700)
-    sim = S.simulate_serving(req, S.Replica(8, COSTS, scheduler, 256))
+    sim = simulate_serving(req, Replica(8, COSTS, scheduler, 256))
     # every slot-step holds a request that is prefilling or emitting a token
     assert np.all(req.arrival_s <= sim["times"].start)
     assert np.all(sim["times"].start < sim["times"].first_token)
@@ -59,10 +68,10 @@ def test_tokens_are_conserved_and_times_ordered(scheduler):
 
 def test_chunked_prefill_bounds_each_step():
     # a long prompt arrives while others decode: chunked spreads it over several steps
-    req = S.Requests(np.array([0.0, 0.0, 0.05]), np.array([10, 10, 4000]),
+    req = Requests(np.array([0.0, 0.0, 0.05]), np.array([10, 10, 4000]),
                      np.array([400, 400, 5]))
-    whole = S.simulate_serving(req, S.Replica(4, COSTS, "continuous"))
-    chunked = S.simulate_serving(req, S.Replica(4, COSTS, "chunked", 512))
+    whole = simulate_serving(req, Replica(4, COSTS, "continuous"))
+    chunked = simulate_serving(req, Replica(4, COSTS, "chunked", 512))
     # the decoders' worst stall: the whole 4000-token prefill vs at most 512 tokens a step
     assert whole["longest_step_s"] == pytest.approx(COSTS.pass_s(4000) + COSTS.pass_s(2, 2 * 60),
                                                     rel=0.05)
@@ -96,7 +105,7 @@ def test_serving_json_contract_and_request_csv(tmp_path, capsys):
     results = S.main(["--experiments", "C", "--rate", "40", "--requests", "100", "--out",
                       str(tmp_path), "--save-requests", str(csv_path), "--slo-ttft-ms", "500",
                       "--slo-tpot-ms", "50", "--rates", "10,30"])
-    for name in S.SCHEDULERS:
+    for name in SCHEDULERS:
         m = results["C"]["schedulers"][name]
         for key in ("throughput_rps", "output_tokens_per_s", "occupancy", "goodput_rps"):
             assert m[key] >= 0
@@ -120,7 +129,7 @@ def test_shared_traces_parse(name):
     path = os.path.join(TRACES, name)
     if not os.path.exists(path):
         pytest.skip("shared traces are not beside the project")
-    prompt, output, times = S.read_trace(path, limit=500)
+    prompt, output, times = read_trace(path, limit=500)
     assert len(prompt) == len(output) == 500 and prompt.min() >= 1 and output.min() >= 1
     if name.startswith("Azure"):
         assert times[0] == 0 and np.all(np.diff(times) >= 0)
@@ -172,7 +181,7 @@ def test_step_costs_fit_by_hand():
         return {"batch": batch, "context": context, "step_ms": 1e3 * (f + kv_s * batch * context)}
     decode = [row(1, 100, 2e-6, 0.010), row(1, 500, 2e-6, 0.010),
               row(4, 100, 1e-6, 0.016), row(4, 500, 1e-6, 0.016)]
-    costs = S.fit_step_costs(decode, [{"tokens": 64, "step_ms": 50.0}], 100, 0.0, "hand")
+    costs = fit_step_costs(decode, [{"tokens": 64, "step_ms": 50.0}], 100, 0.0, "hand")
     assert costs.tokens == (1, 4, 64)
     np.testing.assert_allclose(costs.seconds, (0.010, 0.016, 0.050))
     # the knots price their own passes (the fit asked for these shapes' prices on the way)
@@ -185,7 +194,7 @@ def test_step_costs_fit_by_hand():
         sum(costs.pass_s(2, 1000 + 2 * j) for j in range(3)))
 
 
-UNIT = S.StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
+UNIT = StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
 
 
 def test_latency_definitions_by_hand():
@@ -193,11 +202,11 @@ def test_latency_definitions_by_hand():
     # step 1 [0, 1]: prefill A (its first token at 1). step 2 [1, 3]: B is admitted, a prefill
     # pass for B and a decode pass for A (2 s; B's first token at 3). step 3 [3, 4]: both
     # decode their last token.
-    req = S.Requests(np.array([0.0, 0.5]), np.array([4, 2]), np.array([3, 2]))
-    sim = S.simulate_serving(req, S.Replica(2, UNIT, "continuous"))
+    req = Requests(np.array([0.0, 0.5]), np.array([4, 2]), np.array([3, 2]))
+    sim = simulate_serving(req, Replica(2, UNIT, "continuous"))
     times = sim["times"]
     assert times.first_token.tolist() == [1.0, 3.0] and times.finish.tolist() == [4.0, 4.0]
-    m = S.serving_metrics(req, sim)
+    m = serving_metrics(req, sim)
     assert m["ttft_s"]["mean"] == (1.0 + 2.5) / 2  # first token - arrival
     assert m["e2e_s"]["mean"] == (4.0 + 3.5) / 2   # finish - arrival
     # TPOT, as vLLM defines it: (finish - first token) / (output - 1)
@@ -212,11 +221,11 @@ def test_latency_definitions_by_hand():
 
 
 def test_iterations_do_not_grow_with_output_lengths():
-    req = S.Requests(np.zeros(300), np.full(300, 64), S.lognormal_lengths(300, 1))
-    long = S.Requests(req.arrival_s, req.prompt, req.output * 50)
-    for scheduler in S.SCHEDULERS:
-        short_sim = S.simulate_serving(req, S.Replica(16, COSTS, scheduler, 256))
-        long_sim = S.simulate_serving(long, S.Replica(16, COSTS, scheduler, 256))
+    req = Requests(np.zeros(300), np.full(300, 64), lognormal_lengths(300, 1))
+    long = Requests(req.arrival_s, req.prompt, req.output * 50)
+    for scheduler in SCHEDULERS:
+        short_sim = simulate_serving(req, Replica(16, COSTS, scheduler, 256))
+        long_sim = simulate_serving(long, Replica(16, COSTS, scheduler, 256))
         assert long_sim["steps"] > 40 * short_sim["steps"]
         # (not equal: which requests end at the same step, and so share an event, differs)
         assert long_sim["iterations"] <= 1.2 * short_sim["iterations"] <= 1.2 * 6 * 300
@@ -225,11 +234,11 @@ def test_iterations_do_not_grow_with_output_lengths():
 def test_a_simulation_that_cannot_progress_raises(monkeypatch):
     # an allocator that never frees its blocks: the requests behind the first ones can never
     # be admitted, and the simulation must say so instead of looping
-    monkeypatch.setattr(S.PagedBlocks, "release", lambda self, seq, ctx: None)
+    monkeypatch.setattr(PagedBlocks, "release", lambda self, seq, ctx: None)
     req = poisson_requests(50, rate=100.0)
-    with pytest.raises(S.SimulationStalled, match="stalled"):
-        S.simulate_serving(req, S.Replica(4, COSTS, "continuous",
-                                          kv=S.KVBudget("paged", 2_000, 16)))
+    with pytest.raises(SimulationStalled, match="stalled"):
+        simulate_serving(req, Replica(4, COSTS, "continuous",
+                                          kv=KVBudget("paged", 2_000, 16)))
 
 
 @pytest.mark.parametrize("tp, isl, osl", [(1, 1000, 1000), (1, 128, 128), (8, 128, 2048),
@@ -240,17 +249,17 @@ def test_the_max_load_closed_form_is_the_simulation_at_saturation(tp, isl, osl):
     # reserving isl + osl tokens; output tokens/s over the middle half of the finishes. (Where
     # a prompt takes several chunks beside few rows, 20,000 tokens at tp 1, the closed form's
     # smooth step is 13% over the simulation's alternating ones.)
-    rows, _ = S.read_published(S.PUBLISHED_CSV, "validation")
+    rows, _ = read_published(PUBLISHED_CSV, "validation")
     row = next(r for r in rows if (r.model, r.gpu, r.weights, r.batch, r.tp, r.isl, r.osl)
                == ("llama-3.1-70b", "h200", "fp8", "max-load", tp, isl, osl))
-    profile, cfg, card = S.ENGINE_PROFILES[row.engine], S.row_model(row), S.GPUS[row.gpu]
-    kv_tokens = S.card_kv_tokens(cfg, card, profile, tp)
-    replica = profile.replica(S.card_costs(cfg, card, profile, tp),
-                              kv=S.KVBudget("reserve", kv_tokens, max_output=osl))
+    profile, cfg, card = ENGINE_PROFILES[row.engine], row_model(row), GPUS[row.gpu]
+    kv_tokens = card_kv_tokens(cfg, card, profile, tp)
+    replica = profile.replica(card_costs(cfg, card, profile, tp),
+                              kv=KVBudget("reserve", kv_tokens, max_output=osl))
     assert (replica.slots, replica.chunk_tokens, replica.fused) == (2048, 8192, True)
     n = 8 * min(replica.slots, kv_tokens // (isl + osl))
-    sim = S.simulate_serving(S.Requests(np.zeros(n), np.full(n, isl), np.full(n, osl)), replica)
+    sim = simulate_serving(Requests(np.zeros(n), np.full(n, isl), np.full(n, osl)), replica)
     finish = np.sort(sim["times"].finish)
     lo, hi = finish[n // 4], finish[3 * n // 4]
     simulated = ((finish > lo) & (finish <= hi)).sum() * osl / (hi - lo)
-    assert simulated == pytest.approx(S.predict_published(row, profile), rel=0.005)
+    assert simulated == pytest.approx(predict_published(row, profile), rel=0.005)

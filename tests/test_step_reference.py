@@ -5,7 +5,13 @@ import math
 import numpy as np
 import pytest
 
-import NN_40_serving as S
+import dataclasses
+from nn40.kv import KVBudget, check_kv_budget, kv_manager
+from nn40.loop import simulate_serving
+from nn40.pricing import StepCosts
+from nn40.queues import queue_order
+from nn40.replicas import Replica, SCHEDULERS
+from nn40.workload import Requests
 from step_reference import simulate_steps
 
 
@@ -14,34 +20,34 @@ def random_case(seed, scheduler, policy):
     n = int(rng.integers(3, 16))
     prompt, output = rng.integers(1, 40, n), rng.integers(1, 30, n)
     cached = np.where(rng.random(n) < 0.3, rng.integers(0, prompt), 0) if seed % 2 else None
-    req = S.Requests(np.sort(rng.exponential(0.02, n).cumsum() * (seed % 3 > 0)), prompt,
+    req = Requests(np.sort(rng.exponential(0.02, n).cumsum() * (seed % 3 > 0)), prompt,
                      output, cached)
-    costs = S.StepCosts((1, 16, 256), tuple(np.sort(rng.uniform(0.001, 0.03, 3))),
+    costs = StepCosts((1, 16, 256), tuple(np.sort(rng.uniform(0.001, 0.03, 3))),
                         float(rng.uniform(0, 1e-4)), "random", pair_s=float(rng.uniform(0, 1e-6)))
     kv = None
     if policy:
         block = int(rng.integers(1, 9))
-        kv = S.KVBudget(policy, 0, block, int(output.max()), float(rng.choice([0.0, 0.05])))
-        alone = S.kv_manager(S.dataclasses.replace(kv, capacity_tokens=math.inf))
+        kv = KVBudget(policy, 0, block, int(output.max()), float(rng.choice([0.0, 0.05])))
+        alone = kv_manager(dataclasses.replace(kv, capacity_tokens=math.inf))
         least = int(alone.blocks(prompt + alone.output_held(output)).max())
-        kv = S.dataclasses.replace(kv, capacity_tokens=least * float(rng.uniform(1.0, 4.0)))
-        while S.check_kv_budget(req, kv):
-            kv = S.dataclasses.replace(kv, capacity_tokens=kv.capacity_tokens + block)
+        kv = dataclasses.replace(kv, capacity_tokens=least * float(rng.uniform(1.0, 4.0)))
+        while check_kv_budget(req, kv):
+            kv = dataclasses.replace(kv, capacity_tokens=kv.capacity_tokens + block)
     # (a priority order under a KV budget only with every request waiting at t=0: while the
     # head of the line waits for memory the loop takes in an arrival at the next event, where
     # a step-by-step scheduler would rank it at the next step and may admit it first)
     name = rng.choice(["fcfs", "sjf", "longest"])
-    order = S.queue_order(name if policy is None or seed % 3 == 0 else "fcfs", output)
-    return req, S.Replica(int(rng.integers(1, 5)), costs, scheduler, int(rng.integers(4, 48)), kv,
+    order = queue_order(name if policy is None or seed % 3 == 0 else "fcfs", output)
+    return req, Replica(int(rng.integers(1, 5)), costs, scheduler, int(rng.integers(4, 48)), kv,
                           order, bool(rng.integers(2)))
 
 
 @pytest.mark.parametrize("policy", [None, "reserve", "paged"])
-@pytest.mark.parametrize("scheduler", S.SCHEDULERS)
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_the_event_loop_equals_the_step_by_step_simulator(scheduler, policy):
     for seed in range(40):
         req, replica = random_case(seed, scheduler, policy)
-        got, want = S.simulate_serving(req, replica), simulate_steps(req, replica)
+        got, want = simulate_serving(req, replica), simulate_steps(req, replica)
         where = (seed, replica)
         assert got["steps"] == want["steps"], where
         for key in ("first_step", "finish_step"):

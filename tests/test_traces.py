@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-import NN_40_serving as S
+from nn40.errors import UsageError
 from nn40 import traces
 from test_cli import expect_usage_error, run_main
 
@@ -77,17 +77,17 @@ def test_a_bench_result_leaves_out_failed_requests_and_checks_its_lists(tmp_path
     trace = traces.read_named_trace(str(path))
     assert trace.prompt.tolist() == [100, 300] and trace.failed == 1
     path.write_text(json.dumps({**BENCH, "output_lens": [20, 30]}))
-    with pytest.raises(S.UsageError, match="input_lens 3, output_lens 2, start_times 3"):
+    with pytest.raises(UsageError, match="input_lens 3, output_lens 2, start_times 3"):
         traces.read_named_trace(str(path))
     path.write_text(json.dumps({**BENCH, "output_lens": [20, True, 40]}))
-    with pytest.raises(S.UsageError, match="request 1: the output.s tokens True"):
+    with pytest.raises(UsageError, match="request 1: the output.s tokens True"):
         traces.read_named_trace(str(path))
 
 
 def test_unknown_columns_are_one_line_naming_them_and_every_accepted_set(tmp_path, capsys):
     path = tmp_path / "mine.csv"
     path.write_text("when,question,answer\n0,10,5\n")
-    with pytest.raises(S.UsageError) as e:
+    with pytest.raises(UsageError) as e:
         traces.read_named_trace(str(path))
     message = str(e.value)
     assert "\n" not in message and "mine.csv:1" in message and "when, question, answer" in message
@@ -101,14 +101,14 @@ def test_every_bad_row_is_named_and_counted(tmp_path):
     path = tmp_path / "bad.csv"
     rows = ["1,10,5", "2,x,5", "3,10,0", "0.5,10,5", "4,10,-1", "5,1e30,5", "6,10,5"]
     path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
-    with pytest.raises(S.UsageError) as e:
+    with pytest.raises(UsageError) as e:
         traces.read_named_trace(str(path))
     message = str(e.value)
     assert "line 3: " in message and "line 4: an output of 0 tokens" in message
     assert "line 5: a timestamp earlier than the row before" in message
     assert "and 2 more" in message and "\n" not in message  # (lines 6 and 7)
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,5\n")
-    with pytest.raises(S.UsageError, match="line 2: timestamp 'yesterday' is neither"):
+    with pytest.raises(UsageError, match="line 2: timestamp 'yesterday' is neither"):
         traces.read_named_trace(str(path))
 
 
