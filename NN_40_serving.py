@@ -51,7 +51,7 @@ from nn40.host import (
 from nn40.kv import KVUnfit
 from nn40.modes import MODES
 from nn40.profiles import engine_profile
-from nn40.runs import kv_setup, step_costs
+from nn40.runs import kv_setup, run_step_costs
 from nn40.tables import ceilings_line, describe, dtype_probe_line, machine_warnings
 from nn40.tables_c import format_tables
 from nn40.text_ko import TEXT
@@ -119,7 +119,8 @@ def environment(run, device, argv):
 def banner(results, T):
     env, cfg = results["environment"], results["config"]["model"]
     lines = [f"NN_40_serving  {env['date']}", T["command"].format(**env),
-             f"python {env['python']}, torch {env['torch']}, numpy {env['numpy']}"]
+             f"python {env['python']}, torch {env['torch'] or 'not installed'}, "
+             f"numpy {env['numpy']}"]
     if "device" in env:
         lines.append(T["device"].format(**env) + (T["cuda"] if env["cuda"] else
                                                   T["threads"]).format(**env))
@@ -348,7 +349,7 @@ def run_experiment(name, run, device, results, benches, inputs):
         results["B"] = run_prefill_decode(bench, ceilings, log)
     elif name == "C":
         results["C"] = run_batching_sim(run, inputs.requests, log,
-                                        step_costs(run.hardware, results), inputs.kv_budgets)
+                                        run_step_costs(run.hardware, results), inputs.kv_budgets)
         if device and "peak" in results["C"].get("kv", {}):  # the budget is real
             results["C"]["kv"]["device_check"] = kv_device_check(bench, results["C"]["kv"])
     elif name == "D":

@@ -85,9 +85,9 @@ def expert_inclusion(cfg):
 
 
 def moe_step_bytes(cfg, batch, context, touched):
-    """A decode step's bytes (step_cost's) with `touched` experts read a layer in place of
+    """A decode step's bytes (flops_and_bytes's) with `touched` experts read a layer in place of
     the routing's expectation: what a measured step read."""
-    cost = step_cost(cfg, batch, 1, context)
+    cost = flops_and_bytes(cfg, batch, 1, context)
     return cost["bytes"] + (touched - experts_touched(cfg, batch)) * routed_expert_bytes(cfg)
 
 
@@ -149,7 +149,7 @@ def kv_bytes_per_token(cfg):
     return cfg.layers * width * cfg.kv_element_bytes
 
 
-def step_cost(cfg, batch, new_tokens, context):
+def flops_and_bytes(cfg, batch, new_tokens, context):
     """FLOPs and bytes of one forward step.
 
     flops: 2 per multiply-add of every matmul (weights, and attention's QK^T and PV over the
@@ -251,7 +251,7 @@ def ep_card_cost(cfg, tokens, ep):
     taken to run as many), so it reads the experts those touch on the busiest card; each MoE
     layer dispatches every token to its experts' cards and combines their outputs back: two
     all-to-alls, each sending the (ep - 1)/ep of its routes that leave the card."""
-    own = step_cost(cfg, tokens, 1, 0)
+    own = flops_and_bytes(cfg, tokens, 1, 0)
     read, routes = card_experts(cfg, tokens * ep, ep)
     expert_flops = 2 * tokens * cfg.experts_per_token * cfg.moe_layers * expert_weights(cfg)
     flops = expert_flops * (routes * ep - 1)  # (the busiest card's routes past its own tokens')
@@ -339,6 +339,6 @@ def memory_needed_bytes(cfg, batch, cache_len, new_tokens):
 
 def kv_crossover_batch(cfg, context):
     """Smallest batch whose KV-cache reads per decode step exceed the weight reads."""
-    cost = step_cost(cfg, 1, 1, context)
+    cost = flops_and_bytes(cfg, 1, 1, context)
     kv_per_row = cost["kv_read_bytes"]
     return math.floor(cost["weight_bytes"] / kv_per_row) + 1 if kv_per_row else None

@@ -365,7 +365,12 @@ def run_config(args):
         raise UsageError("--cost measured needs experiment A in the same run")
     device = None
     if set("ABD") & set(experiments):  # (torch is loaded for the experiments that run it alone)
-        from nn40.device import resolve_device
+        try:
+            from nn40.device import resolve_device
+        except ImportError as e:
+            raise UsageError(f"experiments {''.join(sorted(set('ABD') & set(experiments)))} "
+                             f"run the model on torch, which does not import here ({e}): "
+                             "install it (requirements.txt), or run --experiments C") from None
         device = resolve_device(args.device)
     cuda, on_cpu = (device is not None and device.type == t for t in ("cuda", "cpu"))
     if args.graphs in ("on", "both") and device is not None and not cuda:

@@ -38,14 +38,14 @@ class PhaseCosts:
     decode: StepCosts
     source: object
 
-    def run_price(self, plan, decoders, cached, k, fused=False):
+    def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
         """As StepCosts.run_price (the two passes apart: `fused` cannot join two prices)."""
         pre = self.prefill.run_price(plan, 0, 0, k)
-        dec = self.decode.run_price((), decoders, cached, k)
+        dec = self.decode.run_price((), decoders, cached, k, growth=growth)
         return pre[0], dec[1], pre[2] + dec[2], pre[3] + dec[3], pre[4]
 
-    def decode_steps_to(self, n, cached, t, when, k):
-        return self.decode.decode_steps_to(n, cached, t, when, k)
+    def decode_steps_to(self, n, cached, t, when, k, growth=None):
+        return self.decode.decode_steps_to(n, cached, t, when, k, growth)
 
     def pass_s(self, tokens, kv_tokens=0, pairs=0):
         """A prefill pass where it computes prompt pairs, else a decode pass of `tokens` rows."""
@@ -137,16 +137,19 @@ class PipelineCosts:
         rows = -(-n // (self.micro_batches or self.pp))
         return rows, cached * rows / n if n else 0
 
-    def run_price(self, plan, decoders, cached, k, fused=False):
+    def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
         rows, held = self.micro_batch(decoders, cached)
-        pre_s, dec_s, first, growth, tokens = self.inner.run_price(plan, rows, held, k, fused)
+        # (a micro-batch's share of the growth)
+        grown = None if growth is None or not decoders else growth * rows / decoders
+        pre_s, dec_s, first, growth, tokens = self.inner.run_price(plan, rows, held, k, fused,
+                                                                   grown)
         pre_hops, dec_hops = self.hops_s(tokens), self.hops_s(rows)
         return (pre_s + k * pre_hops, dec_s + k * dec_hops, first + pre_hops + dec_hops,
                 growth, tokens)
 
-    def decode_steps_to(self, n, cached, t, when, k):
+    def decode_steps_to(self, n, cached, t, when, k, growth=None):
         """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
-        first, growth = self.run_price((), n, cached, 1)[2:4]
+        first, growth = self.run_price((), n, cached, 1, growth=growth)[2:4]
         return steps_reaching(first, growth, when - t, k)
 
     def pass_s(self, tokens, kv_tokens=0, pairs=0):

@@ -1,6 +1,6 @@
 """Experiments A and B: decode against batch and context, prefill against decode (device code)
 
-Each row is a timing (time_region) joined to its accounting (step_cost) under the measured
+Each row is a timing (time_region) joined to its accounting (flops_and_bytes) under the measured
 ceilings: rates, intensity, MBU, MFU and the bound.
 """
 import itertools
@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from nn40.accounting import (
     dense_twin, experts_touched, kv_bytes_per_token, kv_crossover_batch, moe_step_bytes,
-    param_count, step_cost)
+    param_count, flops_and_bytes)
 from nn40.device import (
     SDPA_BACKENDS, VIEW_ELEMENTS_MAX, device_name, engine_attention, fits, kv_view_elements,
     out_of_memory)
@@ -207,12 +207,12 @@ def roofline_row(cfg, ceilings, timing, shape, cuda=False):
     """Timing + the accounting of the step it timed, of shape (batch, new tokens a row,
     context): rates, intensity, MBU, MFU and bound.
 
-    MBU = achieved bytes/s (weights + KV cache + activations, the step_cost model) / measured
+    MBU = achieved bytes/s (weights + KV cache + activations, the flops_and_bytes model) / measured
     bandwidth; MFU = achieved FLOP/s / measured matmul rate. The bound is the side of the
     ridge point (peak FLOP/s / peak bytes/s) the step's intensity falls on.
     """
     batch, new_tokens, context = shape
-    cost = step_cost(cfg, batch, new_tokens, context)
+    cost = flops_and_bytes(cfg, batch, new_tokens, context)
     s = timing["median_ms"] / 1e3
     tokens = batch * new_tokens
     intensity = cost["flops"] / cost["bytes"]

@@ -99,7 +99,7 @@ def orders_steps(lengths, slots, orders):
 
 def run_batching_sim(run, req, log, costs, kv_budgets=None):
     """C: static vs continuous batching in steps (the post's table, then in every order of the
-    queue), then in seconds priced by `costs` (StepCosts: step_costs's) for all three
+    queue), then in seconds priced by `costs` (StepCosts: run_step_costs's) for all three
     schedulers, (kv_budgets: kv_setup's) the KV-cache study, who waits under each order, a
     sweep of arrival rates, and with --replicas or an SLO the routers and the capacity search;
     the independent simulations run in --jobs worker processes."""

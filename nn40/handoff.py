@@ -29,7 +29,7 @@ class HandOff:
         self.sends = KVSends(link, len(prefill.servers), queue, self.landed) if link else None
         self.waiting = [collections.deque() for _ in decode.servers]
         self.reserved = [0] * len(decode.servers)  # tokens reserved at each decode replica
-        self.held = {}  # request -> (its prefill replica, tokens held there, since, reserved)
+        self.handed = {}  # request -> (its prefill replica, tokens held there, since, reserved)
         self.totals = {"waited": 0, "wait_s": 0.0, "held_token_s": 0.0}
         for i, server in enumerate(prefill.servers):
             server.on_finish = functools.partial(self.first_token, i)
@@ -47,7 +47,7 @@ class HandOff:
         ledger.remaining[r] = left
         ledger.to_prefill[r] = ledger.cached[r] = ledger.prompt[r] + 1
         j = self.decode.place(r)
-        self.held[r] = (replica, ledger.prompt[r] + 1, t, 0)
+        self.handed[r] = (replica, ledger.prompt[r] + 1, t, 0)
         if self.waiting[j] or not self.fits(j, r):
             self.waiting[j].append(r)
             self.totals["waited"] += 1
@@ -69,11 +69,11 @@ class HandOff:
 
     def send(self, j, r, t):
         """Reserve r's blocks at decode replica j and send its KV from t."""
-        replica, tokens, since, _ = self.held[r]
+        replica, tokens, since, _ = self.handed[r]
         need = self.need(j, r)
         self.decode.servers[j].kv.reserve(need)
         self.reserved[j] += need
-        self.held[r] = (replica, tokens, since, need)
+        self.handed[r] = (replica, tokens, since, need)
         self.totals["wait_s"] += t - since
         if self.sends:  # (layer-wise, its layers went as the prefill made them, unless it
             self.sends.send(replica, tokens - 1, t, r,  # waited for room: then none had)
@@ -90,7 +90,7 @@ class HandOff:
         """r's KV is in at decode replica j: its reservation is given back for its own
         admission, and its prefill replica's memory counts what it held until now."""
         j = self.decode.where[r]
-        replica, tokens, since, need = self.held.pop(r)
+        replica, tokens, since, need = self.handed.pop(r)
         self.decode.servers[j].kv.unreserve(need)
         self.reserved[j] -= need
         server = self.prefill.servers[replica]  # (held there until its last byte left)

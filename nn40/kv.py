@@ -85,6 +85,7 @@ class KVManager:
     in_both, caching = True, None
     block, capacity, watermark, total = 1, math.inf, 0, 0
     shared = lent = 0  # tokens held by several requests (once more than held); lent to KV in flight
+    gains = 1  # tokens a decode step adds to a decoder's cache (see for_decode_steps)
 
     def lookup(self, ledger, r):
         """The tokens of request r already computed when it is admitted now: ledger.cached
@@ -170,6 +171,12 @@ class KVManager:
         """The share of the allocated memory x time never used."""
         return 1.0 - utilization
 
+    def for_decode_steps(self, gains):
+        """The manager for decode steps that gain `gains` tokens a decoder (DecodeTokens):
+        what a manager whose arithmetic follows the decoders' growth sets. -> itself"""
+        self.gains = gains
+        return self
+
 
 class Reservation(KVManager):
     """reserve: on admission a request reserves prompt + max_output tokens, contiguously, until
@@ -218,9 +225,11 @@ class PagedBlocks(KVManager):
     watermark of 0 admits on the first step's blocks alone (the naive rule: under chunked
     prefill a prompt admitted on its first chunk is preempted by its own next one).
 
-    A decoder holding base + s tokens at step s takes a new block at every step s with
-    s = 1 - base (mod block), so the decoders are kept as counts by that phase, and a run of k
-    steps costs O(phases) whatever k is.
+    A decoder holding base + g s tokens at step s (g: the tokens a decode step gains, which
+    divides the block) takes a new block every `period` = block / g steps, at the steps s with
+    base + g s - 1 = 0, ..., g - 1 (mod block): one residue of s mod period (phase_key). So the
+    decoders are kept as counts by that phase, and a run of k steps costs O(phases) whatever k
+    is.
     """
     tracks = preempts = served = True
     caching = "prefix"
@@ -228,6 +237,7 @@ class PagedBlocks(KVManager):
     def __init__(self, kv):
         b, self.capacity = kv.block_tokens, kv.capacity_tokens
         self.block, self.total = b, 0  # (total: tokens in allocated blocks)
+        self.period = b  # a decoder's steps a block (see for_decode_steps)
         self.watermark = 0 if math.isinf(self.capacity) else \
             int(kv.watermark * (self.capacity // b)) * b
         self.phase = {}   # step (mod block) at which decoders take a block -> how many do
@@ -248,16 +258,29 @@ class PagedBlocks(KVManager):
     def planned(self, steps, plan):
         grow = sum(self.blocks(s.num_cached + c + (c == s.prompt_left)) - s.allocated
                    for s, c in plan)
-        return self.total + self.block * self.phase.get((steps + 1) % self.block, 0) + grow
+        return self.total + self.block * self.phase.get((steps + 1) % self.period, 0) + grow
+
+    def for_decode_steps(self, gains):
+        if self.block % gains:
+            raise ValueError(f"a decode step gains {gains} tokens: {self.block}-token blocks "
+                             "do not hold whole steps")
+        self.gains, self.period = gains, self.block // gains
+        return self
+
+    def phase_key(self, base):
+        """The steps (mod period) at which a decoder holding base + gains s tokens at step s
+        takes a block: those with base + gains s = 1, ..., gains (mod block)."""
+        g = self.gains
+        return (-(-(1 - base) // g)) % self.period if g > 1 else (1 - base) % self.block
 
     def join(self, seq):
-        key = (1 - seq.decode_base) % self.block
+        key = self.phase_key(seq.decode_base)
         self.phase[key] = self.phase.get(key, 0) + 1
 
     def release(self, seq, ctx):
         self.total -= self.blocks(ctx)
         if seq.decode_base is not None:
-            key = (1 - seq.decode_base) % self.block
+            key = self.phase_key(seq.decode_base)
             self.phase[key] -= 1
             if not self.phase[key]:
                 del self.phase[key]
@@ -267,7 +290,7 @@ class PagedBlocks(KVManager):
 
     def crossings(self, s0, k):
         """The decoders' new blocks in steps s0+1..s0+k: [(first step j, times, rows)]."""
-        b, phase = self.block, self.phase
+        b, phase = self.period, self.phase
         if k < len(phase):  # fewer steps than phases: look each step up
             return [(j, 1, phase[(s0 + j) % b]) for j in range(1, k + 1)
                     if (s0 + j) % b in phase]
@@ -279,16 +302,16 @@ class PagedBlocks(KVManager):
         return out
 
     def max_steps(self, steps, plan, k):
-        free, b = self.capacity - self.total, self.block
+        free, b, period = self.capacity - self.total, self.block, self.period
         if not plan:  # decoders only: the block that does not fit, found by its period
             if b * sum(m * rows for _, m, rows in self.crossings(steps, k)) <= free:
                 return k
             fit = int(free // b)  # blocks that still fit
             periods, rest = divmod(fit, sum(self.phase.values()))  # (every decoder's block)
-            for j, rows in sorted(((key - steps - 1) % b + 1, rows)
+            for j, rows in sorted(((key - steps - 1) % period + 1, rows)
                                   for key, rows in self.phase.items()):
                 if rest < rows:
-                    return min(k, periods * b + j - 1)
+                    return min(k, periods * period + j - 1)
                 rest -= rows
         (seq, c), = plan  # one prompt's chunks beside the decoders: bisect
 
@@ -302,15 +325,15 @@ class PagedBlocks(KVManager):
         return lo
 
     def advance(self, steps, plan, k, a, e):
-        b = self.block
+        b, p = self.block, self.period
         elapsed = a * k + e * k * (k - 1) / 2
         integral, grown = self.total * elapsed, 0
         for j0, m, rows in self.crossings(steps, k):
             # a block taken at step j is held from step j to k: D(k) - D(j - 1) seconds,
-            # where D(x) = a x + e x (x - 1) / 2; summed over j = j0, j0 + b, ... (m of them)
+            # where D(x) = a x + e x (x - 1) / 2; summed over j = j0, j0 + p, ... (m of them)
             x0 = j0 - 1
-            sx = m * x0 + b * m * (m - 1) / 2
-            sxx = m * x0 * x0 + x0 * b * m * (m - 1) + b * b * (m - 1) * m * (2 * m - 1) / 6
+            sx = m * x0 + p * m * (m - 1) / 2
+            sxx = m * x0 * x0 + x0 * p * m * (m - 1) + p * p * (m - 1) * m * (2 * m - 1) / 6
             integral += b * rows * (m * elapsed - (a * sx + e * (sxx - sx) / 2))
             grown += b * rows * m
         for seq, c in plan:  # the prompts' chunks: blocks held from the step that takes them
@@ -370,7 +393,7 @@ class PrefixCache(PagedBlocks):
             self.free.push_run(int(self.capacity // self.block))  # (every block never used)
         self.host, self.host_blocks = order(), int(kv.host_tokens // self.block)
         self.host_token_s, self.loads = kv.host_token_s, self.host_blocks > 0
-        self.pending = None  # the last lookup: (r, keys, the card's hit blocks' holders,
+        self.looked_up = None  # the last lookup: (r, keys, the card's hit blocks' holders,
         # blocks hit in host memory, hit blocks no one holds)
         # prompt tokens at first admissions (asked, found per tier), blocks evicted, hits readmitted
         self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
@@ -380,33 +403,33 @@ class PrefixCache(PagedBlocks):
     def lookup(self, ledger, r):
         self.identity = identity = ledger.identity
         if identity is None:
-            self.pending = None
+            self.looked_up = None
             return ledger.cached[r]
-        b, to_prefill, pending = self.block, ledger.to_prefill[r], self.pending
-        keys = pending[1] if pending and pending[0] == r else \
+        b, to_prefill, looked_up = self.block, ledger.to_prefill[r], self.looked_up
+        keys = looked_up[1] if looked_up and looked_up[0] == r else \
             identity.block_keys(r, to_prefill, b)
         most = min(len(keys), (to_prefill - 1) // b)  # (one prompt token left to compute)
         counts = leading(self.ref.get, keys, 0, most)  # (the card's hit blocks' holders)
         host = self.host.where
         host = len(leading(host.get, keys, len(counts), most)) if host else 0
-        self.pending = (r, keys, counts, host, counts.count(0))
+        self.looked_up = (r, keys, counts, host, counts.count(0))
         return max(ledger.cached[r], (len(counts) + host) * b)
 
     def need(self, prompt, cached, chunk, to_prefill):
         """As paged, less the hit blocks running requests hold already."""
-        need, pending = super().need(prompt, cached, chunk, to_prefill), self.pending
-        return need - self.block * (len(pending[2]) - pending[4]) if pending else need
+        need, looked_up = super().need(prompt, cached, chunk, to_prefill), self.looked_up
+        return need - self.block * (len(looked_up[2]) - looked_up[4]) if looked_up else need
 
     def admit(self, seq, need):
         b = self.block
         seq.allocated, seq.registered, seq.loading = self.blocks(seq.num_cached), 0, 0
-        pending, self.pending = self.pending, None
-        if not pending or pending[0] != seq.id:
+        looked_up, self.looked_up = self.looked_up, None
+        if not looked_up or looked_up[0] != seq.id:
             seq.keys, seq.held = (), []
             self.total += seq.allocated
             self.take(seq.allocated // b)
             return
-        r, keys, counts, host, taken = pending  # (taken: hit blocks no one held, now taken
+        r, keys, counts, host, taken = looked_up  # (taken: hit blocks no one held, now taken
         card = len(counts)                      # out of the free queue)
         hit = keys[:card]
         if taken and self.preempts:
@@ -521,9 +544,10 @@ def merged_reports(results, per_replica):
     return {PREFIX_REPORT: merged}
 
 
-def kv_manager(kv):
-    """The KV manager of a KVBudget (None: the null object, memory unlimited)."""
-    return KVManager() if kv is None else KV_MANAGERS[kv.policy](kv)
+def kv_manager(kv, gains=1):
+    """The KV manager of a KVBudget (None: the null object, memory unlimited), for decode steps
+    that gain `gains` tokens a decoder (DecodeTokens)."""
+    return KVManager() if kv is None else KV_MANAGERS[kv.policy](kv).for_decode_steps(gains)
 
 
 def plain_twin(policy):

@@ -174,12 +174,12 @@ class ServingSim(Admission):
         self.chunk_tokens = replica.chunk_tokens if replica.scheduler == "chunked" else None
         self.fused, self.progress = replica.fused, progress
         self.prefill_first = replica.prefill_first and not replica.fused
-        self.kv = kv = kv_manager(replica.kv)
+        self.kv = kv = kv_manager(replica.kv, replica.decode_tokens.gains)
         self.tracks, self.preempts = kv.tracks, kv.preempts
         self.retry = []                  # preempted ids (a heap: the oldest first)
         self.pending = self.price = None  # the planned run (see plan), its price (planned_price)
         self.running = {}                # admission order -> Seq, oldest first
-        self.prefill, self.decode = PrefillQueue(), DecodeBatch()  # the running, by phase
+        self.prefill, self.decode = PrefillQueue(), DecodeBatch(replica.decode_tokens)  # by phase
         self.t, self.steps, self.busy, self.done, self.iterations, self.admissions = \
             0.0, 0, 0, 0, 0, 0
         self.prefill_s = self.decode_s = self.longest_step_s = 0.0
@@ -249,8 +249,8 @@ class ServingSim(Admission):
     def steps_to_reach(self, when, k):
         """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
         decode = self.decode  # (DecodeBatch.cached, inline)
-        return self.costs.decode_steps_to(decode.size, decode.base_sum + decode.tokens
-                                          * self.steps, self.t, when, k)
+        return self.costs.decode_steps_to(decode.tokens, decode.base_sum + decode.growth
+                                          * self.steps, self.t, when, k, decode.growth)
 
     def planned_price(self):
         """The planned run's price (PassPrices.run_price's, with the wait for KV a host tier
@@ -259,8 +259,8 @@ class ServingSim(Admission):
         if self.price is None:
             plan, k, _ = self.pending
             decode = self.decode  # (DecodeBatch.cached, inline)
-            price = self.costs.run_price(plan, decode.size, decode.base_sum + decode.tokens
-                                         * self.steps, k, self.fused)
+            price = self.costs.run_price(plan, decode.tokens, decode.base_sum + decode.growth
+                                         * self.steps, k, self.fused, decode.growth)
             self.price = self.kv.loaded(price, plan) if plan and self.kv.loads else price
         return self.price
 
@@ -337,7 +337,7 @@ class ServingSim(Admission):
         elif seq.end_step > self.steps:  # preempted while it decodes
             to_emit, cached = self.decode.leave(seq, self.steps)
         else:  # finished decoding (DecodeBatch.due took it out of the batch)
-            to_emit, cached = 0, seq.decode_base + self.steps
+            to_emit, cached = 0, self.decode.held_by(seq, self.steps)
         if self.tracks:
             self.kv.release(seq, cached)
         self.ledger.generated[seq.id] += seq.to_emit_admitted - to_emit
@@ -355,15 +355,16 @@ class ServingSim(Admission):
         prefill_s, decode_s, a, e, tokens = price
         decode = self.decode  # (held and DecodeBatch.cached, inline: read at every event)
         memory = self.memory
-        held = memory.run(decode.base_sum + decode.tokens * self.steps + self.prefill.cached
-                          - self.kv.shared, tokens + decode.tokens, k, a, e, emitted)
+        held = memory.run(decode.base_sum + decode.growth * self.steps + self.prefill.cached
+                          - self.kv.shared, tokens + decode.growth, k, a, e, emitted)
         memory.totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
         memory.totals["running_s"] += (prefill_s + decode_s) * len(self.running)
         return held
 
     def contexts(self):
         """The tokens each running request holds."""
-        return [s.num_cached if s.decode_base is None else s.decode_base + self.steps
+        held_by, steps = self.decode.held_by, self.steps
+        return [s.num_cached if s.decode_base is None else held_by(s, steps)
                 for s in self.running.values()]
 
     def result(self):

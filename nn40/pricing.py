@@ -13,7 +13,7 @@ import numpy as np
 
 from nn40.accounting import (
     attention_flops_per_key, card_kv_bytes_per_token, card_share, card_weight_bytes,
-    dense_matmul_weights, ep_card_cost, kv_bytes_per_token, peak_activation_bytes, step_cost)
+    dense_matmul_weights, ep_card_cost, kv_bytes_per_token, peak_activation_bytes, flops_and_bytes)
 from nn40.config import KV_MEMORY_FRACTION
 from nn40.replicas import Replica
 
@@ -67,22 +67,26 @@ class StepCosts:
         f, kv_s = self.rates(tokens)
         return f + kv_s * kv_tokens + self.pair_s * pairs
 
-    def run_s(self, tokens, kv_tokens, steps):
+    def run_s(self, tokens, kv_tokens, steps, growth=None):
         """`steps` passes of `tokens` new tokens each (a decode of that many rows, or one
-        prompt's chunk), the cache growing by those tokens after every pass."""
+        prompt's chunk), the cache growing by `growth` tokens after every pass (None: by those
+        tokens)."""
+        growth = tokens if growth is None else growth
         return steps * self.pass_s(tokens, kv_tokens) + \
-            self.kv_s(tokens) * tokens * steps * (steps - 1) / 2
+            self.kv_s(tokens) * growth * steps * (steps - 1) / 2
 
-    def run_price(self, plan, decoders, cached, k, fused=False):
+    def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
         """The k steps of a run, a prefill pass (of the chunks in `plan`, [(Seq, tokens)]) and a
-        decode pass (of `decoders` rows holding `cached` tokens) each (fused: one pass of
-        both), whose caches grow: step j takes first_s + growth_s (j - 1) seconds. ->
+        decode pass (of `decoders` query tokens over `cached` tokens, their cache growing by
+        `growth` a step: None, one a token) each (fused: one pass of both), whose caches grow:
+        step j takes first_s + growth_s (j - 1) seconds. ->
         (prefill_s, decode_s: each pass summed over the run, first_s, growth_s, prompt tokens
         per step). (A plain tuple, as plan's: a NamedTuple made and unpacked at every event
         cost the loop 5-10%; a tuple subclass is built in Python and unpacked without 3.11's
         fast path.) A chunk of c tokens over x cached ones computes c x + c (c + 1) / 2
         attention pairs, c^2 more at each step of a run."""
         n, tokens, cached_pre = decoders, 0, 0
+        grown = n if growth is None else growth
         for s, c in plan:
             tokens += c
             cached_pre += s.num_cached
@@ -91,14 +95,14 @@ class StepCosts:
         if fused and tokens and n:  # one pass of both: its time split by their tokens
             f, kv_s = known(tokens + n) or self.rates(tokens + n)
             first = f + kv_s * (cached_pre + cached) + pair_first_s
-            growth = kv_s * (tokens + n) + pair_growth_s
+            growth = kv_s * (tokens + grown) + pair_growth_s
             run_s, share = first * k + growth * k * (k - 1) / 2, tokens / (tokens + n)
             return run_s * share, run_s * (1 - share), first, growth, tokens
         f_pre, kv_s_pre = known(tokens) or self.rates(tokens)
         f_dec, kv_s_dec = known(n) or self.rates(n)
         first_pre = f_pre + kv_s_pre * cached_pre + pair_first_s if tokens else 0.0
         first_dec = f_dec + kv_s_dec * cached if n else 0.0
-        growth_pre, growth_dec = kv_s_pre * tokens + pair_growth_s, kv_s_dec * n
+        growth_pre, growth_dec = kv_s_pre * tokens + pair_growth_s, kv_s_dec * grown
         return (first_pre * k + growth_pre * k * (k - 1) / 2,
                 first_dec * k + growth_dec * k * (k - 1) / 2,
                 first_pre + first_dec, growth_pre + growth_dec, tokens)
@@ -115,11 +119,13 @@ class StepCosts:
             growth += c * c
         return pair_s * pairs, pair_s * growth
 
-    def decode_steps_to(self, n, cached, t, when, k):
-        """The first step count in 1..k whose decode run of n rows holding `cached` tokens,
-        started at t, ends at or after `when` (else k)."""
-        run_s = self.run_s
-        a, e = self.pass_s(n, cached), self.kv_s(n) * n
+    def decode_steps_to(self, n, cached, t, when, k, growth=None):
+        """The first step count in 1..k whose decode run of n query tokens over `cached`
+        tokens (growing by `growth` a step; None: by n), started at t, ends at or after
+        `when` (else k)."""
+        def run_s(n, cached, steps):
+            return self.run_s(n, cached, steps, growth)
+        a, e = self.pass_s(n, cached), self.kv_s(n) * (n if growth is None else growth)
         gap = when - t  # solve a x + e x (x - 1) / 2 = gap, then settle on integers
         if e > 0:
             x = ((e / 2 - a) + math.sqrt((a - e / 2) ** 2 + 2 * e * max(gap, 0))) / e
@@ -145,7 +151,7 @@ def analytic_costs(cfg, bandwidth_gbs, tflops):
     knots = [2**i for i in range(15)]
     seconds = []
     for n in knots:
-        cost = step_cost(cfg, n, 1, 0)
+        cost = flops_and_bytes(cfg, n, 1, 0)
         seconds.append(max(cost["flops"] / (tflops * 1e12), cost["bytes"] / (bandwidth_gbs * 1e9)))
     source = {"kind": "pricing_analytic", "bandwidth_gbs": bandwidth_gbs, "tflops": tflops,
               "layers": cfg.layers, "hidden": cfg.hidden, "dtype": cfg.dtype}
@@ -169,7 +175,7 @@ class EngineProfile:
     or its attention FLOPs where those take longer, and each (query, key) pair of a prompt's
     attention its FLOPs / (the 16-bit rate x matmul_share):
     the matmuls, the elementwise kernels (norms, rotary, activations: their traffic past the
-    lower bound step_cost counts) and attention each at their own bound, summed; fixed costs
+    lower bound flops_and_bytes counts) and attention each at their own bound, summed; fixed costs
     per pass (schedule, sample) and per layer (kernel launches); and matmuls that reach less
     of the FLOP rate the fewer rows they have.
     Weight-only int8 and int4 add dequant_flops of work per weight at the 16-bit rate (their
@@ -364,7 +370,7 @@ def pass_cost(cfg, tp, tokens, ep=1):
     profiles)."""
     if ep > 1:
         return ep_card_cost(cfg, tokens, ep)
-    return card_share(cfg, step_cost(cfg, tokens, 1, 0), tp)
+    return card_share(cfg, flops_and_bytes(cfg, tokens, 1, 0), tp)
 
 
 def pass_seconds(cfg, card, profile, tp, tokens, ep=1):

@@ -6,7 +6,7 @@ running requests are a PrefillQueue and a DecodeBatch, each keeping its own aggr
 """
 import heapq
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from nn40.kv import KVBudget
 from nn40.queues import Order
@@ -64,41 +64,62 @@ class PrefillQueue:
         self.cached -= cached
 
 
+class DecodeTokens(NamedTuple):
+    """What one decode step does for each decoding request, the one place the rule lives: the
+    query tokens it `runs` through the model (what it takes of a step's token budget, and what
+    the decode pass is priced for) and the tokens it `gains` (appended to its KV cache and
+    emitted; its last step emits what is left). Plain decoding runs one and gains one; a step
+    that verifies k drafted tokens runs k + 1 and gains from 1 to k + 1 (speculative decoding,
+    multi-token prediction). A paged cache's block must hold whole steps (gains divides it)."""
+    runs: int = 1
+    gains: int = 1
+
+
 class DecodeBatch:
     """The decoding requests, kept as aggregates: how many (`size`), the sum of their bases,
-    the `tokens` a step adds to their cache (what they take of a chunked step's budget), and a
-    heap of the steps at which they end. A decoder gains one cached token and emits one token
-    every step (the rule lives here alone), so only its start is kept: joining at step s with
-    c tokens cached, it holds decode_base + s' = c + (s' - s) tokens at step s'. (Read as
-    attributes: the event loop reads them at every event.)"""
-    __slots__ = ("size", "tokens", "base_sum", "ends")
+    the `tokens` a step runs for them (what they take of a chunked step's budget), the
+    `growth` of their cache a step, and a heap of the steps at which they end. A decoder gains
+    `gains` cached tokens and emits as many every step (DecodeTokens), so only its start is
+    kept: joining at step s with c tokens cached, it holds decode_base + gains s' = c + gains
+    (s' - s) tokens at step s'. (Read as attributes: the event loop reads them at every
+    event.)"""
+    __slots__ = ("size", "tokens", "growth", "base_sum", "ends", "runs", "gains")
 
-    def __init__(self):
-        self.size = self.tokens = self.base_sum = 0
+    def __init__(self, decode_tokens=DecodeTokens()):
+        self.size = self.tokens = self.growth = self.base_sum = 0
+        self.runs, self.gains = decode_tokens
         self.ends = []  # heap of (end step, admitted); a preempted decoder's entry stays behind
 
     def join(self, seqs, steps):
         """The requests `seqs` start to decode after step `steps`."""
-        ends, base_sum = self.ends, self.base_sum
+        ends, base_sum, gains = self.ends, self.base_sum, self.gains
         for seq in seqs:
-            seq.decode_base, seq.end_step = seq.num_cached - steps, steps + seq.to_emit
+            seq.decode_base = seq.num_cached - gains * steps
+            seq.end_step = steps + -(-seq.to_emit // gains)
             base_sum += seq.decode_base
             heapq.heappush(ends, (seq.end_step, seq.admitted))
         self.size += len(seqs)
-        self.tokens += len(seqs)
+        self.tokens += self.runs * len(seqs)
+        self.growth += gains * len(seqs)
         self.base_sum = base_sum
 
     def leave(self, seq, steps):
         """A decoder leaves before its last step (preempted). -> (tokens it has still to emit,
         tokens it has cached) at step `steps`."""
         self.size -= 1
-        self.tokens -= 1
+        self.tokens -= self.runs
+        self.growth -= self.gains
         self.base_sum -= seq.decode_base
-        return seq.end_step - steps, seq.decode_base + steps
+        cached = seq.decode_base + self.gains * steps
+        return seq.to_emit - (cached - seq.num_cached), cached
 
     def cached(self, steps):
         """Tokens the decoders hold at step `steps`."""
-        return self.base_sum + self.tokens * steps
+        return self.base_sum + self.growth * steps
+
+    def held_by(self, seq, steps):
+        """Tokens one decoder holds at step `steps`."""
+        return seq.decode_base + self.gains * steps
 
     def due(self, steps, running):
         """The decoders whose last step has run by `steps`, in the order they end, taken out
@@ -111,7 +132,8 @@ class DecodeBatch:
                 seq = running[admitted]
                 self.base_sum -= seq.decode_base
                 self.size -= 1
-                self.tokens -= 1
+                self.tokens -= self.runs
+                self.growth -= self.gains
                 out.append(seq)
         return out
 
@@ -124,10 +146,12 @@ class PassPrices(Protocol):
     """What prices a replica's passes for the loop: StepCosts (one pass of any tokens),
     PhaseCosts (prefill and decode apart), PipelineCosts (stages in flight)."""
 
-    def run_price(self, plan, decoders, cached, k, fused=False):
-        """(prefill_s, decode_s, first_s, growth_s, prompt tokens a step) of k steps."""
+    def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
+        """(prefill_s, decode_s, first_s, growth_s, prompt tokens a step) of k steps: the plan's
+        chunks, and `decoders` query tokens over `cached` tokens, their cache growing by
+        `growth` a step (None: by `decoders`, one a row)."""
 
-    def decode_steps_to(self, n, cached, t, when, k):
+    def decode_steps_to(self, n, cached, t, when, k, growth=None):
         """The first step count in 1..k whose decode run ends at or after `when`."""
 
 
@@ -156,6 +180,8 @@ class Replica:
                  before its decode pass runs: an engine that runs its prefills as steps of
                  their own, ahead of the decodes (vLLM's scheduler before chunked prefill);
                  False: at the step's end
+    decode_tokens  the tokens a decode step runs and gains for each decoder (DecodeTokens:
+                 one and one)
     A study reads as what it varies: dataclasses.replace(replica, scheduler="static").
     """
     slots: int
@@ -166,3 +192,4 @@ class Replica:
     order: Order = None
     fused: bool = False
     prefill_first: bool = False
+    decode_tokens: DecodeTokens = DecodeTokens()

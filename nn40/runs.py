@@ -1,6 +1,6 @@
 """One run of experiment C: what it is given and what it measures
 
-Its step costs (step_costs: measured, fitted or priced from --gpu's spec sheet under the
+Its step costs (run_step_costs: measured, fitted or priced from --gpu's spec sheet under the
 engine's profile), its KV budgets checked against every request (kv_setup, with the host tier
 where given), its arrivals and the order it serves in, the work it did (Work: runs,
 iterations, seconds), and what it measured of memory, the KV cache and the prefix cache's
@@ -29,7 +29,7 @@ from nn40.stats import percentiles
 from nn40.workload import seed_for
 
 
-def step_costs(hw, results):
+def run_step_costs(hw, results):
     """C's prices on hardware hw (a HardwareConfig): measured (A's rows; the default when A ran
     and no --gpu is named), or the named card's analytic roofline, or one of --peak-*, this
     run's ceilings or the post's."""

@@ -9,6 +9,7 @@ def simulate_steps(req, replica):
     """-> {"start", "first_token", "finish", "first_step", "finish_step", "steps", and with a
     KV budget "preemptions", "max_alloc", "peak_running", "held_s", "alloc_s"}, per request."""
     kv, costs, n = replica.kv, replica.costs, len(req.output)
+    runs, gains = replica.decode_tokens  # a decoder's tokens a step: run, and gained
     prompt, output = req.prompt.tolist(), req.output.tolist()
     cached0 = [0] * n if req.cached is None else req.cached.tolist()
     chunk = replica.chunk_tokens if replica.scheduler == "chunked" else math.inf
@@ -33,7 +34,7 @@ def simulate_steps(req, replica):
         return sum(blocks(x) for _, x in rows)
 
     def schedule():  # [(row, chunk)]: prompts oldest first, in the room decodes leave
-        room, plan = chunk - sum(1 for s in run if not s[2]), []
+        room, plan = chunk - sum(runs for s in run if not s[2]), []
         for s in run:
             if s[2] and room > 0:
                 plan.append((s, min(s[2], room)))
@@ -42,7 +43,7 @@ def simulate_steps(req, replica):
 
     def after(plan):  # [(id, tokens held after the planned step)]
         chunks = {id(s): c for s, c in plan}
-        return [(s[1], s[3] + 1 if not s[2] else
+        return [(s[1], s[3] + gains if not s[2] else
                  s[3] + chunks.get(id(s), 0) + (chunks.get(id(s)) == s[2])) for s in run]
 
     while waiting or retry or run:
@@ -59,7 +60,7 @@ def simulate_steps(req, replica):
             t = max(t, min(req.arrival_s[r] for r in waiting))
         room, closed = cap - taken, bool(run) and replica.scheduler == "static"
         while not closed and len(run) < replica.slots:
-            spare = chunk - sum(1 for s in run if not s[2]) - sum(s[2] for s in run)
+            spare = chunk - sum(runs for s in run if not s[2]) - sum(s[2] for s in run)
             came = [r for r in waiting if req.arrival_s[r] <= t]
             r = retry[0] if retry else min(came, key=rank.__getitem__) if came else None
             if r is None or spare <= 0:
@@ -79,18 +80,18 @@ def simulate_steps(req, replica):
         pairs = sum(c * s[3] + c * (c + 1) // 2 for s, c in plan)
         dec = sum(s[3] for s in decoders)
         if replica.fused and tokens and decoders:
-            f, kv_s = costs.rates(tokens + len(decoders))
+            f, kv_s = costs.rates(tokens + runs * len(decoders))
             step_s = f + kv_s * (pre + dec) + costs.pair_s * pairs
         else:
-            step_s = costs.pass_s(tokens, pre, pairs) + costs.pass_s(len(decoders), dec)
+            step_s = costs.pass_s(tokens, pre, pairs) + costs.pass_s(runs * len(decoders), dec)
         held_after = after(plan)
         out["peak_running"] = max(out["peak_running"], len(run))
         out["max_alloc"] = max(out["max_alloc"], alloc(held_after))
         out["held_s"] += step_s * sum(x for _, x in held_after)
         out["alloc_s"] += step_s * alloc(held_after)
         t, out["steps"] = t + step_s, out["steps"] + 1
-        for s in decoders:
-            s[3], s[4] = s[3] + 1, s[4] - 1
+        for s in decoders:  # (its last step emits what is left)
+            s[3], s[4] = s[3] + gains, max(s[4] - gains, 0)
         for s, c in plan:
             s[2], s[3] = s[2] - c, s[3] + c
             if not s[2]:  # its prefill ends: its first token

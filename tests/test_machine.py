@@ -5,7 +5,7 @@ import re
 import pytest
 
 import NN_40_serving as S
-from nn40.accounting import step_cost
+from nn40.accounting import flops_and_bytes
 from nn40.config import ModelConfig
 from nn40.experiment_ab import roofline_row
 from nn40.tables import describe, machine_warnings
@@ -53,7 +53,7 @@ def test_mfu_or_mbu_over_100_percent_warns(share, warned):
     c = ceilings()
     timing = {"median_ms": 10.0, "p10_ms": 9.0, "p90_ms": 11.0, "n": 5}
     cfg = ModelConfig(layers=1, hidden=64, heads=4, vocab=128, dtype="float32")
-    cost = step_cost(cfg, 1, 1, 8)
+    cost = flops_and_bytes(cfg, 1, 1, 8)
     c["bandwidth_gbs"] = cost["bytes"] / 0.010 / 1e9 / share  # (MBU = share)
     row = roofline_row(cfg, c, timing, (1, 1, 8))
     assert ("mbu" in row.get("above_ceiling", ())) == warned

@@ -7,7 +7,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from nn40.accounting import (
     active_param_count, dense_twin, expert_weights, experts_touched, kv_bytes_per_token,
-    kv_crossover_batch, moe_step_bytes, param_count, step_cost, weight_bytes, weight_parts)
+    kv_crossover_batch, moe_step_bytes, param_count, flops_and_bytes, weight_bytes, weight_parts)
 from nn40.cli import parse_args
 from nn40.config import MODELS, ModelConfig
 from nn40.device import fits
@@ -149,7 +149,7 @@ def test_flop_model_equals_counted_matmul_flops(shape):
                 prefill(model, cache, tokens)
             else:
                 decode_step(model, cache, tokens[:, 0], torch.full((batch,), context))
-        cost = step_cost(cfg, batch, new_tokens, context)
+        cost = flops_and_bytes(cfg, batch, new_tokens, context)
         # FlopCounterMode counts the matmuls (it does not count CPU attention kernels); an MoE
         # layer runs each token through its k experts only
         assert cost["matmul_flops"] == counter.get_total_flops()
@@ -165,9 +165,9 @@ def test_flop_model_equals_counted_matmul_flops(shape):
 def test_attention_flops_and_kv_bytes_by_hand():
     cfg = ModelConfig(layers=2, hidden=8, heads=2, vocab=10, dtype="float16")
     # prefill of 3 tokens: queries see 1, 2, 3 keys; QK^T and PV are 2 * 2 * h FLOPs per key
-    assert step_cost(cfg, 1, 3, 0)["attention_flops"] == 2 * 4 * 8 * (1 + 2 + 3)
+    assert flops_and_bytes(cfg, 1, 3, 0)["attention_flops"] == 2 * 4 * 8 * (1 + 2 + 3)
     # decode of 4 rows with 5 cached tokens: each query sees the 5 cached keys and itself
-    cost = step_cost(cfg, 4, 1, 5)
+    cost = flops_and_bytes(cfg, 4, 1, 5)
     assert cost["attention_flops"] == 2 * 4 * 8 * 4 * 6
     assert kv_bytes_per_token(cfg) == 2 * 2 * 8 * 2  # layers x (K, V) x hidden x 2 bytes
     assert cost["kv_read_bytes"] == 4 * 5 * 64 and cost["kv_write_bytes"] == 4 * 64
@@ -182,7 +182,7 @@ def test_costs_by_component_each_at_its_own_element_size():
     assert weight_bytes(cfg) == 2 * param_count(cfg)
     small = dataclasses.replace(cfg, weights="fp8")  # the matmul weights at a byte each
     assert weight_bytes(small) == matmuls + 2 * (10 * h + norms + 26 * h)
-    full, cheap = step_cost(cfg, 3, 1, 5), step_cost(small, 3, 1, 5)
+    full, cheap = flops_and_bytes(cfg, 3, 1, 5), flops_and_bytes(small, 3, 1, 5)
     # only the matmul weights read half the bytes (the LM head stays in 16 bits, as
     # quantizers leave it); the rest is unchanged
     assert full["weight_bytes"] - cheap["weight_bytes"] == matmuls
@@ -193,7 +193,7 @@ def test_costs_by_component_each_at_its_own_element_size():
 def test_decode_intensity_is_about_the_batch_size():
     cfg = ModelConfig()
     for batch in (1, 32):
-        cost = step_cost(cfg, batch, 1, 0)
+        cost = flops_and_bytes(cfg, batch, 1, 0)
         assert 0.8 * batch < cost["flops"] / cost["bytes"] <= batch
 
 
@@ -235,14 +235,14 @@ def test_the_posts_proxy_counts_2_l_h_squared_per_token():
     for tokens in (1, 32, 512):
         with FlopCounterMode(display=False) as counter:
             model(torch.randn(tokens, 64))
-        cost = step_cost(POST, tokens, 1, 128)  # (the context changes nothing: no KV cache)
+        cost = flops_and_bytes(POST, tokens, 1, 128)  # (the context changes nothing: no KV cache)
         assert cost["flops"] == counter.get_total_flops() == 2 * 3 * 64**2 * tokens
         assert cost["weight_bytes"] == weight_bytes_of(model) == 3 * 64 * 64 * 4
         assert cost["kv_read_bytes"] == cost["kv_write_bytes"] == 0
     assert kv_bytes_per_token(POST) == 0 and kv_crossover_batch(POST, 1024) is None
     # the post's own figure: prefill 512 in 0.664 ms is 77.6 TFLOP/s only under this count
     post = ModelConfig(arch="post")
-    assert step_cost(post, 1, 512, 0)["flops"] / 0.664e-3 / 1e12 == pytest.approx(77.6, abs=0.05)
+    assert flops_and_bytes(post, 1, 512, 0)["flops"] / 0.664e-3 / 1e12 == pytest.approx(77.6, abs=0.05)
 
 
 @torch.inference_mode()

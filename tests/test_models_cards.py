@@ -7,7 +7,7 @@ import torch
 import nn40.device
 import nn40.experiment_ab
 import nn40.model
-from nn40.accounting import kv_bytes_per_token, kv_crossover_batch, param_count, step_cost
+from nn40.accounting import kv_bytes_per_token, kv_crossover_batch, param_count, flops_and_bytes
 from nn40.config import GPUS, MODELS, ModelConfig
 from nn40.experiment_c import catalog
 from nn40.model import RMSNorm, build_model, new_kv_cache, rope_frequencies, rotate
@@ -185,7 +185,7 @@ def test_the_catalog(capsys):
     # where KV reads pass weight reads: weights / (1,024 tokens x KV bytes per token)
     llama = MODELS["llama-3-8b"]
     assert by["llama-3-8b", "h100"]["crossover_batch"] == kv_crossover_batch(llama, 1024) == \
-        math.floor(step_cost(llama, 1, 1, 1024)["weight_bytes"] / (1024 * 131_072)) + 1
+        math.floor(flops_and_bytes(llama, 1, 1, 1024)["weight_bytes"] / (1024 * 131_072)) + 1
     assert said("does not fit", out.out) and said("H200 SXM", out.out)
 
 

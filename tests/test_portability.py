@@ -18,7 +18,7 @@ import sys
 import nn40.device
 import nn40.experiment_ab
 import nn40.model
-from nn40.accounting import param_count, step_cost
+from nn40.accounting import param_count, flops_and_bytes
 from nn40.cli import parse_args
 from nn40.config import MODELS, ModelConfig
 from nn40.device import (
@@ -347,7 +347,7 @@ def timing_ms(ms):
 
 
 def test_a_step_above_a_ceiling_is_flagged_not_printed(tiny_args, capsys):
-    cost = step_cost(TINY, 1, 1, 8)
+    cost = flops_and_bytes(TINY, 1, 1, 8)
     fast_ms = 1e3 * cost["bytes"] / 200e9  # twice the 100 GB/s ceiling
     row = roofline_row(TINY, CEILINGS, timing_ms(fast_ms), (1, 1, 8))
     assert row["above_ceiling"] == ["mbu"] and row["mbu"] == pytest.approx(2.0)
@@ -358,7 +358,7 @@ def test_a_step_above_a_ceiling_is_flagged_not_printed(tiny_args, capsys):
 
 
 def test_a_step_far_below_both_roofs_is_launch_or_overhead_bound():
-    cost = step_cost(TINY, 1, 1, 8)
+    cost = flops_and_bytes(TINY, 1, 1, 8)
     slow_ms = 1e3 * cost["bytes"] / 10e9  # 10% of the bandwidth, far less of the FLOP rate
     assert roofline_row(TINY, CEILINGS, timing_ms(slow_ms), (1, 1, 8))["bound"] == "overhead"
     assert roofline_row(TINY, CEILINGS, timing_ms(slow_ms), (1, 1, 8), cuda=True)["bound"] \

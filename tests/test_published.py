@@ -12,7 +12,7 @@ from nn40.accounting import (
     active_param_count, attention_flops_per_key, attention_weights, card_experts,
     card_kv_bytes_per_token, card_share, card_weight_bytes, dense_twin, ep_card_cost,
     expert_inclusion, experts_touched, kv_bytes_per_token, layer_weights, moe_step_bytes,
-    param_count, step_cost, weight_bytes)
+    param_count, flops_and_bytes, weight_bytes)
 from nn40.config import (
     CALIBRATION_CSV, GPUS, MODELS, ModelConfig, PUBLISHED_CSV, read_model_config)
 from nn40.loop import simulate_serving
@@ -49,7 +49,7 @@ def test_weight_bytes_of_llama_2_7b_in_each_format_by_hand(weights, per_weight):
     assert weight_bytes(cfg) == pytest.approx(LLAMA2_7B_MATMULS * per_weight
                                                 + LLAMA2_7B_REST * 2, rel=1e-12)
     # a decode step reads every matmul weight, the LM head and one row of the token table
-    read = step_cost(cfg, 1, 1, 0)["weight_bytes"]
+    read = flops_and_bytes(cfg, 1, 1, 0)["weight_bytes"]
     assert read == pytest.approx(LLAMA2_7B_MATMULS * per_weight
                                  + (32000 * 4096 + 65 * 4096 + 4096) * 2, rel=1e-12)
 
@@ -59,7 +59,7 @@ def test_an_fp8_kv_cache_halves_the_bytes_per_token():
     assert kv_bytes_per_token(MODELS["llama-3.1-8b"]) == 131_072
     cfg = with_format("llama-3.1-8b", kv_dtype="fp8")
     assert kv_bytes_per_token(cfg) == 65_536
-    assert step_cost(cfg, 4, 1, 100)["kv_read_bytes"] == 4 * 100 * 65_536
+    assert flops_and_bytes(cfg, 4, 1, 100)["kv_read_bytes"] == 4 * 100 * 65_536
 
 
 def test_tensor_parallel_shards_by_hand():
@@ -69,7 +69,7 @@ def test_tensor_parallel_shards_by_hand():
     assert card_kv_bytes_per_token(cfg, 4) == 80 * 2 * 2 * 128 * 2      # two heads a card
     assert card_kv_bytes_per_token(cfg, 8) == 80 * 2 * 1 * 128 * 2      # one
     assert card_kv_bytes_per_token(cfg, 16) == 80 * 2 * 1 * 128 * 2     # one, copied
-    cost = step_cost(cfg, 8, 1, 64)
+    cost = flops_and_bytes(cfg, 8, 1, 64)
     share = card_share(cfg, cost, 4)
     assert share["matmul_flops"] == cost["matmul_flops"] / 4
     assert share["kv_read_bytes"] == cost["kv_read_bytes"] / 4
@@ -81,7 +81,7 @@ def test_all_reduce_bytes_by_hand():
     # two ring all-reduces a layer of tokens x hidden x 2 bytes, each card sending 2 (tp-1)/tp
     # of it: Llama-3.1-8B, 10 tokens on 4 cards: 2 x 32 x 10 x 4,096 x 2 x 2 x 3/4 = 7,864,320
     cfg = MODELS["llama-3.1-8b"]
-    share = card_share(cfg, step_cost(cfg, 10, 1, 0), 4)
+    share = card_share(cfg, flops_and_bytes(cfg, 10, 1, 0), 4)
     assert share["collective_bytes"] == 7_864_320
 
 
@@ -91,7 +91,7 @@ def test_a_pass_price_by_hand():
                               step_s=1e-3, layer_s=2e-5, allreduce_s=1e-5, link_share=0.5,
                               activation_passes=0.5)
     for tokens, tp in ((1, 1), (4096, 1), (64, 2)):
-        cost = card_share(cfg, step_cost(cfg, tokens, 1, 0), tp)
+        cost = card_share(cfg, flops_and_bytes(cfg, tokens, 1, 0), tp)
         bandwidth = 3350e9 * 0.5
         matmul = max(cost["matmul_flops"] / (989.4e12 * 0.5 * tokens / (tokens + 100)),
                      (cost["weight_bytes"] + cost["activation_bytes"]) / bandwidth)
@@ -117,7 +117,7 @@ def test_wide_heads_attention_costs_by_hand():
                         norm="rms", positions="rope")
     assert (cfg.q_dim, cfg.kv_dim) == (128, 32)
     assert layer_weights(cfg) == 2 * 64 * 128 + 2 * 64 * 32 + 3 * 64 * 96
-    cost = step_cost(cfg, 3, 1, 10)  # 3 rows, 1 new token each after 10 cached
+    cost = flops_and_bytes(cfg, 3, 1, 10)  # 3 rows, 1 new token each after 10 cached
     # QK^T and PV: 2 x 16 FLOPs each per head per key, 8 heads, 11 keys, 2 layers, 3 rows
     assert cost["attention_flops"] == 4 * 16 * 8 * 11 * 2 * 3
     # a token's activations: qkv in 64, out 128 + 2 x 32; attention's q in and out 2 x 128;
@@ -525,10 +525,10 @@ def test_experts_touched_grow_with_the_batch_then_saturate():
     assert experts_touched(MODELS["llama-3.1-8b"], 64) == 0
     # a decode step reads the experts its tokens touch: batch 1 two of eight, batch 2 3.5
     expert = 3 * 4096 * 14336 * 2  # bytes in bf16
-    one, two = (step_cost(cfg, b, 1, 0)["weight_bytes"] for b in (1, 2))
+    one, two = (flops_and_bytes(cfg, b, 1, 0)["weight_bytes"] for b in (1, 2))
     assert two - one == pytest.approx(32 * 1.5 * expert)
     # while the FLOPs follow the active parameters: 2 experts a token
-    flops = step_cost(cfg, 1, 1, 0)["matmul_flops"]
+    flops = flops_and_bytes(cfg, 1, 1, 0)["matmul_flops"]
     assert flops == 2 * (active_param_count(cfg) - 2 * 32000 * 4096 - 65 * 4096) + \
         2 * 4096 * 32000
     # gpt-oss-20b's experts in MXFP4: 4 bits and a 1-byte scale per 32
@@ -558,8 +558,8 @@ def test_skewed_routing_reads_fewer_experts_by_hand():
     assert read == sorted(read, reverse=True) and read[-1] < 0.5 * read[0]
     assert experts_touched(dataclasses.replace(cfg, expert_skew=2), 1) == pytest.approx(8)
     # and a step reads the skewed count's weights
-    cost = step_cost(dataclasses.replace(cfg, expert_skew=2), 16, 1, 0)
-    uniform = step_cost(cfg, 16, 1, 0)
+    cost = flops_and_bytes(dataclasses.replace(cfg, expert_skew=2), 16, 1, 0)
+    uniform = flops_and_bytes(cfg, 16, 1, 0)
     assert uniform["weight_bytes"] - cost["weight_bytes"] == pytest.approx(
         48 * (read[0] - read[-1]) * 3 * 2048 * 768 * 2)
 
@@ -653,7 +653,7 @@ def _write(path, data):
 def test_expert_parallel_card_cost_by_hand():
     cfg = MODELS["qwen3-30b-a3b"]  # 128 experts of 3 x 2048 x 768, 8 a token, 48 layers
     expert = 3 * 2048 * 768 * 2  # bytes in bf16
-    own = step_cost(cfg, 4, 1, 0)
+    own = flops_and_bytes(cfg, 4, 1, 0)
     ep = ep_card_cost(cfg, 4, 2)
     # each card holds 64 experts and reads those the group's 8 tokens touch: 64 (1 - (1 -
     # 8/128)^8), in place of the 128 (1 - (1 - 8/128)^4) its own 4 tokens would touch
@@ -675,7 +675,7 @@ def test_expert_parallel_card_cost_by_hand():
     q = expert_inclusion(skewed)
     assert busiest == pytest.approx(max(np.sum(1 - (1 - q[c::2]) ** 8) for c in (0, 1)))
     assert routes == pytest.approx(q[0::2].sum() / 8) and routes > 0.5
-    assert ep_card_cost(skewed, 4, 2)["matmul_flops"] > step_cost(skewed, 4, 1, 0)[
+    assert ep_card_cost(skewed, 4, 2)["matmul_flops"] > flops_and_bytes(skewed, 4, 1, 0)[
         "matmul_flops"]
 
 
@@ -721,6 +721,6 @@ def test_a_mixtures_dense_twin_runs_its_active_parameters_by_hand():
     assert param_count(twin) == active_param_count(cfg) - dense - routers
     # a measured step's bytes: the experts it read in place of the routing's expectation
     assert moe_step_bytes(cfg, 4, 100, experts_touched(cfg, 4)) == \
-        step_cost(cfg, 4, 1, 100)["bytes"]
+        flops_and_bytes(cfg, 4, 1, 100)["bytes"]
     assert moe_step_bytes(cfg, 4, 100, 10) - moe_step_bytes(cfg, 4, 100, 9) == \
         pytest.approx(58 * 3 * h * 2048 * 1)  # (one more expert a layer, in fp8)

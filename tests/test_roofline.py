@@ -6,7 +6,7 @@ import torch
 
 import dataclasses
 import nn40.experiment_ab
-from nn40.accounting import kv_bytes_per_token, kv_crossover_batch, step_cost
+from nn40.accounting import kv_bytes_per_token, kv_crossover_batch, flops_and_bytes
 from nn40.config import ModelConfig
 from nn40.experiment_ab import Bench, measure_ceilings, roofline_row
 from nn40.model import MoE, build_model, decode_step, grouped_mm_works, new_kv_cache
@@ -37,7 +37,7 @@ def test_mbu_and_mfu_use_the_step_cost_model():
     timing = {"median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.2, "n": 10}
     cfg = ModelConfig()
     row = roofline_row(cfg, ceilings, timing, (8, 1, 128))
-    cost = step_cost(cfg, 8, 1, 128)
+    cost = flops_and_bytes(cfg, 8, 1, 128)
     assert row["bytes"] == cost["bytes"] and row["flops"] == cost["flops"]
     assert row["mbu"] == pytest.approx(cost["bytes"] / 2e-3 / 1e12)
     assert row["mfu"] == pytest.approx(cost["flops"] / 2e-3 / 100e12)
@@ -49,7 +49,7 @@ def test_mbu_and_mfu_use_the_step_cost_model():
 def test_kv_crossover_batch_by_hand():
     cfg = ModelConfig()
     context = 1024
-    cost = step_cost(cfg, 1, 1, context)
+    cost = flops_and_bytes(cfg, 1, 1, context)
     b = kv_crossover_batch(cfg, context)
     assert (b - 1) * cost["kv_read_bytes"] <= cost["weight_bytes"] < b * cost["kv_read_bytes"]
     # the post's model, fp16: 98,304 bytes of KV per token, so 100.7 MB per row at context

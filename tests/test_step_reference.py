@@ -10,12 +10,12 @@ from nn40.kv import KVBudget, check_kv_budget, kv_manager
 from nn40.loop import simulate_serving
 from nn40.pricing import StepCosts
 from nn40.queues import queue_order
-from nn40.replicas import Replica, SCHEDULERS
+from nn40.replicas import DecodeTokens, Replica, SCHEDULERS
 from nn40.workload import Requests
 from step_reference import simulate_steps
 
 
-def random_case(seed, scheduler, policy):
+def random_case(seed, scheduler, policy, decode_tokens=DecodeTokens()):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(3, 16))
     prompt, output = rng.integers(1, 40, n), rng.integers(1, 30, n)
@@ -26,7 +26,7 @@ def random_case(seed, scheduler, policy):
                         float(rng.uniform(0, 1e-4)), "random", pair_s=float(rng.uniform(0, 1e-6)))
     kv = None
     if policy:
-        block = int(rng.integers(1, 9))
+        block = int(rng.integers(1, 9)) * decode_tokens.gains  # (a block holds whole steps)
         kv = KVBudget(policy, 0, block, int(output.max()), float(rng.choice([0.0, 0.05])))
         alone = kv_manager(dataclasses.replace(kv, capacity_tokens=math.inf))
         least = int(alone.blocks(prompt + alone.output_held(output)).max())
@@ -39,14 +39,20 @@ def random_case(seed, scheduler, policy):
     name = rng.choice(["fcfs", "sjf", "longest"])
     order = queue_order(name if policy is None or seed % 3 == 0 else "fcfs", output)
     return req, Replica(int(rng.integers(1, 5)), costs, scheduler, int(rng.integers(4, 48)), kv,
-                          order, bool(rng.integers(2)))
+                        order, bool(rng.integers(2)), decode_tokens=decode_tokens)
 
 
+# a decode step's tokens a decoder (runs, gains): plain decoding, a verify step whose drafts
+# are all rejected, and steps that gain 2 and 4 (every draft accepted)
+DECODES = [DecodeTokens(1, 1), DecodeTokens(3, 1), DecodeTokens(2, 2), DecodeTokens(5, 4)]
+
+
+@pytest.mark.parametrize("decode", DECODES, ids=lambda d: f"runs{d.runs}-gains{d.gains}")
 @pytest.mark.parametrize("policy", [None, "reserve", "paged"])
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
-def test_the_event_loop_equals_the_step_by_step_simulator(scheduler, policy):
+def test_the_event_loop_equals_the_step_by_step_simulator(scheduler, policy, decode):
     for seed in range(40):
-        req, replica = random_case(seed, scheduler, policy)
+        req, replica = random_case(seed, scheduler, policy, decode)
         got, want = simulate_serving(req, replica), simulate_steps(req, replica)
         where = (seed, replica)
         assert got["steps"] == want["steps"], where
@@ -62,3 +68,13 @@ def test_the_event_loop_equals_the_step_by_step_simulator(scheduler, policy):
             for key in ("held_s", "alloc_s"):
                 assert mem[key] == pytest.approx(want[key], rel=1e-9), (where, key)
             np.testing.assert_array_equal(got["generated"], req.output)
+
+
+def test_a_decode_step_that_gains_two_tokens_by_hand():
+    # an 8-token answer: the prefill's step emits the first token, then steps of 2 emit 2, 2, 2
+    # and the last 1: 5 steps of 1 s where plain decoding takes 1 + 7
+    req = Requests(np.zeros(1), np.array([4]), np.array([8]))
+    costs = StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
+    for decode, steps in ((DecodeTokens(), 8), (DecodeTokens(2, 2), 5), (DecodeTokens(3, 1), 8)):
+        got = simulate_serving(req, Replica(1, costs, decode_tokens=decode))
+        assert got["steps"] == steps and got["times"].finish.tolist() == [float(steps)]

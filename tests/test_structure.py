@@ -172,3 +172,20 @@ def test_the_simulator_prints_nothing_itself():
             code_names(modules()[name].read_text(encoding="utf-8")), name
     assert "TEXT" in code_names("x = TEXT['en']  # TEXT") and \
         "TEXT" not in code_names("x = 1  # TEXT\n'''TEXT'''")
+
+
+def test_experiment_c_runs_in_a_python_without_torch(tmp_path):
+    # (torch made unimportable: the run must never reach for it, and still write its results)
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['NN_40_serving.py', "
+            f"'--experiments', 'C', '--requests', '300', '--no-figures', '--out', r'{tmp_path}']; "
+            "runpy.run_path('NN_40_serving.py', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=SOURCE.parent, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "results.json").exists()
+    # (the check can fail: A needs torch, and the blocked import is seen)
+    code = code.replace("'C', '--requests', '300'", "'AC'")
+    done = subprocess.run([sys.executable, "-c", code], cwd=SOURCE.parent, capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "experiments A run the model on torch, which does not import here" in done.stderr
