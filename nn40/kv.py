@@ -53,8 +53,7 @@ class Seq:
     `end_step` of its last token.
     """
     __slots__ = ("id", "admitted", "prompt_left", "num_cached", "to_emit", "to_emit_admitted",
-                 "decode_base", "end_step", "allocated", "keys", "held", "registered",
-                 "loading")
+                 "decode_base", "end_step", "allocated")
 
     def __init__(self, rid, admitted, prompt_left, to_emit, num_cached=0):
         self.id, self.admitted = rid, admitted  # (admitted: its place in admission order)
@@ -62,6 +61,16 @@ class Seq:
         self.to_emit = self.to_emit_admitted = to_emit  # tokens still to emit (at admission)
         self.decode_base = self.end_step = None  # set when it starts to decode
         self.allocated = 0  # KV tokens allocated to it (a reservation; paged: its prefill's)
+
+
+class CachedBlocks:
+    """What a prefix cache keeps of one running request (PrefixCache.of[seq]): its prompt's
+    block `keys`, the blocks it `held`s (hit or cached by it), how many of its keys are
+    `registered` (cached), and the tokens `loading` from the host tier in its next step."""
+    __slots__ = ("keys", "held", "registered", "loading")
+
+    def __init__(self, keys, held, registered, loading):
+        self.keys, self.held, self.registered, self.loading = keys, held, registered, loading
 
 
 class KVManager:
@@ -227,7 +236,7 @@ class PagedBlocks(KVManager):
 
     A decoder holding base + g s tokens at step s (g: the tokens a decode step gains, which
     divides the block) takes a new block every `period` = block / g steps, at the steps s with
-    base + g s - 1 = 0, ..., g - 1 (mod block): one residue of s mod period (phase_key). So the
+    base + g s - 1 = 0, ..., g - 1 (mod block): one residue of s mod period (its phase). So the
     decoders are kept as counts by that phase, and a run of k steps costs O(phases) whatever k
     is.
     """
@@ -267,20 +276,16 @@ class PagedBlocks(KVManager):
         self.gains, self.period = gains, self.block // gains
         return self
 
-    def phase_key(self, base):
-        """The steps (mod period) at which a decoder holding base + gains s tokens at step s
-        takes a block: those with base + gains s = 1, ..., gains (mod block)."""
-        g = self.gains
-        return (-(-(1 - base) // g)) % self.period if g > 1 else (1 - base) % self.block
-
     def join(self, seq):
-        key = self.phase_key(seq.decode_base)
+        # (its phase: the first s >= 0 with base + gains s >= 1, i.e. ceil((1 - base) / gains),
+        # mod period; with gains 1, 1 - base mod block)
+        key = -((seq.decode_base - 1) // self.gains) % self.period
         self.phase[key] = self.phase.get(key, 0) + 1
 
     def release(self, seq, ctx):
         self.total -= self.blocks(ctx)
         if seq.decode_base is not None:
-            key = self.phase_key(seq.decode_base)
+            key = -((seq.decode_base - 1) // self.gains) % self.period  # (as join's)
             self.phase[key] -= 1
             if not self.phase[key]:
                 del self.phase[key]
@@ -398,6 +403,7 @@ class PrefixCache(PagedBlocks):
         # prompt tokens at first admissions (asked, found per tier), blocks evicted, hits readmitted
         self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
         self.hits = {}  # request -> tokens hit at its first admission
+        self.of = {}  # Seq -> its CachedBlocks, while it runs
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
 
     def lookup(self, ledger, r):
@@ -422,10 +428,10 @@ class PrefixCache(PagedBlocks):
 
     def admit(self, seq, need):
         b = self.block
-        seq.allocated, seq.registered, seq.loading = self.blocks(seq.num_cached), 0, 0
+        seq.allocated = self.blocks(seq.num_cached)
         looked_up, self.looked_up = self.looked_up, None
         if not looked_up or looked_up[0] != seq.id:
-            seq.keys, seq.held = (), []
+            self.of[seq] = CachedBlocks((), [], 0, 0)
             self.total += seq.allocated
             self.take(seq.allocated // b)
             return
@@ -438,7 +444,7 @@ class PrefixCache(PagedBlocks):
         self.shared += b * (card - taken)
         if host:  # loaded back from the host tier
             self.host.remove(keys[card:card + host])
-        seq.keys, seq.held, seq.registered, seq.loading = keys, hit, card, host * b
+        self.of[seq] = blocks = CachedBlocks(keys, hit, card, host * b)
         if r in self.hits:  # readmitted after preemption: it finds what it had computed
             self.readmitted_hit += (card + host) * b
         else:  # (the counts of the first admission only: each prompt queried once)
@@ -449,19 +455,20 @@ class PrefixCache(PagedBlocks):
         self.total += b * (taken + fresh)
         self.take(fresh)
         if host:
-            self.register(seq, (card + host) * b)
+            self.register(blocks, (card + host) * b)
 
-    def register(self, seq, tokens):
-        """Seq's blocks up to `tokens` are computed: cache those no block holds yet."""
-        upto, ref = min(tokens // self.block, len(seq.keys)), self.ref
-        if upto <= seq.registered:
+    def register(self, blocks, tokens):
+        """A request's blocks (its CachedBlocks) up to `tokens` are computed: cache those no
+        block holds yet."""
+        upto, ref = min(tokens // self.block, len(blocks.keys)), self.ref
+        if upto <= blocks.registered:
             return
-        new = seq.keys[seq.registered:upto]
+        new = blocks.keys[blocks.registered:upto]
         if not ref.keys().isdisjoint(new):
             new = [key for key in new if key not in ref]
         ref.update(dict.fromkeys(new, 1))
-        seq.held += new
-        seq.registered = upto
+        blocks.held += new
+        blocks.registered = upto
         host = self.host.where
         if host and not host.keys().isdisjoint(new):
             self.host.remove([key for key in new if key in host])
@@ -483,30 +490,36 @@ class PrefixCache(PagedBlocks):
         integral = super().advance(steps, plan, k, a, e)
         if self.total > before:
             self.take((self.total - before) // self.block)
+        of = self.of
         for seq, c in plan:
-            if seq.registered < len(seq.keys):  # (keys beyond its hit: cached as computed)
-                self.register(seq, seq.num_cached + c * k)
-            if seq.loading:
-                seq.loading = 0  # (loaded in the run's first step)
+            blocks = of[seq]
+            if blocks.registered < len(blocks.keys):  # (keys beyond its hit: cached as computed)
+                self.register(blocks, seq.num_cached + c * k)
+            if blocks.loading:
+                blocks.loading = 0  # (loaded in the run's first step)
         return integral
 
     def load_s(self, plan):
-        return self.host_token_s * sum(seq.loading for seq, _ in plan) if self.host_blocks else 0.0
+        of = self.of
+        return self.host_token_s * sum(of[seq].loading for seq, _ in plan) if self.host_blocks \
+            else 0.0
 
     def loaded(self, price, plan):
         load_s = self.load_s(plan)
         return (price[0] + load_s,) + price[1:] if load_s else price
 
     def release(self, seq, ctx):
-        keys = seq.keys
+        blocks = self.of.pop(seq)
+        keys = blocks.keys
         if keys:
             n = ctx // self.block
             if n > len(keys) and self.identity.covers_output(seq.id):  # (its answer: the
-                seq.keys = keys = self.identity.block_keys(seq.id, ctx, self.block)  # next turn's)
-            if min(n, len(keys)) > seq.registered:
-                self.register(seq, ctx)
+                # next turn's prompt)
+                blocks.keys = keys = self.identity.block_keys(seq.id, ctx, self.block)
+            if min(n, len(keys)) > blocks.registered:
+                self.register(blocks, ctx)
         super().release(seq, ctx)
-        ref, held = self.ref, seq.held
+        ref, held = self.ref, blocks.held
         counts = list(map(ref.__getitem__, held))
         ref.update(zip(held, map((-1).__add__, counts)))
         last = counts.count(1)  # blocks it held alone: freed, its tail first

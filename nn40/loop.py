@@ -256,13 +256,16 @@ class ServingSim(Admission):
         """The planned run's price (PassPrices.run_price's, with the wait for KV a host tier
         loads), priced once a plan: the clock commit sets, and the end a fleet's event queue
         reads first (FleetReplica.pending_end), are one sum of one price."""
-        if self.price is None:
+        price = self.price
+        if price is None:
             plan, k, _ = self.pending
             decode = self.decode  # (DecodeBatch.cached, inline)
             price = self.costs.run_price(plan, decode.tokens, decode.base_sum + decode.growth
                                          * self.steps, k, self.fused, decode.growth)
-            self.price = self.kv.loaded(price, plan) if plan and self.kv.loads else price
-        return self.price
+            if plan and self.kv.loads:
+                price = self.kv.loaded(price, plan)
+            self.price = price
+        return price
 
     def advance(self, plan, k, price):
         """Run the k steps of the plan at their price: account memory, move every running
@@ -337,7 +340,7 @@ class ServingSim(Admission):
         elif seq.end_step > self.steps:  # preempted while it decodes
             to_emit, cached = self.decode.leave(seq, self.steps)
         else:  # finished decoding (DecodeBatch.due took it out of the batch)
-            to_emit, cached = 0, self.decode.held_by(seq, self.steps)
+            to_emit, cached = 0, seq.decode_base + self.decode.gains * self.steps
         if self.tracks:
             self.kv.release(seq, cached)
         self.ledger.generated[seq.id] += seq.to_emit_admitted - to_emit

@@ -123,18 +123,17 @@ class StepCosts:
         """The first step count in 1..k whose decode run of n query tokens over `cached`
         tokens (growing by `growth` a step; None: by n), started at t, ends at or after
         `when` (else k)."""
-        def run_s(n, cached, steps):
-            return self.run_s(n, cached, steps, growth)
-        a, e = self.pass_s(n, cached), self.kv_s(n) * (n if growth is None else growth)
+        growth = n if growth is None else growth
+        a, e = self.pass_s(n, cached), self.kv_s(n) * growth  # (x steps: run_s's a x + e ...)
         gap = when - t  # solve a x + e x (x - 1) / 2 = gap, then settle on integers
         if e > 0:
             x = ((e / 2 - a) + math.sqrt((a - e / 2) ** 2 + 2 * e * max(gap, 0))) / e
         else:
             x = gap / a if a > 0 else k
         x = min(max(1, math.ceil(x)), k)
-        while x > 1 and t + run_s(n, cached, x - 1) >= when:
+        while x > 1 and t + ((x - 1) * a + e * (x - 1) * (x - 2) / 2) >= when:
             x -= 1
-        while x < k and t + run_s(n, cached, x) < when:
+        while x < k and t + (x * a + e * x * (x - 1) / 2) < when:
             x += 1
         return x
 

@@ -45,12 +45,32 @@ class Published(NamedTuple):
     role: str
 
 
+# the columns a file of published rows must have (a|b: either)
+PUBLISHED_COLUMNS = ("source_id", "model", "gpu", "tp", "weights|weight_dtype",
+                     "batch|batch_or_concurrency", "isl", "osl", "metric", "value")
+
+
+class RowUnusable(ValueError):
+    """A row C cannot read (a blank field it needs, a value it cannot parse): its reason."""
+
+
 def published_weights(text):
     """A table's precision in C's names: "int4 weight-only g32" -> int4."""
     name = text.split()[0].lower() if text else ""
     if name not in WEIGHT_FORMATS:
-        raise ValueError(f"precision {text!r}")
+        raise RowUnusable(f"precision {text!r}" if name else "blank precision")
     return name
+
+
+def row_number(r, name, parse=int):
+    """A row's number in column `name`, or RowUnusable: blank, or not a number."""
+    text = (r.get(name) or "").strip()
+    if not text:
+        raise RowUnusable(f"blank {name}")
+    try:
+        return parse(text)
+    except ValueError:
+        raise RowUnusable(f"{name} {text!r}") from None
 
 
 def published_row(r, role):
@@ -62,19 +82,21 @@ def published_row(r, role):
         what, name = ("model", r["model"]) if model is None else ("card", r["gpu"]) \
             if gpu is None else ("engine", r["source_id"])
         return f"{what} {name}"
-    batch = r.get("batch") or r.get("batch_or_concurrency")
-    metric, value = r["metric"], float(r["value"])
+    batch = (r.get("batch") or r.get("batch_or_concurrency") or "").strip()
+    metric, value, tp = r["metric"], row_number(r, "value", float), row_number(r, "tp")
     if metric in PUBLISHED_PER_GPU:  # (n_gpus where the file says, else the TP group's)
-        metric, value = PUBLISHED_PER_GPU[metric], value * int(r.get("n_gpus") or r["tp"])
+        gpus = row_number(r, "n_gpus") if (r.get("n_gpus") or "").strip() else tp
+        metric, value = PUBLISHED_PER_GPU[metric], value * gpus
     if metric not in PUBLISHED_METRICS or not (batch == "max-load" or batch.isdigit()):
-        return f"metric {metric}" if metric not in PUBLISHED_METRICS else f"batch {batch}"
+        return f"metric {metric}" if metric not in PUBLISHED_METRICS else \
+            f"batch {batch}" if batch else "blank batch"
     weights = published_weights(r.get("weights") or r.get("weight_dtype"))
     kv = (r.get("kv_dtype") or "").lower()
     # (the L40S's KV type is not stated: TensorRT-LLM's FP8 builds take an FP8 cache)
     kv = "fp8" if kv == "fp8" or (not kv and weights == "fp8") else "auto"
-    osl = int(r["osl"]) if r["osl"] else GPT_FAST_OUTPUT
-    return Published(r["source_id"], engine, model, gpu, int(r["tp"]), weights, kv,
-                     batch if batch == "max-load" else int(batch), int(r["isl"]), osl,
+    osl = row_number(r, "osl") if (r["osl"] or "").strip() else GPT_FAST_OUTPUT  # (gpt-fast's)
+    return Published(r["source_id"], engine, model, gpu, tp, weights, kv,
+                     batch if batch == "max-load" else int(batch), row_number(r, "isl"), osl,
                      metric, value, role)
 
 
@@ -89,16 +111,29 @@ def published_engine(r):
 
 
 def read_published(path, role):
-    """-> (the rows C can express, {reason: rows it cannot})."""
+    """-> (the rows C can express, {reason: rows it cannot}), read row by row: a row C cannot
+    read (a blank field it needs, a value it cannot parse) is left out with its reason and
+    its lines named; a column missing from the file refuses the file (KeyError)."""
     import csv
-    rows, left = [], {}
+    rows, left, unread = [], {}, {}
     with open(path, newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
-            row = published_row(r, role)
+        reader = csv.DictReader(f)
+        have = set(reader.fieldnames or ())
+        missing = [c for c in PUBLISHED_COLUMNS if not set(c.split("|")) & have]
+        if missing:
+            raise KeyError(f"no column {' or '.join(missing[0].split('|'))}")
+        for r in reader:
+            try:
+                row = published_row(r, role)
+            except RowUnusable as e:
+                unread.setdefault(str(e), []).append(reader.line_num)
+                continue
             if isinstance(row, str):
                 left[row] = left.get(row, 0) + 1
             else:
                 rows.append(row)
+    for why, lines in unread.items():
+        left[f"{why}: line{'s' * (len(lines) > 1)} {', '.join(map(str, lines))}"] = len(lines)
     return rows, left
 
 

@@ -95,7 +95,7 @@ class DecodeBatch:
         ends, base_sum, gains = self.ends, self.base_sum, self.gains
         for seq in seqs:
             seq.decode_base = seq.num_cached - gains * steps
-            seq.end_step = steps + -(-seq.to_emit // gains)
+            seq.end_step = steps + (seq.to_emit if gains == 1 else -(-seq.to_emit // gains))
             base_sum += seq.decode_base
             heapq.heappush(ends, (seq.end_step, seq.admitted))
         self.size += len(seqs)

@@ -724,3 +724,28 @@ def test_a_mixtures_dense_twin_runs_its_active_parameters_by_hand():
         flops_and_bytes(cfg, 4, 1, 100)["bytes"]
     assert moe_step_bytes(cfg, 4, 100, 10) - moe_step_bytes(cfg, 4, 100, 9) == \
         pytest.approx(58 * 3 * h * 2048 * 1)  # (one more expert a layer, in fp8)
+
+
+def test_a_file_of_published_rows_with_blanks_is_scored_row_by_row(tmp_path, capsys):
+    # one row with a blank tp, one in a precision C does not price, one with a value that is
+    # no number: each named with its line, and the good rows scored
+    with open(PUBLISHED_CSV, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    header, good = lines[0], lines[1:6]
+    cells = [row.split(",") for row in lines[1:4]]
+    cells[0][header.split(",").index("tp")] = ""
+    cells[1][header.split(",").index("weights")] = "nvfp4"
+    cells[2][header.split(",").index("value")] = "n/a"
+    path = tmp_path / "rows.csv"
+    path.write_text("\n".join([header, *good, *(",".join(c) for c in cells)]) + "\n")
+    results, out = run_main(["--validate", str(path), "--out", str(tmp_path)], capsys)
+    V = results["validation"]
+    assert len([r for r in V["rows"] if r["role"] == "validation"]) == 5
+    assert V["left_out"]["blank tp: line 7"] == 1
+    assert V["left_out"]["precision 'nvfp4': line 8"] == 1
+    assert V["left_out"]["value 'n/a': line 9"] == 1
+    assert said("(blank tp: line 7)", out.out) and said("(precision 'nvfp4': line 8)", out.out)
+    # (the reader names a row's reason; a column missing from the file refuses the file)
+    path.write_text("\n".join([header.replace("tp,", "tensor,"), *good]) + "\n")
+    expect_usage_error(["--validate", str(path), "--out", str(tmp_path)], capsys,
+                       "not a file of published rows")

@@ -18,6 +18,7 @@ takes that run's results as the reference. The test below then passes again.
 import json
 import pathlib
 import re
+import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -166,3 +167,26 @@ if __name__ == "__main__":  # render every README's marks again from the referen
             if new != text:
                 path.write_text(new, encoding="utf-8")
                 print(f"rendered {path.relative_to(ROOT)} again from figures/reference.json")
+
+
+def documented_suite():
+    """The suite's count and time as README.md and tests/README.md state them, each once:
+    [(passed, skipped, time)] from each."""
+    found = []
+    for path in (ROOT / "README.md", ROOT / "tests" / "README.md"):
+        text = " ".join(path.read_text(encoding="utf-8").split())
+        hits = re.findall(r"([\d,]+) passed(?:,| and) ([\d,]+) skipped", text)
+        times = re.findall(r"(\d+ min \d+ s)", text)
+        assert len(hits) == 1, (path.name, hits)
+        found.append((*(int(n.replace(",", "")) for n in hits[0]), times[0] if times else None))
+    return found
+
+
+def test_the_suites_count_is_said_once_and_is_the_suites_own():
+    (readme_pass, readme_skip, readme_time), (tests_pass, tests_skip, tests_time) = \
+        documented_suite()
+    assert (readme_pass, readme_skip, readme_time) == (tests_pass, tests_skip, tests_time)
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True)
+    collected = int(re.search(r"(\d+) tests? collected", done.stdout).group(1))
+    assert collected == readme_pass + readme_skip, (collected, readme_pass, readme_skip)
