@@ -115,8 +115,8 @@ def cpu_clock(stat="/proc/stat"):
         return wall, own, None, None
     hz = os.sysconf("SC_CLK_TCK")
     # user nice system idle iowait irq softirq steal (guest time is inside user's)
-    busy = sum(ticks[i] for i in (0, 1, 2, 5, 6) if i < len(ticks))
-    return wall, own, busy / hz, (ticks[7] / hz if len(ticks) > 7 else 0.0)
+    busy_ticks = sum(ticks[i] for i in (0, 1, 2, 5, 6) if i < len(ticks))
+    return wall, own, busy_ticks / hz, (ticks[7] / hz if len(ticks) > 7 else 0.0)
 
 
 def load_between(start, end):

@@ -71,10 +71,10 @@ def name_key(text):
 def name_index(kind):
     """{name_key(spelling): C's name} of every card or model: its own name, its display name,
     and its aliases."""
-    named = GPUS if kind == "card" else MODELS
+    catalogue = GPUS if kind == "card" else MODELS
     index = {}
-    for name in named:
-        shown = named[name].name
+    for name in catalogue:
+        shown = catalogue[name].name
         for spelling in (name, shown) + NAME_ALIASES[kind].get(name, ()):
             index.setdefault(name_key(spelling), name)
     return index

@@ -110,10 +110,10 @@ def render(value, fmt):
     return UNITS[fmt](value) if fmt in UNITS else format(value, fmt)
 
 
-def spec_table(T, rows, columns, **fields):
+def spec_table(T, rows, specs, **fields):
     """Rows (dicts) under column specs [(header key, path, format)]."""
-    return table(T, [[render(fetch(r, path), fmt) for _, path, fmt in columns] for r in rows],
-                 [header for header, _, _ in columns], **fields)
+    return table(T, [[render(fetch(r, path), fmt) for _, path, fmt in specs] for r in rows],
+                 [header for header, _, _ in specs], **fields)
 
 
 def latency_columns(*stats, keys=("ttft", "tpot", "e2e"), unit="ms"):

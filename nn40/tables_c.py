@@ -508,7 +508,7 @@ def format_tables(results, lang="en"):
     """The tables of every finished experiment (TABLES, in order), the summary and the
     machine's warnings, as one string."""
     T = TEXT[lang]
-    out = [text for path, render in TABLES if has(results, path) for text in render(T, results)]
+    out = [text for path, tables in TABLES if has(results, path) for text in tables(T, results)]
     out += [text for text in (summary_text(T, results),) if text]
     warnings = machine_warnings(results)
     if warnings:

@@ -81,7 +81,7 @@ def test_a_hit_is_the_cached_leading_blocks_and_leaves_a_token_to_compute():
     first = admit(cache, ledger, 0)
     assert first.num_cached == 0
     prefill(cache, first)  # 11 tokens: 3 blocks, the system prompt's 2 cached
-    assert cache.total == 12 and cache.ref == {k: 1 for k in first.keys}
+    assert cache.total == 12 and cache.ref == {k: 1 for k in cache.of[first].keys}
     second = admit(cache, ledger, 1)
     assert second.num_cached == 8 and second.prompt_left == 2
     assert cache.total == 12 and cache.shared == 8  # the 2 shared blocks held once
@@ -97,16 +97,17 @@ def test_reference_counts_and_the_free_queue_tail_first():
     ledger = system_prompts(2)
     first = admit(cache, ledger, 0)
     prefill(cache, first)
+    keys = cache.of[first].keys  # (the prefix cache's own record of a running request)
     second = admit(cache, ledger, 1)
     prefill(cache, second)
     assert cache.total == 16 and free_blocks(cache) == 4
     cache.release(first, 11)  # its 2 shared blocks stay held by the second
-    assert cache.total == 4 * 3 - 0 and cache.shared == 0
-    assert all(cache.ref[k] == 1 for k in first.keys)
+    assert cache.total == 4 * 3 - 0 and cache.shared == 0 and first not in cache.of
+    assert all(cache.ref[k] == 1 for k in keys)
     cache.release(second, 11)
     assert cache.total == 0 and free_blocks(cache) == 8
-    assert all(cache.ref[k] == 0 for k in first.keys)  # cached, free
-    head, tail = first.keys
+    assert all(cache.ref[k] == 0 for k in keys)  # cached, free
+    head, tail = keys
     assert list(cache.free)[-2:] == [tail, head]        # freed last first
     cache.take(7)  # 6 uncached blocks, then the least recently freed: the prefix's tail
     assert tail not in cache.ref and head in cache.ref
@@ -389,13 +390,14 @@ def test_an_evicted_block_moves_to_the_host_tier_and_its_hit_is_loaded():
     ledger = system_prompts(2)
     first = admit(cache, ledger, 0)
     prefill(cache, first)
+    keys = cache.of[first].keys
     cache.release(first, 11)
     cache.take(8)  # every free block: the system prompt's two go to the host (2 blocks fit)
-    assert cache.ref == {} and list(cache.host) == first.keys[::-1]
+    assert cache.ref == {} and list(cache.host) == keys[::-1]
     assert cache.lookup(ledger, 1) == 8  # both found in the host tier
     second = admit(cache, ledger, 1)
-    assert second.loading == 8 and cache.load_s([(second, 2)]) == 4.0  # 8 tokens x 0.5 s
-    assert len(cache.host) == 0 and cache.ref == {k: 1 for k in first.keys}  # back on the card
+    assert cache.of[second].loading == 8 and cache.load_s([(second, 2)]) == 4.0  # 8 x 0.5 s
+    assert len(cache.host) == 0 and cache.ref == {k: 1 for k in keys}  # back on the card
     p = cache.report()["prefix_cache"]
     assert (p["hit_tokens"], p["host_hit_tokens"], p["evicted_blocks"]) == (0, 8, 2)
     cache.advance(0, [(second, 2)], 1, 1.0, 0.0)
