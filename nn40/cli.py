@@ -1,6 +1,6 @@
-"""The command line: argv to a RunConfig, each flag declared once in its group, its destination
-a field and its default the field's (build_parser, run_config), with the parser's form:
-one-line errors, the help's layout, vLLM's --goodput
+"""The command line: argv to a RunConfig (run_config) or to a mode's ModeConfig (mode_config),
+each flag declared once in its group, its destination a field and its default the field's
+(build_parser), with the parser's form: one-line errors, the help's layout, vLLM's --goodput
 """
 import argparse
 import dataclasses

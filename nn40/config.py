@@ -1,9 +1,8 @@
 """Configuration: the model's shape, the cards, and every limit and seed
 
 Owns the frozen configs of the model and the cards (ModelConfig, GPU) and the constants
-every section reads: the named models and cards, the post's length law, the limits on sizes
-and counts, the random streams' offsets. (The run's settings, RunConfig, follow the flag
-types.)
+every module reads: the named models and cards, the post's length law, the limits on sizes
+and counts, the random streams' offsets. (The run's settings, RunConfig, are settings.py's.)
 """
 import dataclasses
 import json

@@ -117,11 +117,11 @@ class PipelineCosts:
     """A replica of `pp` pipeline stages, each holding 1/pp of the layers: a stage's pass is
     1/pp of the whole model's (`inner`, any StepCosts or PhaseCosts), a pass through the
     replica the stages' sum plus pp - 1 hops of the pass's activations (hop_latency_s +
-    hidden bytes a token / hop_bytes_per_s). The decoders run as pp micro-batches in flight,
-    as vLLM and Vidur run them: each stage busy with one of them at a time, every micro-batch
-    of n / pp rows (rounded up) emits a token each cycle of pp stage passes, its hops among
-    them (micro_batches 1: the whole batch goes through the stages, one in flight). A
-    prefill runs as one micro-batch through the stages."""
+    hop_token_s x the pass's tokens: a token's hidden bytes over the link). The decoders run
+    as pp micro-batches in flight, as vLLM and Vidur run them: each stage busy with one of
+    them at a time, every micro-batch of n / pp rows (rounded up) emits a token each cycle of
+    pp stage passes, its hops among them (micro_batches 1: the whole batch goes through the
+    stages, one in flight). A prefill runs as one micro-batch through the stages."""
     inner: object
     pp: int
     hop_latency_s: float = 0.0

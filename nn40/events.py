@@ -48,7 +48,7 @@ class EventQueue:
             if server.pending is None:
                 if not (server.draining or server.may_plan()) or not server.plan():
                     return
-                server.version += 1
+                server.new_version()
             end = server.pending_end()
             if end > self.horizon():
                 self.push(end, COMMIT, server, server.version)
@@ -69,8 +69,7 @@ class EventQueue:
         pending = server.pending
         server.arrive(r, t)
         if server.pending is not pending:  # (cut short: the run ends at another time)
-            server.version += 1
-            self.push(server.pending_end(), COMMIT, server, server.version)
+            self.push(server.pending_end(), COMMIT, server, server.new_version())
         elif pending is None and not server.plan_queued:
             server.plan_queued = True
             self.push(t, PLAN, server)

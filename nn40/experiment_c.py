@@ -1,7 +1,7 @@
 """Experiment C: static against continuous batching, in steps and in seconds (pure simulation)
 
 The post's table, the three schedulers, the KV cache, who waits, the rate sweep; every
-simulation a worker's task. Calls the pure sections only.
+simulation a worker's task. Imports the simulator's modules alone.
 """
 import dataclasses
 import time

@@ -1,6 +1,7 @@
-"""Helpers: the console, the host's memory, atomic files, worker processes (pure Python)
+"""Helpers: the console, the host's memory, atomic files, worker processes, the load beside
+a run (Python and NumPy)
 
-What every later section may call; calls nothing later.
+What every later module may call; imports only errors.
 """
 import contextlib
 import json

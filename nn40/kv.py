@@ -21,7 +21,7 @@ class KVBudget:
     """The KV cache's memory in the serving simulation, counted in tokens: a policy (a name in
     KV_MANAGERS, whose classes say what each does) and its sizes. A request holds one token of
     KV for every token it has prefilled or generated."""
-    policy: str                # "reserve" or "paged"
+    policy: str                # "reserve", "paged" or "prefix" (a name in KV_MANAGERS)
     capacity_tokens: float     # math.inf: unlimited
     block_tokens: int = 16
     max_output: int = 0        # reserve: output tokens reserved for every request
@@ -106,7 +106,7 @@ class KVManager:
         return {}
 
     def loaded(self, price, plan):
-        """A run's price (StepCosts.run_price's) with the seconds its first step waits for KV
+        """A run's price (PassPrices.run_price's) with the seconds its first step waits for KV
         loaded into the card (a host tier's) added to its prefill."""
         return price
 
@@ -249,15 +249,17 @@ class PagedBlocks(KVManager):
         self.period = b  # a decoder's steps a block (see for_decode_steps)
         self.watermark = 0 if math.isinf(self.capacity) else \
             int(kv.watermark * (self.capacity // b)) * b
-        self.phase = {}   # step (mod block) at which decoders take a block -> how many do
+        self.phase = {}   # step (mod period) at which decoders take a block -> how many do
 
     def need(self, prompt, cached, chunk, to_prefill):
         """With a watermark, vLLM's rule: blocks for all it will prefill (and its first token),
         so that chunked prefill does not admit a prompt whose next chunks would preempt it
-        again; with none, only its first step's."""
+        again; with none, only its first step's. With nothing to prefill (its prompt computed
+        elsewhere) its first step decodes: a decode step's gains."""
+        first = self.gains if not to_prefill else 1  # (the next token(s) it will hold)
         if self.watermark:
-            return self.blocks(cached + to_prefill + 1)
-        return self.blocks(cached + chunk + (chunk == to_prefill))
+            return self.blocks(cached + to_prefill + first)
+        return self.blocks(cached + chunk + (chunk == to_prefill) * first)
 
     def admit(self, seq, need):  # blocks are taken by the steps, but for what it holds already
         if seq.num_cached:

@@ -40,6 +40,11 @@ class MemoryRecord:
             + emitted * (a + e * (k - 1))
         return held0 + growth * k + emitted
 
+    def allocated(self, alloc_token_s, running_s):
+        """A run's integrals of tokens allocated and of requests running over its seconds."""
+        self.totals["alloc_s"] += alloc_token_s
+        self.totals["running_s"] += running_s
+
     def hold(self, tokens, allocated, seconds):
         """`tokens` (in `allocated` tokens of blocks) held `seconds` beyond the runs counted:
         a prefill's KV kept until it has crossed to the decode pool."""
@@ -360,8 +365,8 @@ class ServingSim(Admission):
         memory = self.memory
         held = memory.run(decode.base_sum + decode.growth * self.steps + self.prefill.cached
                           - self.kv.shared, tokens + decode.growth, k, a, e, emitted)
-        memory.totals["alloc_s"] += self.kv.advance(self.steps, plan, k, a, e)
-        memory.totals["running_s"] += (prefill_s + decode_s) * len(self.running)
+        memory.allocated(self.kv.advance(self.steps, plan, k, a, e),
+                         (prefill_s + decode_s) * len(self.running))
         return held
 
     def contexts(self):
@@ -397,6 +402,12 @@ class FleetReplica(ServingSim):
         self.plan_queued = False   # a plan is queued in the event queue
         self.draining = False      # every request of its pool has arrived
 
+    def new_version(self):
+        """Its planned run has changed (planned, or cut short): a commit queued for the old
+        one is stale. -> the new version"""
+        self.version += 1
+        return self.version
+
     def drain(self):
         """Every request of its pool has arrived: it drops its plan (and any queued for it) and
         plans again unconditionally, as a replica alone is given its requests."""
@@ -426,10 +437,10 @@ class FleetReplica(ServingSim):
 
     def queued_tokens(self):
         """At most the KV tokens the requests waiting here (arrived, or preempted) will take
-        before a newcomer: their tokens and a block each, and one token each to emit."""
-        ledger, block = self.ledger, self.kv.block
-        return self.waiting.tokens + len(self.waiting) * (block + 1) + sum(
-            ledger.prompt[q] + ledger.generated[q] + block + 1 for q in self.retry)
+        before a newcomer: their tokens and a block each, and a decode step's gains each."""
+        ledger, room = self.ledger, self.kv.block + self.decode.gains
+        return self.waiting.tokens + len(self.waiting) * room + sum(
+            ledger.prompt[q] + ledger.generated[q] + room for q in self.retry)
 
     def load(self):
         """Requests queued, preempted and running: what least-requests routing compares."""

@@ -1,7 +1,8 @@
-"""The modes: runs other than the experiments, each reading its ModeConfig and exiting after
-its table, registered in MODES by the flag that chooses it (--replot, --catalog, --validate,
---calibrate, --replay-distserve, --placement-search). Each writes its own file into --out
-(print_and_save), never a main run's results.json.
+"""The modes: runs other than the experiments, each reading its ModeConfig and exiting,
+registered in MODES by the flag that chooses it (--replot, --catalog, --validate,
+--calibrate, --replay-distserve, --placement-search). A mode that saves writes its own file
+into --out (print_and_save: validation.json, distserve_replay.json, placement_search.json;
+--calibrate its profile and calibration.json), never a main run's results.json.
 """
 import datetime
 import json

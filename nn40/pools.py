@@ -18,11 +18,6 @@ from nn40.replicas import Replica
 from nn40.routers import route
 
 
-# Routers: each one class, registered by name in ROUTERS; pick(servers, r, pair) -> the index
-# of the replica request r goes to, from what each replica is doing now. in_all: among the
-# routers --router all compares (else only where the KV cache keeps prefixes).
-
-
 class Fleet(NamedTuple):
     """Identical replicas behind a router (see route); seed: power-of-two's draws."""
     replicas: int
@@ -46,8 +41,8 @@ class PoolStage:
     first token (a prefill pool): its finish hook hands the request on, its prompt and first
     token cached, to the next stage (entered with all of its prefill done)."""
 
-    def __init__(self, pool, ledger, arrivals):
-        self.pool, self.ledger, self.left = pool, ledger, arrivals
+    def __init__(self, pool, ledger, arrivals, last=True):
+        self.pool, self.ledger, self.left, self.last = pool, ledger, arrivals, last
         self.servers = [FleetReplica(None, pool.replica, ledger) for _ in range(pool.replicas)]
         n, m = len(ledger.output), pool.replicas
         rng, rng_second = (np.random.default_rng(pool.seed + i) for i in (0, 1))
@@ -115,9 +110,7 @@ def pool_stage(req, pool, ledger, last, first):
     if not first:  # (its own arrivals: the hand-offs' times; its own queues' marks)
         ledger = copy.copy(ledger)
         ledger.arrival, ledger.taken = [math.inf] * len(output), bytearray(len(output))
-    stage = PoolStage(pool, ledger, len(output) if first else int((req.output > 1).sum()))
-    stage.last = last
-    return stage
+    return PoolStage(pool, ledger, len(output) if first else int((req.output > 1).sum()), last)
 
 
 def pools_result(req, stages):

@@ -149,10 +149,17 @@ class PassPrices(Protocol):
     def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
         """(prefill_s, decode_s, first_s, growth_s, prompt tokens a step) of k steps: the plan's
         chunks, and `decoders` query tokens over `cached` tokens, their cache growing by
-        `growth` a step (None: by `decoders`, one a row)."""
+        `growth` a step (the loop passes its DecodeBatch's; None, for plain decoding alone:
+        one a query token)."""
 
     def decode_steps_to(self, n, cached, t, when, k, growth=None):
         """The first step count in 1..k whose decode run ends at or after `when`."""
+
+    def pass_s(self, tokens, kv_tokens=0, pairs=0):
+        """Seconds of one pass of `tokens` new tokens over `kv_tokens` cached (D's check)."""
+
+    def as_dict(self):
+        """The prices for results.json."""
 
 
 @dataclass(frozen=True)

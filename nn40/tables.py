@@ -1,7 +1,9 @@
-"""Tables: the renderer, and A's and B's (from the results dictionary alone)
+"""Tables: the renderer and its pieces, the banner's lines and the summary's claims (from the
+results dictionary alone)
 
-Every line printed comes from TEXT (the appendix), one table of strings per language; a
-description stored in results.json as a dict with a "kind" names its template there.
+Every line printed comes from TEXT (text.py and text_ko.py), one table of strings per
+language; a description stored in results.json as a dict with a "kind" names its template
+there. Each experiment's tables are in tables_c.py.
 """
 from nn40.host import OUTPUT_WIDTH, busy, columns, fit_lines
 from nn40.pricing import measured

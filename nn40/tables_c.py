@@ -1,7 +1,8 @@
-"""Tables of C and D: the post's table, the schedulers, the KV cache, who waits, fleets,
-capacity, the engine against the simulation, --catalog; prefix caching (the hits per tier,
-TTFT by hit, hits against the cache's capacity), DistServe's runs replayed and the placements
-ranked (from the results dictionary alone)
+"""Every experiment's tables: A's and B's, C's (the post's table, the schedulers, the KV cache,
+who waits, fleets, capacity) and D's (the engine against the simulation), --catalog; prefix
+caching (the hits per tier, TTFT by hit, hits against the cache's capacity), DistServe's runs
+replayed and the placements ranked (from the results dictionary alone). TABLES registers
+what a run prints, in order.
 """
 import math
 

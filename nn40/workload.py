@@ -1,7 +1,7 @@
 """Workload: the requests C serves, their lengths and arrivals (pure NumPy)
 
 The post's log-normal law, a lengths file or a trace; arrivals at t=0, Poisson or gamma, or
-the trace's own timestamps. Calls the helpers only.
+the trace's own timestamps. Imports errors, traces, config and host.
 """
 import json
 import math

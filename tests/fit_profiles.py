@@ -1,4 +1,4 @@
-"""The engine profiles' fit: where NN_40_serving.ENGINE_PROFILES' constants come from.
+"""The engine profiles' fit: where nn40.pricing.ENGINE_PROFILES' constants come from.
 
 `python tests/fit_profiles.py` fits each calibrated engine's profile on its rows of the
 published calibration file (../shared/published/calibration.csv beside the project) and on
@@ -27,7 +27,7 @@ FITTED = {"tensorrt-llm": FIT_FIELDS,
           "gpt-fast": ("bandwidth_share", "layer_s", "allreduce_s", "dequant_flops")}
 # Where each profile's fit starts (and what a field the rows cannot tell keeps)
 FIT_START = EngineProfile("fit start", 0.9, 0.8)
-FIT_GRID = PROFILE_GRID  # (the grid the script's own fit, --calibrate, searches)
+FIT_GRID = PROFILE_GRID  # (the grid the project's own fit, --calibrate, searches)
 
 
 def fit_loss(rows, profile):
@@ -51,7 +51,7 @@ def fit_start(profile):
 
 def fit_profile(rows, profile, fields=FIT_FIELDS, rounds=12):
     """The profile's FIT_FIELDS fitted to `rows` (calibration rows only: the caller's
-    contract, checked by a test) by the script's coordinate search (coordinate_search,
+    contract, checked by a test) by the project's coordinate search (coordinate_search,
     which --calibrate runs on a user's own runs): each field in turn takes the grid value of
     least fit_loss, until a round changes nothing. A field the rows cannot tell (the FLOP
     rate, from batch-1 rows) keeps its value."""

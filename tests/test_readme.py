@@ -9,7 +9,7 @@ Two kinds of marks, both invisible in rendered Markdown:
   starts with PREFIX) and `<!-- output: end -->`, its fence lines aside;
 - a number followed at once by `<!--= PATH FORMAT -->`: the value at PATH in results.json
   (dots between keys; `rows[batch=32,context=128]` is the row of a list with those fields),
-  formatted as a table cell is (a format() spec or a unit of the script's UNITS).
+  formatted as a table cell is (a format() spec or a unit of nn40.tables' UNITS).
 
 After the reference changes, `python tests/test_readme.py` rewrites every block and number in
 place from figures/reference.json; `python tests/test_readme.py figures/results.json` first
