@@ -332,12 +332,31 @@ def mode_config(args, argv):
     if name is None:
         refuse_pool_flags(args)
         return None
+    if name in ("replay_distserve", "placement_search"):
+        refuse_unread_flags(name, argv)
     return ModeConfig(
         name, getattr(args, name), args.out, args.lang, args.jobs,
         args.figures, args.dpi, args.format, args.seed, args.calibration, args.engine_profile,
         given_settings(args, argv) if name == "calibrate" else {}, link_flags(args),
         args.kv_link_gbs, args.kv_link_latency_us, args.kv_layerwise, args.pp_micro_batches,
         args.gpu_budget, args.cluster)
+
+
+# what DistServe's replay and the placement search do not read: they price OPT-13B on
+# A100-80GB by DistServe's profiles, at DistServe's SLO
+DISTSERVE_FIXED = ("--model", "--model-config", "--gpu", "--tp", "--tensor-parallel-size",
+                   "--ep", "--weights", "--engine-profile", "--slo-ttft-ms", "--slo-tpot-ms",
+                   "--slo-attainment", "--target-rate", "--goodput")
+
+
+def refuse_unread_flags(name, argv):
+    """A flag the DistServe modes would silently ignore is refused in one line."""
+    said = [a.split("=")[0] for a in argv]
+    given = [flag for flag in DISTSERVE_FIXED if flag in said]
+    if given:
+        raise UsageError(f"--{name.replace('_', '-')} prices OPT-13B on A100-80GB by "
+                         f"DistServe's profiles at DistServe's SLO: {', '.join(given)} "
+                         "would not be read (C's main run prices your model, card and SLO)")
 
 
 def refuse_pool_flags(args):

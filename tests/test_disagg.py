@@ -530,3 +530,15 @@ def test_a_cluster_that_is_no_address_is_one_line(capsys):
     pytest.importorskip("distributed")
     expect_usage_error(["--placement-search", DISTSERVE, "--cluster", "notanaddress"], capsys,
                        "--cluster notanaddress")
+
+
+@pytest.mark.parametrize("mode", ["--placement-search", "--replay-distserve"])
+def test_the_distserve_modes_refuse_the_flags_they_would_not_read(mode, capsys):
+    # (they price OPT-13B on A100s at DistServe's SLO: a user's model, card or SLO would be
+    # silently ignored, and the run would still exit 0)
+    expect_usage_error([mode, "somewhere", "--model", "llama-3.1-70b", "--gpu", "h100",
+                        "--slo-ttft-ms", "500"], capsys,
+                       "prices OPT-13B on A100-80GB", "--model, --gpu, --slo-ttft-ms would not "
+                       "be read")
+    expect_usage_error([mode, "somewhere", "--tensor-parallel-size=2"], capsys,
+                       "--tensor-parallel-size would not be read")
