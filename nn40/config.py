@@ -5,11 +5,10 @@ every module reads: the named models and cards, the post's length law, the limit
 and counts, the random streams' offsets. (The run's settings, RunConfig, are settings.py's.)
 """
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 
-from nn40.errors import UsageError
+from nn40.errors import UsageError, read_json
 
 
 @dataclass(frozen=True)
@@ -284,13 +283,7 @@ HF_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "ll
 def read_model_config(path):
     """A Hugging Face config.json -> ModelConfig (shapes only; one line naming a missing or
     unsupported field). Llama, Mistral, Qwen2/Qwen3, Mixtral, Qwen3-MoE and DeepSeek-V3."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            hf = json.load(f)
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}")
-    except (ValueError, UnicodeDecodeError):
-        raise UsageError(f"{path}: not a JSON file")
+    hf = read_json(path)
     model_type = hf.get("model_type") if isinstance(hf, dict) else None
     kind = HF_TYPES.get(model_type)
     if kind is None:

@@ -345,7 +345,8 @@ class ServingSim(Admission):
         elif seq.end_step > self.steps:  # preempted while it decodes
             to_emit, cached = self.decode.leave(seq, self.steps)
         else:  # finished decoding (DecodeBatch.due took it out of the batch)
-            to_emit, cached = 0, seq.decode_base + self.decode.gains * self.steps
+            to_emit, cached = 0, seq.decode_base + self.decode.gains * self.steps  # (held_by,
+            # inline: a finish is the loop's most frequent leave)
         if self.tracks:
             self.kv.release(seq, cached)
         self.ledger.generated[seq.id] += seq.to_emit_admitted - to_emit

@@ -5,7 +5,6 @@ into --out (print_and_save: validation.json, distserve_replay.json, placement_se
 --calibrate its profile and calibration.json), never a main run's results.json.
 """
 import datetime
-import json
 import math
 import os
 import platform
@@ -17,7 +16,7 @@ from nn40.calibration import (
     read_measured_run, replay_run, run_label)
 from nn40.config import GPUS, MODELS
 from nn40.disaggregated import distserve_runs, replay_distserve_runs, search_placements
-from nn40.errors import UsageError
+from nn40.errors import UsageError, read_json
 from nn40.experiment_c import catalog
 from nn40.figures import draw_figures
 from nn40.handoff import kv_link
@@ -33,13 +32,7 @@ from nn40.workload import read_engine_run
 
 def replot(mode):
     """--replot: redraw from a saved results.json; no experiment runs, no device is touched."""
-    try:
-        with open(mode.given, encoding="utf-8") as f:
-            results = json.load(f)
-    except OSError as e:
-        raise UsageError(f"cannot read {mode.given}: {e.strerror}")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UsageError(f"{mode.given}: not a JSON file")
+    results = read_json(mode.given)
     if not (isinstance(results, dict) and isinstance(results.get("environment"), dict)
             and isinstance(results.get("config"), dict)):
         raise UsageError(f"{mode.given}: not a results.json written by NN_40_serving.py")

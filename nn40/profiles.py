@@ -2,10 +2,9 @@
 wrote, with --kv-fraction (the engine's own memory flag) where given
 """
 import dataclasses
-import json
 import math
 
-from nn40.errors import UsageError
+from nn40.errors import UsageError, read_json
 from nn40.pricing import ENGINE_PROFILES, EngineProfile
 
 
@@ -36,13 +35,7 @@ def engine_profile(name):
 
 def read_profile_file(path):
     """A profile file --calibrate wrote -> EngineProfile (one line where it is not one)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise UsageError(f"cannot read engine profile {path}: {e.strerror}")
-    except (ValueError, UnicodeDecodeError):
-        raise UsageError(f"{path}: not a JSON file")
+    data = read_json(path, "engine profile ")
     fields = data.get("profile") if isinstance(data, dict) else None
     types = {f.name: f.type for f in dataclasses.fields(EngineProfile)}
     if not isinstance(fields, dict) or set(fields) - set(types) or \

@@ -110,7 +110,7 @@ class DecodeBatch:
         self.tokens -= self.runs
         self.growth -= self.gains
         self.base_sum -= seq.decode_base
-        cached = seq.decode_base + self.gains * steps
+        cached = self.held_by(seq, steps)
         return seq.to_emit - (cached - seq.num_cached), cached
 
     def cached(self, steps):

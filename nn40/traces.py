@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from nn40.errors import UsageError
+from nn40.errors import UsageError, read_json
 
 COUNT_MAX = 10**9  # the largest count a flag or a row takes: past any run here, inside 64 bits
 BAD_ROWS_SHOWN = 3  # the bad rows an error names (then how many more)
@@ -222,13 +222,7 @@ def read_bench_json(path, limit=None):
     and output_lens, a request each, and where saved, start_times (the client's clock at each
     request's start: only differences mean anything) and errors (a failed request's is not
     empty; its output 0): failed requests left out and counted -> Trace."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise UsageError(f"cannot read trace {path}: {e.strerror}")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: not a JSON file ({e})")
+    data = read_json(path, "trace ", detail=True)
     if not isinstance(data, dict) or not all(isinstance(data.get(k), list)
                                              for k in ("input_lens", "output_lens")):
         raise UsageError(f"{path}: a JSON trace is vLLM's benchmark result with input_lens and "
