@@ -309,10 +309,16 @@ CALIBRATION_FLAGS = {"model": ("--model",), "gpu": ("--gpu",),
                      "kv_tokens": ("--kv-tokens",)}
 
 
+def flags_said(argv):
+    """The flags the command line spells out ("--tp" of "--tp=2" too): what a user gave, as
+    against a default."""
+    return {a.split("=")[0] for a in argv if a.startswith("--")}
+
+
 def given_settings(args, argv):
     """The settings the command line gives a run that does not state them (flags left at
     their defaults give nothing)."""
-    said = {a.split("=")[0] for a in argv}
+    said = flags_said(argv)
     return {field: getattr(args, field) for field, flags in CALIBRATION_FLAGS.items()
             if said & set(flags)}
 
@@ -335,11 +341,14 @@ def mode_config(args, argv):
     if name in ("replay_distserve", "placement_search"):
         refuse_unread_flags(name, argv)
     return ModeConfig(
-        name, getattr(args, name), args.out, args.lang, args.jobs,
-        args.figures, args.dpi, args.format, args.seed, args.calibration, args.engine_profile,
-        given_settings(args, argv) if name == "calibrate" else {}, link_flags(args),
-        args.kv_link_gbs, args.kv_link_latency_us, args.kv_layerwise, args.pp_micro_batches,
-        args.gpu_budget, args.cluster)
+        name, getattr(args, name), out=args.out, lang=args.lang, jobs=args.jobs,
+        figures=args.figures, dpi=args.dpi, format=args.format, seed=args.seed,
+        calibration=args.calibration, engine_profile=args.engine_profile,
+        settings=given_settings(args, argv) if name == "calibrate" else {},
+        link_flags=link_flags(args), link_gbs=args.kv_link_gbs,
+        link_latency_us=args.kv_link_latency_us, layerwise=args.kv_layerwise,
+        pp_micro_batches=args.pp_micro_batches, gpu_budget=args.gpu_budget,
+        cluster=args.cluster)
 
 
 # what DistServe's replay and the placement search do not read: they price OPT-13B on
@@ -351,7 +360,7 @@ DISTSERVE_FIXED = ("--model", "--model-config", "--gpu", "--tp", "--tensor-paral
 
 def refuse_unread_flags(name, argv):
     """A flag the DistServe modes would silently ignore is refused in one line."""
-    said = [a.split("=")[0] for a in argv]
+    said = flags_said(argv)
     given = [flag for flag in DISTSERVE_FIXED if flag in said]
     if given:
         raise UsageError(f"--{name.replace('_', '-')} prices OPT-13B on A100-80GB by "
