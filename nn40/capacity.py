@@ -183,7 +183,7 @@ def capacity_study(run, req, replica):
     result = {"slo_ttft_s": run.slo.slo_ttft_s, "slo_tpot_s": run.slo.slo_tpot_s,
               "attainment": slo.attainment, "requests": len(draws[0][0].output),
               "seeds": CAPACITY_SEEDS, "longest_output": int(req.output.max()),
-              "gpus_per_replica": run.hardware.tp, "scheduler": "continuous",
+              "gpus_per_replica": run.hardware.tp * run.hardware.pp, "scheduler": "continuous",
               "kv_policy": replica.kv.policy if replica.kv else None,
               "serving": {"slots": replica.slots, "chunk_tokens": replica.chunk_tokens,
                           "source": run.scheduler.serve_source},

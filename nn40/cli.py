@@ -13,10 +13,12 @@ from nn40.config import (
     PUBLISHED_CSV, RATES, REPLICAS_MAX, WEIGHT_FORMATS, read_model_config)
 from nn40.errors import UsageError
 from nn40.figures import FORMATS
+from nn40.handoff import LINKS
 from nn40.kv import KV_MANAGERS
 from nn40.memory import check_card_fits
 from nn40.modes import MODES
 from nn40.names import named
+from nn40.placement import check_placement
 from nn40.pricing import DEFAULT_PROFILE, ENGINE_RULES
 from nn40.profiles import profile_named, run_profile
 from nn40.queues import ORDERS
@@ -24,6 +26,7 @@ from nn40.routers import ROUTERS
 from nn40.settings import (
     RUN_FIELDS, ModeConfig, RunConfig, SchedulerConfig, attainment, experiment_letters, fraction,
     integer, integers, milliseconds, number, numbers, rate_value, usage_type)
+from nn40.stages import stage_model
 from nn40.text import DESCRIPTION, EPILOG, USAGE
 from nn40.text_ko import TEXT
 
@@ -95,8 +98,8 @@ def add_flag(group, *flags, shown=None, **kw):
 def build_parser():
     p = ArgumentParser(prog="NN_40_serving.py", usage=USAGE, description=DESCRIPTION,
                        epilog=EPILOG, formatter_class=HelpFormatter, add_help=False)
-    for flags in (workload_flags, prefix_flags, model_flags, scheduler_flags, slo_flags,
-                  measurement_flags, d_flags, output_flags):
+    for flags in (workload_flags, prefix_flags, model_flags, scheduler_flags, placement_flags,
+                  slo_flags, measurement_flags, d_flags, output_flags):
         flags(p)
     return p
 
@@ -182,6 +185,8 @@ def model_flags(p):
              help="C's card (list: --catalog)")
     add_flag(m, "--tp", "--tensor-parallel-size", type=integer(1, 64),
              help="--gpu cards a replica spans")
+    add_flag(m, "--pp", "--pipeline-parallel-size", type=integer(1, 64),
+             help="--gpu pipeline stages a replica spans")
     add_flag(m, "--ep", type=integer(1, 64), help="expert parallel: --gpu cards a group")
     add_flag(m, "--engine-profile", metavar="NAME|JSON", type=usage_type(profile_named),
              default=None, shown=DEFAULT_PROFILE, help="how near the engine gets to --gpu's "
@@ -219,6 +224,29 @@ def scheduler_flags(p):
     add_flag(s, "--watermark", type=fraction, help="paged: share of blocks kept free")
     add_flag(s, "--max-output", type=integer(), shown=f"longest; law: {LENGTH_MAX}",
              help="reserve: output tokens held")
+
+
+def placement_flags(p):
+    s = p.add_argument_group("placement: prefill and decode pools, and the KV link between them "
+                             "(C; both counts given: disaggregated)")
+    card = usage_type(functools.partial(named, kind="card"))
+    for role in ("prefill", "decode"):
+        add_flag(s, f"--{role}-replicas", type=integer(1, REPLICAS_MAX), shown="none",
+                 help=f"{role} replicas")
+        add_flag(s, f"--{role}-tp", type=integer(1, 64), shown="--tp", help=f"a {role} "
+                 "replica's TP")
+        add_flag(s, f"--{role}-pp", type=integer(1, 64), shown="--pp", help=f"a {role} "
+                 "replica's PP")
+        add_flag(s, f"--{role}-gpu", metavar="CARD", type=card, shown="--gpu",
+                 help=f"a {role} replica's card")
+    add_flag(s, "--kv-link", choices=list(LINKS), shown="the card's in a node, else network",
+             help="the KV hand-off's link")
+    add_flag(s, "--kv-link-gbs", type=number(1e-6, 1e6), default=None,
+             shown="the link's", help="the KV hand-off's GB/s")
+    add_flag(s, "--kv-link-latency-us", type=number(0, 1e9), default=None,
+             shown="the link's", help="a KV hand-off's latency")
+    add_flag(s, "--kv-layerwise", action="store_true",
+             help="the hand-off sends each layer's KV as the prefill makes it")
 
 
 def slo_flags(p):
@@ -288,12 +316,6 @@ def output_flags(p):
              help="redraw a results.json's figures")
     add_flag(o, "--replay-distserve", metavar="DIR", default=None, shown="off",
              help="DistServe's logged runs on their placements, exit")
-    add_flag(o, "--kv-link-gbs", type=number(1e-6, 1e6), default=None,
-             shown="the card's link", help="the KV hand-off's GB/s")
-    add_flag(o, "--kv-link-latency-us", type=number(0, 1e9), default=None, shown="0",
-             help="a KV hand-off's latency")
-    add_flag(o, "--kv-layerwise", action="store_true",
-             help="the hand-off sends each layer's KV as the prefill makes it")
     add_flag(o, "--pp-micro-batches", type=integer(), default=None, shown="one a stage",
              help="decode batches in flight on PP stages")
     add_flag(o, "--placement-search", metavar="DIR", default=None, shown="off",
@@ -324,9 +346,9 @@ def given_settings(args, argv):
 
 
 def link_flags(args):
-    """The KV hand-off's link flags given (each read by --replay-distserve alone)."""
+    """The KV hand-off's link flags given (read by C's pools and --replay-distserve)."""
     return tuple(flag for flag, given in (
-        ("--kv-link-gbs", args.kv_link_gbs is not None),
+        ("--kv-link", args.kv_link is not None), ("--kv-link-gbs", args.kv_link_gbs is not None),
         ("--kv-link-latency-us", args.kv_link_latency_us is not None),
         ("--kv-layerwise", args.kv_layerwise)) if given)
 
@@ -345,7 +367,7 @@ def mode_config(args, argv):
         figures=args.figures, dpi=args.dpi, format=args.format, seed=args.seed,
         calibration=args.calibration, engine_profile=args.engine_profile,
         settings=given_settings(args, argv) if name == "calibrate" else {},
-        link_flags=link_flags(args), link_gbs=args.kv_link_gbs,
+        link_flags=link_flags(args), link_name=args.kv_link, link_gbs=args.kv_link_gbs,
         link_latency_us=args.kv_link_latency_us, layerwise=args.kv_layerwise,
         pp_micro_batches=args.pp_micro_batches, gpu_budget=args.gpu_budget,
         cluster=args.cluster)
@@ -355,7 +377,10 @@ def mode_config(args, argv):
 # A100-80GB by DistServe's profiles, at DistServe's SLO
 DISTSERVE_FIXED = ("--model", "--model-config", "--gpu", "--tp", "--tensor-parallel-size",
                    "--ep", "--weights", "--engine-profile", "--slo-ttft-ms", "--slo-tpot-ms",
-                   "--slo-attainment", "--target-rate", "--goodput")
+                   "--slo-attainment", "--target-rate", "--goodput", "--pp",
+                   "--pipeline-parallel-size") + tuple(
+    f"--{role}-{what}" for role in ("prefill", "decode") for what in ("replicas", "tp", "pp",
+                                                                        "gpu"))
 
 
 def refuse_unread_flags(name, argv):
@@ -368,15 +393,34 @@ def refuse_unread_flags(name, argv):
                          "would not be read (C's main run prices your model, card and SLO)")
 
 
+POOL_FLAGS = tuple(f"{role}_{what}" for role in ("prefill", "decode")
+                   for what in ("tp", "pp", "gpu"))
+
+
 def refuse_pool_flags(args):
-    """The flags of the disaggregated modes, refused in the main run (which reads none)."""
+    """The main run's pool flags that would go unread: a pool's TP, PP or card, or the KV
+    link, without both pools; --cluster and --pp-micro-batches (the DistServe modes')."""
     if args.cluster:
         raise UsageError("--cluster runs --placement-search and --replay-distserve on Dask; "
                          "C's other simulations run on --jobs worker processes")
-    given = list(link_flags(args)) + ["--pp-micro-batches"] * (args.pp_micro_batches is not None)
-    if given:
-        raise UsageError(f"{', '.join(given)}: the KV hand-off's and PP's flags apply to "
-                         "--replay-distserve (C's main run is one pool of colocated replicas)")
+    if args.pp_micro_batches is not None:
+        raise UsageError("--pp-micro-batches applies to --replay-distserve (C's pipeline "
+                         "stages run one micro-batch a stage)")
+    pools = (args.prefill_replicas, args.decode_replicas)
+    if (pools[0] is None) != (pools[1] is None):
+        raise UsageError("disaggregated serving needs both pools: give --prefill-replicas and "
+                         "--decode-replicas")
+    given = [f"--{f.replace('_', '-')}" for f in POOL_FLAGS if getattr(args, f) is not None]
+    given += list(link_flags(args))
+    if given and pools[0] is None:
+        raise UsageError(f"{', '.join(given)}: a pool's and the KV link's flags shape "
+                         "disaggregated serving: give --prefill-replicas and --decode-replicas")
+    if pools[0] is not None and not args.gpu:
+        raise UsageError("--prefill-replicas and --decode-replicas price pools of a named "
+                         "card: give --gpu")
+    if pools[0] is not None and args.ep > 1:
+        raise UsageError("--ep: a disaggregated placement is priced at TP and PP per role "
+                         "(expert parallel pools are not modelled yet): give --ep 1")
 
 
 def parse_args(argv):
@@ -428,6 +472,8 @@ def run_config(args):
                          f"{model.max_positions}")
     if run.hardware.gpu:
         check_card_fits(run)
+    if run.placement.disaggregated:  # (before anything runs)
+        check_placement(run)
     return quick_run(run) if run.measurement.quick else run
 
 
@@ -440,7 +486,8 @@ def serving_limits(run, args):
     if run.hardware.gpu:
         profile = run_profile(run)
         slots, chunk, source = ENGINE_RULES[profile.rules].defaults(
-            profile, run.hardware.model, GPUS[run.hardware.gpu], run.hardware.tp, run.hardware.ep)
+            profile, stage_model(run.hardware.model, run.hardware.pp), GPUS[run.hardware.gpu],
+            run.hardware.tp, run.hardware.ep)
     if args.slots or args.chunk_tokens:
         source = "flag" if args.slots and args.chunk_tokens else source + "+flag"
     return {"serve_slots": args.slots or slots, "serve_chunk_tokens": args.chunk_tokens or chunk,
@@ -466,7 +513,8 @@ def chosen_experiments(args):
         return args.experiments
     if args.arch == "post":
         return "AB"
-    return "C" if args.target_rate or args.slo_ttft_s or args.slo_tpot_s else EXPERIMENTS
+    return "C" if args.target_rate or args.slo_ttft_s or args.slo_tpot_s or \
+        args.prefill_replicas else EXPERIMENTS
 
 
 def check_flags(args):
@@ -483,9 +531,12 @@ def check_flags(args):
     if args.kv_fraction is not None and (args.kv_memory_gb or args.kv_tokens):
         raise UsageError("--kv-fraction sizes the engine's KV cache by its rule; --kv-memory-gb "
                          "and --kv-tokens give its size: give one or the other")
+    if args.prefill_replicas and args.experiments and "C" not in args.experiments:
+        raise UsageError("--prefill-replicas and --decode-replicas are simulated by C: add C "
+                         "to --experiments")
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
-    for flag, given in (("--tp", args.tp > 1), ("--ep", args.ep > 1),
+    for flag, given in (("--tp", args.tp > 1), ("--ep", args.ep > 1), ("--pp", args.pp > 1),
                         ("--engine-profile", args.engine_profile),
                         ("--kv-fraction", args.kv_fraction)):
         if given and not args.gpu:

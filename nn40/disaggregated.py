@@ -9,7 +9,6 @@ is sent over a link by the hand-off (handoff.py); the pools run in pools.py.
 """
 import itertools
 import json
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from nn40.metrics import serving_metrics
 from nn40.pools import Pool, simulate_pools
 from nn40.pricing import StepCosts
 from nn40.replicas import Replica
+from nn40.stages import pipeline_costs
 from nn40.stats import percentiles
 from nn40.workload import Requests, arrival_times, read_engine_run
 
@@ -63,18 +63,31 @@ DISTSERVE_PROFILES = {"vllm": "profiler-a100-80g.vllm.json",
                       "distserve": "profiler-a100-80g.distserve.json"}
 DISTSERVE_MODELS = {"opt-13b": "facebook/opt-13b", "opt-66b": "facebook/opt-66b"}
 BIG_BATCH = 1 << 20  # (a last knot past any batch: the fits are linear beyond it too)
+# What DistServe's simulator adds to the fits (simdistserve/base/worker.py, add_ray_overhead,
+# on the first stage of every step: 2 ms and 1e-4 ms a context token, a prompt's tokens in a
+# prefill; estimators/time_estimator.py, get_prefill_time: pp ms on each of pp stages of a
+# prefill, its "pp_const"), in seconds
+STEP_OVERHEAD_S, CONTEXT_TOKEN_S, PREFILL_STAGE_S = 2e-3, 1e-7, 1e-3
 
 
-def profiled_costs(fit, source):
-    """PhaseCosts from one (model, TP) entry of a DistServe profile, exactly: a prompt of L
-    tokens computes L (L + 1) / 2 attention pairs, so c L^2 = 2 c pairs - c L, and a decode
-    row of context x reads x cached tokens and adds one, so b (x + 1) + c = b x + (b + c)."""
+def profiled_costs(fit, source, pp=1):
+    """PhaseCosts from one (model, TP) entry of a DistServe profile, as DistServe's simulator
+    prices a step on pp stages: a prompt of L tokens computes L (L + 1) / 2 attention pairs,
+    so c L^2 = 2 c pairs - c L, and a decode row of context x reads x cached tokens and adds
+    one, so b (x + 1) + c = b x + (b + c); to each step the simulator's overhead (a fixed
+    cost and a cost a context token); a prefill's pp stages pp ms each. Under PP the first
+    stage, which pays the overhead, sets the pace of micro-batches in flight, so a decode
+    cycle of pp stage passes pays it pp times."""
     a, b, c = (v / 1e3 for v in fit["prefill"])
+    a, b = a + STEP_OVERHEAD_S + pp * pp * PREFILL_STAGE_S, b + CONTEXT_TOKEN_S
     prefill = StepCosts((1, BIG_BATCH), (a + (b - c), a + (b - c) * BIG_BATCH), 0.0, source,
                         pair_s=2 * c)
     edge = int(fit["decoding_large_small_bs_threshold"])
     (a1, b1, c1), (a2, b2, c2) = ([v / 1e3 for v in fit[k]]
                                   for k in ("decoding_smallbs", "decoding_largebs"))
+    a1, a2 = a1 + pp * STEP_OVERHEAD_S, a2 + pp * STEP_OVERHEAD_S
+    c1, c2 = c1 - pp * CONTEXT_TOKEN_S, c2 - pp * CONTEXT_TOKEN_S  # (on x, not x + 1: below)
+    b1, b2 = b1 + pp * CONTEXT_TOKEN_S, b2 + pp * CONTEXT_TOKEN_S
     decode = StepCosts((1, edge - 1, edge, BIG_BATCH),
                        (a1 + b1 + c1, a1 + (b1 + c1) * (edge - 1), a2 + (b2 + c2) * edge,
                         a2 + (b2 + c2) * BIG_BATCH), b1, source,
@@ -82,8 +95,9 @@ def profiled_costs(fit, source):
     return PhaseCosts(prefill, decode, source)
 
 
-def read_distserve_profile(profile_dir, engine, model, tp):
-    """A DistServe profile's fit of `model` at `tp` cards -> PhaseCosts."""
+def read_distserve_profile(profile_dir, engine, model, tp, pp=1):
+    """A DistServe profile's fit of `model` at `tp` cards (a replica of pp stages of them)
+    -> PhaseCosts."""
     path = os.path.join(profile_dir, DISTSERVE_PROFILES[engine])
     try:
         with open(path, encoding="utf-8") as f:
@@ -93,7 +107,7 @@ def read_distserve_profile(profile_dir, engine, model, tp):
     except (KeyError, ValueError) as e:
         raise UsageError(f"{path}: no fit of {model} at tp {tp} ({one_line(e)})")
     return profiled_costs(fit, {"kind": "distserve_profile", "engine": engine, "model": model,
-                                "tp": tp, "file": os.path.basename(path)})
+                                "tp": tp, "pp": pp, "file": os.path.basename(path)}, pp)
 
 
 def distserve_kv_tokens(profile_dir, model, tp, pp):
@@ -112,76 +126,6 @@ def distserve_kv_tokens(profile_dir, model, tp, pp):
     raise UsageError(f"{path}: no KV capacity of {model} at tp {tp}, pp {pp}")
 
 
-@dataclass(frozen=True)
-class PipelineCosts:
-    """A replica of `pp` pipeline stages, each holding 1/pp of the layers: a stage's pass is
-    1/pp of the whole model's (`inner`, any StepCosts or PhaseCosts), a pass through the
-    replica the stages' sum plus pp - 1 hops of the pass's activations (hop_latency_s +
-    hop_token_s x the pass's tokens: a token's hidden bytes over the link). The decoders run
-    as pp micro-batches in flight, as vLLM and Vidur run them: each stage busy with one of
-    them at a time, every micro-batch of n / pp rows (rounded up) emits a token each cycle of
-    pp stage passes, its hops among them (micro_batches 1: the whole batch goes through the
-    stages, one in flight). A prefill runs as one micro-batch through the stages."""
-    inner: object
-    pp: int
-    hop_latency_s: float = 0.0
-    hop_token_s: float = 0.0
-    micro_batches: int = None  # in flight at once (None: pp; 1: a batch through the stages)
-
-    def hops_s(self, tokens):
-        return (self.pp - 1) * (self.hop_latency_s + self.hop_token_s * tokens) if tokens \
-            else 0.0
-
-    def micro_batch(self, n, cached):
-        """(rows, tokens cached) of one of pp micro-batches of n decoders holding `cached`."""
-        rows = -(-n // (self.micro_batches or self.pp))
-        return rows, cached * rows / n if n else 0
-
-    def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
-        rows, held = self.micro_batch(decoders, cached)
-        # (a micro-batch's share of the growth)
-        grown = None if growth is None or not decoders else growth * rows / decoders
-        pre_s, dec_s, first, growth, tokens = self.inner.run_price(plan, rows, held, k, fused,
-                                                                   grown)
-        pre_hops, dec_hops = self.hops_s(tokens), self.hops_s(rows)
-        return (pre_s + k * pre_hops, dec_s + k * dec_hops, first + pre_hops + dec_hops,
-                growth, tokens)
-
-    def decode_steps_to(self, n, cached, t, when, k, growth=None):
-        """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
-        first, growth = self.run_price((), n, cached, 1, growth=growth)[2:4]
-        return steps_reaching(first, growth, when - t, k)
-
-    def pass_s(self, tokens, kv_tokens=0, pairs=0):
-        return self.inner.pass_s(tokens, kv_tokens, pairs) + self.hops_s(tokens)
-
-    def as_dict(self):
-        return {"pp": self.pp, "hop_latency_s": self.hop_latency_s,
-                "hop_token_s": self.hop_token_s, "stages": self.inner.as_dict()}
-
-
-def steps_reaching(first, growth, gap, k):
-    """The fewest steps j in 1..k with first j + growth j (j - 1) / 2 >= gap (else k)."""
-    if growth > 0:
-        x = ((growth / 2 - first) + math.sqrt((first - growth / 2) ** 2 + 2 * growth *
-                                               max(gap, 0))) / growth
-    else:
-        x = gap / first if first > 0 else k
-    j = min(max(1, math.ceil(x)), k)
-    while j > 1 and first * (j - 1) + growth * (j - 1) * (j - 2) / 2 >= gap:
-        j -= 1
-    return j
-
-
-def pipeline_costs(costs, pp, cfg, card, tp=1, micro_batches=None):
-    """`costs` on pp stages joined by the card's link (a hop: one token's hidden state in the
-    model's dtype over the link, at the link's spec, no latency), or `costs` itself at pp 1."""
-    if pp == 1:
-        return costs
-    return PipelineCosts(costs, pp, 0.0, cfg.hidden * cfg.dtype_bytes / tp /
-                         (card.link_gbs * 1e9), micro_batches)
-
-
 # DistServe's logged runs (OPT-13B on A100-80GB cards, ShareGPT), named
 # <backend>[-<placement>]-<N>-<rate>.exp: prefill (TP, PP) and decode (TP, PP) by placement
 # (c21d11 as its align_with_real.py runs it; c21d12 by the same pattern); vllm colocated on
@@ -190,11 +134,13 @@ def pipeline_costs(costs, pp, cfg, card, tp=1, micro_batches=None):
 DISTSERVE_PLACEMENTS = {"c21d11": ((2, 1), (1, 1)), "c21d12": ((2, 1), (1, 2)),
                         "distserve": ((2, 1), (1, 1))}
 # The engines' limits as DistServe's evaluation/2-benchmark-serving/2-start-api-server.py
-# launches them: vLLM max_num_seqs 1024, block 16 (its max_num_batched_tokens 16384 is not
-# modelled: C's continuous scheduler takes every admitted prompt in one step); DistServe a
-# prefill batch of at most 128 requests, a decode batch of at most 1024; the KV capacity DistServe's
-# simulator gives each (TP, PP) (max_num_tokens.csv); vLLM's block manager keeps 1% free
-DISTSERVE_SLOTS = {"vllm": 1024, "prefill": 128, "decode": 1024}
+# launches them: vLLM max_num_seqs 1024 and max_num_batched_tokens 16384 (whole prompts: no
+# chunked prefill), block 16; DistServe a prefill batch of at most 128 requests and 8192
+# prompt tokens (context-max-batch-size, context-max-tokens-per-batch), a decode batch of at
+# most 1024; the KV capacity DistServe's simulator gives each (TP, PP) (max_num_tokens.csv);
+# vLLM's block manager keeps 1% free
+DISTSERVE_SLOTS = {"colocated": 1024, "prefill": 128, "decode": 1024}
+DISTSERVE_PROMPT_TOKENS = {"colocated": 16384, "prefill": 8192, "decode": None}
 VLLM_WATERMARK = 0.01
 DISTSERVE_SLO = (0.2, 0.1)  # TTFT and TPOT seconds, DistServe's for this workload
 
@@ -212,14 +158,16 @@ def distserve_placement(path):
     return backend, DISTSERVE_PLACEMENTS.get(kind)
 
 
-def distserve_replica(profile_dir, engine, tp, pp, slots, card, micro_batches=None):
-    """A Replica of `engine` priced by its DistServe profile of OPT-13B on tp x pp cards."""
-    cfg = MODELS["opt-13b"]
-    costs = pipeline_costs(read_distserve_profile(profile_dir, engine, cfg.name, tp), pp, cfg,
-                           card, tp, micro_batches)
+def distserve_replica(profile_dir, engine, shape, role, card, micro_batches=None):
+    """A Replica of `engine` in `role` (a key of DISTSERVE_SLOTS) priced by its DistServe
+    profile of OPT-13B on tp x pp cards (shape: (tp, pp)), with the engine's limits."""
+    cfg, (tp, pp) = MODELS["opt-13b"], shape
+    costs = pipeline_costs(read_distserve_profile(profile_dir, engine, cfg.name, tp, pp), pp,
+                           cfg, card, tp, micro_batches)
     kv = KVBudget("paged", distserve_kv_tokens(profile_dir, cfg.name, tp, pp), 16,
                   watermark=VLLM_WATERMARK if engine == "vllm" else 0.0)
-    return Replica(slots, costs, "continuous", kv=kv, prefill_first=True)
+    return Replica(DISTSERVE_SLOTS[role], costs, "continuous", kv=kv, prefill_first=True,
+                   prompt_tokens=DISTSERVE_PROMPT_TOKENS[role])
 
 
 def distserve_pools(profile_dir, path, link=None, micro_batches=None):
@@ -230,13 +178,12 @@ def distserve_pools(profile_dir, path, link=None, micro_batches=None):
     check_placement(MODELS["opt-13b"], card, [("colocated", 1, 1, 1)] if placement is None
                     else [("prefill", 1, *placement[0]), ("decode", 1, *placement[1])])
     if placement is None:
-        return [Pool("vllm", distserve_replica(profile_dir, engine, 1, 1,
-                                                DISTSERVE_SLOTS["vllm"], card))], None, None
-    (ptp, ppp), (dtp, dpp) = placement
-    pools = [Pool("prefill", distserve_replica(profile_dir, engine, ptp, ppp,
-                                               DISTSERVE_SLOTS["prefill"], card)),
-             Pool("decode", distserve_replica(profile_dir, engine, dtp, dpp,
-                                              DISTSERVE_SLOTS["decode"], card, micro_batches))]
+        return [Pool("vllm", distserve_replica(profile_dir, engine, (1, 1), "colocated",
+                                                card))], None, None
+    pools = [Pool("prefill", distserve_replica(profile_dir, engine, placement[0], "prefill",
+                                               card)),
+             Pool("decode", distserve_replica(profile_dir, engine, placement[1], "decode",
+                                              card, micro_batches))]
     return pools, ["prefill", "decode"], link or kv_link(MODELS["opt-13b"], card)
 
 
@@ -335,9 +282,7 @@ def search_candidates(budget):
 def placement_pools(profile_dir, placement):
     """A placement's Pools, each replica priced by DistServe's profile of its engine."""
     card = GPUS["a100-80gb"]
-    slots = {"colocated": DISTSERVE_SLOTS["vllm"], "prefill": DISTSERVE_SLOTS["prefill"],
-             "decode": DISTSERVE_SLOTS["decode"]}
-    return [Pool(role, distserve_replica(profile_dir, "distserve", tp, pp, slots[role], card),
+    return [Pool(role, distserve_replica(profile_dir, "distserve", (tp, pp), role, card),
                  replicas, "least-requests") for role, replicas, tp, pp in placement]
 
 
@@ -348,7 +293,8 @@ def placement_goodput(profile_dir, placement, unit, rel=0.02):
     clock, pools, tried = time.perf_counter(), placement_pools(profile_dir, placement), []
     path = [p.name for p in pools] if len(pools) > 1 else None
     gpus = sum(n * tp * pp for _, n, tp, pp in placement)  # (past a node's: the network)
-    link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], network=gpus > GPUS_PER_NODE) \
+    link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"],
+                   "network" if gpus > GPUS_PER_NODE else None) \
         if path else None
 
     def ok(rate):

@@ -15,6 +15,7 @@ from nn40.errors import UsageError
 from nn40.host import run_parallel, write_atomic
 from nn40.loop import simulate_serving
 from nn40.metrics import quantile_curve, serving_metrics, thin
+from nn40.placement import disaggregation_study
 from nn40.pricing import DEFAULT_PROFILE, card_costs, card_kv_tokens
 from nn40.profiles import engine_profile
 from nn40.queues import ORDERS
@@ -133,6 +134,9 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
     if run.scheduler.replicas > 1:
         result["replicas"], fleets = replicas_study(run, req, fleet_replica)
         works.append(fleets)
+    if run.placement.disaggregated:
+        result["placement"], placed = disaggregation_study(run, req)
+        works.append(placed)
     if capacity:
         result["capacity"] = capacity
     if run.scheduler.prefix_study and kv_budgets:

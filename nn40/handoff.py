@@ -9,9 +9,9 @@ import heapq
 from dataclasses import dataclass
 
 from nn40.accounting import kv_bytes_per_token
-from nn40.config import GPUS
+from nn40.config import GPUS, HOST_LINKS
 from nn40.errors import UsageError
-from nn40.events import ARRIVE, SENT
+from nn40.events import ARRIVE, PLAN, SENT
 
 
 class HandOff:
@@ -21,8 +21,11 @@ class HandOff:
     starts to cross (KVSends, or at once). Where that replica's cache has no room for them, the
     request waits, first come first served at that replica, until a request finishes there;
     meanwhile and while it crosses, its KV is held on its prefill replica, in that replica's
-    memory integrals (not in its admissions: it takes new prompts as if the blocks were
-    free). Nothing is dropped: a replica holding nothing takes a request whatever it needs."""
+    memory integrals and out of its admissions' reach, as the engines keep it until the
+    decode side has read it (DistServe's context stage frees a request's blocks once it has
+    migrated; vLLM's NIXL connector delays freeing them, request_finished): a prefill pool
+    whose KV cannot leave stops taking new prompts (back-pressure). Nothing is dropped: a
+    replica holding nothing takes a request whatever it needs."""
 
     def __init__(self, ledger, prefill, decode, queue, link=None):
         self.ledger, self.prefill, self.decode, self.queue = ledger, prefill, decode, queue
@@ -47,7 +50,10 @@ class HandOff:
         ledger.remaining[r] = left
         ledger.to_prefill[r] = ledger.cached[r] = ledger.prompt[r] + 1
         j = self.decode.place(r)
-        self.handed[r] = (replica, ledger.prompt[r] + 1, t, 0)
+        prompt = int(ledger.prompt[r])
+        kept = self.prefill.servers[replica].kv.need(prompt, prompt + 1, 0, 0)
+        self.prefill.servers[replica].kv.reserve(kept)  # (its blocks, until the KV is read)
+        self.handed[r] = (replica, prompt + 1, t, 0, kept)
         if self.waiting[j] or not self.fits(j, r):
             self.waiting[j].append(r)
             self.totals["waited"] += 1
@@ -69,11 +75,11 @@ class HandOff:
 
     def send(self, j, r, t):
         """Reserve r's blocks at decode replica j and send its KV from t."""
-        replica, tokens, since, _ = self.handed[r]
+        replica, tokens, since, _, kept = self.handed[r]
         need = self.need(j, r)
         self.decode.servers[j].kv.reserve(need)
         self.reserved[j] += need
-        self.handed[r] = (replica, tokens, since, need)
+        self.handed[r] = (replica, tokens, since, need, kept)
         self.totals["wait_s"] += t - since
         if self.sends:  # (layer-wise, its layers went as the prefill made them, unless it
             self.sends.send(replica, tokens - 1, t, r,  # waited for room: then none had)
@@ -90,10 +96,13 @@ class HandOff:
         """r's KV is in at decode replica j: its reservation is given back for its own
         admission, and its prefill replica's memory counts what it held until now."""
         j = self.decode.where[r]
-        replica, tokens, since, need = self.handed.pop(r)
+        replica, tokens, since, need, kept = self.handed.pop(r)
         self.decode.servers[j].kv.unreserve(need)
         self.reserved[j] -= need
         server = self.prefill.servers[replica]  # (held there until its last byte left)
+        server.kv.unreserve(kept)
+        if server.wake(t):  # (idle, its room back: it plans from t)
+            self.queue.push(t, PLAN, server)
         held_s = max(t - (self.sends.link.latency_s if self.sends else 0.0) - since, 0.0)
         server.memory.hold(tokens, server.kv.blocks(tokens), held_s)
         self.totals["held_token_s"] += tokens * held_s
@@ -144,18 +153,49 @@ def network_link(card):
     return (*NETWORK_LINKS.get(key, NETWORK_DEFAULT), NETWORK_LATENCY_US)
 
 
-def kv_link(cfg, card, gbs=None, latency_us=None, network=False, layerwise=False):
-    """The link between the pools: the card's own inside a node (NVLink or PCIe, at its spec),
-    or, `network`, its NIC between nodes (network_link), unless `gbs` (GB/s) and `latency_us`
-    say otherwise; `layerwise`: the KV sent layer by layer during the prefill (KVLink)."""
-    name, rate, latency = network_link(card) if network else (card.link, card.link_gbs, 0.0)
+def card_link(card):
+    """(name, GB/s, latency us) of the card's own link to another card in its node."""
+    return card.link, card.link_gbs, 0.0
+
+
+def nvlink(card):
+    if not card.link.startswith("NVLink"):
+        raise UsageError(f"--kv-link nvlink: the {card.name} has no NVLink (its cards talk "
+                         f"over {card.link}): give --kv-link pcie or a network")
+    return card_link(card)
+
+
+def pcie(card):
+    """The card's PCIe slot (a card to card copy through the host's root complex)."""
+    key = next((k for k, g in GPUS.items() if g == card), None)
+    name, gbs = HOST_LINKS.get(key, (card.link, card.link_gbs))
+    return name, gbs, 0.0
+
+
+# The KV link by name (--kv-link): within a node the card's NVLink or PCIe (config.GPUS,
+# HOST_LINKS: the spec sheets), between nodes the card's NIC (NETWORK_LINKS) or a named one:
+# InfiniBand HDR 200 Gb/s and NDR 400 Gb/s, Ethernet (RoCE) 100 and 400 Gb/s, one way
+LINKS = {"nvlink": nvlink, "pcie": pcie, "network": network_link,
+         "infiniband-hdr": lambda card: ("HDR InfiniBand", 25.0, NETWORK_LATENCY_US),
+         "infiniband-ndr": lambda card: ("NDR InfiniBand", 50.0, NETWORK_LATENCY_US),
+         "ethernet-100g": lambda card: ("100 GbE", 12.5, NETWORK_LATENCY_US),
+         "ethernet-400g": lambda card: ("400 GbE", 50.0, NETWORK_LATENCY_US)}
+
+
+def kv_link(cfg, card, name=None, gbs=None, latency_us=None, layerwise=False):
+    """The link between the pools: a named one (LINKS: "network", the card's NIC between
+    nodes), else the card's own inside a node (NVLink or PCIe, at its spec), unless `gbs`
+    (GB/s) and `latency_us` say otherwise; `layerwise`: the KV sent layer by layer during the
+    prefill (KVLink)."""
+    link = LINKS[name] if name else card_link
+    title, rate, latency = link(card)
     rate = rate if gbs is None else gbs
     latency = latency if latency_us is None else latency_us
     if not rate > 0 or latency < 0:
         raise UsageError(f"a link of {rate:g} GB/s and {latency:g} us: the KV needs a "
                          "bandwidth above zero and a latency of at least zero")
     return KVLink(rate * 1e9, latency * 1e-6, kv_bytes_per_token(cfg),
-                  name if gbs is None else f"{gbs:g} GB/s", cfg.layers if layerwise else 0)
+                  title if gbs is None else f"{gbs:g} GB/s", cfg.layers if layerwise else 0)
 
 
 class KVSends:

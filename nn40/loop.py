@@ -99,30 +99,26 @@ class Admission:
         overtakes the head of the line. A request may come part-way: ledger.cached of it
         computed already (all of it: it decodes at once). -> True when the head of the line
         waits for memory."""
-        if self.running:
-            if self.scheduler == "static":
-                return False
-        elif not self.retry and self.waiting.head(self.t) is None and self.waiting:
-            self.t = self.waiting.next_arrival()  # idle until the next request arrives
-        free = self.slots - len(self.running)
-        spare = self.spare() if free else 0
-        if spare <= 0:
+        first = self.first_to_admit()
+        if first is None:  # (the usual event: nobody to admit, found before anything is set up)
             return False
+        r, free, spare = first
         retry, t, head = self.retry, self.t, self.waiting.head
-        r = retry[0] if retry else head(t)
-        if r is None:  # (the usual event: nobody to admit, found before anything is set up)
-            return False
         kv, ledger, tracks, need, pop = self.kv, self.ledger, self.tracks, 0, self.waiting.pop
         lookup = kv.lookup if kv.tracks_prefixes else None  # (else ledger.cached's, read)
         known, to_prefill, start = ledger.cached, ledger.to_prefill, ledger.start
         room, watermark, running, admitted = kv.capacity - taken, kv.watermark, \
             self.running, self.admissions
         joined, blocked = [], False  # (the prefill queue is joined once, at the end)
+        whole = self.prompt_tokens  # (a budget of whole prompts: continuous)
         while True:
             cached = lookup(ledger, r) if lookup else known[r]
             prompt_left = to_prefill[r] - cached
+            if whole and prompt_left > spare and (joined or self.prefill.left):
+                break  # (a whole prompt past the step's budget waits for the next step)
             if tracks:  # (the null manager needs nothing and holds nothing)
-                need = kv.need(ledger.prompt[r], cached, min(prompt_left, spare), prompt_left)
+                need = kv.need(ledger.prompt[r], cached,
+                               prompt_left if whole else min(prompt_left, spare), prompt_left)
                 if need + watermark > room:
                     blocked = True
                     break
@@ -153,10 +149,29 @@ class Admission:
         self.prefill.join(joined)
         return blocked
 
+    def first_to_admit(self):
+        """(the request admission takes first, the free slots, the prompt tokens the step can
+        still take), or None where nobody can be admitted now; idle, the clock moves to the
+        next arrival."""
+        if self.running:
+            if self.scheduler == "static":
+                return None
+        elif not self.retry and self.waiting.head(self.t) is None and self.waiting:
+            self.t = self.waiting.next_arrival()  # idle until the next request arrives
+        free = self.slots - len(self.running)
+        spare = self.spare() if free else 0
+        if spare <= 0:
+            return None
+        r = self.retry[0] if self.retry else self.waiting.head(self.t)
+        return None if r is None else (r, free, spare)
+
     def spare(self):
-        """Prompt tokens this step could still take in (chunked: its token budget)."""
-        return math.inf if self.chunk_tokens is None else \
-            self.chunk_tokens - self.decode.tokens - self.prefill.left
+        """Prompt tokens this step could still take in (chunked: its token budget, less the
+        decodes'; continuous with prompt_tokens: that budget)."""
+        if self.chunk_tokens is not None:
+            return self.chunk_tokens - self.decode.tokens - self.prefill.left
+        return math.inf if self.prompt_tokens is None else \
+            self.prompt_tokens - self.prefill.left
 
     def could_join(self, blocked):
         """Whether a request arriving now could be admitted at the next step."""
@@ -177,6 +192,9 @@ class ServingSim(Admission):
         self.n, self.slots, self.costs, self.scheduler = len(ids), replica.slots, \
             replica.costs, replica.scheduler
         self.chunk_tokens = replica.chunk_tokens if replica.scheduler == "chunked" else None
+        # (whole prompts up to a budget: a continuous step's)
+        self.prompt_tokens = replica.prompt_tokens if replica.scheduler == "continuous" \
+            else None
         self.fused, self.progress = replica.fused, progress
         self.prefill_first = replica.prefill_first and not replica.fused
         self.kv = kv = kv_manager(replica.kv, replica.decode_tokens.gains)
@@ -414,6 +432,14 @@ class FleetReplica(ServingSim):
         plans again unconditionally, as a replica alone is given its requests."""
         self.draining, self.plan_queued, self.pending, self.price = True, False, None, None
         self.version += 1
+
+    def wake(self, t):
+        """Room it lent is back at t: idle (no run planned, none queued), it plans from t.
+        -> whether a plan must be queued"""
+        if self.pending is not None or self.plan_queued:
+            return False
+        self.t, self.plan_queued = max(self.t, t), True
+        return True
 
     def may_plan(self):
         """Whether a plan now could run anything: the replica runs, or a request waits."""

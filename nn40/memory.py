@@ -10,22 +10,27 @@ from nn40.config import CPU_KV_MEMORY_GB, GPUS, KV_MEMORY_FRACTION, REFERENCE_ME
 from nn40.errors import UsageError
 from nn40.pricing import card_kv_terms
 from nn40.profiles import run_profile
+from nn40.stages import stage_model
 
 
 def check_card_fits(run):
     """The model must split over --tp cards, and one card's shard of the weights fit on it,
     before C plans for it."""
     hw, model = run.hardware, run.hardware.model
-    card, weights = GPUS[hw.gpu], card_weight_bytes(model, hw.tp, hw.ep)
+    card, weights = GPUS[hw.gpu], card_weight_bytes(stage_model(model, hw.pp), hw.tp, hw.ep)
     if hw.ep > 1 and (not model.experts or model.experts % hw.ep):
         raise UsageError(f"--ep {hw.ep} spreads a mixture's experts: the model's "
                          f"{model.experts} experts must divide over the cards")
     if model.heads % hw.tp:
         raise UsageError(f"--tp {hw.tp} must divide the model's {model.heads} heads (each "
                          "card holds whole heads)")
+    if hw.pp > model.layers:
+        raise UsageError(f"--pp {hw.pp}: a stage holds whole layers, and the model has "
+                         f"{model.layers}")
     if weights > card.memory_bytes:
         raise UsageError(f"{model.name} in {model.weight_format} needs "
-                         f"{weights / 1e9:,.1f} GB of weights on each of {hw.tp * hw.ep} x "
+                         f"{weights / 1e9:,.1f} GB of weights on each of "
+                         f"{hw.tp * hw.ep * hw.pp} x "
                          f"{card.name} ({card.memory_bytes / 1e9:,.1f} GB): "
                          + fitting_split(model, card, hw.ep))
 
@@ -62,7 +67,8 @@ def kv_budget_bytes(run, device):
         return run.scheduler.kv_memory_gb * 1e9, {"kind": "memory_flag"}
     if run.hardware.gpu:  # (the card C plans for, whatever this machine has; tp of them)
         card, profile = GPUS[run.hardware.gpu], run_profile(run)
-        terms = card_kv_terms(cfg, card, profile, run.hardware.tp, run.hardware.ep,
+        terms = card_kv_terms(stage_model(cfg, run.hardware.pp), card, profile, run.hardware.tp,
+                              run.hardware.ep,
                               (run.scheduler.serve_slots, run.scheduler.serve_chunk_tokens))
         return terms["tokens"] * kv_bytes_per_token(cfg), memory_source(terms, card, run)
     if device is not None and device.kind == "cuda":

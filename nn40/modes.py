@@ -153,8 +153,8 @@ def run_distserve_replay(mode):
         dask_distributed()
     link = None
     if mode.link_flags:
-        link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], mode.link_gbs,
-                       mode.link_latency_us, layerwise=mode.layerwise)
+        link = kv_link(MODELS["opt-13b"], GPUS["a100-80gb"], mode.link_name, mode.link_gbs,
+                       mode.link_latency_us, mode.layerwise)
     R = replay_distserve_runs(mode.given, link, mode.pp_micro_batches, mode.jobs,
                               mode.cluster)
     return print_and_save(mode, distserve_table(TEXT[mode.lang], R), {"distserve_replay": R})

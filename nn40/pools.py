@@ -125,7 +125,8 @@ def pools_result(req, stages):
         output = output - (stage is not stages[0])  # (the decode pool: all but the first)
         pools[stage.pool.name] = {"replica": where, "per_replica": [
             {"requests": int((where == i).sum()), "output_tokens": int(output[where == i].sum()),
-             "steps": r["steps"], "occupancy": r["occupancy"]} for i, r in enumerate(res)]}
+             "steps": r["steps"], "occupancy": r["occupancy"],
+             "busy_s": r["prefill_s"] + r["decode_s"]} for i, r in enumerate(res)]}
         results += res
     fleet = {"times": ledger.times()}
     per_replica = [p for pool in pools.values() for p in pool["per_replica"]]

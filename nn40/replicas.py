@@ -189,6 +189,10 @@ class Replica:
                  False: at the step's end
     decode_tokens  the tokens a decode step runs and gains for each decoder (DecodeTokens:
                  one and one)
+    prompt_tokens  continuous: the most prompt tokens a step prefills, whole prompts in order
+                 of admission, the first whatever its length (DistServe's
+                 context-max-tokens-per-batch; vLLM's max_num_batched_tokens without chunked
+                 prefill); None: every admitted prompt
     A study reads as what it varies: dataclasses.replace(replica, scheduler="static").
     """
     slots: int
@@ -200,3 +204,4 @@ class Replica:
     fused: bool = False
     prefill_first: bool = False
     decode_tokens: DecodeTokens = DecodeTokens()
+    prompt_tokens: int = None

@@ -25,6 +25,7 @@ from nn40.metrics import serving_metrics
 from nn40.pricing import analytic_costs, card_costs, card_kv_tokens, measured_costs
 from nn40.profiles import engine_profile, run_profile
 from nn40.queues import kendall_tau, queue_order
+from nn40.stages import pipeline_costs, stage_model
 from nn40.stats import percentiles
 from nn40.workload import seed_for
 
@@ -36,8 +37,9 @@ def run_step_costs(hw, results):
     if hw.cost == "measured" or (hw.cost is None and "A" in results and not hw.gpu):
         return measured_costs(hw.model, results)  # (run_config refuses it without A)
     if hw.gpu and not (hw.peak_bandwidth_gbs or hw.peak_tflops):
-        return card_costs(hw.model, GPUS[hw.gpu], engine_profile(hw.engine_profile), hw.tp,
-                          hw.ep)
+        card = GPUS[hw.gpu]
+        return pipeline_costs(card_costs(hw.model, card, engine_profile(hw.engine_profile),
+                                         hw.tp, hw.ep), hw.pp, hw.model, card, hw.tp)
     ceil = results["environment"].get("ceilings", {})
     return analytic_costs(hw.model, hw.peak_bandwidth_gbs or ceil.get("bandwidth_gbs")
                           or REFERENCE_BANDWIDTH_GBS,
@@ -133,6 +135,7 @@ def no_memory(run, source):
         return {"kind": "kv_no_memory"}
     cfg, card, profile = run.hardware.model, GPUS[run.hardware.gpu], run_profile(run)
     tp, ep = run.hardware.tp, run.hardware.ep
+    cfg = stage_model(cfg, run.hardware.pp)  # (a card of a stage: its share of the layers)
     tries = [("--kv-dtype fp8", dataclasses.replace(cfg, kv_dtype="fp8"), tp),
              ("--weights fp8", dataclasses.replace(cfg, weights="fp8"), tp),
              (f"--tp {2 * tp}", cfg, 2 * tp if cfg.heads % (2 * tp) == 0 else tp)]

@@ -1,5 +1,5 @@
 """The run's settings: RunConfig, one frozen group of settings per group of flags (workload,
-hardware, scheduler, SLO, measurement, engine, output), and the value types that refuse a bad
+hardware, scheduler, placement, SLO, measurement, engine, output), and the value types that refuse a bad
 value in one line (argparse types, also used to read a profile's or a run's values)
 """
 import argparse
@@ -168,6 +168,7 @@ class HardwareConfig:
     gpu: str = None               # a named card (GPUS) C prices and budgets for
     tp: int = 1                   # C: cards per replica, tensor parallel
     ep: int = 1                   # C: each replica one card of an expert-parallel group
+    pp: int = 1                   # C: pipeline stages a replica's layers are split over
     weight_first_rows: int = 0    # CPU matmuls of up to this many rows as W x^T (see linear)
     engine_profile: str = "tensorrt-llm"  # how C prices the card (ENGINE_PROFILES)
     preset: tuple = ()            # the model fields the CPU preset set ("layers=4", ...)
@@ -204,6 +205,29 @@ class SchedulerConfig:
             if self.kv_policy == "both" else (self.kv_policy,)
         return tuple(KV_MANAGERS[p].caching or p if self.enable_prefix_caching else p
                      for p in policies)
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """C's pools: with prefill_replicas and decode_replicas, a prefill pool hands each
+    request's KV over a link to a decode pool (disaggregated serving), run beside colocated
+    replicas on as many cards; each role's TP, PP and card default to --tp, --pp and --gpu."""
+    prefill_replicas: int = None
+    decode_replicas: int = None
+    prefill_tp: int = None
+    decode_tp: int = None
+    prefill_pp: int = None
+    decode_pp: int = None
+    prefill_gpu: str = None
+    decode_gpu: str = None
+    kv_link: str = None           # a named link (handoff.LINKS); None: the card's own within a
+    kv_link_gbs: float = None     # node, the network past it; GB/s and a send's latency, us,
+    kv_link_latency_us: float = None  # in place of the named link's
+    kv_layerwise: bool = False    # the KV sent layer by layer during the prefill
+
+    @property
+    def disaggregated(self):
+        return self.prefill_replicas is not None
 
 
 @dataclass(frozen=True)
@@ -261,6 +285,7 @@ class RunConfig:
     workload: WorkloadConfig
     hardware: HardwareConfig
     scheduler: SchedulerConfig
+    placement: PlacementConfig
     slo: SLOConfig
     measurement: MeasurementConfig
     engine: EngineConfig
@@ -307,7 +332,8 @@ class ModeConfig:
     name          the mode (its flag's name: "validate" is --validate)
     given         the mode's own argument: a file, files or a folder (True: --catalog)
     settings      --calibrate: the run settings the command line states ({field: value})
-    link_flags    the KV link's flags given; link_gbs, link_latency_us, layerwise: their values
+    link_flags    the KV link's flags given; link_name, link_gbs, link_latency_us,
+                  layerwise: their values
     pp_micro_batches, gpu_budget, cluster, calibration, engine_profile, seed: their flags'
     out, lang, jobs, figures, dpi, format: as the main run's
     """
@@ -324,6 +350,7 @@ class ModeConfig:
     engine_profile: str = None
     settings: dict = dataclasses.field(default_factory=dict)
     link_flags: tuple = ()
+    link_name: str = None
     link_gbs: float = None
     link_latency_us: float = None
     layerwise: bool = False

@@ -490,6 +490,7 @@ TABLES = [(("C", "capacity"), lambda T, R: [capacity_answer(T, R)]),
           (("C", "engine_run"), lambda T, R: [engine_run_table(T, R["C"]["engine_run"])]),
           (("C", "orders"), lambda T, R: who_waits_tables(T, R["C"])),
           (("C", "replicas"), lambda T, R: [fleet_table(T, R["C"]["replicas"])]),
+          (("C", "placement"), lambda T, R: [pools_text(T, R["C"]["placement"])]),
           (("C", "capacity"), lambda T, R: [capacity_text(T, R["C"]["capacity"])]),
           (("C", "prefix_study"), lambda T, R: [prefix_study_text(
               T, R["C"]["prefix_study"], R["C"].get("capacity"))]),
@@ -578,6 +579,39 @@ def distserve_table(T, R):
             for r in R["rows"] for side in ("measured", "simulated")]
     return "\n".join([T["distserve_replay"].format(profiles=R["profiles"]),
                       spec_table(T, rows, DISTSERVE_COLUMNS)])
+
+
+POOLS_COLUMNS = [("kind_col", "kind", "text"), ("req_s", "throughput_rps", ",.2f")] + \
+    latency_columns("p50", "p99", keys=("ttft", "tpot")) + \
+    latency_columns("p50", "p99", keys=("e2e",), unit="s")
+POOL_COLUMNS = [("kind_col", "kind", "text"), ("pool_col", "role", "text"),
+                ("replicas_col", "replicas", ","), ("busy_col", "busy", "pct"),
+                ("wait_col", "wait", "s")]
+
+
+def pools_text(T, P):
+    """C with a prefill and a decode pool: both placements' latencies (and SLO, goodput per
+    card), each pool's replicas busy and its queue, and what crossed the KV link."""
+    rows = [{**P[kind], "kind": T["kind_" + kind]} for kind in ("disaggregated", "colocated")]
+    columns = POOLS_COLUMNS + ([("slo_met", "slo_attained", "pct"),
+                                ("per_gpu_col", "goodput_per_gpu", ",.3f")]
+                               if rows[0]["slo_attained"] is not None else [])
+    pools = [{"kind": T["kind_" + kind], "role": role, **pool,
+              "wait": P[kind]["wait_s"]["p90"] if i == 0 else
+              P[kind].get("back_pressure", {}).get("mean_wait_s")}
+             for kind in ("disaggregated", "colocated")
+             for i, (role, pool) in enumerate(P[kind]["pools"].items())]
+    link, sent = P["link"], P["disaggregated"]["kv_transfer"]
+    return "\n".join([
+        T["pools"].format(requests=P["requests"], gpus=P["gpus"],
+                          disaggregated=P["disaggregated"]["placement"],
+                          colocated=P["colocated"]["placement"]),
+        spec_table(T, rows, columns), "", spec_table(T, pools, POOL_COLUMNS),
+        T["pools_kv"].format(gb=sent["bytes"] / 1e9, sends=sent["sends"],
+                             ms=1e3 * sent["mean_s"], link=link["name"], gbs=link["gbs"],
+                             us=link["latency_us"],
+                             waited=P["disaggregated"]["back_pressure"]["waited"],
+                             wait_s=P["disaggregated"]["back_pressure"]["wait_s"])])
 
 
 PLACEMENT_COLUMNS = [("placement_col", "placement", "text"), ("gpus_col", "gpus", "d"),

@@ -141,6 +141,7 @@ TEXT_EN = {**SHARED_TEXT,
                     "us a pass and {layer_us:.0f} us a layer), {model} with {weights} weights and a {kv_dtype} KV cache on "
                     "{tp} card(s)",
     "pricing_measured": "measured on {device} ({mode})",
+    "pricing_stages": "{stages}, as {pp} pipeline stages (a micro-batch in flight on each)",
     "pricing_engine": "measured for D on {device} (means)",
     "seconds": "seconds", "req_s": "req/s", "goodput": "goodput req/s",
     "simulations": "{runs} simulations (these, the KV study's, who waits and the rate "
@@ -432,6 +433,16 @@ TEXT_EN = {**SHARED_TEXT,
                         "{start_s:.1f} s): {busy:.2f} of them busy on average",
     "on_workers": "{workers} worker processes", "on_dask": "the Dask cluster {cluster}",
     "placement_best": "the best of each kind: {best}",
+    # C's pools
+    "pools": "C  disaggregated serving beside colocated replicas on as many cards ({gpus}): "
+             "{requests:,} requests, each pool's engine limits and KV cache on its own cards; "
+             "disaggregated: {disaggregated}; colocated: {colocated}",
+    "kind_col": "kind", "kind_disaggregated": "disaggregated", "kind_colocated": "colocated",
+    "pool_col": "pool", "replicas_col": "replicas", "busy_col": "busy", "wait_col": "wait s",
+    "pools_kv": "wait s: a prefill's p90 wait for its first step; a decode's mean wait for "
+                "room at its replica (back-pressure: {waited:,} requests waited, {wait_s:,.2f} s "
+                "in all). KV moved: {gb:,.2f} GB in {sends:,} sends over {link} ({gbs:g} GB/s, "
+                "{us:g} us), {ms:,.3f} ms a send on average",
     "gpus_col": "cards", "goodput_col": "goodput req/s", "per_gpu_col": "req/s per card",
     "simulations_col": "simulations", "search_col": "search s",
     # the end

@@ -102,6 +102,7 @@ TEXT_KO = {**SHARED_TEXT,
                     "{bandwidth_share:.0%}, FLOP/s의 최대 {matmul_share:.0%}, 패스당 "
                     "{step_us:.0f} us, 층당 {layer_us:.0f} us), {model}, 가중치 {weights}, KV {kv_dtype}, 카드 {tp}장",
     "pricing_measured": "{device}에서 실측 ({mode})",
+    "pricing_stages": "{stages}, 파이프라인 {pp}단 (단마다 마이크로배치 하나)",
     "pricing_engine": "D를 위해 {device}에서 실측 (평균)",
     "seconds": "초", "req_s": "요청/초", "goodput": "유효 처리량 요청/초",
     "simulations": "모의실험 {runs}번 (위의 것, KV 실험, 누가 기다리나, 도착률 스윕): 루프 "
@@ -370,6 +371,14 @@ TEXT_KO = {**SHARED_TEXT,
                         "{start_s:.1f} s): 평균 {busy:.2f}개가 바쁨",
     "on_workers": "작업 프로세스 {workers}개", "on_dask": "Dask 클러스터 {cluster}",
     "placement_best": "종류별 최선: {best}",
+    "pools": "C  분리 서빙과, 같은 카드 수({gpus}장) 위의 함께 놓인 복제본: 요청 {requests:,}개, "
+             "풀마다 자기 카드 위의 엔진 한도와 KV 캐시; 분리: {disaggregated}; 함께: {colocated}",
+    "kind_col": "종류", "kind_disaggregated": "분리", "kind_colocated": "함께",
+    "pool_col": "풀", "replicas_col": "복제본", "busy_col": "바쁨", "wait_col": "대기 s",
+    "pools_kv": "대기 s: prefill은 첫 스텝까지의 p90 대기, decode는 복제본에 자리가 날 때까지의 "
+                "평균 대기 (역압: 요청 {waited:,}개가 기다림, 모두 {wait_s:,.2f} s). 옮긴 KV: "
+                "{gb:,.2f} GB, 전송 {sends:,}회, {link} ({gbs:g} GB/s, {us:g} us), 평균 전송 "
+                "{ms:,.3f} ms",
     "gpus_col": "카드", "goodput_col": "goodput 요청/s", "per_gpu_col": "카드당 요청/s",
     "simulations_col": "시뮬레이션", "search_col": "탐색 s",
     "wrote": "저장: {json}, 그림 {figures}", "wrote_json": "저장: {json}",

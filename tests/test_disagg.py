@@ -12,9 +12,10 @@ import pytest
 import NN_40_serving as S
 from nn40.config import GPUS, MODELS
 from nn40.disaggregated import (
-    PipelineCosts, check_placement, distserve_kv_tokens, distserve_placement, pipeline_costs,
-    placement_goodput, placement_pools, profiled_costs, read_distserve_profile,
-    replay_distserve, search_candidates, search_placements, steps_reaching)
+    check_placement, distserve_kv_tokens, distserve_placement, placement_goodput,
+    placement_pools, profiled_costs, read_distserve_profile, replay_distserve,
+    search_candidates, search_placements)
+from nn40.stages import PipelineCosts, pipeline_costs, steps_reaching
 from nn40.errors import UsageError
 from nn40.events import EventQueue, SENT
 from nn40.handoff import KVLink, KVSends, kv_link
@@ -47,31 +48,44 @@ class Chunk:  # (what run_price reads of a prefilling request)
         self.num_cached = num_cached
 
 
-def distserve_prefill_ms(prompts):  # the profile's own formula, written plainly
+def ray_overhead_ms(tokens):  # simdistserve/base/worker.py, add_ray_overhead, as written
+    return 2 + tokens * 0.0001
+
+
+def distserve_prefill_ms(prompts, pp=1):
+    # DistServe's simulator, written plainly: each of pp stages runs the profile's fit / pp
+    # and pp ms (time_estimator.py, get_prefill_time), the first its overhead on the prompts
     a, b, c = FIT["prefill"]
-    return a + b * sum(prompts) + c * sum(p * p for p in prompts)
+    stage = (a + b * sum(prompts) + c * sum(p * p for p in prompts)) / pp + pp
+    return pp * stage + ray_overhead_ms(sum(prompts))
 
 
-def distserve_decode_ms(contexts):
+def distserve_decode_ms(contexts, pp=1):
+    # the first stage sets a pipeline's pace: pp of its passes (the fit / pp and its
+    # overhead on the contexts) per micro-batch's token (get_decode_time, add_ray_overhead)
     a, b, c = FIT["decoding_smallbs" if len(contexts) < 95 else "decoding_largebs"]
-    return a + b * sum(x + 1 for x in contexts) + c * len(contexts)
+    first = (a + b * sum(x + 1 for x in contexts) + c * len(contexts)) / pp + \
+        ray_overhead_ms(sum(contexts))
+    return pp * first
 
 
+@pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("prompts", [[1], [814], [2031, 17, 300], [512] * 20])
-def test_profiled_prefill_is_distserves_formula(prompts):
-    costs = profiled_costs(FIT, "test")
+def test_profiled_prefill_is_distserves_formula(prompts, pp):
+    costs = profiled_costs(FIT, "test", pp)
     prefill_s = costs.run_price([(Chunk(), p) for p in prompts], 0, 0, 1)[0]
-    assert prefill_s * 1e3 == pytest.approx(distserve_prefill_ms(prompts), rel=1e-12)
+    assert prefill_s * 1e3 == pytest.approx(distserve_prefill_ms(prompts, pp), rel=1e-12)
 
 
+@pytest.mark.parametrize("pp", [1, 2])
 @pytest.mark.parametrize("rows", [1, 2, 94, 95, 96, 300])
-def test_profiled_decode_is_distserves_formula_over_a_run(rows):
+def test_profiled_decode_is_distserves_formula_over_a_run(rows, pp):
     # k steps of a decode run: each row's context grows by one a step; the run's seconds are
     # the formula's steps summed
-    costs, rng = profiled_costs(FIT, "test"), np.random.default_rng(rows)
+    costs, rng = profiled_costs(FIT, "test", pp), np.random.default_rng(rows)
     contexts, k = rng.integers(10, 2000, size=rows), 7
     decode_s = costs.run_price((), rows, int(contexts.sum()), k)[1]
-    reference = sum(distserve_decode_ms(contexts + j) for j in range(k))
+    reference = sum(distserve_decode_ms(contexts + j, pp) for j in range(k))
     assert decode_s * 1e3 == pytest.approx(reference, rel=1e-9)
 
 
@@ -229,12 +243,13 @@ def test_the_profiles_read_from_their_files():
 
 @needs_logs
 def test_a_colocated_vllm_run_replayed_on_the_profile():
-    # priced on the profile alone: C's TPOT p50 on the 1 request/s run is within 5% of the
-    # measured 31.2 ms, every request is served, and the measured row is the log's own
+    # priced as DistServe's simulator prices vLLM: C's TPOT p50 on the 1 request/s run is
+    # within 15% of the measured 31.2 ms (34.3 ms: the simulator's 2 ms a step on top of the
+    # profile), every request is served, and the measured row is the log's own
     row = replay_distserve(os.path.join(LOGS, "vllm-100-1.exp"), PROFILES)
     assert row["requests"] == 100 and row["pools"] == ["vllm"] and row["placement"] == "TP1"
     assert row["measured"]["tpot_s"]["p50"] == pytest.approx(0.0312, abs=5e-4)
-    assert row["simulated"]["tpot_s"]["p50"] == pytest.approx(0.0312, rel=0.05)
+    assert row["simulated"]["tpot_s"]["p50"] == pytest.approx(0.0312, rel=0.15)
     assert row["kv_transfer"] is None
 
 
@@ -262,7 +277,7 @@ def test_replay_distserve_end_to_end(tmp_path, capsys):
     # a slower link between the pools only delays the decode side: TTFT is unchanged
     path = os.path.join(LOGS, "distserve-c21d11-300-3.exp")
     slow = replay_distserve(path, PROFILES, kv_link(MODELS["opt-13b"],
-                                                         GPUS["a100-80gb"], 1.0, 100.0))
+                                                         GPUS["a100-80gb"], None, 1.0, 100.0))
     fast = next(r for r in rows if r["file"] == "distserve-c21d11-300-3.exp")
     assert slow["simulated"]["ttft_s"] == fast["simulated"]["ttft_s"]
     assert slow["kv_transfer"]["link_s"] == pytest.approx(fast["kv_transfer"]["link_s"] * 300)
@@ -438,12 +453,12 @@ def test_back_pressure_by_hand():
 def test_the_network_between_nodes_from_the_catalogue():
     # an A100 node's HDR InfiniBand, 200 Gb/s a GPU: 25 GB/s and 2 us; an H100's NDR twice
     # that; a card with no HGX board a 100 GbE NIC; --kv-link-gbs overrides the rate alone
-    net = kv_link(OPT, A100, network=True)
+    net = kv_link(OPT, A100, name="network")
     assert (net.bytes_per_s, net.latency_s, net.name) == (25e9, 2e-6, "HDR InfiniBand")
-    assert kv_link(OPT, GPUS["h100"], network=True).bytes_per_s == 50e9
-    assert kv_link(OPT, GPUS["l40s"], network=True).bytes_per_s == 12.5e9
-    assert kv_link(OPT, A100, gbs=40.0, network=True).bytes_per_s == 40e9
-    assert kv_link(OPT, A100, network=True).latency_s == 2e-6
+    assert kv_link(OPT, GPUS["h100"], name="network").bytes_per_s == 50e9
+    assert kv_link(OPT, GPUS["l40s"], name="network").bytes_per_s == 12.5e9
+    assert kv_link(OPT, A100, gbs=40.0, name="network").bytes_per_s == 40e9
+    assert kv_link(OPT, A100, name="network").latency_s == 2e-6
     assert kv_link(OPT, A100).latency_s == 0.0  # (inside a node: NVLink, no latency)
     # 1,000 tokens of OPT-13B's KV over the network: 819.2 MB / 25 GB/s + 2 us
     assert land_times(net, [(1000, 0.0)])[0] == [pytest.approx(819.2e6 / 25e9 + 2e-6)]
@@ -480,14 +495,6 @@ def test_layerwise_overlap_sends_the_kv_during_the_prefill_by_hand():
     assert KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 2.0) == 85.0
     assert KVLink(10.0, 0.0, 1.0, layers=4).bytes_left(100.0, 60.0) == 25.0
     assert kv_link(OPT, A100, layerwise=True).layers == 40 and kv_link(OPT, A100).layers == 0
-
-
-@pytest.mark.parametrize("flags", [["--kv-link-gbs", "10"], ["--kv-layerwise"],
-                                   ["--pp-micro-batches", "2"], ["--kv-link-latency-us", "5"],
-                                   ["--kv-link-latency-us", "0"]])
-def test_the_pool_flags_are_refused_in_the_main_run(flags, capsys, tmp_path):
-    expect_usage_error(["--experiments", "C", "--out", str(tmp_path), *flags], capsys,
-                       "apply to --replay-distserve")
 
 
 @needs_logs
