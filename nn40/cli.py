@@ -247,6 +247,8 @@ def placement_flags(p):
              shown="the link's", help="a KV hand-off's latency")
     add_flag(s, "--kv-layerwise", action="store_true",
              help="the hand-off sends each layer's KV as the prefill makes it")
+    add_flag(s, "--gpu-budget", type=integer(1, 4096), shown="none; --placement-search: 4",
+             help="the cheapest placements' cards at most")
 
 
 def slo_flags(p):
@@ -320,8 +322,6 @@ def output_flags(p):
              help="decode batches in flight on PP stages")
     add_flag(o, "--placement-search", metavar="DIR", default=None, shown="off",
              help="OPT-13B's placements on A100s by goodput per card, exit")
-    add_flag(o, "--gpu-budget", type=integer(1, 64), default=4,
-             help="the placement search's cards")
 
 
 CALIBRATION_FLAGS = {"model": ("--model",), "gpu": ("--gpu",),
@@ -369,7 +369,7 @@ def mode_config(args, argv):
         settings=given_settings(args, argv) if name == "calibrate" else {},
         link_flags=link_flags(args), link_name=args.kv_link, link_gbs=args.kv_link_gbs,
         link_latency_us=args.kv_link_latency_us, layerwise=args.kv_layerwise,
-        pp_micro_batches=args.pp_micro_batches, gpu_budget=args.gpu_budget,
+        pp_micro_batches=args.pp_micro_batches, gpu_budget=args.gpu_budget or 4,
         cluster=args.cluster)
 
 
@@ -412,6 +412,9 @@ def refuse_pool_flags(args):
                          "--decode-replicas")
     given = [f"--{f.replace('_', '-')}" for f in POOL_FLAGS if getattr(args, f) is not None]
     given += list(link_flags(args))
+    if args.gpu_budget is not None and not (pools[0] and args.target_rate):
+        raise UsageError("--gpu-budget bounds the cheapest placements of a target rate: give "
+                         "--prefill-replicas, --decode-replicas and --target-rate")
     if given and pools[0] is None:
         raise UsageError(f"{', '.join(given)}: a pool's and the KV link's flags shape "
                          "disaggregated serving: give --prefill-replicas and --decode-replicas")

@@ -10,6 +10,7 @@ import numpy as np
 
 from nn40.accounting import kv_bytes_per_token, kv_crossover_batch, weight_bytes
 from nn40.capacity import capacity_study, prefix_study, replicas_study
+from nn40.cheapest import cheapest_placements
 from nn40.config import GPUS, MODELS, SWEEP_REQUESTS, WHO_WAITS_REQUESTS
 from nn40.errors import UsageError
 from nn40.host import run_parallel, write_atomic
@@ -137,6 +138,8 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
     if run.placement.disaggregated:
         result["placement"], placed = disaggregation_study(run, req)
         works.append(placed)
+        if run.slo.target_rate is not None:
+            result["placements"] = cheapest_placements(run, req)
     if capacity:
         result["capacity"] = capacity
     if run.scheduler.prefix_study and kv_budgets:

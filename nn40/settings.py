@@ -224,6 +224,7 @@ class PlacementConfig:
     kv_link_gbs: float = None     # node, the network past it; GB/s and a send's latency, us,
     kv_link_latency_us: float = None  # in place of the named link's
     kv_layerwise: bool = False    # the KV sent layer by layer during the prefill
+    gpu_budget: int = None        # the cheapest placements' cards at most (None: no bound)
 
     @property
     def disaggregated(self):

@@ -491,6 +491,7 @@ TABLES = [(("C", "capacity"), lambda T, R: [capacity_answer(T, R)]),
           (("C", "orders"), lambda T, R: who_waits_tables(T, R["C"])),
           (("C", "replicas"), lambda T, R: [fleet_table(T, R["C"]["replicas"])]),
           (("C", "placement"), lambda T, R: [pools_text(T, R["C"]["placement"])]),
+          (("C", "placements"), lambda T, R: [placements_text(T, R["C"]["placements"])]),
           (("C", "capacity"), lambda T, R: [capacity_text(T, R["C"]["capacity"])]),
           (("C", "prefix_study"), lambda T, R: [prefix_study_text(
               T, R["C"]["prefix_study"], R["C"].get("capacity"))]),
@@ -612,6 +613,38 @@ def pools_text(T, P):
                              us=link["latency_us"],
                              waited=P["disaggregated"]["back_pressure"]["waited"],
                              wait_s=P["disaggregated"]["back_pressure"]["wait_s"])])
+
+
+CHEAPEST_COLUMNS = [("kind_col", "kind", "text"), ("placement_col", "placement", "text"),
+                    ("gpus_col", "gpus", "d"), ("slo_met", "attainment", "pct"),
+                    ("simulations_col", "simulations", "d"), ("rule_col", "rule", "text")]
+
+
+def placements_text(T, R):
+    """The cheapest placement of each kind for the target rate: every shape's search, the
+    answer and the other kind's best beside it, and the rate-matching rule's counts."""
+    slo = ", ".join(T[key].format(ms=1e3 * R[f"{key}_s"]) for key in ("slo_ttft", "slo_tpot")
+                    if R[f"{key}_s"])
+    rows = [{**r, "kind": T["kind_" + r["kind"]], "placement": r["placement"] or
+             T["placement_none"].format(shapes=r["label"]), "rule": "{prefill_replicas} + {decode_replicas}".format(
+                 **r["rate_matching"]) if "rate_matching" in r else ""} for r in R["rows"]]
+    lines = [T["placements"].format(rate=R["target_rate"], slo=slo, attainment=R["attainment"],
+                                    requests=R["requests"]),
+             spec_table(T, rows, CHEAPEST_COLUMNS)]
+    best = R["best"]
+    if not best:
+        return "\n".join(lines + [T["placements_none"]])
+    win = best[R["answer"]]
+    other = next((r for kind, r in best.items() if kind != R["answer"]), None)
+    lines.append(T["placements_answer"].format(**{**win, "kind": T["kind_" + win["kind"]]}))
+    lines.append(T["placements_other"].format(**{**other, "kind": T["kind_" + other["kind"]],
+                                                 "more": other["gpus"] - win["gpus"]})
+                 if other else T["placements_other_none"])
+    pair = best.get("disaggregated")
+    if pair:
+        rule = pair["rate_matching"]
+        lines.append(T["rate_matching"].format(**rule, ms=1e3 * rule["step_s"]))
+    return "\n".join(lines)
 
 
 PLACEMENT_COLUMNS = [("placement_col", "placement", "text"), ("gpus_col", "gpus", "d"),

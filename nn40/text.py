@@ -439,6 +439,22 @@ TEXT_EN = {**SHARED_TEXT,
              "disaggregated: {disaggregated}; colocated: {colocated}",
     "kind_col": "kind", "kind_disaggregated": "disaggregated", "kind_colocated": "colocated",
     "pool_col": "pool", "replicas_col": "replicas", "busy_col": "busy", "wait_col": "wait s",
+    "placements": "C  the cheapest placement for {rate:g} requests/s with {slo} for "
+                  "{attainment:.0%} of requests ({requests:,} arrivals a simulation): each "
+                  "shape's fewest replicas, searched by simulation from TensorRT-LLM's "
+                  "rate-matching rule (rule: its prefill + decode replicas)",
+    "placement_none": "{shapes}: none meets the SLO", "rule_col": "rule",
+    "placements_none": "answer: no placement searched serves the rate at the SLO",
+    "placements_answer": "answer: {kind}, {placement}: {gpus} cards, {attainment:.1%} meeting "
+                         "the SLO",
+    "placements_other": "the best {kind}: {placement}, {gpus} cards ({more:+d} cards for the "
+                        "same rate)",
+    "placements_other_none": "no placement of the other kind serves the rate at the SLO",
+    "rate_matching": "the rate-matching rule for that pair: a prefill replica prefills "
+                     "{context_rps:,.3g} requests/s, a decode replica completes "
+                     "{generation_rps:,.3g} (a batch of {batch:,}, {ms:,.1f} ms a step): "
+                     "{prefill_replicas} + {decode_replicas} replicas, {gpus} cards, "
+                     "{output_tokens_per_s_per_gpu:,.0f} output tokens/s a card",
     "pools_kv": "wait s: a prefill's p90 wait for its first step; a decode's mean wait for "
                 "room at its replica (back-pressure: {waited:,} requests waited, {wait_s:,.2f} s "
                 "in all). KV moved: {gb:,.2f} GB in {sends:,} sends over {link} ({gbs:g} GB/s, "

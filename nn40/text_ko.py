@@ -375,6 +375,21 @@ TEXT_KO = {**SHARED_TEXT,
              "풀마다 자기 카드 위의 엔진 한도와 KV 캐시; 분리: {disaggregated}; 함께: {colocated}",
     "kind_col": "종류", "kind_disaggregated": "분리", "kind_colocated": "함께",
     "pool_col": "풀", "replicas_col": "복제본", "busy_col": "바쁨", "wait_col": "대기 s",
+    "placements": "C  {rate:g} 요청/s를 SLO({slo})로 요청의 {attainment:.0%}에 서비스하는 가장 "
+                  "싼 배치 (시뮬레이션마다 도착 {requests:,}개): 모양마다 가장 적은 복제본 수를 "
+                  "TensorRT-LLM의 속도 맞춤 규칙에서 출발해 시뮬레이션으로 탐색 (규칙: prefill + "
+                  "decode 복제본)",
+    "placement_none": "{shapes}: SLO를 지키는 수 없음", "rule_col": "규칙",
+    "placements_none": "답: 탐색한 어떤 배치도 이 속도를 SLO로 서비스하지 못함",
+    "placements_answer": "답: {kind}, {placement}: 카드 {gpus}장, SLO 충족 {attainment:.1%}",
+    "placements_other": "가장 나은 {kind}: {placement}, 카드 {gpus}장 (같은 속도에 카드 "
+                        "{more:+d}장)",
+    "placements_other_none": "다른 종류의 배치로는 이 속도를 SLO로 서비스하지 못함",
+    "rate_matching": "그 쌍의 속도 맞춤 규칙: prefill 복제본 하나가 {context_rps:,.3g} 요청/s를 "
+                     "prefill, decode 복제본 하나가 {generation_rps:,.3g} 요청/s를 끝냄 (배치 "
+                     "{batch:,}, 스텝 {ms:,.1f} ms): 복제본 {prefill_replicas} + "
+                     "{decode_replicas}, 카드 {gpus}장, 카드당 출력 {output_tokens_per_s_per_gpu:,.0f} "
+                     "토큰/s",
     "pools_kv": "대기 s: prefill은 첫 스텝까지의 p90 대기, decode는 복제본에 자리가 날 때까지의 "
                 "평균 대기 (역압: 요청 {waited:,}개가 기다림, 모두 {wait_s:,.2f} s). 옮긴 KV: "
                 "{gb:,.2f} GB, 전송 {sends:,}회, {link} ({gbs:g} GB/s, {us:g} us), 평균 전송 "

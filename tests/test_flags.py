@@ -22,6 +22,7 @@ CONTEXTS = {  # the experiments each flag acts on, as small as they come
     "C on a card": C_ONLY + ["--gpu", "h100"],
     "C, experts": C_ONLY + ["--gpu", "h100", "--model", "qwen3-30b-a3b"],
     "C, prefixes": C_ONLY + ["--enable-prefix-caching", "--turns", "2", "--prefix-len", "32"],
+    "C, pools": C_ONLY + ["--gpu", "h100", "--prefill-replicas", "1", "--decode-replicas", "1"],
     "D": TINY + ["--experiments", "D", "--engine-requests", "4", "--prompt-len", "8"],
 }
 FLAGS = {
@@ -40,8 +41,11 @@ FLAGS = {
     "--host-kv-gb": "C, prefixes", "--prefix-len": "C, prefixes", "--num-prefixes": "C, prefixes",
     "--prefix-share": "C, prefixes", "--prefix-zipf": "C, prefixes", "--turns": "C, prefixes",
     "--think-time-s": "C, prefixes",
-    "--kv-link-gbs": "C", "--kv-link-latency-us": "C", "--pp-micro-batches": "C",
-    "--gpu-budget": "C", "--kv-fraction": "C on a card",
+    "--kv-link-gbs": "C, pools", "--kv-link-latency-us": "C, pools", "--pp-micro-batches": "C",
+    "--pp": "C on a card", "--prefill-replicas": "C, pools", "--decode-replicas": "C, pools",
+    "--prefill-tp": "C, pools", "--decode-tp": "C, pools", "--prefill-pp": "C, pools",
+    "--decode-pp": "C, pools",
+    "--gpu-budget": "C, pools", "--kv-fraction": "C on a card",
 }
 
 
