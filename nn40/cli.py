@@ -227,8 +227,7 @@ def scheduler_flags(p):
 
 
 def placement_flags(p):
-    s = p.add_argument_group("placement: prefill and decode pools, and the KV link between them "
-                             "(C; both counts given: disaggregated)")
+    s = p.add_argument_group("placement: prefill and decode pools and the KV link between them (C)")
     card = usage_type(functools.partial(named, kind="card"))
     for role in ("prefill", "decode"):
         add_flag(s, f"--{role}-replicas", type=integer(1, REPLICAS_MAX), shown="none",

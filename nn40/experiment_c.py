@@ -136,7 +136,8 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
         result["replicas"], fleets = replicas_study(run, req, fleet_replica)
         works.append(fleets)
     if run.placement.disaggregated:
-        result["placement"], placed = disaggregation_study(run, req)
+        result["placement"], placed = disaggregation_study(
+            run, req, capacity and capacity["one_replica"]["rate_rps"])
         works.append(placed)
         if run.slo.target_rate is not None:
             result["placements"] = cheapest_placements(run, req)

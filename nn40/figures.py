@@ -542,6 +542,32 @@ def plot_placements(results, path, shown=4):
     save_figure(fig, results, path)
 
 
+def plot_disaggregation(results, path):
+    """C with a prefill and a decode pool and an SLO: the share of requests meeting it
+    against the rate a card, disaggregated and colocated on as many cards (DistServe's
+    figure)."""
+    import matplotlib.pyplot as plt
+    P = results["C"].get("placement")
+    if not P or not P.get("curve"):
+        return "needs --prefill-replicas, --decode-replicas and an SLO"
+    curve, gpus = P["curve"], P["gpus"]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for kind, color, style in (("disaggregated", PREFILL, "s--"), ("colocated", BLUE, "o-")):
+        ax.plot([r / gpus for r in curve["rates_rps"]], curve[kind], style, color=color,
+                label=f"{kind}: {P[kind]['placement']}")
+    slo = " and ".join(f"{name} {1e3 * P[key]:g} ms" for name, key in (
+        ("TTFT", "slo_ttft_s"), ("TPOT", "slo_tpot_s")) if P[key])
+    ax.set_xlabel(f"requests/s a card ({gpus} cards)")
+    ax.set_ylabel(f"requests within {slo}")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    ax.set_title("C: SLO met against the rate, disaggregated and colocated on as many cards",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    save_figure(fig, results, path)
+
+
 FIGURES = {"phases.png": ("B", plot_phases),
            "occupancy.png": ("C", plot_occupancy),
            "latency_cdf.png": ("C", plot_latency_cdf),
@@ -556,6 +582,7 @@ FIGURES = {"phases.png": ("B", plot_phases),
            "prefill_decode.png": ("B", plot_prefill_decode),
            "roofline.png": ("AB", plot_roofline),
            "decode_context.png": ("A", plot_decode_context),
+           "disaggregation.png": ("C", plot_disaggregation),
            "placements.png": (("placement_search",), plot_placements)}
 
 

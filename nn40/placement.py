@@ -5,6 +5,7 @@ prices its card (role_replica), and the disaggregated run beside colocated repli
 cards (disaggregation_study) (pure simulation)
 """
 import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -14,7 +15,7 @@ from nn40.config import GPUS
 from nn40.errors import UsageError
 from nn40.handoff import GPUS_PER_NODE, kv_link
 from nn40.host import log, run_parallel
-from nn40.kv import KVBudget
+from nn40.kv import KV_MANAGERS, KVBudget
 from nn40.metrics import serving_metrics
 from nn40.pools import Pool, simulate_pools
 from nn40.pricing import ENGINE_RULES, card_costs, card_kv_tokens
@@ -22,7 +23,7 @@ from nn40.profiles import run_profile
 from nn40.runs import host_tier, run_order, timed_task, work_of
 from nn40.stages import pipeline_costs, stage_model
 from nn40.stats import percentiles
-from nn40.workload import seed_for
+from nn40.workload import arrival_times, random_stream, seed_for
 
 ROLES = ("colocated", "prefill", "decode")
 POOL_ROUTER = "least-requests"  # (a pool's router where --router names none: DistServe's)
@@ -132,10 +133,10 @@ def role_replica(run, role, output):
     cfg, card, profile = run.hardware.model, GPUS[role.gpu], run_profile(run)
     slots, chunk = role_limits(run, role, profile)
     tokens = card_kv_tokens(stage_model(cfg, role.pp), card, profile, role.tp, 1, (slots, chunk))
-    sched = run.scheduler
-    policy = "prefix" if sched.enable_prefix_caching or sched.kv_policy == "prefix" else "paged"
-    host = host_tier(run, kv_bytes_per_token(cfg)) if policy == "prefix" else \
-        {"host_tokens": 0, "host_token_s": 0.0}
+    sched = run.scheduler  # (the policy engines serve with: paged, or its prefix cache)
+    policy = next((p for p in sched.kv_policies if KV_MANAGERS[p].served), "paged")
+    host = host_tier(run, kv_bytes_per_token(cfg)) if KV_MANAGERS[policy].tracks_prefixes \
+        else {"host_tokens": 0, "host_token_s": 0.0}
     kv = KVBudget(policy, tokens, sched.block_tokens, 0, sched.watermark,
                   host["host_tokens"], host["host_token_s"])
     costs = pipeline_costs(card_costs(cfg, card, profile, role.tp), role.pp, cfg, card, role.tp)
@@ -205,10 +206,12 @@ def simulate_placement(run, req, roles, label):
     return timed_task, (label, functools.partial(simulate_pools, link=link), req, pools, path)
 
 
-def disaggregation_study(run, req):
+def disaggregation_study(run, req, one_replica_rps=None):
     """C with a prefill and a decode pool: the run's requests through them, and through
     colocated replicas (--tp, --pp, --gpu) on as many cards, both continuous batching under
-    the engine's limits and KV cache on each role's card. -> (result, Work)"""
+    the engine's limits and KV cache on each role's card; given one colocated replica's
+    capacity at the SLO (requests/s), the SLO met against the rate for both (attainment_curve).
+    -> (result, Work)"""
     cfg = run.hardware.model
     roles, twin, link = check_placement(run)
     gpus = sum(r.gpus for r in roles)
@@ -218,11 +221,35 @@ def disaggregation_study(run, req):
                          simulate_placement(run, req, twin, "C colocated")],
                         run.measurement.jobs)
     slo = (run.slo.slo_ttft_s, run.slo.slo_tpot_s)
+    curve, swept = attainment_curve(run, req, (roles, twin), one_replica_rps) if \
+        one_replica_rps and math.isfinite(one_replica_rps) else (None, [])
     result = {"requests": len(req.output), "gpus": gpus, "slo_ttft_s": slo[0],
               "slo_tpot_s": slo[1], "link": {"name": link.name, "gbs": link.bytes_per_s / 1e9,
                                              "latency_us": link.latency_s * 1e6,
                                              "layerwise": bool(link.layers)},
               "kv_bytes_per_token": kv_bytes_per_token(cfg),
               "disaggregated": placement_summary(req, sims[0], roles, slo),
-              "colocated": placement_summary(req, sims[1], twin, slo)}
-    return result, work_of(sims)
+              "colocated": placement_summary(req, sims[1], twin, slo), "curve": curve}
+    return result, work_of(sims + swept)
+
+
+CURVE_SHARES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # of the colocated replicas' capacity
+
+
+def attainment_curve(run, req, placements, one_replica_rps):
+    """The SLO met against the arrival rate for both placements (DistServe's figure): the
+    run's requests at shares of what the colocated replicas serve at the SLO (the capacity
+    study's one replica, `one_replica_rps`, times their count), fresh Poisson (or gamma)
+    arrivals a rate. -> ({"rates_rps", "disaggregated", "colocated": the shares meeting the
+    SLO}, the simulations)"""
+    rates = [one_replica_rps * placements[1][0].replicas * share for share in CURVE_SHARES]
+    rng = random_stream(run, "sweep")
+    swept = [req.take(arrival_s=arrival_times(len(req.output), rate, run.workload.burstiness,
+                                              rng)) for rate in rates]
+    sims = run_parallel([simulate_placement(run, r, roles, f"C {roles[0].role} {rate:g}/s")
+                         for rate, r in zip(rates, swept) for roles in placements],
+                        run.measurement.jobs)
+    slo = (run.slo.slo_ttft_s, run.slo.slo_tpot_s)
+    met = [serving_metrics(r, sim, *slo)["slo_attained"]
+           for r, pair in zip(swept, zip(sims[::2], sims[1::2])) for sim in pair]
+    return {"rates_rps": rates, "disaggregated": met[::2], "colocated": met[1::2]}, sims

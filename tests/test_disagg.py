@@ -549,3 +549,22 @@ def test_the_distserve_modes_refuse_the_flags_they_would_not_read(mode, capsys):
                        "be read")
     expect_usage_error([mode, "somewhere", "--tensor-parallel-size=2"], capsys,
                        "--tensor-parallel-size would not be read")
+
+
+@needs_logs
+def test_the_measured_side_is_distserves_own_numbers():
+    # each log's requests (ttft_ms, tpot_ms over the tokens after the first) averaged are the
+    # summary block DistServe wrote at the end of the same file, on every one of the 37
+    import re
+    names = sorted(n for n in os.listdir(LOGS) if n.endswith(".exp"))
+    assert len(names) == 37
+    for name in names:
+        path = os.path.join(LOGS, name)
+        with open(path) as f:
+            summary = dict(re.findall(r"(\w+): ([\d.]+)", f.read().split("\n", 1)[1]))
+        log = read_engine_run(path)
+        assert len(log["ttft_s"]) == int(summary["num_requests"]), name
+        assert 1e3 * log["ttft_s"].mean() == pytest.approx(float(summary["avg_ttft_ms"])), name
+        tpot = np.zeros(len(log["output"]))
+        tpot[log["output"] > 1] = log["tpot_s"]
+        assert 1e3 * tpot.mean() == pytest.approx(float(summary["avg_tpot_ms"])), name

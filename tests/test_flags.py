@@ -117,7 +117,8 @@ def test_the_run_is_its_flags_groups_each_frozen():
 # and the output group's modes are not) in the one config group of its title's first word, save
 # the shared prefixes': the workload's prompts that repeat, the scheduler's cache that keeps them
 FLAG_GROUPS = {"workload": {"workload"}, "shared": {"workload", "scheduler"},
-               "model": {"hardware"}, "scheduler": {"scheduler"}, "SLOs": {"slo"},
+               "model": {"hardware"}, "scheduler": {"scheduler"}, "placement": {"placement"},
+               "SLOs": {"slo"},
                "measurement": {"measurement"}, "engine": {"engine"}, "output": {"output"}}
 
 

@@ -38,9 +38,9 @@ def test_help_fits_a_page_in_groups_by_task(capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     lines = text.splitlines()
-    # (a page: 155 lines since the engines' own memory flags joined the scheduler group)
-    assert len(lines) <= 155 and max(map(len, lines)) <= HELP_WIDTH
-    for group in ("workload", "model and hardware", "scheduler and KV cache",
+    # (a page: 170 lines since the placement group, prefill and decode pools, joined)
+    assert len(lines) <= 170 and max(map(len, lines)) <= HELP_WIDTH
+    for group in ("workload", "model and hardware", "scheduler and KV cache", "placement",
                   "SLOs and capacity", "measurement", "engine check (D", "output", "recipes"):
         assert f"\n{group}" in text, group
     assert "llama-3-8b,llama" not in text and "rtx-3090,rtx" not in text  # (see --catalog)

@@ -201,6 +201,18 @@ def test_the_disaggregated_run_end_to_end(tmp_path, capsys):
     saved = json.loads((out / "results.json").read_text())
     assert saved["C"]["placement"]["link"]["gbs"] == 450.0
     assert saved["config"]["prefill_replicas"] == 1
+    # the SLO met against the rate, both placements (DistServe's figure), from shares of the
+    # capacity study's one replica times the colocated replicas
+    curve = P["curve"]
+    one = results["C"]["capacity"]["one_replica"]["rate_rps"]
+    assert curve["rates_rps"] == pytest.approx([2 * one * s for s in (0.25, 0.5, 0.75, 1.0, 1.25,
+                                                                      1.5, 2.0)])
+    assert all(0 <= met <= 1 for kind in ("disaggregated", "colocated") for met in curve[kind])
+    assert curve["colocated"][0] >= curve["colocated"][-1]  # (more load, fewer in time)
+    from nn40.figures import plot_disaggregation
+    assert plot_disaggregation(saved, str(tmp_path / "d.png")) is None
+    assert (tmp_path / "d.png").stat().st_size > 10_000
+    assert "needs --prefill-replicas" in plot_disaggregation({"C": {}}, str(tmp_path / "e.png"))
 
 
 def test_a_pipeline_of_stages_in_the_main_run(tmp_path, capsys):
@@ -215,3 +227,86 @@ def test_a_pipeline_of_stages_in_the_main_run(tmp_path, capsys):
                            "--pp", "2", "--no-figures", "--out", str(tmp_path)], capsys)
     assert results["C"]["cost_model"]["pp"] == 2
     assert GPUS["h100"].link == "NVLink 4"
+
+
+# the cheapest placement of each kind for a target rate
+
+
+CHEAP = ["--experiments", "C", "--gpu", "h100", "--model", "llama-3.1-8b", "--prefill-replicas",
+         "1", "--decode-replicas", "1", "--requests", "200", "--slo-ttft-ms", "300",
+         "--slo-tpot-ms", "20", "--jobs", "1"]
+
+
+def test_the_rate_matching_rule_by_hand():
+    from nn40.cheapest import rate_matching
+    from nn40.placement import role_replica
+    run = parse_args(CHEAP + ["--target-rate", "30"])
+    req = Requests(np.zeros(4), np.array([100, 300, 200, 200]), np.array([50, 150, 100, 100]))
+    pre, dec = Role("prefill", 1, 1, 1, "h100"), Role("decode", 1, 2, 1, "h100")
+    rule = rate_matching(run, req, pre, dec)
+    # a prefill replica: its chunk of 200-token prompts a pass
+    costs = role_replica(run, pre, req.output)
+    n = costs.chunk_tokens // 200
+    assert rule["context_rps"] == pytest.approx(n / costs.costs.pass_s(n * 200, 0,
+                                                                       n * 200 * 201 / 2))
+    # a decode replica: the largest batch whose step (each row 250 tokens cached) is within
+    # 20 ms, one more is past it; it completes that batch's requests every 99 steps
+    d = role_replica(run, dec, req.output).costs
+    b = rule["batch"]
+    assert d.pass_s(b, b * 250) <= 0.020 < d.pass_s(b + 1, (b + 1) * 250)
+    assert rule["generation_rps"] == pytest.approx(b / (99 * d.pass_s(b, b * 250)))
+    assert rule["prefill_replicas"] == -(-30 // rule["context_rps"])
+    assert rule["decode_replicas"] == -(-30 // rule["generation_rps"])
+    assert rule["gpus"] == rule["prefill_replicas"] + 2 * rule["decode_replicas"]
+    # TensorRT-LLM's form: output tokens/s a card of a rate-matched pair
+    ratio = rule["generation_rps"] / rule["context_rps"]
+    assert rule["output_tokens_per_s_per_gpu"] == pytest.approx(
+        rule["generation_rps"] * 100 / (1 * ratio + 2))
+    assert rule["feasible"]
+    tight = rate_matching(parse_args(CHEAP + ["--target-rate", "30", "--slo-tpot-ms", "1"]),
+                          req, pre, dec)
+    assert not tight["feasible"] and tight["batch"] == 1  # (a step alone is past 1 ms)
+
+
+def test_the_counts_found_meet_the_slo_and_one_fewer_misses():
+    from nn40.capacity import SLO, unit_rate
+    from nn40.cheapest import attainments, fewest_pools
+    run = parse_args(CHEAP + ["--target-rate", "40"])
+    slo = SLO(0.3, 0.02, 0.9)
+    req = Requests(np.zeros(200), np.full(200, 2000), np.full(200, 100))
+    base = unit_rate(run, req, 1000, 5)[0]
+    roles = [Role("prefill", 1, 1, 1, "h100"), Role("decode", 1, 1, 1, "h100")]
+    found, tried = fewest_pools(run, base, roles, slo, (1, 1), 64)
+    counts = tuple(r.replicas for r in found)
+    assert tried[counts] >= 0.9 and max(counts) > 1
+    for i in (0, 1):
+        if counts[i] > 1:
+            fewer = [r._replace(replicas=n - (j == i)) for j, (r, n) in
+                     enumerate(zip(roles, counts))]
+            assert attainments(run, base, fewer, slo)[0] < 0.9
+    none, _ = fewest_pools(run, base, roles, slo, (1, 1), 2)  # (two cards cannot)
+    assert none is None
+
+
+def test_the_cheapest_placement_end_to_end(tmp_path, capsys):
+    results, printed = run_main(CHEAP + ["--target-rate", "20", "--no-figures", "--out",
+                                         str(tmp_path)], capsys)
+    R = results["C"]["placements"]
+    found = [r for r in R["rows"] if r["found"]]
+    assert {r["kind"] for r in found} == {"colocated", "disaggregated"}
+    win = R["best"][R["answer"]]
+    assert win["gpus"] == min(r["gpus"] for r in found) and win["attainment"] >= 0.9
+    assert "answer: " in printed.out and "the rate-matching rule for that pair" in printed.out
+    # a budget of one card: no pair of pools, and colocated on one card at most
+    results, printed = run_main(CHEAP + ["--target-rate", "20", "--gpu-budget", "1",
+                                         "--no-figures", "--out", str(tmp_path / "b")], capsys)
+    R = results["C"]["placements"]
+    assert list(R["best"]) in (["colocated"], []) and all(
+        r["gpus"] == 1 for r in R["rows"] if r["found"])
+    assert "no placement of the other kind serves the rate" in printed.out or \
+        "no placement searched serves the rate" in printed.out
+
+
+def test_the_gpu_budget_is_refused_without_a_placement_search(capsys, tmp_path):
+    expect_usage_error(["--experiments", "C", "--gpu", "h100", "--gpu-budget", "8", "--out",
+                        str(tmp_path)], capsys, "--gpu-budget bounds the cheapest placements")
