@@ -87,7 +87,8 @@ def attainments(run, base, roles, slo):
     rate."""
     req = base.take(arrival_s=base.arrival_s / run.slo.target_rate)
     pools, path = placement_pools(run, roles, req.output)
-    sim = simulate_pools(req, pools, path, link=placement_link(run, roles))
+    sim = simulate_pools(req, pools, path, link=placement_link(run, roles) if len(roles) > 1
+                         else None)
     times, ok = sim["times"], []
     for bound, late in ((slo.ttft_s, times.ttft()), (slo.tpot_s, per_token(times))):
         ok.append(np.ones(len(late), bool) if bound is None else late <= bound)
