@@ -3,15 +3,16 @@ TP and PP, and a prefill pool with a decode pool at each pair of shapes, their c
 by simulation from what TensorRT-LLM's rate-matching rule says (rate_matching) (pure
 simulation)
 """
+import dataclasses
 import math
 
 import numpy as np
 
 from nn40.capacity import SLO, fewest_replicas, unit_rate
-from nn40.config import CAPACITY_REQUESTS, GPUS, REPLICAS_MAX
+from nn40.config import CAPACITY_REQUESTS, REPLICAS_MAX
 from nn40.errors import UsageError
-from nn40.host import log, run_parallel
-from nn40.metrics import serving_metrics
+from nn40.host import dask_distributed, log, run_parallel
+from nn40.kv import check_kv_budget
 from nn40.placement import Role, check_roles, placement_link, placement_pools, role_replica
 from nn40.pools import Fleet, simulate_pools
 from nn40.profiles import run_profile
@@ -21,20 +22,25 @@ SHAPES_TP, SHAPES_PP = (1, 2, 4, 8), (1, 2)
 SHAPES_EACH = 3  # the smallest shapes that run, per role (a TP x PP of fewer cards first)
 
 
-def role_shapes(run, role, gpu):
-    """The (TP, PP) a role's replica can run at on `gpu` (the weights fit, the KV cache has
-    room, TP divides the heads), fewest cards first: the SHAPES_EACH smallest."""
+def role_shapes(run, req, role, gpu):
+    """The (TP, PP) a role's replica can run at on `gpu` (TP divides the heads, the weights
+    fit, and its KV cache holds each of the requests alone: a prefill replica their prompts
+    and first tokens), fewest cards first: the SHAPES_EACH smallest."""
     cfg, profile = run.hardware.model, run_profile(run)
+    held = dataclasses.replace(req, output=np.ones_like(req.output)) if role == "prefill" \
+        else req
     fits = []
     for tp in SHAPES_TP:
         for pp in SHAPES_PP:
+            shape = Role(role, 1, tp, pp, gpu)
             try:
-                check_roles(cfg, [Role(role, 1, tp, pp, gpu)] if role == "colocated" else
-                            [Role("prefill", 1, tp, pp, gpu), Role("decode", 1, tp, pp, gpu)],
-                            profile=profile)
+                check_roles(cfg, [shape] if role == "colocated" else [
+                    shape._replace(role="prefill"), shape._replace(role="decode")],
+                    profile=profile)
             except UsageError:
                 continue
-            fits.append((tp * pp, pp, tp))
+            if not check_kv_budget(held, role_replica(run, shape, req.output).kv):
+                fits.append((tp * pp, pp, tp))
     return [(tp, pp) for _, pp, tp in sorted(fits)[:SHAPES_EACH]]
 
 
@@ -52,7 +58,7 @@ def rate_matching(run, req, prefill, decode):
     ctx_rate = n / pre.costs.pass_s(n * prompt, 0, n * prompt * (prompt + 1) / 2)
     dec = role_replica(run, decode, req.output)
     context = prompt + output / 2
-    room = int(min(dec.slots, dec.kv.capacity_tokens // max(context, 1)))
+    room = max(1, int(min(dec.slots, dec.kv.capacity_tokens // max(context, 1))))
     tpot = run.slo.slo_tpot_s or math.inf
     step = [dec.costs.pass_s(b, b * context) for b in range(1, room + 1)]
     batch = max([b for b, s in enumerate(step, 1) if s <= tpot] or [1])
@@ -155,21 +161,22 @@ def search_tasks(run, base, slo):
     p, gpu = run.placement, run.hardware.gpu
     cards = (p.prefill_gpu or gpu, p.decode_gpu or gpu)
     tasks, rows = [], []
-    for shape in role_shapes(run, "colocated", gpu):
+    for shape in role_shapes(run, base, "colocated", gpu):
         alone = meets_alone(run, base, Role("colocated", 1, *shape, gpu))
         tasks.append((colocated_fewest, (run, base, shape, slo)) if alone else (skipped, ()))
         rows.append({"kind": "colocated", "shapes": [shape], "label": "TP{} PP{}".format(
-            *shape)})
-    for a in role_shapes(run, "prefill", cards[0]):
-        for b in role_shapes(run, "decode", cards[1]):
+            *shape), "skipped": not alone})
+    for a in role_shapes(run, base, "prefill", cards[0]):
+        for b in role_shapes(run, base, "decode", cards[1]):
             roles = [Role("prefill", 1, *a, cards[0]), Role("decode", 1, *b, cards[1])]
             rule = rate_matching(run, base, *roles)
-            rows.append({"kind": "disaggregated", "shapes": [a, b], "rate_matching": rule,
-                         "label": "TP{} PP{} + TP{} PP{}".format(*a, *b)})
             most = p.gpu_budget or max(16, 4 * rule["gpus"])  # (past it: not found)
+            runs = rule["feasible"] and rule["gpus"] <= most
+            rows.append({"kind": "disaggregated", "shapes": [a, b], "rate_matching": rule,
+                         "label": "TP{} PP{} + TP{} PP{}".format(*a, *b), "skipped": not runs})
             tasks.append((fewest_pools, (run, base, roles, slo, (
-                rule["prefill_replicas"], rule["decode_replicas"]), most)) if
-                rule["feasible"] and rule["gpus"] <= most else (skipped, ()))
+                rule["prefill_replicas"], rule["decode_replicas"]), most)) if runs else
+                (skipped, ()))
     return tasks, rows
 
 
@@ -184,7 +191,10 @@ def cheapest_placements(run, req):
     log(f"C placements: {len(tasks)} searches for {run.slo.target_rate:g} requests/s "
         f"({sum(r['kind'] == 'colocated' for r in rows)} colocated shapes, "
         f"{sum(r['kind'] != 'colocated' for r in rows)} pairs of pools)")
-    for row, (roles, tried) in zip(rows, run_parallel(tasks, run.measurement.jobs)):
+    cluster = run.measurement.cluster
+    if cluster:
+        dask_distributed()  # (one line where Dask is not installed)
+    for row, (roles, tried) in zip(rows, run_parallel(tasks, run.measurement.jobs, cluster)):
         row.update(found=roles is not None, placement=None, gpus=None, attainment=None,
                    simulations=len(tried), tried=sorted(
             (list(k) if isinstance(k, tuple) else [k], v) for k, v in tried.items()))

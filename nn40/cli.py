@@ -385,7 +385,8 @@ DISTSERVE_FIXED = ("--model", "--model-config", "--gpu", "--tp", "--tensor-paral
 def refuse_unread_flags(name, argv):
     """A flag the DistServe modes would silently ignore is refused in one line."""
     said = flags_said(argv)
-    given = [flag for flag in DISTSERVE_FIXED if flag in said]
+    given = [flag for flag in DISTSERVE_FIXED + ("--gpu-budget",) * (name == "replay_distserve")
+             if flag in said]
     if given:
         raise UsageError(f"--{name.replace('_', '-')} prices OPT-13B on A100-80GB by "
                          f"DistServe's profiles at DistServe's SLO: {', '.join(given)} "
@@ -399,9 +400,12 @@ POOL_FLAGS = tuple(f"{role}_{what}" for role in ("prefill", "decode")
 def refuse_pool_flags(args):
     """The main run's pool flags that would go unread: a pool's TP, PP or card, or the KV
     link, without both pools; --cluster and --pp-micro-batches (the DistServe modes')."""
-    if args.cluster:
-        raise UsageError("--cluster runs --placement-search and --replay-distserve on Dask; "
-                         "C's other simulations run on --jobs worker processes")
+    if args.cluster and not (args.prefill_replicas and args.decode_replicas and
+                             args.target_rate):
+        raise UsageError("--cluster runs --placement-search, --replay-distserve and the "
+                         "cheapest placements (--prefill-replicas, --decode-replicas with "
+                         "--target-rate) on Dask; C's other simulations run on --jobs worker "
+                         "processes")
     if args.pp_micro_batches is not None:
         raise UsageError("--pp-micro-batches applies to --replay-distserve (C's pipeline "
                          "stages run one micro-batch a stage)")
@@ -420,6 +424,14 @@ def refuse_pool_flags(args):
     if pools[0] is not None and not args.gpu:
         raise UsageError("--prefill-replicas and --decode-replicas price pools of a named "
                          "card: give --gpu")
+    unread = [flag for flag, given in (
+        ("--kv-tokens", args.kv_tokens), ("--kv-memory-gb", args.kv_memory_gb),
+        ("--peak-bandwidth-gbs", args.peak_bandwidth_gbs), ("--peak-tflops", args.peak_tflops),
+        ("--cost", args.cost)) if given]
+    if pools[0] is not None and unread:
+        raise UsageError(f"{', '.join(unread)}: the pools price each role's card by the engine "
+                         "profile and size its KV cache by the engine's rule on it; leave them "
+                         "out with --prefill-replicas and --decode-replicas")
     if pools[0] is not None and args.ep > 1:
         raise UsageError("--ep: a disaggregated placement is priced at TP and PP per role "
                          "(expert parallel pools are not modelled yet): give --ep 1")
@@ -473,7 +485,11 @@ def run_config(args):
         raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
                          f"{model.max_positions}")
     if run.hardware.gpu:
-        check_card_fits(run)
+        try:
+            check_card_fits(run)
+        except UsageError as e:  # (with pools, --tp and --pp shape the colocated replicas)
+            raise UsageError(f"the colocated replicas run beside the pools: {e}" if
+                             run.placement.disaggregated else str(e)) from None
     if run.placement.disaggregated:  # (before anything runs)
         check_placement(run)
     return quick_run(run) if run.measurement.quick else run

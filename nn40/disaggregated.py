@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nn40.accounting import card_weight_bytes
 from nn40.config import GPUS, MODELS
 from nn40.errors import UsageError
 from nn40.handoff import GPUS_PER_NODE, kv_link
 from nn40.host import one_line, parallel_executor, run_parallel
 from nn40.kv import KVBudget
 from nn40.metrics import serving_metrics
+from nn40.placement import Role, check_roles
 from nn40.pools import Pool, simulate_pools
 from nn40.pricing import StepCosts
 from nn40.replicas import Replica
@@ -70,14 +70,15 @@ BIG_BATCH = 1 << 20  # (a last knot past any batch: the fits are linear beyond i
 STEP_OVERHEAD_S, CONTEXT_TOKEN_S, PREFILL_STAGE_S = 2e-3, 1e-7, 1e-3
 
 
-def profiled_costs(fit, source, pp=1):
+def profiled_costs(fit, source, pp=1, in_flight=None):
     """PhaseCosts from one (model, TP) entry of a DistServe profile, as DistServe's simulator
     prices a step on pp stages: a prompt of L tokens computes L (L + 1) / 2 attention pairs,
     so c L^2 = 2 c pairs - c L, and a decode row of context x reads x cached tokens and adds
     one, so b (x + 1) + c = b x + (b + c); to each step the simulator's overhead (a fixed
     cost and a cost a context token); a prefill's pp stages pp ms each. Under PP the first
-    stage, which pays the overhead, sets the pace of micro-batches in flight, so a decode
-    cycle of pp stage passes pays it pp times."""
+    stage, which pays the overhead, sets the pace of the `in_flight` micro-batches (default
+    pp), so a decode cycle pays it once for each (one batch through the stages: once)."""
+    in_flight = in_flight or pp
     a, b, c = (v / 1e3 for v in fit["prefill"])
     a, b = a + STEP_OVERHEAD_S + pp * pp * PREFILL_STAGE_S, b + CONTEXT_TOKEN_S
     prefill = StepCosts((1, BIG_BATCH), (a + (b - c), a + (b - c) * BIG_BATCH), 0.0, source,
@@ -85,9 +86,9 @@ def profiled_costs(fit, source, pp=1):
     edge = int(fit["decoding_large_small_bs_threshold"])
     (a1, b1, c1), (a2, b2, c2) = ([v / 1e3 for v in fit[k]]
                                   for k in ("decoding_smallbs", "decoding_largebs"))
-    a1, a2 = a1 + pp * STEP_OVERHEAD_S, a2 + pp * STEP_OVERHEAD_S
-    c1, c2 = c1 - pp * CONTEXT_TOKEN_S, c2 - pp * CONTEXT_TOKEN_S  # (on x, not x + 1: below)
-    b1, b2 = b1 + pp * CONTEXT_TOKEN_S, b2 + pp * CONTEXT_TOKEN_S
+    a1, a2 = a1 + in_flight * STEP_OVERHEAD_S, a2 + in_flight * STEP_OVERHEAD_S
+    c1, c2 = c1 - in_flight * CONTEXT_TOKEN_S, c2 - in_flight * CONTEXT_TOKEN_S  # (on x, not
+    b1, b2 = b1 + in_flight * CONTEXT_TOKEN_S, b2 + in_flight * CONTEXT_TOKEN_S  # x + 1)
     decode = StepCosts((1, edge - 1, edge, BIG_BATCH),
                        (a1 + b1 + c1, a1 + (b1 + c1) * (edge - 1), a2 + (b2 + c2) * edge,
                         a2 + (b2 + c2) * BIG_BATCH), b1, source,
@@ -95,9 +96,9 @@ def profiled_costs(fit, source, pp=1):
     return PhaseCosts(prefill, decode, source)
 
 
-def read_distserve_profile(profile_dir, engine, model, tp, pp=1):
-    """A DistServe profile's fit of `model` at `tp` cards (a replica of pp stages of them)
-    -> PhaseCosts."""
+def read_distserve_profile(profile_dir, engine, model, tp, pp=1, in_flight=None):
+    """A DistServe profile's fit of `model` at `tp` cards (a replica of pp stages of them,
+    `in_flight` micro-batches: see profiled_costs) -> PhaseCosts."""
     path = os.path.join(profile_dir, DISTSERVE_PROFILES[engine])
     try:
         with open(path, encoding="utf-8") as f:
@@ -107,7 +108,8 @@ def read_distserve_profile(profile_dir, engine, model, tp, pp=1):
     except (KeyError, ValueError) as e:
         raise UsageError(f"{path}: no fit of {model} at tp {tp} ({one_line(e)})")
     return profiled_costs(fit, {"kind": "distserve_profile", "engine": engine, "model": model,
-                                "tp": tp, "pp": pp, "file": os.path.basename(path)}, pp)
+                                "tp": tp, "pp": pp, "file": os.path.basename(path)}, pp,
+                          in_flight)
 
 
 def distserve_kv_tokens(profile_dir, model, tp, pp):
@@ -162,8 +164,9 @@ def distserve_replica(profile_dir, engine, shape, role, card, micro_batches=None
     """A Replica of `engine` in `role` (a key of DISTSERVE_SLOTS) priced by its DistServe
     profile of OPT-13B on tp x pp cards (shape: (tp, pp)), with the engine's limits."""
     cfg, (tp, pp) = MODELS["opt-13b"], shape
-    costs = pipeline_costs(read_distserve_profile(profile_dir, engine, cfg.name, tp, pp), pp,
-                           cfg, card, tp, micro_batches)
+    costs = pipeline_costs(read_distserve_profile(profile_dir, engine, cfg.name, tp, pp,
+                                                  micro_batches), pp, cfg, card, tp,
+                           micro_batches)
     kv = KVBudget("paged", distserve_kv_tokens(profile_dir, cfg.name, tp, pp), 16,
                   watermark=VLLM_WATERMARK if engine == "vllm" else 0.0)
     return Replica(DISTSERVE_SLOTS[role], costs, "continuous", kv=kv, prefill_first=True,
@@ -213,28 +216,10 @@ def replay_distserve(path, profile_dir, link=None, micro_batches=None):
 
 
 def check_placement(cfg, card, pools, gpus=None):
-    """A placement, before anything runs: pools [(role, replicas, tp, pp)], role "colocated",
-    "prefill" or "decode"; each pool's TP must divide the heads, its PP at most the layers,
-    a card's share of the weights fit on it, and the cards add up to at most `gpus`."""
-    roles = [role for role, *_ in pools]
-    if not pools or ("prefill" in roles) != ("decode" in roles) or \
-            ("colocated" in roles and len(roles) > 1):
-        raise UsageError(f"a placement of {roles or 'no pools'}: one colocated pool, or a "
-                         "prefill pool and a decode pool")
-    for role, replicas, tp, pp in pools:
-        if replicas < 1 or tp < 1 or pp < 1 or cfg.heads % tp or pp > cfg.layers:
-            raise UsageError(f"{role} pool of {replicas} x TP {tp} x PP {pp}: TP must divide "
-                             f"{cfg.name}'s {cfg.heads} heads, PP at most its {cfg.layers} "
-                             "layers, and a pool has a replica at least")
-        weights = card_weight_bytes(cfg, tp) / pp
-        if weights > card.memory_bytes:
-            raise UsageError(f"{role} pool at TP {tp} x PP {pp}: {weights / 1e9:,.1f} GB of "
-                             f"{cfg.name}'s weights on each {card.name} "
-                             f"({card.memory_bytes / 1e9:,.1f} GB)")
-    used = sum(replicas * tp * pp for _, replicas, tp, pp in pools)
-    if gpus is not None and used > gpus:
-        raise UsageError(f"the placement takes {used} cards, past the budget of {gpus}")
-    return used
+    """A DistServe placement, before anything runs: pools [(role, replicas, tp, pp)] on `card`
+    (check_roles: one line where it cannot run). -> the cards it takes"""
+    key = next(k for k, g in GPUS.items() if g == card)
+    return check_roles(cfg, [Role(role, n, tp, pp, key) for role, n, tp, pp in pools], gpus)
 
 
 def distserve_runs(directory):

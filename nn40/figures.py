@@ -550,14 +550,15 @@ def plot_disaggregation(results, path):
     P = results["C"].get("placement")
     if not P or not P.get("curve"):
         return "needs --prefill-replicas, --decode-replicas and an SLO"
-    curve, gpus = P["curve"], P["gpus"]
+    curve = P["curve"]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for kind, color, style in (("disaggregated", PREFILL, "s--"), ("colocated", BLUE, "o-")):
+        gpus = P[kind]["gpus"]  # (each on its own cards)
         ax.plot([r / gpus for r in curve["rates_rps"]], curve[kind], style, color=color,
-                label=f"{kind}: {P[kind]['placement']}")
+                label=f"{kind}: {P[kind]['placement']} ({gpus} cards)")
     slo = " and ".join(f"{name} {1e3 * P[key]:g} ms" for name, key in (
         ("TTFT", "slo_ttft_s"), ("TPOT", "slo_tpot_s")) if P[key])
-    ax.set_xlabel(f"requests/s a card ({gpus} cards)")
+    ax.set_xlabel("requests/s a card")
     ax.set_ylabel(f"requests within {slo}")
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=7)

@@ -51,7 +51,7 @@ class HandOff:
         ledger.to_prefill[r] = ledger.cached[r] = ledger.prompt[r] + 1
         j = self.decode.place(r)
         prompt = int(ledger.prompt[r])
-        kept = self.prefill.servers[replica].kv.need(prompt, prompt + 1, 0, 0)
+        kept = self.prefill.servers[replica].kv.blocks(prompt + 1)  # (as memory.hold counts)
         self.prefill.servers[replica].kv.reserve(kept)  # (its blocks, until the KV is read)
         self.handed[r] = (replica, prompt + 1, t, 0, kept)
         if self.waiting[j] or not self.fits(j, r):

@@ -24,6 +24,10 @@ def check_card_fits(run):
     if model.heads % hw.tp:
         raise UsageError(f"--tp {hw.tp} must divide the model's {model.heads} heads (each "
                          "card holds whole heads)")
+    if model.n_kv_heads % hw.tp and hw.tp % model.n_kv_heads:
+        raise UsageError(f"--tp {hw.tp} must divide the model's {model.n_kv_heads} K/V heads "
+                         "or be a multiple of them (each card holds whole K/V heads, or copies "
+                         "of one)")
     if hw.pp > model.layers:
         raise UsageError(f"--pp {hw.pp}: a stage holds whole layers, and the model has "
                          f"{model.layers}")

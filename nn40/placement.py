@@ -109,8 +109,13 @@ def check_placement(run):
     roles, the KVLink)"""
     cfg, profile = run.hardware.model, run_profile(run)
     roles = run_roles(run)
-    twin = colocated_twin(run, check_roles(cfg, roles, profile=profile))
-    check_roles(cfg, twin, profile=profile)
+    gpus = check_roles(cfg, roles, profile=profile)
+    try:
+        twin = colocated_twin(run, gpus)
+        check_roles(cfg, twin, profile=profile)
+    except UsageError as e:
+        raise UsageError(f"the colocated replicas run beside the pools (--tp, --pp, --gpu): "
+                         f"{e}") from None
     return roles, twin, placement_link(run, roles)
 
 
@@ -120,7 +125,8 @@ def role_limits(run, role, profile):
     hw, rules = run.hardware, ENGINE_RULES[profile.rules]
     stage = stage_model(hw.model, role.pp)
     own = rules.defaults(profile, stage, GPUS[role.gpu], role.tp, 1)[:2]
-    run_own = rules.defaults(profile, hw.model, GPUS[hw.gpu], hw.tp, hw.ep)[:2]
+    run_own = rules.defaults(profile, stage_model(hw.model, hw.pp), GPUS[hw.gpu], hw.tp,
+                             hw.ep)[:2]  # (what the run's limits were resolved against)
     served = (run.scheduler.serve_slots, run.scheduler.serve_chunk_tokens)
     return tuple(s if s != d else o for s, d, o in zip(served, run_own, own))
 
@@ -135,13 +141,13 @@ def role_replica(run, role, output):
     tokens = card_kv_tokens(stage_model(cfg, role.pp), card, profile, role.tp, 1, (slots, chunk))
     sched = run.scheduler  # (the policy engines serve with: paged, or its prefix cache)
     policy = next((p for p in sched.kv_policies if KV_MANAGERS[p].served), "paged")
-    host = host_tier(run, kv_bytes_per_token(cfg)) if KV_MANAGERS[policy].tracks_prefixes \
-        else {"host_tokens": 0, "host_token_s": 0.0}
+    host = host_tier(run, kv_bytes_per_token(cfg), role.gpu, role.tp) if \
+        KV_MANAGERS[policy].tracks_prefixes else {"host_tokens": 0, "host_token_s": 0.0}
     kv = KVBudget(policy, tokens, sched.block_tokens, 0, sched.watermark,
                   host["host_tokens"], host["host_token_s"])
     costs = pipeline_costs(card_costs(cfg, card, profile, role.tp), role.pp, cfg, card, role.tp)
     return profile.replica(costs, slots=slots, chunk_tokens=chunk, scheduler="continuous",
-                           order=run_order(run, output), kv=kv,
+                           order=run_order(run, output), kv=kv, prompt_tokens=chunk,
                            fused=profile.fused)
 
 
@@ -152,8 +158,9 @@ def placement_link(run, roles):
     p = run.placement
     one_node = sum(r.gpus for r in roles) <= GPUS_PER_NODE and roles[0].gpu == roles[1].gpu
     name = p.kv_link or (None if one_node else "network")
-    return kv_link(run.hardware.model, GPUS[roles[0].gpu], name, p.kv_link_gbs,
-                   p.kv_link_latency_us, p.kv_layerwise)
+    ends = [kv_link(run.hardware.model, GPUS[r.gpu], name, p.kv_link_gbs,
+                    p.kv_link_latency_us, p.kv_layerwise) for r in roles]
+    return min(ends, key=lambda link: link.bytes_per_s)  # (each end checked; the slower)
 
 
 def placement_pools(run, roles, output):

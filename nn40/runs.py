@@ -214,15 +214,15 @@ def prefix_metrics(req, sim):
                         for row in sim.get("per_replica", ()) if PREFIX_REPORT in row]}}
 
 
-def host_tier(run, per_token):
+def host_tier(run, per_token, gpu=None, tp=None):
     """A prefix cache's host tier (--host-kv-gb): its tokens, the card's link to it, and the
     seconds a token's KV takes to load: each of a replica's tp cards loads the share it keeps
-    (card_kv_share) over its own link, all at once."""
-    link, gbs = HOST_LINKS.get(run.hardware.gpu) or (
-        (GPUS[run.hardware.gpu].link, GPUS[run.hardware.gpu].link_gbs) if run.hardware.gpu
-        else _PCIE4)
+    (card_kv_share) over its own link, all at once. gpu, tp: a pool's card and TP (default:
+    the run's)."""
+    gpu, tp = gpu or run.hardware.gpu, tp or run.hardware.tp
+    link, gbs = HOST_LINKS.get(gpu) or ((GPUS[gpu].link, GPUS[gpu].link_gbs) if gpu
+                                        else _PCIE4)
     host_bytes = (run.scheduler.host_kv_gb or 0) * 1e9
     return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
             "host_link": link, "host_link_gbs": gbs,
-            "host_token_s": card_kv_bytes_per_token(run.hardware.model, run.hardware.tp)
-            / (gbs * 1e9)}
+            "host_token_s": card_kv_bytes_per_token(run.hardware.model, tp) / (gbs * 1e9)}

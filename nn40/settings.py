@@ -252,6 +252,7 @@ class MeasurementConfig:
     prefill_lengths: tuple = (512, 2048)
     decode_batches: tuple = (1, 32)
     jobs: int = 1                 # worker processes for C's independent simulations
+    cluster: str = None           # a Dask scheduler for the placements' searches ("local")
     warmup: int = 3               # untimed calls at each shape
     reps: int = 50                # timed calls at each shape (fewer if a call is slow)
     time_budget_s: float = 2.0    # per shape: stop repeating after this, but keep >= 5 calls

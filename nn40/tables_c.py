@@ -605,6 +605,7 @@ def pools_text(T, P):
     link, sent = P["link"], P["disaggregated"]["kv_transfer"]
     return "\n".join([
         T["pools"].format(requests=P["requests"], gpus=P["gpus"],
+                          colocated_gpus=P["colocated"]["gpus"],
                           disaggregated=P["disaggregated"]["placement"],
                           colocated=P["colocated"]["placement"]),
         spec_table(T, rows, columns), "", spec_table(T, pools, POOL_COLUMNS),
@@ -626,7 +627,8 @@ def placements_text(T, R):
     slo = ", ".join(T[key].format(ms=1e3 * R[f"{key}_s"]) for key in ("slo_ttft", "slo_tpot")
                     if R[f"{key}_s"])
     rows = [{**r, "kind": T["kind_" + r["kind"]], "placement": r["placement"] or
-             T["placement_none"].format(shapes=r["label"]), "rule": "{prefill_replicas} + {decode_replicas}".format(
+             T["placement_skipped" if r["skipped"] else "placement_none"].format(
+                 shapes=r["label"]), "rule": "{prefill_replicas} + {decode_replicas}".format(
                  **r["rate_matching"]) if "rate_matching" in r else ""} for r in R["rows"]]
     lines = [T["placements"].format(rate=R["target_rate"], slo=slo, attainment=R["attainment"],
                                     requests=R["requests"]),
@@ -636,9 +638,11 @@ def placements_text(T, R):
         return "\n".join(lines + [T["placements_none"]])
     win = best[R["answer"]]
     other = next((r for kind, r in best.items() if kind != R["answer"]), None)
-    lines.append(T["placements_answer"].format(**{**win, "kind": T["kind_" + win["kind"]]}))
+    lines.append(T["placements_answer"].format(**{**win, "kind": T["kind_" + win["kind"]],
+                                                  "cards": counted(T, win["gpus"], "gpu")}))
     lines.append(T["placements_other"].format(**{**other, "kind": T["kind_" + other["kind"]],
-                                                 "more": other["gpus"] - win["gpus"]})
+                                                 "more": other["gpus"] - win["gpus"],
+                                                 "cards": counted(T, other["gpus"], "gpu")})
                  if other else T["placements_other_none"])
     pair = best.get("disaggregated")
     if pair:

@@ -434,8 +434,8 @@ TEXT_EN = {**SHARED_TEXT,
     "on_workers": "{workers} worker processes", "on_dask": "the Dask cluster {cluster}",
     "placement_best": "the best of each kind: {best}",
     # C's pools
-    "pools": "C  disaggregated serving beside colocated replicas on as many cards ({gpus}): "
-             "{requests:,} requests, each pool's engine limits and KV cache on its own cards; "
+    "pools": "C  disaggregated serving on {gpus} cards beside colocated replicas on as many "
+             "as whole replicas take ({colocated_gpus}): {requests:,} requests, each pool's engine limits and KV cache on its own cards; "
              "disaggregated: {disaggregated}; colocated: {colocated}",
     "kind_col": "kind", "kind_disaggregated": "disaggregated", "kind_colocated": "colocated",
     "pool_col": "pool", "replicas_col": "replicas", "busy_col": "busy", "wait_col": "wait s",
@@ -443,12 +443,13 @@ TEXT_EN = {**SHARED_TEXT,
                   "{attainment:.0%} of requests ({requests:,} arrivals a simulation): each "
                   "shape's fewest replicas, searched by simulation from TensorRT-LLM's "
                   "rate-matching rule (rule: its prefill + decode replicas)",
-    "placement_none": "{shapes}: none meets the SLO", "rule_col": "rule",
+    "placement_none": "{shapes}: none meets the SLO",
+    "placement_skipped": "{shapes}: skipped (misses the SLO idle, or past the budget)", "rule_col": "rule",
     "placements_none": "answer: no placement searched serves the rate at the SLO",
-    "placements_answer": "answer: {kind}, {placement}: {gpus} cards, {attainment:.1%} meeting "
-                         "the SLO",
-    "placements_other": "the best {kind}: {placement}, {gpus} cards ({more:+d} cards for the "
-                        "same rate)",
+    "placements_answer": "answer: {kind}, {placement}: {cards}, {attainment:.1%} meeting the "
+                         "SLO",
+    "placements_other": "the best {kind}: {placement}, {cards} ({more:+d} GPUs for the same "
+                        "rate, {attainment:.1%} meeting the SLO)",
     "placements_other_none": "no placement of the other kind serves the rate at the SLO",
     "rate_matching": "the rate-matching rule for that pair: a prefill replica prefills "
                      "{context_rps:,.3g} requests/s, a decode replica completes "

@@ -371,7 +371,8 @@ TEXT_KO = {**SHARED_TEXT,
                         "{start_s:.1f} s): 평균 {busy:.2f}개가 바쁨",
     "on_workers": "작업 프로세스 {workers}개", "on_dask": "Dask 클러스터 {cluster}",
     "placement_best": "종류별 최선: {best}",
-    "pools": "C  분리 서빙과, 같은 카드 수({gpus}장) 위의 함께 놓인 복제본: 요청 {requests:,}개, "
+    "pools": "C  카드 {gpus}장 위의 분리 서빙과, 온전한 복제본이 차지하는 만큼의 카드({colocated_gpus}장) "
+             "위의 함께 놓인 복제본: 요청 {requests:,}개, "
              "풀마다 자기 카드 위의 엔진 한도와 KV 캐시; 분리: {disaggregated}; 함께: {colocated}",
     "kind_col": "종류", "kind_disaggregated": "분리", "kind_colocated": "함께",
     "pool_col": "풀", "replicas_col": "복제본", "busy_col": "바쁨", "wait_col": "대기 s",
@@ -379,11 +380,12 @@ TEXT_KO = {**SHARED_TEXT,
                   "싼 배치 (시뮬레이션마다 도착 {requests:,}개): 모양마다 가장 적은 복제본 수를 "
                   "TensorRT-LLM의 속도 맞춤 규칙에서 출발해 시뮬레이션으로 탐색 (규칙: prefill + "
                   "decode 복제본)",
-    "placement_none": "{shapes}: SLO를 지키는 수 없음", "rule_col": "규칙",
+    "placement_none": "{shapes}: SLO를 지키는 수 없음",
+    "placement_skipped": "{shapes}: 건너뜀 (한가해도 SLO를 못 지키거나 예산 초과)", "rule_col": "규칙",
     "placements_none": "답: 탐색한 어떤 배치도 이 속도를 SLO로 서비스하지 못함",
-    "placements_answer": "답: {kind}, {placement}: 카드 {gpus}장, SLO 충족 {attainment:.1%}",
-    "placements_other": "가장 나은 {kind}: {placement}, 카드 {gpus}장 (같은 속도에 카드 "
-                        "{more:+d}장)",
+    "placements_answer": "답: {kind}, {placement}: {cards}, SLO 충족 {attainment:.1%}",
+    "placements_other": "가장 나은 {kind}: {placement}, {cards} (같은 속도에 카드 {more:+d}장, SLO 충족 "
+                        "{attainment:.1%})",
     "placements_other_none": "다른 종류의 배치로는 이 속도를 SLO로 서비스하지 못함",
     "rate_matching": "그 쌍의 속도 맞춤 규칙: prefill 복제본 하나가 {context_rps:,.3g} 요청/s를 "
                      "prefill, decode 복제본 하나가 {generation_rps:,.3g} 요청/s를 끝냄 (배치 "

@@ -418,7 +418,7 @@ def test_a_cluster_without_dask_is_one_line(monkeypatch, capsys):
 
 def test_a_cluster_is_refused_where_nothing_reads_it(capsys):
     expect_usage_error(["--experiments", "C", "--cluster", "local"], capsys,
-                       "--cluster runs --placement-search")
+                       "--cluster runs --placement-search, --replay-distserve and the cheapest")
 
 
 def test_back_pressure_by_hand():
@@ -568,3 +568,33 @@ def test_the_measured_side_is_distserves_own_numbers():
         tpot = np.zeros(len(log["output"]))
         tpot[log["output"] > 1] = log["tpot_s"]
         assert 1e3 * tpot.mean() == pytest.approx(float(summary["avg_tpot_ms"])), name
+
+
+def test_a_step_takes_whole_prompts_up_to_its_budget_by_hand():
+    # DistServe's context stage and vLLM without chunked prefill: whole prompts in order, up
+    # to the step's token budget, the first whatever its length. 5,000 + 5,000 > 8,192: one
+    # a step; 9,000 alone, past the budget, still runs. Unbudgeted, all three in one pass.
+    req = Requests(np.zeros(3), np.array([5000, 5000, 9000]), np.ones(3, int))
+    budgeted = simulate_serving(req, Replica(8, UNIT, "continuous", prompt_tokens=8192))
+    assert list(budgeted["times"].first_token) == [1.0, 2.0, 3.0]
+    whole = simulate_serving(req, Replica(8, UNIT, "continuous"))
+    assert list(whole["times"].first_token) == [1.0, 1.0, 1.0]
+    # (the budget is continuous batching's: chunked prefill keeps its own)
+    assert simulate_serving(req, Replica(8, UNIT, "chunked", 8192, prompt_tokens=8192))[
+        "times"].first_token[0] == 1.0
+
+
+def test_a_prefill_replica_keeps_the_kv_the_decode_pool_has_no_room_for_by_hand():
+    # prompts of 7 tokens hold blocks(8) = 8 of the prefill replica's 16; the decode replica
+    # (20 tokens) takes one request at a time (blocks(7 + 1 + 1) = 12). At t = 1 A and B have
+    # their first tokens: A goes on, B waits, its 8 tokens kept on the prefill replica, so C
+    # alone is admitted (first token at 2) and waits too; D cannot be admitted until B's KV
+    # leaves, when A finishes (t = 10): D's first token at 11, where a prefill replica that
+    # dropped the KV at the first token would prefill D by t = 2
+    req = Requests(np.zeros(4), np.full(4, 7), np.full(4, 10))
+    pre = Pool("prefill", Replica(4, UNIT, kv=KVBudget("paged", 16, 4)), 1)
+    dec = Pool("decode", Replica(4, UNIT, kv=KVBudget("paged", 20, 4)), 1)
+    sim = simulate_pools(req, [pre, dec], ["prefill", "decode"])
+    assert list(sim["times"].first_token) == [1.0, 1.0, 2.0, 11.0]
+    assert list(sim["times"].finish) == [10.0, 19.0, 28.0, 37.0]
+    assert sim["hand_off"]["waited"] == 3

@@ -44,7 +44,10 @@ def test_the_pool_flags_are_refused_where_nothing_reads_them(flags, fragment, ca
 @pytest.mark.parametrize("flags, fragment", [
     (["--prefill-tp", "3"], "TP must divide"),
     (["--decode-pp", "33"], "PP at most its 32 layers"),
-    (["--kv-link", "nvlink", "--gpu", "rtx-4090", "--kv-memory-gb", "1"], "has no NVLink"),
+    (["--kv-link", "nvlink", "--gpu", "rtx-4090"], "has no NVLink"),
+    (["--kv-link", "nvlink", "--decode-gpu", "rtx-4090"], "has no NVLink"),  # (either end)
+    (["--kv-tokens", "3000"], "--kv-tokens: the pools price each role's card"),
+    (["--peak-tflops", "100"], "--peak-tflops: the pools"),
     (["--decode-gpu", "rtx-5080", "--model", "llama-3.1-70b", "--tp", "8"],
      "decode pool at TP 8 x PP 1"),
     (["--kv-link-gbs", "0"], "expected a number"),
@@ -100,6 +103,7 @@ def test_the_links_a_placement_takes():
     assert link("--prefill-replicas", "5", "--decode-replicas", "4").name == "NDR InfiniBand"
     assert link("--decode-gpu", "h200").name == "NDR InfiniBand"  # (a node of one kind)
     assert link("--kv-link", "pcie").bytes_per_s == 64e9
+    assert link("--kv-link", "pcie", "--decode-gpu", "a100-80gb").bytes_per_s == 32e9  # (slower)
     assert link("--kv-link", "ethernet-100g").bytes_per_s == 12.5e9
     assert link("--kv-link", "ethernet-100g").latency_s == 2e-6
     assert link("--kv-link-gbs", "7", "--kv-link-latency-us", "30").latency_s == pytest.approx(30e-6)
@@ -196,7 +200,7 @@ def test_the_disaggregated_run_end_to_end(tmp_path, capsys):
     for kind in ("disaggregated", "colocated"):
         assert 0 <= P[kind]["slo_attained"] <= 1 and P[kind]["goodput_per_gpu"] == \
             pytest.approx(P[kind]["goodput_rps"] / 2)
-    assert "disaggregated serving beside colocated replicas" in printed.out
+    assert "disaggregated serving on 2 cards beside colocated replicas" in printed.out
     assert "KV moved" in printed.out and "NVLink 4" in printed.out
     saved = json.loads((out / "results.json").read_text())
     assert saved["C"]["placement"]["link"]["gbs"] == 450.0
@@ -301,12 +305,28 @@ def test_the_cheapest_placement_end_to_end(tmp_path, capsys):
     results, printed = run_main(CHEAP + ["--target-rate", "20", "--gpu-budget", "1",
                                          "--no-figures", "--out", str(tmp_path / "b")], capsys)
     R = results["C"]["placements"]
-    assert list(R["best"]) in (["colocated"], []) and all(
-        r["gpus"] == 1 for r in R["rows"] if r["found"])
-    assert "no placement of the other kind serves the rate" in printed.out or \
-        "no placement searched serves the rate" in printed.out
+    assert list(R["best"]) == ["colocated"] and R["best"]["colocated"]["gpus"] == 1
+    assert all(r["gpus"] == 1 for r in R["rows"] if r["found"])
+    assert "no placement of the other kind serves the rate" in printed.out
+    assert "answer: colocated, 1 x colocated TP1 PP1 H100 SXM: 1 GPU" in printed.out
 
 
 def test_the_gpu_budget_is_refused_without_a_placement_search(capsys, tmp_path):
     expect_usage_error(["--experiments", "C", "--gpu", "h100", "--gpu-budget", "8", "--out",
                         str(tmp_path)], capsys, "--gpu-budget bounds the cheapest placements")
+
+
+def test_the_cheapest_placements_on_a_local_dask_cluster(tmp_path, capsys):
+    # the same searches on Dask's workers: the same answer as on worker processes
+    pytest.importorskip("distributed")
+    here, _ = run_main(CHEAP + ["--target-rate", "20", "--no-figures", "--out",
+                                str(tmp_path / "a")], capsys)
+    dask, _ = run_main(CHEAP + ["--target-rate", "20", "--cluster", "local", "--jobs", "2",
+                                "--no-figures", "--out", str(tmp_path / "b")], capsys)
+    strip = [{k: r[k] for k in ("kind", "placement", "gpus", "attainment")}
+             for r in here["C"]["placements"]["rows"]]
+    assert strip == [{k: r[k] for k in ("kind", "placement", "gpus", "attainment")}
+                     for r in dask["C"]["placements"]["rows"]]
+    expect_usage_error(["--experiments", "C", "--gpu", "h100", "--prefill-replicas", "1",
+                        "--decode-replicas", "1", "--cluster", "local", "--out",
+                        str(tmp_path / "c")], capsys, "--cluster runs")
