@@ -43,9 +43,11 @@ def fitting_split(cfg, card, ep):
     """What to give when the weights do not fit: the fewest cards (--tp, or --ep with --ep)
     that the check above then accepts, or smaller weights when no count up to 64 does."""
     flag, parts = ("--ep", cfg.experts) if ep > 1 else ("--tp", cfg.heads)
+    kv = cfg.n_kv_heads
     for n in range(2, 65):
         split = (1, n) if ep > 1 else (n, 1)
-        if parts % n == 0 and card_weight_bytes(cfg, *split) <= card.memory_bytes:
+        whole = ep > 1 or not (kv % n and n % kv)  # (TP: the K/V heads split or copied whole)
+        if parts % n == 0 and whole and card_weight_bytes(cfg, *split) <= card.memory_bytes:
             return f"give {flag} {n} (it divides the {parts} {'experts' if ep > 1 else 'heads'}" \
                    "), or smaller --weights"
     return f"no {flag} up to 64 fits it: give smaller --weights"
