@@ -5,6 +5,7 @@ simulation)
 """
 import dataclasses
 import math
+import time
 
 import numpy as np
 
@@ -136,6 +137,12 @@ def fewest_pools(run, base, roles, slo, start, most_gpus):
         {k: v[0] for k, v in tried.items()}
 
 
+def timed(function, args):
+    """(function(*args), its seconds): a search and what it took, on whichever worker."""
+    clock = time.perf_counter()
+    return function(*args), time.perf_counter() - clock
+
+
 def skipped():
     """A pair of shapes that cannot meet the SLO (a decode step at a batch of one past the
     TPOT bound, or a prompt alone past the TTFT bound) or needs more cards than the budget
@@ -194,9 +201,12 @@ def cheapest_placements(run, req):
     cluster = run.measurement.cluster
     if cluster:
         dask_distributed()  # (one line where Dask is not installed)
-    for row, (roles, tried) in zip(rows, run_parallel(tasks, run.measurement.jobs, cluster)):
+    clock = time.perf_counter()
+    done = run_parallel([(timed, task) for task in tasks], run.measurement.jobs, cluster)
+    wall_s = time.perf_counter() - clock
+    for row, ((roles, tried), search_s) in zip(rows, done):
         row.update(found=roles is not None, placement=None, gpus=None, attainment=None,
-                   simulations=len(tried), tried=sorted(
+                   simulations=len(tried), search_s=search_s, tried=sorted(
             (list(k) if isinstance(k, tuple) else [k], v) for k, v in tried.items()))
         if roles and p.gpu_budget and sum(r.gpus for r in roles) > p.gpu_budget:
             row["found"], roles = False, None  # (past the budget)
@@ -211,6 +221,9 @@ def cheapest_placements(run, req):
                                                                        -r["attainment"])):
         best.setdefault(row["kind"], row)
     return {"target_rate": run.slo.target_rate, "requests": len(base.output),
+            "wall_s": wall_s, "workers": run.measurement.jobs, "cluster": cluster,
+            "simulations": sum(r["simulations"] for r in rows),
+            "simulation_s": sum(r["search_s"] for r in rows),
             "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "attainment": slo.attainment,
             "rows": rows, "best": best, "answer": min(best.values(), key=lambda r: (
                 r["gpus"], -r["attainment"]))["kind"] if best else None}

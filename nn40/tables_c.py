@@ -618,7 +618,8 @@ def pools_text(T, P):
 
 CHEAPEST_COLUMNS = [("kind_col", "kind", "text"), ("placement_col", "placement", "text"),
                     ("gpus_col", "gpus", "d"), ("slo_met", "attainment", "pct"),
-                    ("simulations_col", "simulations", "d"), ("rule_col", "rule", "text")]
+                    ("simulations_col", "simulations", "d"), ("search_col", "search_s", ".2f"),
+                    ("rule_col", "rule", "text")]
 
 
 def placements_text(T, R):
@@ -632,7 +633,10 @@ def placements_text(T, R):
                  **r["rate_matching"]) if "rate_matching" in r else ""} for r in R["rows"]]
     lines = [T["placements"].format(rate=R["target_rate"], slo=slo, attainment=R["attainment"],
                                     requests=R["requests"]),
-             spec_table(T, rows, CHEAPEST_COLUMNS)]
+             spec_table(T, rows, CHEAPEST_COLUMNS),
+             T["placements_timing"].format(
+                 **R, where=T["on_dask" if R["cluster"] else "on_workers"].format(**R),
+                 each_ms=1e3 * R["simulation_s"] / max(R["simulations"], 1))]
     best = R["best"]
     if not best:
         return "\n".join(lines + [T["placements_none"]])

@@ -443,6 +443,8 @@ TEXT_EN = {**SHARED_TEXT,
                   "{attainment:.0%} of requests ({requests:,} arrivals a simulation): each "
                   "shape's fewest replicas, searched by simulation from TensorRT-LLM's "
                   "rate-matching rule (rule: its prefill + decode replicas)",
+    "placements_timing": "{simulations:,} simulations, {each_ms:,.0f} ms each on average, in "
+                         "{wall_s:.1f} s on {where}",
     "placement_none": "{shapes}: none meets the SLO",
     "placement_skipped": "{shapes}: skipped (misses the SLO idle, or past the budget)", "rule_col": "rule",
     "placements_none": "answer: no placement searched serves the rate at the SLO",

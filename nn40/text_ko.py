@@ -380,6 +380,8 @@ TEXT_KO = {**SHARED_TEXT,
                   "싼 배치 (시뮬레이션마다 도착 {requests:,}개): 모양마다 가장 적은 복제본 수를 "
                   "TensorRT-LLM의 속도 맞춤 규칙에서 출발해 시뮬레이션으로 탐색 (규칙: prefill + "
                   "decode 복제본)",
+    "placements_timing": "시뮬레이션 {simulations:,}회, 평균 회당 {each_ms:,.0f} ms, "
+                         "{where}에서 {wall_s:.1f} s",
     "placement_none": "{shapes}: SLO를 지키는 수 없음",
     "placement_skipped": "{shapes}: 건너뜀 (한가해도 SLO를 못 지키거나 예산 초과)", "rule_col": "규칙",
     "placements_none": "답: 탐색한 어떤 배치도 이 속도를 SLO로 서비스하지 못함",

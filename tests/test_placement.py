@@ -301,6 +301,9 @@ def test_the_cheapest_placement_end_to_end(tmp_path, capsys):
     win = R["best"][R["answer"]]
     assert win["gpus"] == min(r["gpus"] for r in found) and win["attainment"] >= 0.9
     assert "answer: " in printed.out and "the rate-matching rule for that pair" in printed.out
+    assert R["simulations"] == sum(r["simulations"] for r in R["rows"]) > 0
+    assert all(r["search_s"] >= 0 for r in R["rows"]) and R["wall_s"] > 0
+    assert f"{R['simulations']:,} simulations, " in printed.out
     # a budget of one card: no pair of pools, and colocated on one card at most
     results, printed = run_main(CHEAP + ["--target-rate", "20", "--gpu-budget", "1",
                                          "--no-figures", "--out", str(tmp_path / "b")], capsys)
