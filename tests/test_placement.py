@@ -48,6 +48,7 @@ def test_the_pool_flags_are_refused_where_nothing_reads_them(flags, fragment, ca
     (["--kv-link", "nvlink", "--decode-gpu", "rtx-4090"], "has no NVLink"),  # (either end)
     (["--kv-tokens", "3000"], "--kv-tokens: the pools price each role's card"),
     (["--peak-tflops", "100"], "--peak-tflops: the pools"),
+    (["--kv-policy", "reserve"], "--kv-policy reserve: the pools"),
     (["--decode-gpu", "rtx-5080", "--model", "llama-3.1-70b", "--tp", "8"],
      "decode pool at TP 8 x PP 1"),
     (["--kv-link-gbs", "0"], "expected a number"),
