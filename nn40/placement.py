@@ -20,7 +20,7 @@ from nn40.metrics import serving_metrics
 from nn40.pools import Pool, simulate_pools
 from nn40.pricing import ENGINE_RULES, card_costs, card_kv_tokens
 from nn40.profiles import run_profile
-from nn40.runs import host_tier, run_order, timed_task, work_of
+from nn40.runs import host_tier, prefix_metrics, run_order, timed_task, work_of
 from nn40.stages import pipeline_costs, stage_model
 from nn40.stats import percentiles
 from nn40.workload import arrival_times, random_stream, seed_for
@@ -185,7 +185,8 @@ def placement_summary(req, sim, roles, slo):
            "slo_attained": m.get("slo_attained"), "goodput_rps": m.get("goodput_rps"),
            "goodput_per_gpu": m["goodput_rps"] / gpus if "goodput_rps" in m else None,
            "output_tokens_per_s_per_gpu": m["output_tokens_per_s"] / gpus,
-           "wait_s": percentiles(sim["times"].start - req.arrival_s), "pools": {}}
+           "wait_s": percentiles(sim["times"].start - req.arrival_s), "pools": {},
+           **prefix_metrics(req, sim)}
     per_pool = sim.get("pools") or {roles[0].role: {"per_replica": sim["per_replica"]}}
     for r in roles:
         per = per_pool[r.role]["per_replica"]

@@ -117,7 +117,7 @@ def pools_result(req, stages):
     """simulate_pools's result: the ledger's times, where each request went (the first
     pool's, and every pool's), and the replicas' steps and memory summed."""
     ledger = stages[0].ledger
-    results, pools = [], {}
+    results, pools, first = [], {}, None
     for stage in stages:
         res = [server.own_result() for server in stage.servers]  # (the times: once, below)
         where = np.array(stage.where)
@@ -128,6 +128,7 @@ def pools_result(req, stages):
              "steps": r["steps"], "occupancy": r["occupancy"],
              "busy_s": r["prefill_s"] + r["decode_s"]} for i, r in enumerate(res)]}
         results += res
+        first = first or (res, pools[stage.pool.name]["per_replica"])
     fleet = {"times": ledger.times()}
     per_replica = [p for pool in pools.values() for p in pool["per_replica"]]
     steps = sum(res["steps"] for res in results)
@@ -138,7 +139,9 @@ def pools_result(req, stages):
                  longest_step_s=max(res["longest_step_s"] for res in results),
                  prefill_s=sum(res["prefill_s"] for res in results),
                  decode_s=sum(res["decode_s"] for res in results))
-    fleet.update(merged_reports(results, per_replica))
+    # (a prefix cache's hits where prompts are computed: the first pool's; a decode pool is
+    # handed each prompt's KV whole)
+    fleet.update(merged_reports(*first))
     if len(stages) > 1:
         fleet["pools"] = pools
     if all("kv" in res for res in results):

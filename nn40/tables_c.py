@@ -596,7 +596,8 @@ def pools_text(T, P):
     rows = [{**P[kind], "kind": T["kind_" + kind]} for kind in ("disaggregated", "colocated")]
     columns = POOLS_COLUMNS + ([("slo_met", "slo_attained", "pct"),
                                 ("per_gpu_col", "goodput_per_gpu", ",.3f")]
-                               if rows[0]["slo_attained"] is not None else [])
+                               if rows[0]["slo_attained"] is not None else []) + (
+        [("hit_card", "prefix_cache.hit_ratio", ".1%")] if PREFIX_REPORT in rows[0] else [])
     pools = [{"kind": T["kind_" + kind], "role": role, **pool,
               "wait": P[kind]["wait_s"]["p90"] if i == 0 else
               P[kind].get("back_pressure", {}).get("mean_wait_s")}

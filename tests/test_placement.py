@@ -334,3 +334,18 @@ def test_the_cheapest_placements_on_a_local_dask_cluster(tmp_path, capsys):
     expect_usage_error(["--experiments", "C", "--gpu", "h100", "--prefill-replicas", "1",
                         "--decode-replicas", "1", "--cluster", "local", "--out",
                         str(tmp_path / "c")], capsys, "--cluster runs")
+
+
+def test_a_prefix_cache_in_the_pools_counts_each_prompt_once(tmp_path, capsys):
+    # shared system prompts: the prefill pool's caches find them as colocated replicas' do;
+    # the decode pool, handed each prompt's KV whole, queries nothing of its own (its lookups
+    # counted too would double the queried tokens)
+    results, printed = run_main(POOLS + ["--enable-prefix-caching", "--prefix-len", "512",
+                                         "--num-prefixes", "2", "--turns", "2", "--rate", "4",
+                                         "--requests", "200", "--no-figures", "--out",
+                                         str(tmp_path)], capsys)
+    P = results["C"]["placement"]
+    split, joint = (P[k]["prefix_cache"] for k in ("disaggregated", "colocated"))
+    assert split["queried_tokens"] == joint["queried_tokens"] > 0
+    assert split["hit_ratio"] > 0.3 and joint["hit_ratio"] > 0.3
+    assert f"{100 * split['hit_ratio']:.1f}%" in printed.out  # (the pools' table's hit column)
