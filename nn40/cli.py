@@ -427,7 +427,8 @@ def refuse_pool_flags(args):
     unread = [flag for flag, given in (
         ("--kv-tokens", args.kv_tokens), ("--kv-memory-gb", args.kv_memory_gb),
         ("--peak-bandwidth-gbs", args.peak_bandwidth_gbs), ("--peak-tflops", args.peak_tflops),
-        ("--cost", args.cost), ("--kv-policy reserve", args.kv_policy == "reserve"),
+        ("--cost", args.cost), (f"--kv-policy {args.kv_policy}", not getattr(
+            KV_MANAGERS.get(args.kv_policy), "served", True)),  # (a policy engines do not run)
         ("--max-output", args.max_output)) if given]
     if pools[0] is not None and unread:
         raise UsageError(f"{', '.join(unread)}: the pools price each role's card by the engine "
