@@ -14,6 +14,7 @@ from nn40.config import CAPACITY_REQUESTS, REPLICAS_MAX
 from nn40.errors import UsageError
 from nn40.host import dask_distributed, log, run_parallel
 from nn40.kv import check_kv_budget
+from nn40.metrics import slo_met
 from nn40.placement import Role, check_roles, placement_link, placement_pools, role_replica
 from nn40.pools import Fleet, simulate_pools
 from nn40.profiles import run_profile
@@ -96,16 +97,8 @@ def attainments(run, base, roles, slo):
     pools, path = placement_pools(run, roles, req.output)
     sim = simulate_pools(req, pools, path, link=placement_link(run, roles) if len(roles) > 1
                          else None)
-    times, ok = sim["times"], []
-    for bound, late in ((slo.ttft_s, times.ttft()), (slo.tpot_s, per_token(times))):
-        ok.append(np.ones(len(late), bool) if bound is None else late <= bound)
-    return float((ok[0] & ok[1]).mean()), float(ok[0].mean()), float(ok[1].mean())
-
-
-def per_token(times):
-    tpot = np.zeros(len(times.arrival))
-    tpot[times.output > 1] = times.tpot()
-    return tpot
+    ttft_ok, tpot_ok = slo_met(sim["times"], slo.ttft_s, slo.tpot_s)
+    return float((ttft_ok & tpot_ok).mean()), float(ttft_ok.mean()), float(tpot_ok.mean())
 
 
 def fewest_pools(run, base, roles, slo, start, most_gpus):

@@ -350,6 +350,11 @@ GPUS = {  # README cites the spec sheets; memory_mib: nvidia-smi's total (the RT
     "b200": GPU("B200", 8000.0, 2250.0, 180.0, 4500.0, *_NVLINK5, 183359),
 }
 
+
+def card_key(card):
+    """The GPUS key a card is registered under (None: a card of no name here)."""
+    return next((key for key, named in GPUS.items() if named == card), None)
+
 # Each card's link to its host's memory, one way (a prefix cache's host tier loads over it):
 # the PCIe cards' own link; the SXM boards' host slots per NVIDIA's HGX/DGX spec sheets (A100:
 # PCIe 4.0 x16; H100, H200: PCIe 5.0 x16; B200: PCIe 6.0 on the card, 5.0 on the DGX B200 host)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nn40.config import GPUS, MODELS
+from nn40.config import GPUS, MODELS, card_key
 from nn40.errors import UsageError
 from nn40.handoff import GPUS_PER_NODE, kv_link
 from nn40.host import one_line, parallel_executor, run_parallel
@@ -218,8 +218,8 @@ def replay_distserve(path, profile_dir, link=None, micro_batches=None):
 def check_placement(cfg, card, pools, gpus=None):
     """A DistServe placement, before anything runs: pools [(role, replicas, tp, pp)] on `card`
     (check_roles: one line where it cannot run). -> the cards it takes"""
-    key = next(k for k, g in GPUS.items() if g == card)
-    return check_roles(cfg, [Role(role, n, tp, pp, key) for role, n, tp, pp in pools], gpus)
+    return check_roles(cfg, [Role(role, n, tp, pp, card_key(card)) for role, n, tp, pp in pools],
+                       gpus)
 
 
 def distserve_runs(directory):

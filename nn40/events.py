@@ -70,8 +70,7 @@ class EventQueue:
         server.arrive(r, t)
         if server.pending is not pending:  # (cut short: the run ends at another time)
             self.push(server.pending_end(), COMMIT, server, server.new_version())
-        elif pending is None and not server.plan_queued:
-            server.plan_queued = True
+        elif server.wake(t):  # (idle: it plans from t)
             self.push(t, PLAN, server)
         if not stage.left:
             for server in stage.servers:

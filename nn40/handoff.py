@@ -9,7 +9,7 @@ import heapq
 from dataclasses import dataclass
 
 from nn40.accounting import kv_bytes_per_token
-from nn40.config import GPUS, HOST_LINKS
+from nn40.config import HOST_LINKS, card_key
 from nn40.errors import UsageError
 from nn40.events import ARRIVE, PLAN, SENT
 
@@ -149,8 +149,7 @@ NETWORK_DEFAULT, NETWORK_LATENCY_US, GPUS_PER_NODE = ("100 GbE", 12.5), 2.0, 8
 
 def network_link(card):
     """(name, GB/s, latency us) of the network a GPU reaches another node's over."""
-    key = next((k for k, g in GPUS.items() if g == card), None)
-    return (*NETWORK_LINKS.get(key, NETWORK_DEFAULT), NETWORK_LATENCY_US)
+    return (*NETWORK_LINKS.get(card_key(card), NETWORK_DEFAULT), NETWORK_LATENCY_US)
 
 
 def card_link(card):
@@ -167,8 +166,7 @@ def nvlink(card):
 
 def pcie(card):
     """The card's PCIe slot (a card to card copy through the host's root complex)."""
-    key = next((k for k, g in GPUS.items() if g == card), None)
-    name, gbs = HOST_LINKS.get(key, (card.link, card.link_gbs))
+    name, gbs = HOST_LINKS.get(card_key(card), (card.link, card.link_gbs))
     return name, gbs, 0.0
 
 

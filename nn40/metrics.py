@@ -18,16 +18,23 @@ def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
                "ttft_s": summary["ttft_s"], "tpot_s": summary["tpot_s"],
                "e2e_s": summary["e2e_s"]}
     if slo_ttft_s or slo_tpot_s:
-        ok = np.ones(n, bool)
-        if slo_ttft_s:
-            ok &= times.ttft() <= slo_ttft_s
-        if slo_tpot_s:
-            per_token = np.zeros(n)
-            per_token[times.output > 1] = times.tpot()
-            ok &= per_token <= slo_tpot_s
+        ttft_ok, tpot_ok = slo_met(times, slo_ttft_s, slo_tpot_s)
+        ok = ttft_ok & tpot_ok
         metrics["goodput_rps"] = float(ok.sum() / span)
         metrics["slo_attained"] = float(ok.mean())
     return metrics
+
+
+def slo_met(times, slo_ttft_s=None, slo_tpot_s=None):
+    """(which requests meet the TTFT bound, which the TPOT bound): boolean arrays, all true
+    where there is no bound; a request of one token has no TPOT and meets it."""
+    n = len(times.arrival)
+    ttft_ok = times.ttft() <= slo_ttft_s if slo_ttft_s else np.ones(n, bool)
+    if not slo_tpot_s:
+        return ttft_ok, np.ones(n, bool)
+    per_token = np.zeros(n)
+    per_token[times.output > 1] = times.tpot()
+    return ttft_ok, per_token <= slo_tpot_s
 
 
 def quantile_curve(sorted_values, points=200):
