@@ -84,13 +84,15 @@ class KVManager:
     in_both    one of the policies --kv-policy both compares; caching: the policy that is this
                one keeping computed prefixes (--enable-prefix-caching), if any
     tracks_prefixes   it keeps computed prefixes (its result has a prefix_cache report)
+    caches_scheduled  it caches a prompt's blocks when their step is scheduled (see schedule),
+               so that requests admitted in the same step share them
     loads      a step may wait for KV loaded into the card (a host tier's): see loaded
     block      tokens per block (1: token-exact); capacity: tokens the cache holds; watermark:
                tokens admission keeps free; total: tokens allocated now
     A step's plan is [(Seq, prompt tokens it prefills)]; step j of a run of k takes
     a + e (j - 1) seconds.
     """
-    tracks = preempts = served = tracks_prefixes = loads = False
+    tracks = preempts = served = tracks_prefixes = loads = caches_scheduled = False
     in_both, caching = True, None
     block, capacity, watermark, total = 1, math.inf, 0, 0
     shared = lent = 0  # tokens held by several requests (once more than held); lent to KV in flight
@@ -137,6 +139,9 @@ class KVManager:
     def admit(self, seq, need):
         """Seq is admitted on `need` (its num_cached tokens already computed)."""
 
+    def schedule(self, seq, tokens):
+        """Seq's next step prefills `tokens` of its prompt (where caches_scheduled)."""
+
     def planned(self, steps, plan):
         """Tokens allocated once the planned step has run (can this step grow)."""
         return self.total
@@ -150,6 +155,10 @@ class KVManager:
 
     def release(self, seq, ctx):
         """Seq, holding ctx tokens, leaves (finished or preempted): what it held is freed."""
+
+    def preempt(self, seq, ctx):
+        """Seq, holding ctx tokens, is preempted (it will be admitted again): released."""
+        self.release(seq, ctx)
 
     def advance(self, steps, plan, k, a, e):
         """Allocate for k steps; -> the integral of tokens allocated x seconds."""
@@ -358,6 +367,8 @@ class PagedBlocks(KVManager):
 
 
 PREFIX_REPORT = "prefix_cache"  # a run's result: what its prefix caches hit
+OWN_KEYS = 1 << 64  # keys of a request's own blocks: OWN_KEYS + (request << 24) + block, past
+# every prompt identity's keys (they fit in 64 bits)
 
 
 def leading(get, keys, start, stop):
@@ -378,8 +389,11 @@ class PrefixCache(PagedBlocks):
     full block is keyed by its tokens and all before them (the prompt's identity, see
     HashedPrompts); a newcomer's hit is the longest run of its leading blocks cached, short of
     its last prompt token, and those tokens are not prefilled. A block is shared by reference
-    count, held once however many run on it, and cached once computed (requests prefilled in
-    the same step do not share). A block no one holds keeps its key in a free queue, least
+    count, held once however many run on it, and cached as soon as the step that computes it
+    is scheduled, so requests admitted in the same step share it (vLLM's allocate_slots caches
+    up to the tokens computed and scheduled, vllm/v1/core/kv_cache_manager.py); a preempted
+    request's own blocks keep keys too, and it hits them when it comes back, where they are
+    still cached (vLLM keys every full block by its tokens). A block no one holds keeps its key in a free queue, least
     recently freed first (a request frees its blocks last first, so a prefix's tail goes before
     its head), until an allocation takes it; with `host_tokens`, it then moves to a host tier
     (least recently stored first out), where a later hit loads it back. Cost: O(blocks of the
@@ -387,7 +401,7 @@ class PrefixCache(PagedBlocks):
     speed (see BlockQueue).
     """
 
-    in_both, caching, tracks_prefixes = False, None, True
+    in_both, caching, tracks_prefixes, caches_scheduled = False, None, True, True
     eviction = "lru"  # the order of its free queue and host tier (EVICTION_ORDERS)
 
     def __init__(self, kv):
@@ -406,6 +420,7 @@ class PrefixCache(PagedBlocks):
         self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
         self.hits = {}  # request -> tokens hit at its first admission
         self.of = {}  # Seq -> its CachedBlocks, while it runs
+        self.own = {}  # preempted requests, whose own blocks are keyed (keys_of) until they end
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
 
     def lookup(self, ledger, r):
@@ -415,6 +430,7 @@ class PrefixCache(PagedBlocks):
             return ledger.cached[r]
         b, to_prefill, looked_up = self.block, ledger.to_prefill[r], self.looked_up
         keys = looked_up[1] if looked_up and looked_up[0] == r else \
+            self.keys_of(r, to_prefill) if r in self.own else \
             identity.block_keys(r, to_prefill, b)
         most = min(len(keys), (to_prefill - 1) // b)  # (one prompt token left to compute)
         counts = leading(self.ref.get, keys, 0, most)  # (the card's hit blocks' holders)
@@ -458,6 +474,26 @@ class PrefixCache(PagedBlocks):
         self.take(fresh)
         if host:
             self.register(blocks, (card + host) * b)
+
+    def keys_of(self, r, tokens):
+        """The keys of request r's first tokens // block blocks: its prompt identity's, then
+        keys of its own for the blocks no other request can share (its own text and answer:
+        a preempted request finds them again when it comes back, as vLLM's blocks keyed by
+        their tokens are found)."""
+        keys = self.identity.block_keys(r, tokens, self.block)
+        n = tokens // self.block
+        if n <= len(keys):
+            return keys
+        base = OWN_KEYS + (r << 24)
+        return keys + list(range(base + len(keys), base + n))
+
+    def schedule(self, seq, tokens):
+        """The blocks seq's next step fills are cached now (vLLM's allocate_slots caches up
+        to the tokens computed and scheduled), so a request admitted after it in the same step
+        hits them."""
+        blocks = self.of[seq]
+        if blocks.registered < len(blocks.keys):
+            self.register(blocks, seq.num_cached + tokens)
 
     def register(self, blocks, tokens):
         """A request's blocks (its CachedBlocks) up to `tokens` are computed: cache those no
@@ -510,14 +546,24 @@ class PrefixCache(PagedBlocks):
         load_s = self.load_s(plan)
         return (price[0] + load_s,) + price[1:] if load_s else price
 
+    def preempt(self, seq, ctx):
+        """Its own blocks keep keys it will find when it comes back (keys_of)."""
+        if self.identity is None:
+            return self.release(seq, ctx)
+        self.of[seq].keys = self.keys_of(seq.id, ctx)
+        self.release(seq, ctx)
+        self.own[seq.id] = True
+
     def release(self, seq, ctx):
         blocks = self.of.pop(seq)
-        keys = blocks.keys
+        keys, r = blocks.keys, seq.id
+        if self.own:  # (finished, or preempted again: see preempt)
+            self.own.pop(r, None)
         if keys:
             n = ctx // self.block
-            if n > len(keys) and self.identity.covers_output(seq.id):  # (its answer: the
+            if n > len(keys) and self.identity.covers_output(r):  # (its answer: the
                 # next turn's prompt)
-                blocks.keys = keys = self.identity.block_keys(seq.id, ctx, self.block)
+                blocks.keys = keys = self.identity.block_keys(r, ctx, self.block)
             if min(n, len(keys)) > blocks.registered:
                 self.register(blocks, ctx)
         super().release(seq, ctx)

@@ -86,7 +86,7 @@ class Admission:
             if not self.running or taken <= kv.capacity:
                 return taken
             seq = self.running[next(reversed(self.running))]
-            to_emit, cached = self.leave(seq)
+            to_emit, cached = self.leave(seq, preempted=True)
             r = seq.id  # readmitted, it prefills its prompt and what it generated again
             ledger.to_prefill[r] = ledger.prompt[r] + ledger.generated[r]
             ledger.remaining[r], ledger.cached[r] = to_emit, 0
@@ -106,6 +106,7 @@ class Admission:
         retry, t, head = self.retry, self.t, self.waiting.head
         kv, ledger, tracks, need, pop = self.kv, self.ledger, self.tracks, 0, self.waiting.pop
         lookup = kv.lookup if kv.tracks_prefixes else None  # (else ledger.cached's, read)
+        scheduled = kv.caches_scheduled
         known, to_prefill, start = ledger.cached, ledger.to_prefill, ledger.start
         room, watermark, running, admitted = kv.capacity - taken, kv.watermark, \
             self.running, self.admissions
@@ -133,6 +134,8 @@ class Admission:
                 start[r] = t
             if tracks:
                 kv.admit(seq, need)
+                if scheduled:  # (its first step's blocks: cached as they are scheduled)
+                    kv.schedule(seq, prompt_left if whole else min(prompt_left, spare))
             if prompt_left:
                 joined.append(seq)
             else:  # (its prefill ran elsewhere: it decodes from the next step)
@@ -231,6 +234,11 @@ class ServingSim(Admission):
         self.iterations += 1
         taken = self.make_room() if self.preempts else \
             self.kv.planned(self.steps, ()) if self.tracks else 0
+        if self.kv.caches_scheduled and self.prefill.seqs:  # (the running prompts' next
+            # chunks are cached as scheduled, before newcomers look theirs up: vLLM's order)
+            for seq, chunk in schedule_prefill(self.prefill.seqs, self.decode.tokens,
+                                               self.chunk_tokens):
+                self.kv.schedule(seq, chunk)
         blocked = self.admit(taken)
         plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens)
         if not plan and not self.decode.size:
@@ -352,9 +360,9 @@ class ServingSim(Admission):
         if self.on_finish:
             self.on_finish(seq.id, self.t)
 
-    def leave(self, seq):
-        """Take a request out of its slot (finished or preempted). -> (tokens still to emit,
-        tokens it had cached)."""
+    def leave(self, seq, preempted=False):
+        """Take a request out of its slot (finished, or preempted: to come back). -> (tokens
+        still to emit, tokens it had cached)."""
         del self.running[seq.admitted]
         if seq.decode_base is None:  # prefilling (or a prefill that emitted its last token)
             if seq.prompt_left:
@@ -366,7 +374,7 @@ class ServingSim(Admission):
             to_emit, cached = 0, seq.decode_base + self.decode.gains * self.steps  # (held_by,
             # inline: a finish is the loop's most frequent leave)
         if self.tracks:
-            self.kv.release(seq, cached)
+            (self.kv.preempt if preempted else self.kv.release)(seq, cached)
         self.ledger.generated[seq.id] += seq.to_emit_admitted - to_emit
         return to_emit, cached
 

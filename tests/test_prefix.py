@@ -132,20 +132,70 @@ def test_preemption_and_the_watermark_keep_working_and_memory_counts_once():
     assert (np.array(sim["generated"]) == req.output).all()
 
 
+def test_a_preempted_request_hits_its_own_blocks_when_it_comes_back():
+    cache = PrefixCache(KVBudget("prefix", 64, 4))   # 16 blocks of 4 tokens
+    ledger = system_prompts(1, system_tokens=8, own=6)  # 14 tokens: 2 shared blocks, then its own
+    seq = admit(cache, ledger, 0)
+    prefill(cache, seq)                              # 15 tokens held: 3 full blocks
+    cache.preempt(seq, 15)
+    ledger.to_prefill[0] = 15                        # it prefills its prompt and its token again
+    assert cache.lookup(ledger, 0) == 12             # its 3 full blocks, its own third included
+    back = admit(cache, ledger, 0)
+    assert back.num_cached == 12 and cache.report()["prefix_cache"]["readmitted_hit_tokens"] \
+        == 12
+    cache.release(back, 15)                          # finished: its own keys are not kept
+    assert cache.own == {}
+    stranger = system_prompts(1, system_tokens=8, own=6)
+    assert cache.lookup(stranger, 0) == 8            # another request finds the shared 2 only
+
+
 @pytest.mark.parametrize("scheduler", ["continuous", "chunked"])
-def test_with_nothing_shared_it_is_the_paged_simulation(scheduler):
+def test_with_nothing_shared_it_is_the_paged_simulation_but_for_preempted_requests_own_hits(
+        scheduler, monkeypatch):
     n = 300
     rng = np.random.default_rng(5)
     req = Requests(arrival_times(n, 40.0, 1.0, rng), np.full(n, 64), lognormal_lengths(n, 5))
     lone = SharedPrompts(np.full(n, -1), np.array([0]), np.full(n, -1))
-    sims = [simulate_serving(r, Replica(16, COSTS, scheduler=scheduler, chunk_tokens=256,
-                                            kv=KVBudget(policy, 2000, 16, watermark=0.01)))
-            for r, policy in ((req, "paged"), (Requests(req.arrival_s, req.prompt, req.output,
-                                                          identity=lone), "prefix"))]
+
+    def run():
+        return [simulate_serving(r, Replica(16, COSTS, scheduler=scheduler, chunk_tokens=256,
+                                                kv=KVBudget(policy, 2000, 16, watermark=0.01)))
+                for r, policy in ((req, "paged"), (Requests(
+                    req.arrival_s, req.prompt, req.output, identity=lone), "prefix"))]
+    sims = run()
     assert sims[0]["kv"]["preemptions"] > 0
+    p = sims[1]["prefix_cache"]
+    assert p["hit_tokens"] == 0 and p["readmitted_hit_tokens"] > 0  # its own blocks only
+    assert sims[1]["times"].finish.max() < sims[0]["times"].finish.max()  # less recomputed
+    # without its own blocks' keys, a preempted request recomputes all: paged, step for step
+    monkeypatch.setattr(PrefixCache, "keys_of", lambda self, r, tokens:
+                        self.identity.block_keys(r, tokens, self.block))
+    sims = run()
+    assert sims[1]["prefix_cache"]["readmitted_hit_tokens"] == 0
     for key in ("start", "first_token", "finish", "first_step", "finish_step"):
         assert np.array_equal(*(getattr(s["times"], key) for s in sims)), key
     assert sims[0]["kv"]["alloc_s"] == sims[1]["kv"]["alloc_s"]
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "chunked"])
+def test_requests_admitted_in_one_step_share_the_blocks_it_schedules(scheduler, monkeypatch):
+    # 64 requests of one 1,024-token system prompt (then 64 tokens of their own) at t = 0:
+    # vLLM caches the first one's blocks as it schedules them (kv_cache_manager.py's
+    # allocate_slots), so the 63 admitted after it in the same step hit all 1,024 tokens
+    n = 64
+    identity = SharedPrompts(np.zeros(n, int), np.array([1024]), np.full(n, -1))
+    req = Requests(np.zeros(n), np.full(n, 1088), np.full(n, 8), identity=identity)
+    replica = Replica(n, COSTS, scheduler=scheduler, chunk_tokens=8192,
+                        kv=KVBudget("prefix", 10**6, 16))
+    sim = simulate_serving(req, replica)
+    assert sim["prefix_cache"]["hit_tokens"] == 63 * 1024 == 64_512
+    assert sim["prefix_cache"]["hits"][0] == 0
+    ttft = np.median(sim["times"].first_token)
+    # the rule it replaces, a seeded bug: blocks cached once computed, not shared in the step
+    monkeypatch.setattr(PrefixCache, "caches_scheduled", False)
+    late = simulate_serving(req, replica)
+    assert late["prefix_cache"]["hit_tokens"] < 60_000
+    assert np.median(late["times"].first_token) > 2 * ttft
 
 
 def test_a_hit_is_not_prefilled():
