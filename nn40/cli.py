@@ -14,7 +14,7 @@ from nn40.config import (
 from nn40.errors import UsageError
 from nn40.figures import FORMATS
 from nn40.handoff import LINKS
-from nn40.kv import KV_MANAGERS
+from nn40.kv import KV_MANAGERS, KVBudget
 from nn40.memory import check_card_fits
 from nn40.modes import MODES
 from nn40.names import named
@@ -29,6 +29,7 @@ from nn40.settings import (
 from nn40.stages import stage_model
 from nn40.text import DESCRIPTION, EPILOG, USAGE
 from nn40.text_ko import TEXT
+from nn40.tiers import HOST_TIERS
 
 
 class Goodput(argparse.Action):
@@ -132,6 +133,9 @@ def prefix_flags(p):
              help="paged blocks keep computed prefixes (the policy 'prefix'; vLLM's flag)")
     add_flag(w, "--host-kv-gb", type=number(1e-3, 1e6), shown="none",
              help="prefix cache: a host-memory tier, GB")
+    add_flag(w, "--host-write-policy", choices=tuple(HOST_TIERS), shown=KVBudget.host_write,
+             help="the host tier stores a block as it is computed (vLLM's KV offloading, "
+             "LMCache) or as the card evicts it (SGLang HiCache's write_back)")
     add_flag(w, "--prefix-len", type=integer(0, 10**6), help="system prompts' tokens (generated)")
     add_flag(w, "--num-prefixes", type=integer(1, 10**5), help="how many system prompts")
     add_flag(w, "--prefix-share", type=number(1e-3, 1.0),
@@ -570,8 +574,11 @@ def check_flags(args):
         raise UsageError(f"--enable-prefix-caching: --kv-policy {args.kv_policy} keeps no "
                          "prefixes; give --kv-policy paged (or both)")
     caching = args.enable_prefix_caching or (manager and manager.tracks_prefixes)
-    for flag, given in (("--host-kv-gb", args.host_kv_gb), ("--router cache-aware",
-                                                          args.router == "cache-aware")):
+    if args.host_write_policy and not args.host_kv_gb:
+        raise UsageError("--host-write-policy is the host tier's: add --host-kv-gb")
+    cache_router = args.router in ROUTERS and not ROUTERS[args.router].in_all
+    for flag, given in (("--host-kv-gb", args.host_kv_gb), (f"--router {args.router}",
+                                                          cache_router)):
         if given and not caching:
             raise UsageError(f"{flag} works with a prefix cache: add --enable-prefix-caching "
                              "(with --kv-policy paged or both) or give --kv-policy prefix")

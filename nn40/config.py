@@ -360,6 +360,10 @@ def card_key(card):
 # PCIe 4.0 x16; H100, H200: PCIe 5.0 x16; B200: PCIe 6.0 on the card, 5.0 on the DGX B200 host)
 HOST_LINKS = {"a100-40gb": _PCIE4, "a100-80gb": _PCIE4, "h100": _PCIE5, "h200": _PCIE5,
               "b200": _PCIE5}
+# The share of that link a KV load gets: vLLM's KV offloading connector copies by DMA at about
+# 50 GB/s one way on an H100's PCIe 5.0 x16 (64 GB/s by spec; 83.4 GB/s both ways at once):
+# blog.vllm.ai, "Inside vLLM's New KV Offloading Connector" (2026), its copy-method benchmark
+HOST_LINK_SHARE = 50.0 / 64.0
 
 EXPERIMENTS = "ABCD"
 

@@ -361,7 +361,7 @@ def plot_who_waits(results, path):
 
 ROUTER_STYLES = {"round-robin": (GREY, "o"), "least-requests": (BLUE, "s"),
                  "power-of-two": ("#2ca02c", "^"), "least-kv": (PREFILL, "D"),
-                 "cache-aware": ("#9467bd", "v")}
+                 "cache-aware": ("#9467bd", "v"), "precise-prefix": ("#8c564b", "P")}
 
 
 def plot_capacity(results, path):

@@ -14,6 +14,8 @@ import numpy as np
 
 from nn40.errors import UsageError
 from nn40.queues import EVICTION_ORDERS
+from nn40.tiers import HOST_TIERS
+from nn40.workload import every_block_key
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class KVBudget:
     watermark: float = 0.0     # paged: share of the blocks admission keeps free
     host_tokens: float = 0     # prefix: tokens of blocks a host-memory tier keeps
     host_token_s: float = 0.0  # prefix: seconds to load one token's KV from the host tier
+    host_write: str = "write-through"  # prefix: the host tier's write policy (HOST_TIERS)
 
 
 class KVUnfit(UsageError):
@@ -367,8 +370,6 @@ class PagedBlocks(KVManager):
 
 
 PREFIX_REPORT = "prefix_cache"  # a run's result: what its prefix caches hit
-OWN_KEYS = 1 << 64  # keys of a request's own blocks: OWN_KEYS + (request << 24) + block, past
-# every prompt identity's keys (they fit in 64 bits)
 
 
 def leading(get, keys, start, stop):
@@ -393,10 +394,12 @@ class PrefixCache(PagedBlocks):
     is scheduled, so requests admitted in the same step share it (vLLM's allocate_slots caches
     up to the tokens computed and scheduled, vllm/v1/core/kv_cache_manager.py); a preempted
     request's own blocks keep keys too, and it hits them when it comes back, where they are
-    still cached (vLLM keys every full block by its tokens). A block no one holds keeps its key in a free queue, least
-    recently freed first (a request frees its blocks last first, so a prefix's tail goes before
-    its head), until an allocation takes it; with `host_tokens`, it then moves to a host tier
-    (least recently stored first out), where a later hit loads it back. Cost: O(blocks of the
+    still cached (vLLM keys every full block by its tokens). A block no one holds keeps its
+    key in a free queue, least recently freed first (a request frees its blocks last first, so
+    a prefix's tail goes before its head), until an allocation takes it. With `host_tokens`, a
+    host tier (nn40.tiers: write-through, stored as computed, or write-back, stored as
+    evicted) keeps blocks too, and a hit past the card's blocks loads them back, the tier
+    keeping its copy. Cost: O(blocks of the
     request) at admission and release, and O(blocks allocated) as steps allocate, each at C
     speed (see BlockQueue).
     """
@@ -412,7 +415,9 @@ class PrefixCache(PagedBlocks):
         self.free = order()  # the cached blocks no one holds, and the uncached blocks
         if self.preempts:
             self.free.push_run(int(self.capacity // self.block))  # (every block never used)
-        self.host, self.host_blocks = order(), int(kv.host_tokens // self.block)
+        self.host_blocks = int(kv.host_tokens // self.block)
+        self.host = HOST_TIERS[kv.host_write](self.host_blocks, self.eviction) \
+            if self.host_blocks else None  # (its host tier, a HostTier)
         self.host_token_s, self.loads = kv.host_token_s, self.host_blocks > 0
         self.looked_up = None  # the last lookup: (r, keys, the card's hit blocks' holders,
         # blocks hit in host memory, hit blocks no one holds)
@@ -434,7 +439,7 @@ class PrefixCache(PagedBlocks):
             identity.block_keys(r, to_prefill, b)
         most = min(len(keys), (to_prefill - 1) // b)  # (one prompt token left to compute)
         counts = leading(self.ref.get, keys, 0, most)  # (the card's hit blocks' holders)
-        host = self.host.where
+        host = self.host.where if self.host is not None else None
         host = len(leading(host.get, keys, len(counts), most)) if host else 0
         self.looked_up = (r, keys, counts, host, counts.count(0))
         return max(ledger.cached[r], (len(counts) + host) * b)
@@ -461,7 +466,7 @@ class PrefixCache(PagedBlocks):
         self.ref.update(zip(hit, map((1).__add__, counts)))
         self.shared += b * (card - taken)
         if host:  # loaded back from the host tier
-            self.host.remove(keys[card:card + host])
+            self.host.loaded(keys[card:card + host])
         self.of[seq] = blocks = CachedBlocks(keys, hit, card, host * b)
         if r in self.hits:  # readmitted after preemption: it finds what it had computed
             self.readmitted_hit += (card + host) * b
@@ -480,12 +485,7 @@ class PrefixCache(PagedBlocks):
         keys of its own for the blocks no other request can share (its own text and answer:
         a preempted request finds them again when it comes back, as vLLM's blocks keyed by
         their tokens are found)."""
-        keys = self.identity.block_keys(r, tokens, self.block)
-        n = tokens // self.block
-        if n <= len(keys):
-            return keys
-        base = OWN_KEYS + (r << 24)
-        return keys + list(range(base + len(keys), base + n))
+        return every_block_key(self.identity, r, tokens, self.block)
 
     def schedule(self, seq, tokens):
         """The blocks seq's next step fills are cached now (vLLM's allocate_slots caches up
@@ -507,9 +507,8 @@ class PrefixCache(PagedBlocks):
         ref.update(dict.fromkeys(new, 1))
         blocks.held += new
         blocks.registered = upto
-        host = self.host.where
-        if host and not host.keys().isdisjoint(new):
-            self.host.remove([key for key in new if key in host])
+        if self.host is not None and new:
+            self.host.computed(new)
 
     def take(self, blocks):
         """Allocate blocks from the head of the free queue, evicting the cached ones there."""
@@ -519,9 +518,8 @@ class PrefixCache(PagedBlocks):
         if evicted:
             collections.deque(map(self.ref.__delitem__, evicted), 0)
             self.evicted += len(evicted)
-            if self.host_blocks:  # (which keeps its newest host_blocks)
-                self.host.push(evicted)
-                self.host.pop(len(self.host) - self.host_blocks)
+            if self.host is not None:
+                self.host.evicted(evicted)
 
     def advance(self, steps, plan, k, a, e):
         before = self.total

@@ -481,6 +481,10 @@ class FleetReplica(ServingSim):
         """Requests queued, preempted and running: what least-requests routing compares."""
         return len(self.waiting) + len(self.retry) + len(self.running)
 
+    def waiting_requests(self):
+        """Requests queued and preempted: what a queue scorer compares."""
+        return len(self.waiting) + len(self.retry)
+
     def committed_kv(self):
         """KV tokens allocated (else held), the prompt tokens admitted but not yet prefilled
         (where the allocation does not cover them) and the prompts waiting: what least-kv

@@ -142,9 +142,10 @@ def role_replica(run, role, output):
     sched = run.scheduler  # (the policy engines serve with: paged, or its prefix cache)
     policy = next((p for p in sched.kv_policies if KV_MANAGERS[p].served), "paged")
     host = host_tier(run, kv_bytes_per_token(cfg), role.gpu, role.tp) if \
-        KV_MANAGERS[policy].tracks_prefixes else {"host_tokens": 0, "host_token_s": 0.0}
+        KV_MANAGERS[policy].tracks_prefixes else {"host_tokens": 0, "host_token_s": 0.0,
+                                                  "host_write": KVBudget.host_write}
     kv = KVBudget(policy, tokens, sched.block_tokens, 0, sched.watermark,
-                  host["host_tokens"], host["host_token_s"])
+                  host["host_tokens"], host["host_token_s"], host["host_write"])
     costs = pipeline_costs(card_costs(cfg, card, profile, role.tp), role.pp, cfg, card, role.tp)
     return profile.replica(costs, slots=slots, chunk_tokens=chunk, scheduler="continuous",
                            order=run_order(run, output), kv=kv, prompt_tokens=chunk,

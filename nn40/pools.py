@@ -15,7 +15,7 @@ from nn40.kv import KVUnfit, check_kv_budget, merged_reports
 from nn40.loop import FleetReplica
 from nn40.queues import Ledger
 from nn40.replicas import Replica
-from nn40.routers import route
+from nn40.routers import make_router
 
 
 class Fleet(NamedTuple):
@@ -49,12 +49,13 @@ class PoolStage:
         first = rng.integers(m, size=n)  # (power-of-two's draws)
         second = (first + 1 + rng_second.integers(max(m - 1, 1), size=n)) % m
         self.pairs, self.where = list(zip(first.tolist(), second.tolist())), [-1] * n
+        self.router = make_router(pool.router)
         self.on_arrive = None  # hook (request, t): a request placed before it arrives is in
 
     def place(self, r):
         """Choose request r's replica now (by the router, reading each replica as it is) ->
         its index."""
-        self.where[r] = i = route(self.pool.router, self.servers, r, self.pairs[r])
+        self.where[r] = i = self.router.pick(self.servers, r, self.pairs[r])
         return i
 
     def route(self, r, t):

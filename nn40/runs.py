@@ -16,7 +16,7 @@ import numpy as np
 
 from nn40.accounting import card_kv_bytes_per_token, kv_bytes_per_token
 from nn40.config import (
-    GPUS, HOST_LINKS, LENGTH_MAX, LENGTH_MU, LENGTH_SIGMA, REFERENCE_BANDWIDTH_GBS,
+    GPUS, HOST_LINK_SHARE, HOST_LINKS, LENGTH_MAX, LENGTH_MU, LENGTH_SIGMA, REFERENCE_BANDWIDTH_GBS,
     REFERENCE_TFLOPS, _PCIE4)
 from nn40.host import log_labelled
 from nn40.kv import KVBudget, KV_MANAGERS, PREFIX_REPORT, check_kv_budget, kv_manager
@@ -119,7 +119,8 @@ def kv_setup(run, req, device):
     budgets = []
     for policy in run.scheduler.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.scheduler.block_tokens, max_output,
-                      run.scheduler.watermark, info["host_tokens"], info["host_token_s"])
+                      run.scheduler.watermark, info["host_tokens"], info["host_token_s"],
+                      info["host_write"])
         why = check_kv_budget(req, kv) if info["budget_tokens"] else no_memory(run, source)
         if why:
             info["unfit"][policy] = why
@@ -215,14 +216,17 @@ def prefix_metrics(req, sim):
 
 
 def host_tier(run, per_token, gpu=None, tp=None):
-    """A prefix cache's host tier (--host-kv-gb): its tokens, the card's link to it, and the
-    seconds a token's KV takes to load: each of a replica's tp cards loads the share it keeps
-    (card_kv_share) over its own link, all at once. gpu, tp: a pool's card and TP (default:
+    """A prefix cache's host tier (--host-kv-gb): its tokens, its write policy, the card's
+    link to it, and the seconds a token's KV takes to load: each of a replica's tp cards loads
+    the share it keeps (card_kv_share) over its own link, all at once, at the share of the
+    link a DMA copy gets (HOST_LINK_SHARE). gpu, tp: a pool's card and TP (default:
     the run's)."""
     gpu, tp = gpu or run.hardware.gpu, tp or run.hardware.tp
     link, gbs = HOST_LINKS.get(gpu) or ((GPUS[gpu].link, GPUS[gpu].link_gbs) if gpu
                                         else _PCIE4)
     host_bytes = (run.scheduler.host_kv_gb or 0) * 1e9
     return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
-            "host_link": link, "host_link_gbs": gbs,
-            "host_token_s": card_kv_bytes_per_token(run.hardware.model, tp) / (gbs * 1e9)}
+            "host_link": link, "host_link_gbs": gbs, "host_load_share": HOST_LINK_SHARE,
+            "host_write": run.scheduler.host_write_policy or KVBudget.host_write,
+            "host_token_s": card_kv_bytes_per_token(run.hardware.model, tp)
+            / (HOST_LINK_SHARE * gbs * 1e9)}

@@ -539,7 +539,8 @@ def prefix_tables(T, rows, kv):
     if not rows:
         return []
     host = T["prefix_host"].format(gb=kv["host_bytes"] / 1e9, tokens=kv["host_tokens"],
-                                   gbs=kv["host_link_gbs"], link=kv["host_link"]) \
+                                   gbs=kv["host_link_gbs"], link=kv["host_link"],
+                                   write=kv["host_write"], share=kv["host_load_share"]) \
         if kv.get("host_tokens") else T["prefix_no_host"]
     by_hit = [{"label": row["label"], **b, "bucket": T[b["bucket"]]}
               for row in rows for b in row[PREFIX_REPORT]["ttft_by_hit"] if b["requests"]]

@@ -303,7 +303,8 @@ TEXT_EN = {**SHARED_TEXT,
     "evicted": "blocks evicted", "found_cached": "its prompt found cached",
     "prefix_cache": "Prefix cache (paged blocks that keep what they computed; {host}): prompt "
                     "tokens looked up at admission and the share found cached, per tier",
-    "prefix_host": "a host tier of {gb:,.1f} GB ({tokens:,} tokens) over {link} at {gbs:g} GB/s",
+    "prefix_host": "a {write} host tier of {gb:,.1f} GB ({tokens:,} tokens) over {link} at "
+                   "{gbs:g} GB/s, {share:.0%} of it a load's",
     "prefix_no_host": "no host tier",
     "prefix_by_hit": "TTFT by the share of its prompt a request found cached at admission:",
     "hit_none": "none", "hit_some": "up to half", "hit_most": "over half",

@@ -255,7 +255,8 @@ TEXT_KO = {**SHARED_TEXT,
     "evicted": "축출된 블록", "found_cached": "캐시에서 찾은 프롬프트",
     "prefix_cache": "접두사 캐시 (계산한 것을 간직하는 페이지 블록; {host}): 입장 때 조회한 "
                     "프롬프트 토큰과 캐시에서 찾은 비율, 계층별",
-    "prefix_host": "{link}({gbs:g} GB/s) 너머 {gb:,.1f} GB ({tokens:,} 토큰)의 호스트 계층",
+    "prefix_host": "{link}({gbs:g} GB/s, 적재는 그 {share:.0%}) 너머 {gb:,.1f} GB "
+                   "({tokens:,} 토큰)의 {write} 호스트 계층",
     "prefix_no_host": "호스트 계층 없음",
     "prefix_by_hit": "입장 때 프롬프트 중 캐시에서 찾은 비율별 TTFT:",
     "hit_none": "없음", "hit_some": "절반 이하", "hit_most": "절반 초과",

@@ -125,6 +125,23 @@ class HashedPrompts:
         return False
 
 
+OWN_KEYS = 1 << 64  # keys of a request's own blocks: OWN_KEYS + (request << 24) + block, past
+# every prompt identity's keys (they fit in 64 bits)
+
+
+def every_block_key(identity, r, tokens, block):
+    """The keys of request r's first tokens // block blocks, one a block: its prompt identity's
+    (None: none), then keys of its own for the blocks no other request can share (its own text
+    and answer: what only the request itself finds again, preempted, or a router's record of
+    what it sent where)."""
+    keys = identity.block_keys(r, tokens, block) if identity is not None else []
+    n = tokens // block
+    if n <= len(keys):
+        return keys
+    base = OWN_KEYS + (r << 24)
+    return keys + list(range(base + len(keys), base + n))
+
+
 class SharedPrompts:
     """Prompts that open with one of a few system prompts and go on with a conversation:
     request r's context is system prompt system[r] (system_tokens[system[r]] tokens; -1: none)

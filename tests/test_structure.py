@@ -16,7 +16,7 @@ SCRIPT_MAX, MODULE_MAX, FUNCTION_MAX, CLASS_MAX, PARAMETERS_MAX = 800, 900, 60, 
 # never the script); the simulator (everything experiment C, the capacity answer, the
 # DistServe replay and the placement search need) imports neither torch nor matplotlib
 SIMULATOR = ["errors", "traces", "config", "host", "accounting", "workload", "slot_steps",
-             "stats", "queues", "kv", "settings", "names", "replicas", "loop", "pricing",
+             "stats", "queues", "tiers", "kv", "settings", "names", "replicas", "loop", "pricing",
              "profiles", "stages", "memory", "published", "metrics", "routers", "events", "handoff",
              "pools", "runs", "capacity", "placement", "cheapest",
              "disaggregated", "experiment_c",
