@@ -134,8 +134,8 @@ def prefix_flags(p):
     add_flag(w, "--host-kv-gb", type=number(1e-3, 1e6), shown="none",
              help="prefix cache: a host-memory tier, GB")
     add_flag(w, "--host-write-policy", choices=tuple(HOST_TIERS), shown=KVBudget.host_write,
-             help="the host tier stores a block as it is computed (vLLM's KV offloading, "
-             "LMCache) or as the card evicts it (SGLang HiCache's write_back)")
+             metavar="WRITE", help="host tier: write-through (vLLM, LMCache) or write-back "
+             "(SGLang)")
     add_flag(w, "--prefix-len", type=integer(0, 10**6), help="system prompts' tokens (generated)")
     add_flag(w, "--num-prefixes", type=integer(1, 10**5), help="how many system prompts")
     add_flag(w, "--prefix-share", type=number(1e-3, 1.0),
@@ -143,7 +143,7 @@ def prefix_flags(p):
     add_flag(w, "--prefix-zipf", type=number(0.0, 10.0),
              help="popularity: the i-th drawn as 1/i^zipf")
     add_flag(w, "--turns", "--num-turns", type=integer(1, 1000),
-             help="turns a conversation (prompt: the one before, its answer, a message)")
+             help="turns a conversation (prompt: the last, its answer, a message)")
     add_flag(w, "--think-time-s", type=number(0.0, 1e6), help="mean gap between turns, s")
     add_flag(w, "--prefix-study", action="store_true",
              help="hits and TTFT against the cache's capacity (prefix_cache.png)")
@@ -161,7 +161,7 @@ def model_flags(p):
     add_flag(m, "--model-config", metavar="JSON", shown="none",
              help="a Hugging Face config.json's shape")
     add_flag(m, "--arch", choices=["transformer", "post"], default="transformer",
-             help="A and B: a transformer, or the post's bare matmuls")
+             help="A, B: a transformer, or the post's bare matmuls")
     for field in ("layers", "hidden", "heads", "vocab", "max_positions"):
         add_flag(m, "--" + field.replace("_", "-"), type=integer(), default=None,
                  help=field.replace("_", " "), shown=getattr(ModelConfig, field))

@@ -222,6 +222,7 @@ def prefix_check(result, elog, generated, plain, run):
             "prompt_tokens": result["requests"] * result["prompt_tokens"],
             "hit_tokens": int(sum(elog["hit_tokens"])),
             "hit_tokens_simulated": cached.get("hit_tokens_simulated"),
+            "requests": result["requests"], "hits_agree": cached.get("hits_agree"),
             "saved_s": saved, "saved_predicted_s": predicted,
             "off": saved / predicted - 1 if predicted > 0 else None,
             "within": predicted > 0 and abs(saved / predicted - 1) <= 0.15}
@@ -305,8 +306,10 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
                         "passes_first_s": replay["times"].first_token,
                         "passes_finish_s": replay["times"].finish},
         "timeline": {"t_s": t, "running": running},
-        **({"hit_tokens_simulated": sim[PREFIX_REPORT]["hit_tokens"]} if PREFIX_REPORT in sim
-           else {})}
+        **({"hit_tokens_simulated": sim[PREFIX_REPORT]["hit_tokens"],
+            "hits_agree": sum(sim[PREFIX_REPORT]["hits"].get(r) == hit
+                              for r, hit in enumerate(elog["hit_tokens"]))}
+           if PREFIX_REPORT in sim else {})}
 
 
 def engine_verdict(D, tolerance=0.15):
@@ -327,6 +330,10 @@ def engine_verdict(D, tolerance=0.15):
         verdict[pricing] = {"checked": len(offs), "within": sum(abs(o[2]) <= tolerance
                                                                 for o in offs),
                             "worst": {"mode": mode, "metric": metric, "off": off}}
+    if "prefix_check" in D:  # every request's hit and steps as C's (the cache's rules)
+        c, steps = D["prefix_check"], D["prefix"]["steps_check"]
+        verdict["prefix_exact"] = c["hits_agree"] == c["requests"] and \
+            (steps is None or steps["agree"] == steps["requests"])
     measured, predicted = D["speedup_measured"], D["speedup_predicted"]
     off = measured / predicted - 1
     verdict.update(measured=measured, predicted=predicted, off=off,

@@ -46,9 +46,11 @@ def run_engine(model, cache, requests, policy, pad=False, order=None):
 class EnginePrefix:
     """D's prefix cache: request r opens with system prompt system[r] (its first `tokens`
     prompt tokens; -1: none). The K/V of a system prompt is kept from the first row that
-    computed it, as the step that prefilled it ends (so requests prefilled in one step do not
-    share, as in vLLM and in C's PrefixCache); a later newcomer opening with it has that K/V
-    copied into its row and prefills only the rest of its prompt."""
+    computed it; a newcomer opening with it has that K/V copied into its row and prefills only
+    the rest of its prompt. vLLM caches a block as the step that computes it is scheduled, so
+    newcomers of that same step share it: here the step's first newcomer with a system prompt
+    not kept yet computes it in the step's first pass, and those after it share it in its
+    second (see Engine.forward)."""
 
     def __init__(self, system, tokens):
         self.system, self.tokens, self.kv = [int(s) for s in system], tokens, {}
@@ -128,17 +130,32 @@ class Engine:
 
     def forward(self, new):
         """Prefill the newcomers into rows old..old+k-1 (the prefill emits their first tokens):
-        those with nothing cached first, then those whose system prompt is; then one decode
-        step for everyone else, each row at its own position; each pass timed. -> the
+        those computing their whole prompt first (kept: the step's later newcomers opening
+        with their system prompt share it), then those whose system prompt is cached; then one
+        decode step for everyone else, each row at its own position; each pass timed. -> the
         newcomers in the order of their rows."""
-        old, elog, P, prefix = len(self.running), self.elog, self.prompt_len, self.prefix
-        cached = [prefix.hit(r) if prefix else 0 for r in new]
-        groups = [[r for r, c in zip(new, cached) if c == hit] for hit in sorted(set(cached))]
-        for hit, group in zip(sorted(set(cached)), groups):
-            self.prefill_rows(group, hit)
-        if prefix:  # (as the step ends: its newcomers did not share)
-            for row, r in enumerate(self.running[old:], old):
-                prefix.keep(self.cache, r, row)
+        old, prefix = len(self.running), self.prefix
+        computing, sharing, kept = [], [], set()
+        for r in new:
+            s = prefix.system[r] if prefix else -1
+            if s >= 0 and (prefix.hit(r) or s in kept):
+                sharing.append(r)
+            else:
+                computing.append(r)
+                kept.add(s)  # (-1, no system prompt: never looked up)
+        if computing:
+            self.prefill_rows(computing, 0)
+            if prefix:
+                for row, r in enumerate(self.running[old:], old):
+                    prefix.keep(self.cache, r, row)
+        if sharing:
+            self.prefill_rows(sharing, prefix.tokens)
+        self.decode_rows(old)
+        return self.running[old:]
+
+    def decode_rows(self, old):
+        """One decode step for the `old` rows running before this step's newcomers."""
+        elog = self.elog
         if old:
             t_pass = time.perf_counter()
             positions = self.position[:old]
@@ -154,7 +171,6 @@ class Engine:
             self.sync()
             elog["passes"].append((old, sum(positions), time.perf_counter() - t_pass))
             elog["decode_s"] += elog["passes"][-1][2]
-        return self.running[old:]
 
     def prefill_rows(self, group, hit):
         """Prefill requests `group` into the next free rows, each with `hit` prompt tokens

@@ -69,7 +69,7 @@ class Seq:
 class CachedBlocks:
     """What a prefix cache keeps of one running request (PrefixCache.of[seq]): its prompt's
     block `keys`, the blocks it `held`s (hit or cached by it), how many of its keys are
-    `registered` (cached), and the tokens `loading` from the host tier in its next step."""
+    `registered` (cached), and the tokens `loading` from the host tier before it runs."""
     __slots__ = ("keys", "held", "registered", "loading")
 
     def __init__(self, keys, held, registered, loading):
@@ -89,7 +89,7 @@ class KVManager:
     tracks_prefixes   it keeps computed prefixes (its result has a prefix_cache report)
     caches_scheduled  it caches a prompt's blocks when their step is scheduled (see schedule),
                so that requests admitted in the same step share them
-    loads      a step may wait for KV loaded into the card (a host tier's): see loaded
+    loads      a newcomer may wait for KV loaded into the card (a host tier's): see load_s
     block      tokens per block (1: token-exact); capacity: tokens the cache holds; watermark:
                tokens admission keeps free; total: tokens allocated now
     A step's plan is [(Seq, prompt tokens it prefills)]; step j of a run of k takes
@@ -110,10 +110,10 @@ class KVManager:
         """What the run's result adds of the cache (a prefix cache's hits)."""
         return {}
 
-    def loaded(self, price, plan):
-        """A run's price (PassPrices.run_price's) with the seconds its first step waits for KV
-        loaded into the card (a host tier's) added to its prefill."""
-        return price
+    def load_s(self, seq):
+        """The seconds seq, just admitted, waits for KV loaded into the card before its first
+        step (a host tier's), parked, while the others run on (then 0: loaded once)."""
+        return 0.0
 
     def blocks(self, tokens):
         """Tokens rounded up to whole blocks (a number or an array): the one rounding."""
@@ -423,6 +423,7 @@ class PrefixCache(PagedBlocks):
         # blocks hit in host memory, hit blocks no one holds)
         # prompt tokens at first admissions (asked, found per tier), blocks evicted, hits readmitted
         self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
+        self.load_wait_s = 0.0  # seconds requests waited, parked, for their host tier's loads
         self.hits = {}  # request -> tokens hit at its first admission
         self.of = {}  # Seq -> its CachedBlocks, while it runs
         self.own = {}  # preempted requests, whose own blocks are keyed (keys_of) until they end
@@ -531,18 +532,18 @@ class PrefixCache(PagedBlocks):
             blocks = of[seq]
             if blocks.registered < len(blocks.keys):  # (keys beyond its hit: cached as computed)
                 self.register(blocks, seq.num_cached + c * k)
-            if blocks.loading:
-                blocks.loading = 0  # (loaded in the run's first step)
         return integral
 
-    def load_s(self, plan):
-        of = self.of
-        return self.host_token_s * sum(of[seq].loading for seq, _ in plan) if self.host_blocks \
-            else 0.0
-
-    def loaded(self, price, plan):
-        load_s = self.load_s(plan)
-        return (price[0] + load_s,) + price[1:] if load_s else price
+    def load_s(self, seq):
+        """Its hit blocks in the host tier load asynchronously (vLLM's offloading connector
+        and LMCache: the request waits for its KV, the batch runs on), over the card's host link
+        at a DMA copy's share."""
+        blocks = self.of[seq]
+        if not blocks.loading:
+            return 0.0
+        wait, blocks.loading = self.host_token_s * blocks.loading, 0
+        self.load_wait_s += wait
+        return wait
 
     def preempt(self, seq, ctx):
         """Its own blocks keep keys it will find when it comes back (keys_of)."""
@@ -584,7 +585,8 @@ class PrefixCache(PagedBlocks):
         return {PREFIX_REPORT: {
             "queried_tokens": self.queried, "hit_tokens": self.hit,
             "host_hit_tokens": self.host_hit, "evicted_blocks": self.evicted,
-            "readmitted_hit_tokens": self.readmitted_hit, "hits": self.hits}}
+            "readmitted_hit_tokens": self.readmitted_hit, "host_load_s": self.load_wait_s,
+            "hits": self.hits}}
 
 
 KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks,  # KVBudget.policy -> its manager

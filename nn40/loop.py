@@ -106,7 +106,6 @@ class Admission:
         retry, t, head = self.retry, self.t, self.waiting.head
         kv, ledger, tracks, need, pop = self.kv, self.ledger, self.tracks, 0, self.waiting.pop
         lookup = kv.lookup if kv.tracks_prefixes else None  # (else ledger.cached's, read)
-        scheduled = kv.caches_scheduled
         known, to_prefill, start = ledger.cached, ledger.to_prefill, ledger.start
         room, watermark, running, admitted = kv.capacity - taken, kv.watermark, \
             self.running, self.admissions
@@ -134,15 +133,8 @@ class Admission:
                 start[r] = t
             if tracks:
                 kv.admit(seq, need)
-                if scheduled:  # (its first step's blocks: cached as they are scheduled)
-                    kv.schedule(seq, prompt_left if whole else min(prompt_left, spare))
-            if prompt_left:
-                joined.append(seq)
-            else:  # (its prefill ran elsewhere: it decodes from the next step)
-                self.decode.join((seq,), self.steps)
-                if tracks:
-                    kv.join(seq)  # (after the join: it reads the decoder's start)
-            spare, room, free = spare - prompt_left, room - need, free - 1
+            spare -= self.place(seq, prompt_left if whole else min(prompt_left, spare), joined)
+            room, free = room - need, free - 1
             if not free or spare <= 0:
                 break
             r = retry[0] if retry else head(t)
@@ -151,6 +143,35 @@ class Admission:
         self.admissions = admitted
         self.prefill.join(joined)
         return blocked
+
+    def place(self, seq, chunk, joined):
+        """Where a request just admitted goes: the prefill queue (`joined`, its first `chunk`
+        tokens' blocks cached as they are scheduled), parked while a host tier loads its KV,
+        or, its prompt computed elsewhere, the decode batch from the next step. -> the prompt
+        tokens it takes of this step's budget"""
+        kv = self.kv
+        if not seq.prompt_left:
+            self.decode.join((seq,), self.steps)
+            if self.tracks:
+                kv.join(seq)  # (after the join: it reads the decoder's start)
+            return 0
+        wait = kv.load_s(seq) if kv.loads else 0.0
+        if wait:
+            self.parked.append((self.t + wait, seq))
+            self.parked_cached += seq.num_cached
+            return 0
+        if kv.caches_scheduled:
+            kv.schedule(seq, chunk)
+        joined.append(seq)
+        return seq.prompt_left
+
+    def unpark(self):
+        """The parked requests whose KV has landed by now join the prefill queue."""
+        landed = [seq for ready, seq in self.parked if ready <= self.t]
+        if landed:
+            self.parked = [(ready, seq) for ready, seq in self.parked if ready > self.t]
+            self.parked_cached -= sum(seq.num_cached for seq in landed)
+            self.prefill.join(landed)
 
     def first_to_admit(self):
         """(the request admission takes first, the free slots, the prompt tokens the step can
@@ -203,6 +224,8 @@ class ServingSim(Admission):
         self.kv = kv = kv_manager(replica.kv, replica.decode_tokens.gains)
         self.tracks, self.preempts = kv.tracks, kv.preempts
         self.retry = []                  # preempted ids (a heap: the oldest first)
+        self.parked, self.parked_cached = [], 0  # [(when its KV lands, Seq)] waiting for a
+        # host tier's load, and the tokens they hold
         self.pending = self.price = None  # the planned run (see plan), its price (planned_price)
         self.running = {}                # admission order -> Seq, oldest first
         self.prefill, self.decode = PrefillQueue(), DecodeBatch(replica.decode_tokens)  # by phase
@@ -232,6 +255,8 @@ class ServingSim(Admission):
         line waits for memory). -> False when there is nothing left to run (nothing running,
         waiting or preempted)."""
         self.iterations += 1
+        if self.parked:
+            self.unpark()
         taken = self.make_room() if self.preempts else \
             self.kv.planned(self.steps, ()) if self.tracks else 0
         if self.kv.caches_scheduled and self.prefill.seqs:  # (the running prompts' next
@@ -242,6 +267,11 @@ class ServingSim(Admission):
         blocked = self.admit(taken)
         plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens)
         if not plan and not self.decode.size:
+            if self.parked:  # idle while KV loads: to the first landing, or an arrival before
+                arrival = self.waiting.next_arrival() if self.waiting else math.inf
+                self.t = min(min(ready for ready, _ in self.parked),
+                             arrival if arrival > self.t else math.inf)
+                return self.plan()
             if not (self.waiting or self.retry) or self.kv.lent:
                 return False  # (or its room is lent to KV in flight: it plans as that lands)
             raise SimulationStalled(
@@ -273,6 +303,8 @@ class ServingSim(Admission):
             k = min(k, (seq.prompt_left - 1) // chunk)  # one prompt's chunks, short of its last
         elif self.waiting and self.could_join(blocked):
             k = self.steps_to_reach(self.waiting.next_arrival(), k)  # a newcomer could join
+        if self.parked and k > 1:  # (a load lands: it joins at the next step boundary)
+            k = 1 if plan else self.steps_to_reach(min(ready for ready, _ in self.parked), k)
         if self.preempts and k > 1:
             k = self.kv.max_steps(self.steps, plan, k)
         return k
@@ -284,17 +316,15 @@ class ServingSim(Admission):
                                           * self.steps, self.t, when, k, decode.growth)
 
     def planned_price(self):
-        """The planned run's price (PassPrices.run_price's, with the wait for KV a host tier
-        loads), priced once a plan: the clock commit sets, and the end a fleet's event queue
-        reads first (FleetReplica.pending_end), are one sum of one price."""
+        """The planned run's price (PassPrices.run_price's), priced once a plan: the clock
+        commit sets, and the end a fleet's event queue reads first (FleetReplica.pending_end),
+        are one sum of one price."""
         price = self.price
         if price is None:
             plan, k, _ = self.pending
             decode = self.decode  # (DecodeBatch.cached, inline)
             price = self.costs.run_price(plan, decode.tokens, decode.base_sum + decode.growth
                                          * self.steps, k, self.fused, decode.growth)
-            if plan and self.kv.loads:
-                price = self.kv.loaded(price, plan)
             self.price = price
         return price
 
@@ -365,7 +395,10 @@ class ServingSim(Admission):
         still to emit, tokens it had cached)."""
         del self.running[seq.admitted]
         if seq.decode_base is None:  # prefilling (or a prefill that emitted its last token)
-            if seq.prompt_left:
+            if self.parked and any(s is seq for _, s in self.parked):  # (parked: preempted)
+                self.parked = [(ready, s) for ready, s in self.parked if s is not seq]
+                self.parked_cached -= seq.num_cached
+            elif seq.prompt_left:
                 self.prefill.leave(seq)
             to_emit, cached = seq.to_emit, seq.num_cached
         elif seq.end_step > self.steps:  # preempted while it decodes
@@ -382,7 +415,8 @@ class ServingSim(Admission):
 
     def held(self):
         """KV tokens the running requests hold."""
-        return self.decode.cached(self.steps) + self.prefill.cached - self.kv.shared
+        return self.decode.cached(self.steps) + self.prefill.cached + self.parked_cached \
+            - self.kv.shared
 
     def account(self, plan, k, price, emitted):
         """Memory integrals over the k steps just priced (step j: a + e (j - 1) s); `emitted`
@@ -391,7 +425,8 @@ class ServingSim(Admission):
         decode = self.decode  # (held and DecodeBatch.cached, inline: read at every event)
         memory = self.memory
         held = memory.run(decode.base_sum + decode.growth * self.steps + self.prefill.cached
-                          - self.kv.shared, tokens + decode.growth, k, a, e, emitted)
+                          + self.parked_cached - self.kv.shared, tokens + decode.growth, k, a,
+                          e, emitted)
         memory.allocated(self.kv.advance(self.steps, plan, k, a, e),
                          (prefill_s + decode_s) * len(self.running))
         return held

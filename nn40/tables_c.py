@@ -367,7 +367,10 @@ def verdict_text(T, v):
     """The verdict: steps exact, seconds within the tolerance, the speedup."""
     answer = {True: "yes", False: "no", None: "not_checked"}[v["steps_exact"]]
     worst = v["priced"]["worst"]
-    text = T["verdict_steps"].format(answer=T[answer]) + T["verdict_seconds"].format(
+    text = T["verdict_steps"].format(answer=T[answer])
+    if "prefix_exact" in v:
+        text += T["verdict_prefix"].format(answer=T["yes" if v["prefix_exact"] else "no"])
+    text += T["verdict_seconds"].format(
         tolerance=v["tolerance"], checked=v["passes"]["checked"], passes=v["passes"]["within"],
         priced=v["priced"]["within"], mode=T[worst["mode"]], metric=T["lat_" + worst["metric"]],
         off=worst["off"])

@@ -331,8 +331,9 @@ TEXT_EN = {**SHARED_TEXT,
     "D_source": "the post's law", "D_source_shrunk": "the post's law, outputs / {shrink}",
     "D_prefix_label": "continuous + prefix cache",
     "D_prefix": "prefix caching: the continuous run again, each system prompt's K/V ({prefix_tokens} "
-                "tokens) kept once computed: {hit_tokens:,} of {prompt_tokens:,} prompt tokens "
-                "found cached (C's PrefixCache: {hit_simulated:,}); greedy tokens identical to "
+                "tokens) kept as its step runs: {hit_tokens:,} of {prompt_tokens:,} prompt tokens "
+                "found cached (C's PrefixCache: {hit_simulated:,}; each request's hit as C's: "
+                "{hits_agree} of {requests}); greedy tokens identical to "
                 "the run without: {identical}; steps as C's: {steps}; time saved {saved_s:,.2f} s "
                 "measured, {saved_predicted_s:,.2f} s predicted",
     "D_prefix_within": " ({off:+.0%}): within 15%",
@@ -360,6 +361,7 @@ TEXT_EN = {**SHARED_TEXT,
                 "decode {decode:+.0%} ({n_decode:,} passes), prefill {prefill:+.0%} "
                 "({n_prefill:,})",
     "verdict_steps": "verdict: steps exact for every request: {answer}",
+    "verdict_prefix": "; the prefix cache's hits and steps as C's for every request: {answer}",
     "yes": "yes", "no": "no", "not_checked": "not checked (arrivals)",
     "verdict_seconds": "; seconds within {tolerance:.0%}: {passes} of {checked} priced with "
                        "the run's own passes, {priced} of {checked} priced beforehand (worst "

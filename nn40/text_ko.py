@@ -281,8 +281,9 @@ TEXT_KO = {**SHARED_TEXT,
     "D_source": "글의 분포", "D_source_shrunk": "글의 분포, 출력 / {shrink}",
     "D_prefix_label": "연속 + 프리픽스 캐시",
     "D_prefix": "프리픽스 캐싱: 연속 배칭을 다시 돌리되 시스템 프롬프트마다 계산된 K/V({prefix_tokens}"
-                "토큰)를 한 번 계산하면 보관한다: 프롬프트 토큰 {prompt_tokens:,}개 중 {hit_tokens:,}개를 "
-                "캐시에서 찾음 (C의 PrefixCache: {hit_simulated:,}개); 캐시 없이 돌린 실행과 그리디 토큰이 "
+                "토큰)를 그 스텝이 돌 때 보관한다: 프롬프트 토큰 {prompt_tokens:,}개 중 {hit_tokens:,}개를 "
+                "캐시에서 찾음 (C의 PrefixCache: {hit_simulated:,}개; 요청별 적중이 C와 같은 요청: "
+                "{requests}개 중 {hits_agree}개); 캐시 없이 돌린 실행과 그리디 토큰이 "
                 "같은가: {identical}; C와 같은 스텝: {steps}; 아낀 시간 측정 {saved_s:,.2f}초, 예측 "
                 "{saved_predicted_s:,.2f}초",
     "D_prefix_within": " ({off:+.0%}): 15% 이내",
@@ -307,6 +308,7 @@ TEXT_KO = {**SHARED_TEXT,
     "D_passes": "미리 잰 스텝 비용을 엔진의 {policy} 패스와 견주면: 디코드 {decode:+.0%} (패스 "
                 "{n_decode:,}번), 프리필 {prefill:+.0%} ({n_prefill:,}번)",
     "verdict_steps": "판정: 모든 요청의 스텝이 정확히 같은가: {answer}",
+    "verdict_prefix": "; 모든 요청의 접두사 캐시 적중과 스텝이 C와 같은가: {answer}",
     "yes": "예", "no": "아니오", "not_checked": "확인 안 함 (도착 시각)",
     "verdict_seconds": "; {tolerance:.0%} 안의 초: 자신의 패스로 매긴 {checked}개 중 "
                        "{passes}개, 미리 잰 비용으로 매긴 {checked}개 중 {priced}개 (가장 큰 "

@@ -17,7 +17,7 @@ from nn40.engine_check import (
     ENGINE_BOUND_S, bounded_lengths, engine_costs, engine_requests, engine_verdict,
     steps_check)
 from nn40.experiment_d import EnginePrefix, EngineRequests, run_engine
-from nn40.kv import KVBudget
+from nn40.kv import KVBudget, PrefixCache
 from nn40.loop import simulate_serving
 from nn40.metrics import LATENCIES
 from nn40.model import attention_spans, build_model, new_kv_cache
@@ -383,7 +383,7 @@ def test_a_prefill_after_a_cached_prefix_equals_the_whole_prompts():
 
 
 @torch.inference_mode()
-def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
+def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps(monkeypatch):
     model, n, P, prefix_len = build_model(TINY, "cpu", seed=3), 12, 20, 16
     g = torch.Generator().manual_seed(1)
     system = np.array([0, 1, 0, -1, 0, 1, 0, 0, 1, -1, 0, 0])
@@ -396,12 +396,13 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
     cached, log = run_engine(model, cache, EngineRequests(
         prompts, lengths, prefix=EnginePrefix(system, prefix_len)), "continuous")
     assert cached == plain
-    # the first four are prefilled together and share nothing; 3 and 9 open with no system
-    # prompt; the rest find theirs, computed in an earlier step
-    assert log["hit_tokens"] == [0, 0, 0, 0, 16, 16, 16, 16, 16, 0, 16, 16]
+    # the first four are admitted in one step: 0 and 1 compute system prompts 0 and 1, 3 has
+    # none, and 2 shares 0's (vLLM caches a block as its step is scheduled); 9 opens with no
+    # system prompt; the rest find theirs, computed in an earlier step
+    assert log["hit_tokens"] == [0, 0, 16, 0, 16, 16, 16, 16, 16, 0, 16, 16]
     prefills = [log["passes"][i][:2] for i in log["prefill_passes"]]
     assert sum(c for _, c in prefills) == sum(log["hit_tokens"])  # (each row: 4 new, 16 cached)
-    assert all(4 * c == 16 * t for t, c in prefills if c) and prefills[0] == (80, 0)
+    assert all(4 * c == 16 * t for t, c in prefills if c) and prefills[:2] == [(60, 0), (4, 16)]
     identity = SharedPrompts(system, np.full(2, prefix_len), np.full(n, -1))
     req = Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
     sim = simulate_serving(req, Replica(4, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
@@ -409,6 +410,13 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps():
     assert (list(sim["times"].first_step), list(sim["times"].finish_step)) == \
         (log["times"].first_step.tolist(), log["times"].finish_step.tolist())
     assert sim["prefix_cache"]["hits"] == dict(enumerate(log["hit_tokens"]))
+    # a seeded wrong rule in C (blocks cached once computed: no sharing within a step) is
+    # caught by the engine's own cache
+    monkeypatch.setattr(PrefixCache, "caches_scheduled", False)
+    late = simulate_serving(req, Replica(4, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
+                                             kv=KVBudget("prefix", math.inf, 16)))
+    assert late["prefix_cache"]["hits"] != dict(enumerate(log["hit_tokens"]))
+    assert late["prefix_cache"]["hits"][2] == 0 and log["hit_tokens"][2] == 16
 
 
 def test_d_with_prefix_caching_end_to_end(tiny_args, capsys):
@@ -419,10 +427,25 @@ def test_d_with_prefix_caching_end_to_end(tiny_args, capsys):
     D, check = results["D"], results["D"]["prefix_check"]
     assert check["tokens_identical"] is True
     assert check["hit_tokens"] == check["hit_tokens_simulated"] > 0
+    assert check["hits_agree"] == check["requests"] == 12 and D["verdict"]["prefix_exact"]
     # (a system prompt opens a prompt, its own 8 tokens follow: 40 tokens, as C's prompts)
     assert check["hit_tokens"] % 32 == 0 and check["prompt_tokens"] == 12 * 40
     assert D["prefix"]["steps_check"] == {"requests": 12, "agree": 12}
     assert said("continuous + prefix cache", out.out) and said("greedy tokens identical", out.out)
+    assert said("the prefix cache's hits and steps as C's for every request: yes", out.out)
+
+
+def test_ds_verdict_fails_on_a_wrong_caching_rule_in_c(tiny_args, capsys, monkeypatch):
+    """The rule vLLM does not run, seeded into C: blocks cached once computed, so requests
+    admitted in one step do not share. D's engine shares them, and its verdict says no."""
+    monkeypatch.setattr(PrefixCache, "caches_scheduled", False)
+    results, out = run_main(tiny_args + ["--experiments", "D", "--engine-requests", "12",
+                                         "--prompt-len", "8", "--prefix-len", "32",
+                                         "--num-prefixes", "2", "--max-positions", "4096",
+                                         "--no-figures"], capsys)
+    check = results["D"]["prefix_check"]
+    assert check["hits_agree"] < check["requests"] and not results["D"]["verdict"]["prefix_exact"]
+    assert said("the prefix cache's hits and steps as C's for every request: no", out.out)
 
 
 def test_d_prefix_must_be_whole_blocks(tiny_args, capsys):

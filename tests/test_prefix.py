@@ -562,13 +562,13 @@ def test_write_back_stores_a_block_as_the_card_evicts_it_and_a_hit_loads_it_back
     assert cache.ref == {} and list(cache.host) == keys[::-1]
     assert cache.lookup(ledger, 1) == 8  # both found in the host tier
     second = admit(cache, ledger, 1)
-    assert cache.of[second].loading == 8 and cache.load_s([(second, 2)]) == 4.0  # 8 x 0.5 s
     assert cache.ref == {k: 1 for k in keys}  # back on the card, and still in the host
     assert sorted(cache.host) == sorted(keys)
+    assert cache.of[second].loading == 8 and cache.load_s(second) == 4.0  # 8 x 0.5 s
+    assert cache.load_s(second) == 0.0  # loaded once, before its first step
     p = cache.report()["prefix_cache"]
     assert (p["hit_tokens"], p["host_hit_tokens"], p["evicted_blocks"]) == (0, 8, 2)
-    cache.advance(0, [(second, 2)], 1, 1.0, 0.0)
-    assert cache.load_s([(second, 2)]) == 0.0  # loaded once, in its first step
+    assert p["host_load_s"] == 4.0
 
 
 def test_write_through_stores_a_block_as_it_is_computed_and_keeps_only_the_newest():
@@ -703,3 +703,26 @@ def test_timestamps_too_large_for_the_clock_are_refused(second, fragment, tmp_pa
     expect_usage_error(["--experiments", "C", "--trace", str(path), "--rate", "trace",
                         "--enable-prefix-caching", "--out", str(out)], capsys, fragment)
     assert not (out / "results.json").exists()
+
+
+def test_a_host_tier_load_parks_only_the_request_it_loads_for():
+    """vLLM's offloading connector and LMCache load a hit from host memory asynchronously: the
+    request waits for its KV (parked), the batch decodes on. Request 0 computes a 256-token
+    system prompt; 1, a long stranger, evicts part of it from a 64-block card to the host tier
+    (write-through: stored as computed); 2 decodes 400 tokens while 3, opening with that system
+    prompt, loads the evicted part at 0.01 s a token."""
+    identity = SharedPrompts(np.array([0, -1, -1, 0]), np.array([256]), np.full(4, -1))
+    arrival, output = np.array([0.0, 10.0, 20.0, 21.0]), np.array([2, 2, 400, 2])
+    req = Requests(arrival, np.array([272, 900, 64, 272]), output, identity=identity)
+    kv = KVBudget("prefix", 1024, 16, host_tokens=4096, host_token_s=0.01)
+    sim = simulate_serving(req, Replica(4, COSTS, kv=kv))
+    p, times = sim["prefix_cache"], sim["times"]
+    loaded = p["host_hit_tokens"]
+    assert p["hits"][3] == 256 and loaded > 0 and p["host_load_s"] == loaded * 0.01
+    assert times.first_token[3] - arrival[3] >= loaded * 0.01  # it waited for its KV
+    # the decoder beside it did not: its last token as early as without request 3 but for
+    # request 3's own prefill step (a load that stalled the step would add loaded x 0.01 s)
+    alone = simulate_serving(Requests(arrival[:3], req.prompt[:3], output[:3],
+                                      identity=identity.take(np.arange(3))),
+                             Replica(4, COSTS, kv=kv))
+    assert times.finish[2] - alone["times"].finish[2] < 0.1 < loaded * 0.01
