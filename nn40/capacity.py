@@ -250,7 +250,8 @@ def fleet_capacity(run, req, replica, slo, one, m):
 # C's prefix caching: what the prefix caches hit, and their hits against the cache's capacity
 
 
-PREFIX_STUDY_SHARES = (0.125, 0.25, 0.5, 1.0)  # the card's KV budget, and less of it
+PREFIX_STUDY_SHARES = (1 / 64, 1 / 16, 0.25, 0.5, 1.0, 2.0, 4.0)  # of the card's KV budget:
+# from a few blocks to a card four times the size (those some request cannot fit left out)
 
 
 def prefix_study(run, req, replica, info, budgets):
@@ -266,16 +267,20 @@ def prefix_study(run, req, replica, info, budgets):
     runs = [(tier, share, dataclasses.replace(kv, capacity_tokens=int(share * kv.capacity_tokens),
                                               host_tokens=host if tier == "card_host" else 0))
             for tier in ("card", "card_host") for share in PREFIX_STUDY_SHARES]
+    unlimited = dataclasses.replace(kv, capacity_tokens=math.inf, host_tokens=0)
     runs = [r for r in runs if not check_kv_budget(req, r[2])] + [
-        ("unlimited", None, dataclasses.replace(kv, capacity_tokens=math.inf, host_tokens=0))]
-    sims = run_parallel([(timed_task, (f"C prefix {tier} {share}", simulate_serving, req,
+        ("unlimited", None, unlimited), ("optimum", None, unlimited)]
+    apart = req.take(arrival_s=np.arange(len(req.output)) * 1e6)  # (one at a time: each
+    # request finds every earlier one's blocks computed, the trace's own optimum)
+    sims = run_parallel([(timed_task, (f"C prefix {tier} {share}", simulate_serving,
+                                       apart if tier == "optimum" else req,
                                        dataclasses.replace(base, kv=budget)))
                          for tier, share, budget in runs], run.measurement.jobs)
     result = {"budget_tokens": info["budget_tokens"], "host_tokens": host,
               "host_link": info["host_link"], "host_link_gbs": info["host_link_gbs"],
-              **{tier: [] for tier in ("card", "card_host", "unlimited")}}
+              **{tier: [] for tier in ("card", "card_host", "unlimited", "optimum")}}
     for (tier, share, budget), sim in zip(runs, sims):
-        m = kv_metrics(req, sim, budget)
+        m = kv_metrics(apart if tier == "optimum" else req, sim, budget)
         result[tier].append({"share": share, "capacity_tokens": budget.capacity_tokens,
                              "ttft_s": m["ttft_s"], **m[PREFIX_REPORT]})
     if (run.slo.slo_ttft_s or run.slo.slo_tpot_s) and plain_twin(kv.policy):

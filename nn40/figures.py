@@ -466,7 +466,7 @@ def plot_engine(results, path):
 
 def plot_prefix_cache(results, path):
     """--prefix-study: the share of prompt tokens found cached against the cache's capacity
-    (the card alone, with a host tier, unlimited), and TTFT beside it."""
+    (the card alone, with a host tier, unlimited, and the workload's optimum), and TTFT."""
     import matplotlib.pyplot as plt
     study = results["C"].get("prefix_study")
     if not study:
@@ -488,6 +488,10 @@ def plot_prefix_cache(results, path):
     unlimited = study["unlimited"][0]
     ax1.axhline(unlimited["hit_ratio"], color=DARK, linestyle=":", linewidth=1,
                 label=f"unlimited: {unlimited['hit_ratio']:.1%}")
+    if study.get("optimum"):  # (the workload's own: unlimited, one request at a time)
+        best = study["optimum"][0]["hit_ratio"]
+        ax1.axhline(best, color=DARK, linestyle="-.", linewidth=1,
+                    label=f"one at a time (the workload's optimum): {best:.1%}")
     for stat, style in (("p50", "-"), ("p99", "--")):
         ax2.axhline(unlimited["ttft_s"][stat], color=DARK, linestyle=style, linewidth=0.8,
                     alpha=0.6, label=f"unlimited: TTFT {stat}")

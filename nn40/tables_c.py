@@ -561,8 +561,8 @@ def prefix_study_text(T, study, capacity):
     """--prefix-study: hits and TTFT against the cache's capacity, per tier; with an SLO, one
     replica's capacity with and without caching."""
     rows = [{"label": T["tier_" + tier], **row, "capacity": T["unlimited"] if row["share"] is None
-             else f"{row['capacity_tokens']:,}"} for tier in ("card", "card_host", "unlimited")
-            for row in study[tier]]
+             else f"{row['capacity_tokens']:,}"}
+            for tier in ("card", "card_host", "unlimited", "optimum") for row in study.get(tier, ())]
     lines = [T["prefix_study"].format(tokens=study["budget_tokens"], host=study["host_tokens"],
                                       link=study["host_link"], gbs=study["host_link_gbs"]),
              spec_table(T, rows, PREFIX_STUDY_COLUMNS)]

@@ -310,10 +310,12 @@ TEXT_EN = {**SHARED_TEXT,
     "hit_none": "none", "hit_some": "up to half", "hit_most": "over half",
     "wait_p99": "queued p99 s", "tier": "cache", "capacity_col": "card tokens",
     "tier_card": "card", "tier_card_host": "card + host", "tier_unlimited": "unlimited",
-    "unlimited": "unlimited",
-    "prefix_study": "Prefix cache against its capacity (continuous batching; the card's budget "
-                    "{tokens:,} tokens and less; the host tier {host:,} tokens over {link} at "
-                    "{gbs:g} GB/s): the share of prompt tokens found cached per tier, and TTFT",
+    "tier_optimum": "one at a time", "unlimited": "unlimited",
+    "prefix_study": "Prefix cache against its capacity (continuous batching; shares of the card's "
+                    "budget of {tokens:,} tokens, from 1/64 to 4x; the host tier {host:,} tokens "
+                    "over {link} at {gbs:g} GB/s; one at a time: unlimited, each request served "
+                    "alone, the workload's own optimum): the share of prompt tokens found cached "
+                    "per tier, and TTFT",
     "prefix_capacity": "One replica at the SLO: {cached:,.3g} requests/s with prefix caching, "
                        "{plain:,.3g} without.",
     "concurrency": "requests peak / mean", "kv_used": "KV used", "never_used": "never used",

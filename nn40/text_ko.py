@@ -262,8 +262,9 @@ TEXT_KO = {**SHARED_TEXT,
     "hit_none": "없음", "hit_some": "절반 이하", "hit_most": "절반 초과",
     "wait_p99": "대기 p99 초", "tier": "캐시", "capacity_col": "카드 토큰",
     "tier_card": "카드", "tier_card_host": "카드 + 호스트", "tier_unlimited": "무제한",
-    "unlimited": "무제한",
-    "prefix_study": "용량에 따른 접두사 캐시 (연속 배칭; 카드 예산 {tokens:,} 토큰과 그 이하; "
+    "tier_optimum": "하나씩", "unlimited": "무제한",
+    "prefix_study": "용량에 따른 접두사 캐시 (연속 배칭; 카드 예산 {tokens:,} 토큰의 1/64에서 4배까지; "
+                    "하나씩: 무제한 캐시에 요청을 하나씩 보낸 작업 부하 자체의 최적; "
                     "호스트 계층 {host:,} 토큰, {link} {gbs:g} GB/s): 계층별로 캐시에서 찾은 "
                     "프롬프트 토큰 비율과 TTFT",
     "prefix_capacity": "SLO에서 복제본 하나: 접두사 캐시로 초당 {cached:,.3g} 요청, 없이 "

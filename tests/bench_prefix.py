@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dataclasses  # noqa: E402
 from nn40.accounting import kv_bytes_per_token  # noqa: E402
 from nn40.capacity import SLO, fewest_replicas  # noqa: E402
-from nn40.config import GPUS, HOST_LINKS, MODELS  # noqa: E402
+from nn40.config import GPUS, HOST_LINK_SHARE, HOST_LINKS, MODELS  # noqa: E402
 from nn40.host import run_parallel  # noqa: E402
 from nn40.kv import KVBudget, PREFIX_REPORT  # noqa: E402
 from nn40.loop import simulate_serving  # noqa: E402
@@ -130,11 +130,11 @@ def main():
             timed(f"conversation trace, {policy}", trace, replica(policy))
 
 
-def budget(policy, capacity, host_gb=0):
+def budget(policy, capacity, host_gb=0, write="write-through"):
     cfg, card = MODELS["llama-3-8b"], GPUS["h100"]
     per_token = kv_bytes_per_token(cfg)
     return KVBudget(policy, capacity, 16, 0, 0.01, int(host_gb * 1e9 // per_token),
-                      per_token / (HOST_LINKS["h100"][1] * 1e9))
+                      per_token / (HOST_LINK_SHARE * HOST_LINKS["h100"][1] * 1e9), write)
 
 
 def fleet(label, req, kv, router, replicas=4):
@@ -153,10 +153,12 @@ def fleet(label, req, kv, router, replicas=4):
 
 def traces(host_gb=200):
     """Both traces at their timestamps on 4 replicas: no caching, the card's cache, with a
-    host tier, unlimited (least-requests); then the conversation trace under each router."""
+    host tier (write-through, write-back), unlimited (least-requests); then the conversation
+    trace under each router."""
     card = replica("paged").kv.capacity_tokens
     tiers = [("no caching", budget("paged", card)), ("card", budget("prefix", card)),
              (f"card + {host_gb} GB host", budget("prefix", card, host_gb)),
+             (f"card + {host_gb} GB write-back", budget("prefix", card, host_gb, "write-back")),
              ("unlimited", budget("prefix", float("inf")))]
     for name in ("conversation", "synthetic"):
         req = read_hashed_trace(CONVERSATION.replace("conversation", name), block=16)
@@ -164,7 +166,7 @@ def traces(host_gb=200):
             fleet(f"{name}: {label}", req, kv, "least-requests")
     req = read_hashed_trace(CONVERSATION, block=16)
     for label, kv in tiers[1:3]:
-        for router in ("round-robin", "least-requests", "cache-aware"):
+        for router in ("round-robin", "least-requests", "cache-aware", "precise-prefix"):
             fleet(f"conversation: {label}", req, kv, router)
 
 
@@ -190,7 +192,7 @@ def capacity(rate, seed=13):
               router, rate, start)
              for label, kv in (("card prefix cache", budget("prefix", card)),
                                ("no caching", budget("paged", card)))
-             for router in ("round-robin", "cache-aware")]
+             for router in ("round-robin", "cache-aware", "precise-prefix")]
     print(f"conversation trace at {rate:g} requests/s, TTFT <= 2 s for 90%; load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     for line in run_parallel([(search, (c,)) for c in calls], 2):
