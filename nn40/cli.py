@@ -21,7 +21,7 @@ from nn40.names import named
 from nn40.placement import check_placement
 from nn40.pricing import DEFAULT_PROFILE, ENGINE_RULES
 from nn40.profiles import profile_named, run_profile
-from nn40.queues import ORDERS
+from nn40.queues import EVICTION_ORDERS, ORDERS
 from nn40.routers import ROUTERS
 from nn40.settings import (
     RUN_FIELDS, ModeConfig, RunConfig, SchedulerConfig, attainment, experiment_letters, fraction,
@@ -136,6 +136,8 @@ def prefix_flags(p):
     add_flag(w, "--host-write-policy", choices=tuple(HOST_TIERS), shown=KVBudget.host_write,
              metavar="WRITE", help="host tier: write-through (vLLM, LMCache) or write-back "
              "(SGLang)")
+    add_flag(w, "--eviction-policy", choices=tuple(EVICTION_ORDERS), metavar="ORDER",
+             help="prefix cache: lru, fifo or lfu (SGLang's) first out")
     add_flag(w, "--prefix-len", type=integer(0, 10**6), help="system prompts' tokens (generated)")
     add_flag(w, "--num-prefixes", type=integer(1, 10**5), help="how many system prompts")
     add_flag(w, "--prefix-share", type=number(1e-3, 1.0),
@@ -143,7 +145,7 @@ def prefix_flags(p):
     add_flag(w, "--prefix-zipf", type=number(0.0, 10.0),
              help="popularity: the i-th drawn as 1/i^zipf")
     add_flag(w, "--turns", "--num-turns", type=integer(1, 1000),
-             help="turns a conversation (prompt: the last, its answer, a message)")
+             help="turns a conversation (each repeats the last, its answer)")
     add_flag(w, "--think-time-s", type=number(0.0, 1e6), help="mean gap between turns, s")
     add_flag(w, "--prefix-study", action="store_true",
              help="hits and TTFT against the cache's capacity (prefix_cache.png)")
@@ -574,6 +576,9 @@ def check_flags(args):
         raise UsageError(f"--enable-prefix-caching: --kv-policy {args.kv_policy} keeps no "
                          "prefixes; give --kv-policy paged (or both)")
     caching = args.enable_prefix_caching or (manager and manager.tracks_prefixes)
+    if args.eviction_policy != "lru" and not caching:
+        raise UsageError(f"--eviction-policy {args.eviction_policy} orders a prefix cache: add "
+                         "--enable-prefix-caching (or --kv-policy prefix)")
     if args.host_write_policy and not args.host_kv_gb:
         raise UsageError("--host-write-policy is the host tier's: add --host-kv-gb")
     cache_router = args.router in ROUTERS and not ROUTERS[args.router].in_all

@@ -31,6 +31,7 @@ class KVBudget:
     host_tokens: float = 0     # prefix: tokens of blocks a host-memory tier keeps
     host_token_s: float = 0.0  # prefix: seconds to load one token's KV from the host tier
     host_write: str = "write-through"  # prefix: the host tier's write policy (HOST_TIERS)
+    eviction: str = "lru"      # prefix: the order cached blocks go in (EVICTION_ORDERS)
 
 
 class KVUnfit(UsageError):
@@ -405,12 +406,12 @@ class PrefixCache(PagedBlocks):
     """
 
     in_both, caching, tracks_prefixes, caches_scheduled = False, None, True, True
-    eviction = "lru"  # the order of its free queue and host tier (EVICTION_ORDERS)
 
     def __init__(self, kv):
         super().__init__(kv)
         self.preempts = not math.isinf(self.capacity)
         self.ref = {}  # key -> running requests holding its block (0: cached, free)
+        self.eviction = kv.eviction  # the order of its free queue and host tier
         order = EVICTION_ORDERS[self.eviction]
         self.free = order()  # the cached blocks no one holds, and the uncached blocks
         if self.preempts:

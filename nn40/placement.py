@@ -145,7 +145,8 @@ def role_replica(run, role, output):
         KV_MANAGERS[policy].tracks_prefixes else {"host_tokens": 0, "host_token_s": 0.0,
                                                   "host_write": KVBudget.host_write}
     kv = KVBudget(policy, tokens, sched.block_tokens, 0, sched.watermark,
-                  host["host_tokens"], host["host_token_s"], host["host_write"])
+                  host["host_tokens"], host["host_token_s"], host["host_write"],
+                  sched.eviction_policy)
     costs = pipeline_costs(card_costs(cfg, card, profile, role.tp), role.pp, cfg, card, role.tp)
     return profile.replica(costs, slots=slots, chunk_tokens=chunk, scheduler="continuous",
                            order=run_order(run, output), kv=kv, prompt_tokens=chunk,

@@ -220,10 +220,8 @@ class EvictionOrder(Protocol):
     """The order in which a prefix cache gives up the cached blocks no one holds (its free
     queue), and its host tier the blocks it stores. PrefixCache calls these alone, so an order
     is one class here, registered in EVICTION_ORDERS. BlockQueue is LRU: the least recently
-    freed first, as vLLM's free block queue. FIFO by first caching or LFU (the fewest hits
-    first, SGLang's lfu) would keep a heap of (first push, key) or (hits, last push, key),
-    push and remove updating a dict as BlockQueue's do, pop skipping the removed keys as
-    BlockQueue skips its stale entries."""
+    freed first, as vLLM's free block queue; FirstInQueue (fifo: by first caching) and
+    LfuQueue (lfu: the fewest hits first, SGLang's) keep a heap (RankedQueue)."""
     where: dict  # key -> its entry while the key is in the queue (a lookup: is it here)
 
     def __len__(self) -> int:
@@ -334,4 +332,92 @@ class BlockQueue:
         return out
 
 
-EVICTION_ORDERS = {"lru": BlockQueue}  # a prefix cache's eviction order, by name
+class RankedQueue:
+    """Keys given up by a rank, the lowest first, ties to the earliest pushed; blocks with no
+    key (runs: never cached) always before any key, since a free block holds nothing worth
+    keeping (vLLM puts a block without a hash at the head of its free queue). A subclass names
+    the rank (FifoQueue: when the key was first pushed; LfuQueue: how often it was taken out
+    again, i.e. hit). A heap of (rank, push, key) whose entries go stale when the key is taken
+    out or pushed again (skipped when popped, and dropped when they outnumber the live ones)."""
+    __slots__ = ("where", "heap", "runs", "ticks", "seen")
+
+    def __init__(self):
+        self.where = {}  # key -> its live entry's push
+        self.heap, self.runs, self.ticks = [], 0, itertools.count()
+        self.seen = {}  # key -> what its rank remembers while it is cached (see rank)
+
+    def __len__(self):
+        return len(self.where)
+
+    def __iter__(self):
+        """The keys, the first to go first."""
+        return (key for _, tick, key in sorted(self.heap) if self.where.get(key) == tick)
+
+    def blocks(self):
+        return len(self.where) + self.runs
+
+    def push(self, keys):
+        where, heap, seen = self.where, self.heap, self.seen
+        for key in keys:
+            tick = next(self.ticks)
+            where[key] = tick
+            heapq.heappush(heap, (self.rank(seen, key, tick), tick, key))
+        if len(heap) > 4 * len(where) + 64:  # (mostly stale: rebuilt from the live ones)
+            self.heap = [e for e in heap if where.get(e[2]) == e[1]]
+            heapq.heapify(self.heap)
+
+    def push_run(self, count):
+        self.runs += count
+
+    def remove(self, keys):
+        keys = list(keys)
+        for key in keys:
+            del self.where[key]
+        self.taken(keys)
+
+    def pop(self, blocks):
+        runs = min(blocks, self.runs)
+        self.runs, blocks, out = self.runs - runs, blocks - runs, []
+        where, heap, seen = self.where, self.heap, self.seen
+        while blocks > 0 and heap:
+            _, tick, key = heapq.heappop(heap)
+            if where.get(key) == tick:
+                del where[key]
+                seen.pop(key, None)  # (evicted: forgotten)
+                out.append(key)
+                blocks -= 1
+        return out
+
+    def rank(self, seen, key, tick):
+        raise NotImplementedError
+
+    def taken(self, keys):
+        """Keys taken out of the queue by a hit (held again)."""
+
+
+class FirstInQueue(RankedQueue):
+    """fifo: the key cached first goes first, however recently it was used (its first push
+    remembered while it stays cached)."""
+    __slots__ = ()
+
+    def rank(self, seen, key, tick):
+        return seen.setdefault(key, tick)
+
+
+class LfuQueue(RankedQueue):
+    """lfu: the key hit least often goes first, the least recently pushed of those (SGLang's
+    --radix-eviction-policy lfu: its radix tree evicts the leaf of the fewest hits); its hits
+    remembered while it stays cached."""
+    __slots__ = ()
+
+    def rank(self, seen, key, tick):
+        return seen.get(key, 0)
+
+    def taken(self, keys):
+        seen = self.seen
+        for key in keys:
+            seen[key] = seen.get(key, 0) + 1
+
+
+EVICTION_ORDERS = {"lru": BlockQueue, "fifo": FirstInQueue,  # a prefix cache's eviction order
+                   "lfu": LfuQueue}

@@ -120,7 +120,7 @@ def kv_setup(run, req, device):
     for policy in run.scheduler.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.scheduler.block_tokens, max_output,
                       run.scheduler.watermark, info["host_tokens"], info["host_token_s"],
-                      info["host_write"])
+                      info["host_write"], run.scheduler.eviction_policy)
         why = check_kv_budget(req, kv) if info["budget_tokens"] else no_memory(run, source)
         if why:
             info["unfit"][policy] = why

@@ -193,6 +193,7 @@ class SchedulerConfig:
     enable_prefix_caching: bool = False  # paged blocks keep computed prefixes (policy "prefix")
     host_kv_gb: float = None      # prefix: a second tier of blocks in host memory
     host_write_policy: str = None  # its write policy (nn40.tiers.HOST_TIERS; None: KVBudget's)
+    eviction_policy: str = "lru"  # prefix: the order cached blocks go (EVICTION_ORDERS)
     prefix_study: bool = False    # the prefix cache's hits against its capacity (a figure)
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)
     kv_tokens: int = None         # the KV cache in tokens (replaces kv_memory_gb)
