@@ -23,7 +23,7 @@ class KVBudget:
     """The KV cache's memory in the serving simulation, counted in tokens: a policy (a name in
     KV_MANAGERS, whose classes say what each does) and its sizes. A request holds one token of
     KV for every token it has prefilled or generated."""
-    policy: str                # "reserve", "paged" or "prefix" (a name in KV_MANAGERS)
+    policy: str                # "reserve", "paged", "prefix" or "radix" (KV_MANAGERS)
     capacity_tokens: float     # math.inf: unlimited
     block_tokens: int = 16
     max_output: int = 0        # reserve: output tokens reserved for every request
@@ -590,8 +590,19 @@ class PrefixCache(PagedBlocks):
             "hits": self.hits}}
 
 
+class RadixCache(PrefixCache):
+    """radix: SGLang's radix cache (sglang/srt/mem_cache/radix_cache.py) in this cache's terms:
+    a hit is the longest common run of the prompt's tokens cached, matched page by page
+    (--block-tokens: SGLang's --page-size, 1 by default on CUDA, where a hit is token-exact);
+    a request's tokens join the tree once computed (cache_unfinished_req after each chunk,
+    cache_finished_req at its end), so requests prefilled in the same step do not share; the
+    tree's least recently used unlocked leaves go first (its blocks a request frees, last
+    first, in the eviction order)."""
+    caches_scheduled = False
+
+
 KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks,  # KVBudget.policy -> its manager
-               "prefix": PrefixCache}
+               "prefix": PrefixCache, "radix": RadixCache}
 
 
 def merged_reports(results, per_replica):

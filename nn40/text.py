@@ -298,7 +298,8 @@ TEXT_EN = {**SHARED_TEXT,
     "memory_reference": "the post's RTX 5080: {fraction:g} x {total_gb:g} GB less "
                         "{weights_gib:.2f} GiB of weights",
     "allocation": "allocation", "reserve": "reserve", "paged": "paged",
-    "prefix": "paged + prefix cache", "queried": "prompt tokens", "hit_card": "hit",
+    "prefix": "paged + prefix cache", "radix": "radix cache",
+    "queried": "prompt tokens", "hit_card": "hit",
     "hit_host": "hit in host", "prefill_computed": "prefilled", "prefill_saved": "not prefilled",
     "evicted": "blocks evicted", "found_cached": "its prompt found cached",
     "prefix_cache": "Prefix cache (paged blocks that keep what they computed; {host}): prompt "

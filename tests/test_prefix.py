@@ -786,3 +786,34 @@ def test_each_eviction_order_runs_and_the_orders_differ(tmp_path, capsys):
         run_main(["--experiments", "C", "--eviction-policy", "lfu", "--out", str(tmp_path)],
                  capsys)
     assert said("--eviction-policy lfu orders a prefix cache", capsys.readouterr().err)
+
+
+def test_sglangs_radix_cache_matches_tokens_and_shares_only_what_is_computed():
+    # a 1,000-token system prompt (not whole 16-token blocks) opening 64 requests at t = 0,
+    # then one more at t = 100: the radix cache at SGLang's page size 1 finds all 1,000 tokens
+    # where 16-token blocks find 992; and the 63 newcomers of the first step, prefilled with
+    # the one computing it, share nothing (SGLang inserts a request's tokens once computed)
+    n = 65
+    identity = SharedPrompts(np.zeros(n, int), np.array([1000]), np.full(n, -1))
+    arrival = np.r_[np.zeros(n - 1), 100.0]
+    req = Requests(arrival, np.full(n, 1064), np.full(n, 8), identity=identity)
+    hits = {}
+    for policy, block in (("prefix", 16), ("radix", 1), ("radix", 16)):
+        sim = simulate_serving(req, Replica(n, COSTS, scheduler="continuous",
+                                            kv=KVBudget(policy, 10**6, block)))
+        hits[policy, block] = sim["prefix_cache"]["hits"]
+    assert hits["prefix", 16][n - 1] == 992 and hits["radix", 1][n - 1] == 1000
+    assert hits["radix", 16][n - 1] == 992
+    assert sum(hits["prefix", 16].values()) == 64 * 992          # 63 shared in the step
+    assert sum(hits["radix", 1].values()) == 1000                # only the late one
+
+
+def test_the_radix_policy_in_the_main_run(tmp_path, capsys):
+    results, out = run_main(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
+                             "--requests", "200", "--rate", "10", "--prefix-len", "500",
+                             "--num-prefixes", "2", "--kv-policy", "radix", "--block-tokens",
+                             "1", "--no-figures", "--out", str(tmp_path)], capsys)
+    kv = json.loads((tmp_path / "results.json").read_text())["C"]["kv"]
+    p = kv["radix"]["continuous"]["prefix_cache"]
+    assert p["hit_tokens"] > 0 and p["hit_tokens"] % 500 == 0  # (token-exact: whole prompts)
+    assert said("radix cache", out.out)
