@@ -20,6 +20,7 @@ class EventKind(enum.IntEnum):
 
 
 COMMIT, SENT, ARRIVE, PLAN = EventKind  # (the names the loop reads)
+LANDS = 1  # a PLAN's value where a parked request's KV lands (else 0: a plan put off)
 
 
 class EventQueue:
@@ -47,6 +48,9 @@ class EventQueue:
         while True:
             if server.pending is None:
                 if not (server.draining or server.may_plan()) or not server.plan():
+                    if server.wake_at is not None:  # (idle while KV loads: woken as it lands)
+                        self.push(server.wake_at, PLAN, server, LANDS)
+                        server.wake_at = None
                     return
                 server.new_version()
             end = server.pending_end()
@@ -94,7 +98,11 @@ class EventQueue:
             if kind == ARRIVE:  # (target: a stage; value: the request)
                 self.enter(target, value, t)
             elif kind == PLAN:
-                if target.plan_queued:
+                if value == LANDS:  # (KV lands at an idle replica: it plans from t)
+                    if target.wake(t):
+                        target.plan_queued = False
+                        self.run_ahead(target)
+                elif target.plan_queued:
                     target.plan_queued = False
                     self.run_ahead(target)
             elif kind == SENT:  # (target: a KVSends)

@@ -465,6 +465,8 @@ class PrefixCache(PagedBlocks):
         hit = keys[:card]
         if taken and self.preempts:
             self.free.remove(itertools.compress(hit, map((0).__eq__, counts)))
+        if self.preempts:
+            self.free.hit(hit)  # (an order that counts hits counts held blocks' too)
         self.ref.update(zip(hit, map((1).__add__, counts)))
         self.shared += b * (card - taken)
         if host:  # loaded back from the host tier
@@ -478,9 +480,7 @@ class PrefixCache(PagedBlocks):
             self.hits[r] = (card + host) * b
         fresh = seq.allocated // b - card  # blocks it holds beyond the card's hits
         self.total += b * (taken + fresh)
-        self.take(fresh)
-        if host:
-            self.register(blocks, (card + host) * b)
+        self.take(fresh)  # (its blocks loading from the host: cached once landed)
 
     def keys_of(self, r, tokens):
         """The keys of request r's first tokens // block blocks: its prompt identity's, then
@@ -497,9 +497,17 @@ class PrefixCache(PagedBlocks):
         if blocks.registered < len(blocks.keys):
             self.register(blocks, seq.num_cached + tokens)
 
-    def register(self, blocks, tokens):
+    def landed(self, seq):
+        """Seq's blocks loaded from the host tier have landed: cached from now on (vLLM
+        delays caching blocks still to be received), the host tier not told again."""
+        blocks = self.of[seq]
+        if blocks.loading:
+            self.register(blocks, seq.num_cached, store=False)
+            blocks.loading = 0
+
+    def register(self, blocks, tokens, store=True):
         """A request's blocks (its CachedBlocks) up to `tokens` are computed: cache those no
-        block holds yet."""
+        block holds yet (and, `store`, tell the host tier)."""
         upto, ref = min(tokens // self.block, len(blocks.keys)), self.ref
         if upto <= blocks.registered:
             return
@@ -509,7 +517,9 @@ class PrefixCache(PagedBlocks):
         ref.update(dict.fromkeys(new, 1))
         blocks.held += new
         blocks.registered = upto
-        if self.host is not None and new:
+        if new and self.preempts:
+            self.free.cached(new)
+        if self.host is not None and new and store:
             self.host.computed(new)
 
     def take(self, blocks):
@@ -539,10 +549,8 @@ class PrefixCache(PagedBlocks):
         """Its hit blocks in the host tier load asynchronously (vLLM's offloading connector
         and LMCache: the request waits for its KV, the batch runs on), over the card's host link
         at a DMA copy's share."""
-        blocks = self.of[seq]
-        if not blocks.loading:
-            return 0.0
-        wait, blocks.loading = self.host_token_s * blocks.loading, 0
+        loading = self.of[seq].loading
+        wait = self.host_token_s * loading
         self.load_wait_s += wait
         return wait
 
@@ -564,8 +572,8 @@ class PrefixCache(PagedBlocks):
             if n > len(keys) and self.identity.covers_output(r):  # (its answer: the
                 # next turn's prompt)
                 blocks.keys = keys = self.identity.block_keys(r, ctx, self.block)
-            if min(n, len(keys)) > blocks.registered:
-                self.register(blocks, ctx)
+            if min(n, len(keys)) > blocks.registered:  # (not blocks still loading)
+                self.register(blocks, ctx - blocks.loading)
         super().release(seq, ctx)
         ref, held = self.ref, blocks.held
         counts = list(map(ref.__getitem__, held))
@@ -599,6 +607,11 @@ class RadixCache(PrefixCache):
     tree's least recently used unlocked leaves go first (its blocks a request frees, last
     first, in the eviction order)."""
     caches_scheduled = False
+
+    def preempt(self, seq, ctx):
+        """SGLang's retraction frees what is past the tree's prefix without inserting it: the
+        request finds again only what it had cached."""
+        self.release(seq, ctx)
 
 
 KV_MANAGERS = {"reserve": Reservation, "paged": PagedBlocks,  # KVBudget.policy -> its manager

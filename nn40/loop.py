@@ -166,12 +166,22 @@ class Admission:
         return seq.prompt_left
 
     def unpark(self):
-        """The parked requests whose KV has landed by now join the prefill queue."""
+        """The parked requests whose KV has landed by now join the prefill queue (their
+        loaded blocks cached from now on)."""
         landed = [seq for ready, seq in self.parked if ready <= self.t]
         if landed:
             self.parked = [(ready, seq) for ready, seq in self.parked if ready > self.t]
             self.parked_cached -= sum(seq.num_cached for seq in landed)
+            for seq in landed:
+                self.kv.landed(seq)
             self.prefill.join(landed)
+
+    def idle_until(self, land):
+        """Nothing runs while KV loads until `land`: the clock moves to it, or to an arrival
+        before it, and plans there. -> plan()'s answer"""
+        arrival = self.waiting.next_arrival() if self.waiting else math.inf
+        self.t = min(land, arrival if arrival > self.t else math.inf)
+        return self.plan()
 
     def first_to_admit(self):
         """(the request admission takes first, the free slots, the prompt tokens the step can
@@ -267,11 +277,8 @@ class ServingSim(Admission):
         blocked = self.admit(taken)
         plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens)
         if not plan and not self.decode.size:
-            if self.parked:  # idle while KV loads: to the first landing, or an arrival before
-                arrival = self.waiting.next_arrival() if self.waiting else math.inf
-                self.t = min(min(ready for ready, _ in self.parked),
-                             arrival if arrival > self.t else math.inf)
-                return self.plan()
+            if self.parked:  # idle while KV loads
+                return self.idle_until(min(ready for ready, _ in self.parked))
             if not (self.waiting or self.retry) or self.kv.lent:
                 return False  # (or its room is lent to KV in flight: it plans as that lands)
             raise SimulationStalled(
@@ -461,6 +468,7 @@ class FleetReplica(ServingSim):
     def __init__(self, req, replica, ledger):
         super().__init__(req, replica, None, ledger, ids=[])
         self.version = 0           # the planned run's, to tell a queued commit that is stale
+        self.wake_at = None        # idle while KV loads: when the first load lands
         self.plan_queued = False   # a plan is queued in the event queue
         self.draining = False      # every request of its pool has arrived
 
@@ -483,6 +491,15 @@ class FleetReplica(ServingSim):
             return False
         self.t, self.plan_queued = max(self.t, t), True
         return True
+
+    def idle_until(self, land):
+        """In a pool, requests not routed here yet may come before `land`: it plans again at
+        land (the event queue's wake-up) or at such an arrival, whichever is first; draining,
+        it has them all. -> plan()'s answer"""
+        if self.draining:
+            return super().idle_until(land)
+        self.wake_at = land
+        return False
 
     def may_plan(self):
         """Whether a plan now could run anything: the replica runs, or a request waits."""

@@ -239,6 +239,12 @@ class EvictionOrder(Protocol):
     def pop(self, blocks):
         """Take up to `blocks` blocks from the head. -> the keys taken (evicted)."""
 
+    def cached(self, keys):
+        """Keys just cached (computed), before any is pushed: what FIFO ranks by."""
+
+    def hit(self, keys):
+        """Keys a request just hit, held or not: what LFU ranks by."""
+
 
 class BlockQueue:
     """Block keys in the order they were pushed, oldest first, and runs of blocks with no key
@@ -331,6 +337,12 @@ class BlockQueue:
             self.remove(out)
         return out
 
+    def cached(self, keys):
+        """(LRU ranks by the last push alone.)"""
+
+    def hit(self, keys):
+        """(LRU ranks by the last push alone.)"""
+
 
 class RankedQueue:
     """Keys given up by a rank, the lowest first, ties to the earliest pushed; blocks with no
@@ -370,10 +382,8 @@ class RankedQueue:
         self.runs += count
 
     def remove(self, keys):
-        keys = list(keys)
         for key in keys:
             del self.where[key]
-        self.taken(keys)
 
     def pop(self, blocks):
         runs = min(blocks, self.runs)
@@ -391,17 +401,26 @@ class RankedQueue:
     def rank(self, seen, key, tick):
         raise NotImplementedError
 
-    def taken(self, keys):
-        """Keys taken out of the queue by a hit (held again)."""
+    def cached(self, keys):
+        pass
+
+    def hit(self, keys):
+        pass
 
 
 class FirstInQueue(RankedQueue):
-    """fifo: the key cached first goes first, however recently it was used (its first push
-    remembered while it stays cached)."""
+    """fifo: the key cached first goes first, however recently it was used (SGLang's fifo:
+    its creation time, remembered while it stays cached; a key pushed uncached is ranked by
+    that push)."""
     __slots__ = ()
 
     def rank(self, seen, key, tick):
         return seen.setdefault(key, tick)
+
+    def cached(self, keys):
+        seen, ticks = self.seen, self.ticks
+        for key in keys:
+            seen.setdefault(key, next(ticks))
 
 
 class LfuQueue(RankedQueue):
@@ -413,7 +432,7 @@ class LfuQueue(RankedQueue):
     def rank(self, seen, key, tick):
         return seen.get(key, 0)
 
-    def taken(self, keys):
+    def hit(self, keys):
         seen = self.seen
         for key in keys:
             seen[key] = seen.get(key, 0) + 1

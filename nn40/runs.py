@@ -210,8 +210,7 @@ def prefix_metrics(req, sim):
         "prefill_tokens_computed": queried - card - host, "prefill_tokens_saved": card + host,
         "evicted_blocks": p["evicted_blocks"], "ttft_by_hit": buckets,
         "readmitted_hit_tokens": p["readmitted_hit_tokens"],
-        "host_load_s": p["host_load_s"], "host_load_s_per_request": p["host_load_s"] / max(
-            int((hit > 0).sum()), 1),
+        "host_load_s": p["host_load_s"],
         "per_replica": [(row[PREFIX_REPORT]["hit_tokens"] + row[PREFIX_REPORT]["host_hit_tokens"])
                         / max(row[PREFIX_REPORT]["queried_tokens"], 1)
                         for row in sim.get("per_replica", ()) if PREFIX_REPORT in row]}}

@@ -189,7 +189,7 @@ class SchedulerConfig:
     max_wait_s: float = None      # the starvation guard (None: off)
     replicas: int = 1             # C: identical replicas behind a router
     router: str = "all"           # the routers C's fleet and capacity studies compare
-    kv_policy: str = "both"       # C's KV-cache study: "reserve", "paged", "prefix" or "both"
+    kv_policy: str = "both"       # C's KV-cache study: a name in KV_MANAGERS, or "both"
     enable_prefix_caching: bool = False  # paged blocks keep computed prefixes (policy "prefix")
     host_kv_gb: float = None      # prefix: a second tier of blocks in host memory
     host_write_policy: str = None  # its write policy (nn40.tiers.HOST_TIERS; None: KVBudget's)

@@ -364,7 +364,8 @@ TEXT_EN = {**SHARED_TEXT,
                 "decode {decode:+.0%} ({n_decode:,} passes), prefill {prefill:+.0%} "
                 "({n_prefill:,})",
     "verdict_steps": "verdict: steps exact for every request: {answer}",
-    "verdict_prefix": "; the prefix cache's hits and steps as C's for every request: {answer}",
+    "verdict_prefix": "; the prefix cache's hits (and steps, all waiting at t=0) as C's for every "
+                      "request: {answer}",
     "yes": "yes", "no": "no", "not_checked": "not checked (arrivals)",
     "verdict_seconds": "; seconds within {tolerance:.0%}: {passes} of {checked} priced with "
                        "the run's own passes, {priced} of {checked} priced beforehand (worst "

@@ -310,7 +310,8 @@ TEXT_KO = {**SHARED_TEXT,
     "D_passes": "미리 잰 스텝 비용을 엔진의 {policy} 패스와 견주면: 디코드 {decode:+.0%} (패스 "
                 "{n_decode:,}번), 프리필 {prefill:+.0%} ({n_prefill:,}번)",
     "verdict_steps": "판정: 모든 요청의 스텝이 정확히 같은가: {answer}",
-    "verdict_prefix": "; 모든 요청의 접두사 캐시 적중과 스텝이 C와 같은가: {answer}",
+    "verdict_prefix": "; 모든 요청의 접두사 캐시 적중(모두 t=0에 기다리면 스텝도)이 C와 같은가: "
+                      "{answer}",
     "yes": "예", "no": "아니오", "not_checked": "확인 안 함 (도착 시각)",
     "verdict_seconds": "; {tolerance:.0%} 안의 초: 자신의 패스로 매긴 {checked}개 중 "
                        "{passes}개, 미리 잰 비용으로 매긴 {checked}개 중 {priced}개 (가장 큰 "

@@ -7,7 +7,7 @@ each is its write policy, one class each, registered by name in HOST_TIERS:
 write-through  every block is stored as it is computed, and a load leaves the copy: vLLM's KV
                offloading connector (vllm/v1/kv_offload: the scheduler side stores each new full
                block, the worker copies it by DMA beside the forward pass) and LMCache's
-               store-on-compute; the tier's own LRU decides what it keeps
+               store-on-compute; the tier's eviction order decides what it keeps
 write-back     a block is stored when the card evicts it, and a load leaves the copy: SGLang's
                HiCache with --hicache-write-policy write_back (the card's radix tree backs up a
                node to host memory as it is evicted)
@@ -17,8 +17,9 @@ from nn40.queues import EVICTION_ORDERS
 
 class HostTier:
     """The blocks a host tier keeps: at most `blocks` of them, given up in `order`
-    (EVICTION_ORDERS); `where` answers whether a key is there. A block stored again is
-    touched (the most recent); a block loaded back keeps its copy and is touched."""
+    (EVICTION_ORDERS, the card's --eviction-policy); `where` answers whether a key is there.
+    A block stored again is pushed again (under LRU, the most recent); a block loaded back
+    keeps its copy and is stored again."""
     stores_computed = False  # computed blocks are stored at once (else: when evicted)
 
     def __init__(self, blocks, order="lru"):
@@ -52,7 +53,9 @@ class HostTier:
             self.store(keys)
 
     def loaded(self, keys):
-        """Blocks loaded back to the card: the copy stays, touched."""
+        """Blocks loaded back to the card: the copy stays, stored again (a hit, for an order
+        that counts them)."""
+        self.keys.hit(keys)
         self.store(keys)
 
 

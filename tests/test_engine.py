@@ -432,7 +432,7 @@ def test_d_with_prefix_caching_end_to_end(tiny_args, capsys):
     assert check["hit_tokens"] % 32 == 0 and check["prompt_tokens"] == 12 * 40
     assert D["prefix"]["steps_check"] == {"requests": 12, "agree": 12}
     assert said("continuous + prefix cache", out.out) and said("greedy tokens identical", out.out)
-    assert said("the prefix cache's hits and steps as C's for every request: yes", out.out)
+    assert said("the prefix cache's hits (and steps, all waiting at t=0) as C's for every request: yes", out.out)
 
 
 def test_ds_verdict_fails_on_a_wrong_caching_rule_in_c(tiny_args, capsys, monkeypatch):
@@ -445,7 +445,7 @@ def test_ds_verdict_fails_on_a_wrong_caching_rule_in_c(tiny_args, capsys, monkey
                                          "--no-figures"], capsys)
     check = results["D"]["prefix_check"]
     assert check["hits_agree"] < check["requests"] and not results["D"]["verdict"]["prefix_exact"]
-    assert said("the prefix cache's hits and steps as C's for every request: no", out.out)
+    assert said("the prefix cache's hits (and steps, all waiting at t=0) as C's for every request: no", out.out)
 
 
 def test_d_prefix_must_be_whole_blocks(tiny_args, capsys):
