@@ -576,14 +576,13 @@ def check_flags(args):
         raise UsageError(f"--enable-prefix-caching: --kv-policy {args.kv_policy} keeps no "
                          "prefixes; give --kv-policy paged (or both)")
     caching = args.enable_prefix_caching or (manager and manager.tracks_prefixes)
-    if args.eviction_policy != "lru" and not caching:
-        raise UsageError(f"--eviction-policy {args.eviction_policy} orders a prefix cache: add "
-                         "--enable-prefix-caching (or --kv-policy prefix)")
     if args.host_write_policy and not args.host_kv_gb:
         raise UsageError("--host-write-policy is the host tier's: add --host-kv-gb")
     cache_router = args.router in ROUTERS and not ROUTERS[args.router].in_all
     for flag, given in (("--host-kv-gb", args.host_kv_gb), (f"--router {args.router}",
-                                                          cache_router)):
+                                                          cache_router),
+                        (f"--eviction-policy {args.eviction_policy}",
+                         args.eviction_policy != "lru")):
         if given and not caching:
             raise UsageError(f"{flag} works with a prefix cache: add --enable-prefix-caching "
                              "(with --kv-policy paged or both) or give --kv-policy prefix")

@@ -427,7 +427,7 @@ class PrefixCache(PagedBlocks):
         self.load_wait_s = 0.0  # seconds requests waited, parked, for their host tier's loads
         self.hits = {}  # request -> tokens hit at its first admission
         self.of = {}  # Seq -> its CachedBlocks, while it runs
-        self.own = {}  # preempted requests, whose own blocks are keyed (keys_of) until they end
+        self.own = set()  # preempted requests, whose own blocks are keyed (keys_of) till they end
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
 
     def lookup(self, ledger, r):
@@ -560,13 +560,13 @@ class PrefixCache(PagedBlocks):
             return self.release(seq, ctx)
         self.of[seq].keys = self.keys_of(seq.id, ctx)
         self.release(seq, ctx)
-        self.own[seq.id] = True
+        self.own.add(seq.id)
 
     def release(self, seq, ctx):
         blocks = self.of.pop(seq)
         keys, r = blocks.keys, seq.id
         if self.own:  # (finished, or preempted again: see preempt)
-            self.own.pop(r, None)
+            self.own.discard(r)
         if keys:
             n = ctx // self.block
             if n > len(keys) and self.identity.covers_output(r):  # (its answer: the

@@ -348,8 +348,8 @@ class RankedQueue:
     """Keys given up by a rank, the lowest first, ties to the earliest pushed; blocks with no
     key (runs: never cached) always before any key, since a free block holds nothing worth
     keeping (vLLM puts a block without a hash at the head of its free queue). A subclass names
-    the rank (FifoQueue: when the key was first pushed; LfuQueue: how often it was taken out
-    again, i.e. hit). A heap of (rank, push, key) whose entries go stale when the key is taken
+    the rank (FirstInQueue: when the key was first cached; LfuQueue: how often it was hit,
+    held or free). A heap of (rank, push, key) whose entries go stale when the key is taken
     out or pushed again (skipped when popped, and dropped when they outnumber the live ones)."""
     __slots__ = ("where", "heap", "runs", "ticks", "seen")
 

@@ -145,7 +145,7 @@ def test_a_preempted_request_hits_its_own_blocks_when_it_comes_back():
     assert back.num_cached == 12 and cache.report()["prefix_cache"]["readmitted_hit_tokens"] \
         == 12
     cache.release(back, 15)                          # finished: its own keys are not kept
-    assert cache.own == {}
+    assert cache.own == set()
     stranger = system_prompts(1, system_tokens=8, own=6)
     assert cache.lookup(stranger, 0) == 8            # another request finds the shared 2 only
 
@@ -816,7 +816,7 @@ def test_each_eviction_order_runs_and_the_orders_differ(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_main(["--experiments", "C", "--eviction-policy", "lfu", "--out", str(tmp_path)],
                  capsys)
-    assert said("--eviction-policy lfu orders a prefix cache", capsys.readouterr().err)
+    assert said("--eviction-policy lfu works with a prefix cache", capsys.readouterr().err)
 
 
 def test_sglangs_radix_cache_matches_tokens_and_shares_only_what_is_computed():
