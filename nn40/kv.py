@@ -54,16 +54,17 @@ class Seq:
     While it prefills, `prompt_left` prompt tokens are still to run and `num_cached` tokens are
     cached (admitted part-way: some cached already, or, with none left, all of it prefilled
     elsewhere). Once it decodes its DecodeBatch keeps only its start: decode_base, and the step
-    `end_step` of its last token.
+    `end_step` of its last token (speculating, the tokens its cache gains a verify step on
+    average: `rate`; None: the batch's own gains).
     """
     __slots__ = ("id", "admitted", "prompt_left", "num_cached", "to_emit", "to_emit_admitted",
-                 "decode_base", "end_step", "allocated")
+                 "decode_base", "end_step", "allocated", "rate")
 
     def __init__(self, rid, admitted, prompt_left, to_emit, num_cached=0):
         self.id, self.admitted = rid, admitted  # (admitted: its place in admission order)
         self.prompt_left, self.num_cached = prompt_left, num_cached
         self.to_emit = self.to_emit_admitted = to_emit  # tokens still to emit (at admission)
-        self.decode_base = self.end_step = None  # set when it starts to decode
+        self.decode_base = self.end_step = self.rate = None  # set when it starts to decode
         self.allocated = 0  # KV tokens allocated to it (a reservation; paged: its prefill's)
 
 
@@ -101,6 +102,7 @@ class KVManager:
     block, capacity, watermark, total = 1, math.inf, 0, 0
     shared = lent = 0  # tokens held by several requests (once more than held); lent to KV in flight
     gains = 1  # tokens a decode step adds to a decoder's cache (see for_decode_steps)
+    lookahead = 0  # tokens a speculating decoder holds beyond its own (see for_speculation)
 
     def lookup(self, ledger, r):
         """The tokens of request r already computed when it is admitted now: ledger.cached
@@ -199,6 +201,13 @@ class KVManager:
         self.gains = gains
         return self
 
+    def for_speculation(self, lookahead):
+        """The manager for speculating decoders (a SpeculativeBatch's: each growing at its own
+        rate), each holding `lookahead` tokens beyond its own (the drafts a verify step writes,
+        and the scheduler's lookahead). -> itself"""
+        self.lookahead = lookahead
+        return self
+
 
 class Reservation(KVManager):
     """reserve: on admission a request reserves prompt + max_output tokens, contiguously, until
@@ -263,6 +272,7 @@ class PagedBlocks(KVManager):
         self.watermark = 0 if math.isinf(self.capacity) else \
             int(kv.watermark * (self.capacity // b)) * b
         self.phase = {}   # step (mod period) at which decoders take a block -> how many do
+        self.fluid_rate = 0   # speculating decoders: the tokens their caches gain a step
 
     def need(self, prompt, cached, chunk, to_prefill):
         """With a watermark, vLLM's rule: blocks for all it will prefill (and its first token),
@@ -282,7 +292,8 @@ class PagedBlocks(KVManager):
     def planned(self, steps, plan):
         grow = sum(self.blocks(s.num_cached + c + (c == s.prompt_left)) - s.allocated
                    for s, c in plan)
-        return self.total + self.block * self.phase.get((steps + 1) % self.period, 0) + grow
+        return self.total + self.block * self.phase.get((steps + 1) % self.period, 0) + grow \
+            + self.fluid_rate
 
     def for_decode_steps(self, gains):
         if self.block % gains:
@@ -292,12 +303,25 @@ class PagedBlocks(KVManager):
         return self
 
     def join(self, seq):
+        if seq.rate is not None:  # speculating: blocks for its tokens and lookahead, then its
+            # growth at its rate (a fluid account: what it holds beyond its tokens is kept)
+            held = self.blocks(seq.num_cached + self.lookahead)
+            self.total += held - seq.allocated
+            seq.allocated = held - seq.num_cached
+            self.fluid_rate += seq.rate
+            return
         # (its phase: the first s >= 0 with base + gains s >= 1, i.e. ceil((1 - base) / gains),
         # mod period; with gains 1, 1 - base mod block)
         key = -((seq.decode_base - 1) // self.gains) % self.period
         self.phase[key] = self.phase.get(key, 0) + 1
 
     def release(self, seq, ctx):
+        if seq.rate is not None:  # (a speculating decoder: its fluid account, see join)
+            self.total -= ctx + seq.allocated
+            self.fluid_rate -= seq.rate
+            if abs(self.fluid_rate) < 1e-9:  # (the last has left: no float residue kept)
+                self.fluid_rate = 0
+            return
         self.total -= self.blocks(ctx)
         if seq.decode_base is not None:
             key = -((seq.decode_base - 1) // self.gains) % self.period  # (as join's)
@@ -321,11 +345,19 @@ class PagedBlocks(KVManager):
                 out.append((j, (k - j) // b + 1, rows))
         return out
 
+    def decoders_take(self, steps, n):
+        """Tokens the decoders' new blocks take in the next n steps (speculating: their fluid
+        growth)."""
+        return self.block * sum(m * rows for _, m, rows in self.crossings(steps, n)) + \
+            self.fluid_rate * n
+
     def max_steps(self, steps, plan, k):
         free, b, period = self.capacity - self.total, self.block, self.period
         if not plan:  # decoders only: the block that does not fit, found by its period
-            if b * sum(m * rows for _, m, rows in self.crossings(steps, k)) <= free:
+            if self.decoders_take(steps, k) <= free:
                 return k
+            if self.fluid_rate:  # (speculating decoders alone: their growth is linear)
+                return max(1, min(k, int(free // self.fluid_rate)))
             fit = int(free // b)  # blocks that still fit
             periods, rest = divmod(fit, sum(self.phase.values()))  # (every decoder's block)
             for j, rows in sorted(((key - steps - 1) % period + 1, rows)
@@ -336,8 +368,8 @@ class PagedBlocks(KVManager):
         (seq, c), = plan  # one prompt's chunks beside the decoders: bisect
 
         def fits(n):
-            grown = sum(m * rows for _, m, rows in self.crossings(steps, n))
-            return b * grown + self.blocks(seq.num_cached + c * n) - seq.allocated <= free
+            return self.decoders_take(steps, n) + self.blocks(seq.num_cached + c * n) - \
+                seq.allocated <= free
         lo, hi = 1, k
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -356,6 +388,10 @@ class PagedBlocks(KVManager):
             sxx = m * x0 * x0 + x0 * p * m * (m - 1) + p * p * (m - 1) * m * (2 * m - 1) / 6
             integral += b * rows * (m * elapsed - (a * sx + e * (sxx - sx) / 2))
             grown += b * rows * m
+        if self.fluid_rate:  # speculating decoders: step j's growth held from step j to k
+            r = self.fluid_rate
+            integral += r * (a * k * (k + 1) / 2 + e * (k - 1) * k * (k + 1) / 3)
+            grown += r * k
         for seq, c in plan:  # the prompts' chunks: blocks held from the step that takes them
             new = self.blocks(seq.num_cached + c * k + (c == seq.prompt_left))
             if k == 1:

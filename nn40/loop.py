@@ -35,8 +35,8 @@ class MemoryRecord:
         """k steps (step j: a + e (j - 1) s) from held0 tokens held, `growth` more after each
         step, and `emitted` first tokens at the last: the tokens held after each step weighted
         by its seconds. -> tokens held after the last step."""
-        self.totals["held_s"] += a * (k * held0 + growth * k * (k + 1) // 2) + e * (
-            held0 * k * (k - 1) // 2 + growth * (k - 1) * k * (k + 1) // 3) \
+        self.totals["held_s"] += a * (k * held0 + growth * (k * (k + 1) // 2)) + e * (
+            held0 * (k * (k - 1) // 2) + growth * ((k - 1) * k * (k + 1) // 3)) \
             + emitted * (a + e * (k - 1))
         return held0 + growth * k + emitted
 
@@ -232,13 +232,18 @@ class ServingSim(Admission):
         self.fused, self.progress = replica.fused, progress
         self.prefill_first = replica.prefill_first and not replica.fused
         self.kv = kv = kv_manager(replica.kv, replica.decode_tokens.gains)
+        spec = replica.speculation
+        if spec is not None:
+            kv.for_speculation(spec.lookahead)
         self.tracks, self.preempts = kv.tracks, kv.preempts
         self.retry = []                  # preempted ids (a heap: the oldest first)
         self.parked, self.parked_cached = [], 0  # [(when its KV lands, Seq)] waiting for a
         # host tier's load, and the tokens they hold
         self.pending = self.price = None  # the planned run (see plan), its price (planned_price)
         self.running = {}                # admission order -> Seq, oldest first
-        self.prefill, self.decode = PrefillQueue(), DecodeBatch(replica.decode_tokens)  # by phase
+        self.prefill = PrefillQueue()  # the running requests by phase
+        self.decode = DecodeBatch(replica.decode_tokens) if spec is None else \
+            spec.batch(ledger.output)
         self.t, self.steps, self.busy, self.done, self.iterations, self.admissions = \
             0.0, 0, 0, 0, 0, 0
         self.prefill_s = self.decode_s = self.longest_step_s = 0.0
@@ -411,7 +416,8 @@ class ServingSim(Admission):
         elif seq.end_step > self.steps:  # preempted while it decodes
             to_emit, cached = self.decode.leave(seq, self.steps)
         else:  # finished decoding (DecodeBatch.due took it out of the batch)
-            to_emit, cached = 0, seq.decode_base + self.decode.gains * self.steps  # (held_by,
+            to_emit, cached = 0, seq.decode_base + self.decode.gains * self.steps \
+                if seq.rate is None else self.decode.held_by(seq, self.steps)  # (held_by,
             # inline: a finish is the loop's most frequent leave)
         if self.tracks:
             (self.kv.preempt if preempted else self.kv.release)(seq, cached)

@@ -124,18 +124,7 @@ class StepCosts:
         tokens (growing by `growth` a step; None: by n), started at t, ends at or after
         `when` (else k)."""
         growth = n if growth is None else growth
-        a, e = self.pass_s(n, cached), self.kv_s(n) * growth  # (x steps: run_s's a x + e ...)
-        gap = when - t  # solve a x + e x (x - 1) / 2 = gap, then settle on integers
-        if e > 0:
-            x = ((e / 2 - a) + math.sqrt((a - e / 2) ** 2 + 2 * e * max(gap, 0))) / e
-        else:
-            x = gap / a if a > 0 else k
-        x = min(max(1, math.ceil(x)), k)
-        while x > 1 and t + ((x - 1) * a + e * (x - 1) * (x - 2) / 2) >= when:
-            x -= 1
-        while x < k and t + (x * a + e * x * (x - 1) / 2) < when:
-            x += 1
-        return x
+        return steps_to(self.pass_s(n, cached), self.kv_s(n) * growth, t, when, k)
 
     def as_dict(self):
         """The model's numbers, for results.json."""
@@ -357,6 +346,22 @@ ENGINE_PROFILES["sglang"] = dataclasses.replace(
     reserved_gb=0.0, kv_fraction=None, rules="sglang",
     fitted_on="none (TensorRT-LLM's efficiencies)")
 DEFAULT_PROFILE = "tensorrt-llm"
+
+def steps_to(a, e, t, when, k):
+    """The first step count x in 1..k whose run, started at t, of steps taking a + e (j - 1)
+    seconds (step j) ends at or after `when` (else k)."""
+    gap = when - t  # solve a x + e x (x - 1) / 2 = gap, then settle on integers
+    if e > 0:
+        x = ((e / 2 - a) + math.sqrt((a - e / 2) ** 2 + 2 * e * max(gap, 0))) / e
+    else:
+        x = gap / a if a > 0 else k
+    x = min(max(1, math.ceil(x)), k)
+    while x > 1 and t + ((x - 1) * a + e * (x - 1) * (x - 2) / 2) >= when:
+        x -= 1
+    while x < k and t + (x * a + e * x * (x - 1) / 2) < when:
+        x += 1
+    return x
+
 
 # C's pricing knots: tokens per pass, powers of two and the midpoints (x 1.5) between them
 PRICE_KNOTS = tuple(sorted({2**i for i in range(17)} | {3 * 2**i for i in range(16)}))

@@ -193,6 +193,9 @@ class Replica:
                  of admission, the first whatever its length (DistServe's
                  context-max-tokens-per-batch; vLLM's max_num_batched_tokens without chunked
                  prefill); None: every admitted prompt
+    speculation  a Speculation (nn40.speculative): its decoders verify drafted tokens, each
+                 taking its own drawn number of steps (its costs: a SpeculativeCosts); None:
+                 plain decoding, by decode_tokens
     A study reads as what it varies: dataclasses.replace(replica, scheduler="static").
     """
     slots: int
@@ -205,3 +208,4 @@ class Replica:
     prefill_first: bool = False
     decode_tokens: DecodeTokens = DecodeTokens()
     prompt_tokens: int = None
+    speculation: object = None

@@ -11,6 +11,7 @@ from nn40.loop import simulate_serving
 from nn40.pricing import StepCosts
 from nn40.queues import queue_order
 from nn40.replicas import DecodeTokens, Replica, SCHEDULERS
+from nn40.speculative import Speculation, SpeculativeCosts
 from nn40.workload import Requests
 from step_reference import simulate_steps
 
@@ -78,3 +79,37 @@ def test_a_decode_step_that_gains_two_tokens_by_hand():
     for decode, steps in ((DecodeTokens(), 8), (DecodeTokens(2, 2), 5), (DecodeTokens(3, 1), 8)):
         got = simulate_serving(req, Replica(1, costs, decode_tokens=decode))
         assert got["steps"] == steps and got["times"].finish.tolist() == [float(steps)]
+
+
+# speculating decoders: k drafts a step, each request's verify steps drawn from a law, its cache
+# growing at its own rate, the draft's passes priced beside the verify's
+SPECULATIONS = [Speculation("eagle3", 3, (0.73, 0.52, 0.35), "given", 6, seed=5),
+                Speculation("ngram", 2, (0.5, 0.1), "given", 2, seed=9),
+                Speculation("mtp", 1, (1.0,), "given", 2, seed=1)]
+
+
+@pytest.mark.parametrize("spec", SPECULATIONS, ids=lambda s: s.method)
+@pytest.mark.parametrize("policy", [None, "reserve", "paged"])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_a_speculating_replica_equals_the_step_by_step_simulator(scheduler, policy, spec):
+    for seed in range(40):
+        req, replica = random_case(seed, scheduler, policy)
+        draft = None if spec.method == "ngram" else \
+            StepCosts((1, 64), (1e-4, 3e-4), 1e-6, "a draft head")
+        replica = dataclasses.replace(replica, speculation=spec,
+                                      costs=SpeculativeCosts(replica.costs, draft, spec.k))
+        got, want = simulate_serving(req, replica), simulate_steps(req, replica)
+        where = (seed, replica)
+        assert got["steps"] == want["steps"], where
+        for key in ("first_step", "finish_step"):
+            assert getattr(got["times"], key).tolist() == want[key], (where, key)
+        for key in ("start", "first_token", "finish"):
+            np.testing.assert_allclose(getattr(got["times"], key), want[key], rtol=1e-9,
+                                       err_msg=str(where))
+        if policy:
+            mem = got["kv"]
+            for key in ("preemptions", "peak_running"):
+                assert mem[key] == want[key], (where, key)
+            for key in ("max_alloc", "held_s", "alloc_s"):
+                assert mem[key] == pytest.approx(want[key], rel=1e-9), (where, key)
+            np.testing.assert_array_equal(got["generated"], req.output)

@@ -17,8 +17,8 @@ SCRIPT_MAX, MODULE_MAX, FUNCTION_MAX, CLASS_MAX, PARAMETERS_MAX = 800, 900, 60, 
 # DistServe replay and the placement search need) imports neither torch nor matplotlib
 SIMULATOR = ["errors", "traces", "config", "host", "accounting", "workload", "slot_steps",
              "stats", "queues", "tiers", "kv", "settings", "names", "replicas", "loop", "pricing",
-             "profiles", "stages", "memory", "published", "metrics", "routers", "events", "handoff",
-             "pools", "runs", "capacity", "placement", "cheapest",
+             "speculative", "profiles", "stages", "memory", "published", "metrics", "routers",
+             "events", "handoff", "pools", "runs", "capacity", "placement", "cheapest",
              "disaggregated", "experiment_c",
              "calibration"]
 # the report: the text, the tables and the figures (matplotlib loaded where one is drawn)

@@ -1,0 +1,259 @@
+"""Speculative decoding: the tokens a verify step gains, drawn per request, and its price (NumPy)
+
+A speculating decoder proposes k draft tokens (an n-gram lookup in its own text, an EAGLE or
+MTP head on the target's hidden states, or a smaller draft model), and one pass of the target
+verifies them with the token before: k + 1 query tokens a decoder, the weights read once. The
+step emits the accepted drafts and one token of the target's own (the bonus, or the correction
+of the first rejected draft): from 1 to k + 1 tokens. The acceptance is a law over positions:
+a_i, the share of verify steps whose i-th draft is accepted (vLLM's per-position counts over
+its drafts, vllm:spec_decode_num_accepted_tokens_per_pos / num_drafts), so a step emits on
+average E = 1 + a_1 + ... + a_k tokens (its "acceptance length").
+
+The loop keeps a decoder as its start and the step it ends (DecodeBatch): a SpeculativeBatch
+draws, for each request and from the run's seed, how many verify steps its tokens take (each
+step's gain drawn from the law), so percentiles spread as acceptance does; between its start and
+its end a decoder's cache grows at its own mean rate.
+"""
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from nn40.errors import UsageError
+from nn40.pricing import steps_to
+from nn40.replicas import DecodeBatch, DecodeTokens
+
+
+METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model")  # vLLM's speculative_config methods
+MAX_SPECULATIVE_TOKENS = 16
+
+# each method's acceptance where none is given: per-position rates from a cited measurement
+# (longer drafts extend it geometrically at its last ratio); a method not here needs one given
+DEFAULT_ACCEPTANCE = {
+    # vLLM's regression baseline (tests/v1/spec_decode/test_acceptance_length.py):
+    # Llama-3.1-8B-Instruct with RedHatAI's EAGLE-3 speculator, MT-Bench, temperature 0, k = 3
+    "eagle3": ((0.7296, 0.5208, 0.3545), "vLLM's EAGLE-3 baseline for Llama-3.1-8B on MT-Bench "
+                                         "(tests/v1/spec_decode/test_acceptance_length.py)"),
+    # DeepSeek-V3's technical report (section 5.4.3): the second token its MTP module predicts is
+    # accepted 85-90% of the time; one draft of one module
+    "mtp": ((0.85,), "DeepSeek-V3's report: the MTP token accepted 85-90% of the time"),
+}
+# the KV a speculating decoder's step allocates past its own tokens: the k drafts it verifies,
+# and vLLM's num_lookahead_tokens (vllm/v1/core/sched/scheduler.py: k more for EAGLE-type heads
+# and draft models, whose proposer writes its own drafts' KV; none for an n-gram lookup)
+LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+
+
+def lookahead_tokens(method, k):
+    """KV tokens a speculating decoder holds beyond its own (Speculation.lookahead)."""
+    return k + (k if method in LOOKAHEAD_METHODS else 0)
+
+
+def geometric_rates(rate, k):
+    """Per-position rates of one acceptance rate, each draft accepted with `rate` once those
+    before it were: rate, rate^2, ..., rate^k."""
+    return tuple(rate ** i for i in range(1, k + 1))
+
+
+def expected_length(rates):
+    """Mean tokens a verify step emits: 1 + the per-position rates' sum (the bonus token
+    included)."""
+    return 1.0 + float(sum(rates))
+
+
+def rates_for_length(length, k):
+    """The geometric rates of k drafts whose acceptance length is `length` (1 to k + 1)."""
+    if not 1.0 <= length <= k + 1:
+        raise UsageError(f"--acceptance-length {length:g}: a verify step of {k} drafts emits "
+                         f"from 1 to {k + 1} tokens")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # (the length rises with the rate: bisect)
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_length(geometric_rates(mid, k)) < length else (lo, mid)
+    return geometric_rates((lo + hi) / 2, k)
+
+
+def extended(rates, k):
+    """Per-position rates cut or extended to k drafts, at the last ratio of those given."""
+    rates = tuple(rates)
+    ratio = rates[-1] / rates[-2] if len(rates) > 1 and rates[-2] else rates[-1]
+    while len(rates) < k:
+        rates += (rates[-1] * ratio,)
+    return rates[:k]
+
+
+def checked_rates(rates):
+    """Per-position rates a law can be: each from 0 to 1, never rising (a draft is accepted only
+    after those before it). -> the rates, or a one-line UsageError"""
+    if not rates or any(not 0.0 <= a <= 1.0 for a in rates):
+        raise UsageError(f"--acceptance-rates {','.join(f'{a:g}' for a in rates)}: each rate is "
+                         "a share from 0 to 1")
+    if any(b > a + 1e-12 for a, b in zip(rates, rates[1:])):
+        raise UsageError(f"--acceptance-rates {','.join(f'{a:g}' for a in rates)}: a position's "
+                         "rate counts drafts accepted after every one before it, so it never "
+                         "rises")
+    return tuple(float(a) for a in rates)
+
+
+def step_gains(u, rates):
+    """The tokens verify steps emit for uniform draws `u` (an array): 1 + the drafts accepted,
+    the i-th accepted when u < a_i (the rates never rise, so those before it are too)."""
+    gains = np.ones(np.shape(u), dtype=np.int64)
+    for a in rates:
+        gains += u < a
+    return gains
+
+
+def verify_steps(tokens, rates, rng, columns=32):
+    """How many verify steps each request takes to emit `tokens` (an int array; 0: none), each
+    step's gain drawn from the law; a step emits what is left at most. Drawn `columns` steps a
+    request at a time for the requests still short (a million requests: a second or two)."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    steps = np.zeros(len(tokens), dtype=np.int64)
+    left, short = tokens.copy(), np.flatnonzero(tokens > 0)
+    while short.size:
+        gains = step_gains(rng.random((short.size, columns)), rates).cumsum(axis=1)
+        reached = gains >= left[short, None]
+        done = reached.any(axis=1)
+        steps[short[done]] += reached[done].argmax(axis=1) + 1
+        steps[short[~done]] += columns
+        left[short[~done]] -= gains[~done, -1]
+        short = short[~done]
+    return steps
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """A replica's speculative decoding: `method` (one of METHODS), k drafts a step, their
+    per-position acceptance `rates` (`law`: where they come from), `lookahead` KV tokens a
+    decoder holds beyond its own (the k drafts verified, and the scheduler's lookahead), and
+    the `seed` its draws come from."""
+    method: str
+    k: int
+    rates: tuple
+    law: str
+    lookahead: int
+    seed: int = 0
+
+    @property
+    def expected_length(self):
+        return expected_length(self.rates)
+
+    @property
+    def decode_tokens(self):
+        """A verify step runs k + 1 query tokens a decoder (what it takes of a step's token
+        budget and what its pass is priced for)."""
+        return DecodeTokens(self.k + 1, 1)
+
+    def batch(self, output):
+        """The SpeculativeBatch of a replica serving requests of `output` tokens each."""
+        return SpeculativeBatch(self, output)
+
+    def steps_for(self, output):
+        """Each request's verify steps for its decode (output - 1 tokens: the first comes out
+        of its prefill), drawn once per array of outputs and seed (every replica of a run draws
+        the same for the same request)."""
+        memo = _DRAWN.get(self)
+        if memo is None or memo[0] is not output:
+            steps = verify_steps(np.maximum(np.asarray(output) - 1, 0), self.rates,
+                                 np.random.default_rng(self.seed))
+            memo = _DRAWN[self] = (output, steps.tolist())
+        return memo[1]
+
+
+_DRAWN = {}  # Speculation -> (the outputs it drew for, their steps): see steps_for
+
+
+class SpeculativeBatch(DecodeBatch):
+    """The decoding requests of a speculating replica: each runs k + 1 query tokens a step and
+    takes its own drawn number of verify steps (Speculation.steps_for; a request coming back
+    from preemption draws again for what it has left), its cache growing at its own mean rate
+    (seq.rate tokens a step) from its start to its end. (Tokens held are fractional between the
+    two: a fluid account of what the drawn steps emit.)"""
+    __slots__ = ("spec", "output", "drawn", "rng")
+
+    def __init__(self, spec, output):
+        super().__init__(spec.decode_tokens)
+        self.spec, self.output, self.drawn = spec, output, spec.steps_for(output)
+        self.rng = np.random.default_rng(spec.seed + 1)  # (a preempted request's redraws)
+        self.gains = spec.k + 1  # (the most a step gains: what a queue's room estimate takes)
+
+    def join(self, seqs, steps):
+        ends, base_sum, growth = self.ends, self.base_sum, self.growth
+        for seq in seqs:
+            n = seq.to_emit
+            drawn = self.drawn[seq.id] if n == self.output[seq.id] - 1 else \
+                int(verify_steps(np.array([n]), self.spec.rates, self.rng)[0])
+            drawn = max(drawn, 1)
+            seq.rate = n / drawn
+            seq.decode_base = seq.num_cached - seq.rate * steps
+            seq.end_step = steps + drawn
+            base_sum += seq.decode_base
+            growth += seq.rate
+            heapq.heappush(ends, (seq.end_step, seq.admitted))
+        self.size += len(seqs)
+        self.tokens += self.runs * len(seqs)
+        self.growth, self.base_sum = growth, base_sum
+
+    def leave(self, seq, steps):
+        """A decoder leaves before its last step: the whole tokens it has emitted are kept, and
+        the KV it holds is its fluid account (what the cache frees)."""
+        self.size -= 1
+        self.tokens -= self.runs
+        self.growth -= seq.rate
+        self.base_sum -= seq.decode_base
+        held = self.held_by(seq, steps)
+        emitted = min(int(held - seq.num_cached + 1e-9), seq.to_emit - 1)
+        return seq.to_emit - emitted, held
+
+    def held_by(self, seq, steps):
+        return seq.decode_base + seq.rate * steps
+
+    def due(self, steps, running):
+        ends, out = self.ends, []
+        while ends and (ends[0][0] <= steps or ends[0][1] not in running):
+            admitted = heapq.heappop(ends)[1]
+            seq = running.get(admitted)
+            if seq is not None and seq.end_step <= steps:  # (else preempted since it was pushed)
+                self.base_sum -= seq.decode_base
+                self.size -= 1
+                self.tokens -= self.runs
+                self.growth -= seq.rate
+                out.append(seq)
+        return out
+
+
+class SpeculativeCosts:
+    """A speculating replica's PassPrices: the target's (`verify`, priced for the k + 1 query
+    tokens of each decoder, its KV read once a sequence) and, each step, the draft's k passes
+    at the batch (`draft`: a StepCosts of the draft, over the same context; None: an n-gram
+    lookup, on the CPU beside the step)."""
+
+    def __init__(self, verify, draft, k):
+        self.verify, self.draft, self.k = verify, draft, k
+
+    def draft_price(self, decoders, cached, growth):
+        """(seconds of a step's drafting, its growth a step) for `decoders` query tokens."""
+        if self.draft is None or not decoders:
+            return 0.0, 0.0
+        batch = max(1, decoders // (self.k + 1))
+        grown = decoders if growth is None else growth
+        return self.k * self.draft.pass_s(batch, cached), \
+            self.k * self.draft.kv_s(batch) * grown
+
+    def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
+        pre, dec, first, grows, tokens = self.verify.run_price(plan, decoders, cached, k, fused,
+                                                               growth)
+        a, e = self.draft_price(decoders, cached, growth)
+        return pre, dec + a * k + e * k * (k - 1) / 2, first + a, grows + e, tokens
+
+    def decode_steps_to(self, n, cached, t, when, k, growth=None):
+        _, _, a, e, _ = self.run_price((), n, cached, 1, growth=growth)
+        return steps_to(a, e, t, when, k)
+
+    def pass_s(self, tokens, kv_tokens=0, pairs=0):
+        return self.verify.pass_s(tokens, kv_tokens, pairs)
+
+    def as_dict(self):
+        return {**self.verify.as_dict(), "speculative_draft": None if self.draft is None
+                else self.draft.as_dict(), "speculative_tokens": self.k}
