@@ -26,6 +26,7 @@ from nn40.routers import ROUTERS
 from nn40.settings import (
     RUN_FIELDS, ModeConfig, RunConfig, SchedulerConfig, attainment, experiment_letters, fraction,
     integer, integers, milliseconds, number, numbers, rate_value, usage_type)
+from nn40.speculative import MAX_SPECULATIVE_TOKENS, parse_config, resolve
 from nn40.stages import stage_model
 from nn40.text import DESCRIPTION, EPILOG, USAGE
 from nn40.text_ko import TEXT
@@ -99,8 +100,8 @@ def add_flag(group, *flags, shown=None, **kw):
 def build_parser():
     p = ArgumentParser(prog="NN_40_serving.py", usage=USAGE, description=DESCRIPTION,
                        epilog=EPILOG, formatter_class=HelpFormatter, add_help=False)
-    for flags in (workload_flags, prefix_flags, model_flags, scheduler_flags, placement_flags,
-                  slo_flags, measurement_flags, d_flags, output_flags):
+    for flags in (workload_flags, prefix_flags, model_flags, scheduler_flags, speculation_flags,
+                  placement_flags, slo_flags, measurement_flags, d_flags, output_flags):
         flags(p)
     return p
 
@@ -230,6 +231,22 @@ def scheduler_flags(p):
     add_flag(s, "--watermark", type=fraction, help="paged: share of blocks kept free")
     add_flag(s, "--max-output", type=integer(), shown=f"longest; law: {LENGTH_MAX}",
              help="reserve: output tokens held")
+
+
+def speculation_flags(p):
+    s = p.add_argument_group("speculative decoding (C; on --gpu)")
+    add_flag(s, "--speculative-config", metavar="JSON", type=usage_type(parse_config),
+             default=None, shown="off", help="vLLM's: method (ngram, eagle, eagle3, mtp, "
+             "draft_model), num_speculative_tokens, model")
+    add_flag(s, "--num-speculative-tokens", type=integer(1, MAX_SPECULATIVE_TOKENS),
+             shown="the config's, else 1", help="k: drafts a step")
+    add_flag(s, "--acceptance-rate", type=number(0.0, 1.0), default=None,
+             shown="the method's", help="one rate: position i accepted a^i of steps")
+    add_flag(s, "--acceptance-rates", dest="acceptance_rates_given", type=numbers(0.0, 1.0),
+             default=None, shown="the method's",
+             help="per position, as vLLM counts them")
+    add_flag(s, "--acceptance-length", type=number(1.0, MAX_SPECULATIVE_TOKENS + 1),
+             default=None, shown="the method's", help="mean tokens a verify step emits")
 
 
 def placement_flags(p):
@@ -487,7 +504,7 @@ def run_config(args):
                        "slots": args.slots or SchedulerConfig.slots,
                        "chunk_tokens": args.chunk_tokens or SchedulerConfig.chunk_tokens,
                        **engine_fields(args, on_cpu)})
-    run = run.replace(**serving_limits(run, args))
+    run = run.replace(**serving_limits(run, args), **speculation_fields(args))
     longest = max(max(run.measurement.contexts) + 1, max(run.measurement.prefill_lengths))
     if device is not None and model.arch == "transformer" and longest > model.max_positions:
         raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
@@ -518,6 +535,36 @@ def serving_limits(run, args):
         source = "flag" if args.slots and args.chunk_tokens else source + "+flag"
     return {"serve_slots": args.slots or slots, "serve_chunk_tokens": args.chunk_tokens or chunk,
             "serve_source": source}
+
+
+def speculation_fields(args):
+    """--speculative-config and its acceptance, resolved (nn40.speculative.resolve), or
+    nothing; the flags that need it refused without it, and where C cannot price it yet."""
+    acceptance = [flag for flag, value in (
+        ("--num-speculative-tokens", args.num_speculative_tokens),
+        ("--acceptance-rate", args.acceptance_rate),
+        ("--acceptance-rates", args.acceptance_rates_given),
+        ("--acceptance-length", args.acceptance_length)) if value is not None]
+    config = args.speculative_config
+    if config is None:
+        if acceptance:
+            raise UsageError(f"{acceptance[0]} is speculative decoding's: add "
+                             "--speculative-config")
+        return {}
+    for flag, refused in (("--gpu", not args.gpu), ("--experiments C", set(
+            chosen_experiments(args)) - {"C"})):
+        if refused:
+            raise UsageError(f"--speculative-config is priced by C on a named card: give {flag}")
+    if args.kv_policy in ("prefix", "radix") or args.enable_prefix_caching:
+        raise UsageError("--speculative-config: C's prefix caches do not keep speculating "
+                         "decoders' blocks yet: run without prefix caching")
+    if args.prefill_replicas:
+        raise UsageError("--speculative-config: C's decode pools do not speculate yet: run "
+                         "without --prefill-replicas and --decode-replicas")
+    if config["method"] == "draft_model":
+        config = {**config, "model": named(config["model"], kind="model")}
+    return resolve(config, args.num_speculative_tokens, args.acceptance_rate,
+                   args.acceptance_rates_given, args.acceptance_length)
 
 
 def engine_fields(args, on_cpu):

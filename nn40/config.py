@@ -383,7 +383,8 @@ LENGTH_MU, LENGTH_SIGMA, LENGTH_MAX, LENGTH_SEED = 4.2, 0.9, 2048, 3
 # its second draw (power-of-two's other replica) with its seed + 1, "fleet" + 1: the seed of
 # "prefixes". The two streams draw different things (replicas, system prompts) in one run.
 SEED_OFFSET = {"arrivals": 1, "sweep": 2, "prompts": 3, "predicted": 4, "engine_arrivals": 5,
-               "fleet": 6, "capacity": 10, "replicas": 20, "prefixes": 7, "placements": 30}
+               "fleet": 6, "capacity": 10, "replicas": 20, "prefixes": 7, "placements": 30,
+               "speculation": 8}
 # The KV cache's memory in C, unless --kv-memory-gb: on CUDA, this share of the device's memory
 # less the weights (vLLM's default gpu_memory_utilization); on CPU, a deliberately small cache,
 # so that memory and not the slots limits the batch; with no device (C alone, analytic prices),

@@ -200,6 +200,11 @@ class SchedulerConfig:
     block_tokens: int = 16        # paged: tokens per block
     max_output: int = None        # reserve: output tokens reserved per request
     watermark: float = 0.01       # paged: share of the blocks admission keeps free (vLLM's)
+    speculative_method: str = None  # speculative decoding (nn40.speculative.METHODS; None: off)
+    num_speculative_tokens: int = None  # k: drafts a verify step checks
+    speculative_model: str = None  # draft_model: the draft's preset (MODELS)
+    acceptance_rates: tuple = None  # per-position acceptance rates (k of them), resolved
+    acceptance_law: str = None    # where they come from: "rates", "rate", "length" or a method's
 
     @property
     def kv_policies(self):

@@ -15,6 +15,7 @@ step's gain drawn from the law), so percentiles spread as acceptance does; betwe
 its end a decoder's cache grows at its own mean rate.
 """
 import heapq
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -257,3 +258,70 @@ class SpeculativeCosts:
     def as_dict(self):
         return {**self.verify.as_dict(), "speculative_draft": None if self.draft is None
                 else self.draft.as_dict(), "speculative_tokens": self.k}
+
+
+# --speculative-config: the keys of vLLM's speculative_config C reads (its others change nothing
+# C prices, or name what C does not model: refused, by name)
+CONFIG_KEYS = ("method", "num_speculative_tokens", "model")
+
+
+def parse_config(text):
+    """--speculative-config's JSON, as vLLM's flag takes it -> {key: value} (one line where it
+    is not)."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--speculative-config {text!r}: not JSON ({e.msg})") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"--speculative-config {text!r}: a JSON object, as vLLM's flag takes")
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise UsageError(f"--speculative-config: C reads {', '.join(CONFIG_KEYS)}, not "
+                         f"{', '.join(unknown)}")
+    method = config.get("method")
+    if method not in METHODS:
+        raise UsageError(f"--speculative-config: method {method!r} is none of "
+                         f"{', '.join(METHODS)}")
+    k = config.get("num_speculative_tokens")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool)
+                          or not 1 <= k <= MAX_SPECULATIVE_TOKENS):
+        raise UsageError(f"--speculative-config: num_speculative_tokens {k!r} is not a whole "
+                         f"number from 1 to {MAX_SPECULATIVE_TOKENS}")
+    if (method == "draft_model") != ("model" in config):
+        raise UsageError("--speculative-config: a draft model is named by \"model\", which only "
+                         "the method draft_model takes (EAGLE's and MTP's heads are the target's)")
+    return config
+
+
+def resolve(config, k=None, rate=None, rates=None, length=None):
+    """The run's speculation from --speculative-config (parse_config's) and the acceptance
+    flags (one of them at most; else the method's DEFAULT_ACCEPTANCE) -> the SchedulerConfig
+    fields: method, k (--num-speculative-tokens, else the config's, else the rates', else 1),
+    the draft model, k per-position rates and where they come from."""
+    method = config["method"]
+    given = [flag for flag, value in (("--acceptance-rate", rate), ("--acceptance-rates", rates),
+                                      ("--acceptance-length", length)) if value is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)}: give the acceptance one way")
+    if k is not None and config.get("num_speculative_tokens") not in (None, k):
+        raise UsageError(f"--num-speculative-tokens {k} and --speculative-config's "
+                         f"num_speculative_tokens {config['num_speculative_tokens']}: give one")
+    k = k or config.get("num_speculative_tokens") or (len(rates) if rates else None) or 1
+    if rates is not None:
+        if len(rates) < k:
+            raise UsageError(f"--acceptance-rates: {len(rates)} rate(s) for {k} drafts a step "
+                             "(one a position)")
+        law, rates = "rates", checked_rates(rates)[:k]
+    elif rate is not None:
+        law, rates = "rate", geometric_rates(rate, k)
+    elif length is not None:
+        law, rates = "length", rates_for_length(length, k)
+    elif method in DEFAULT_ACCEPTANCE:
+        law, rates = method, extended(DEFAULT_ACCEPTANCE[method][0], k)
+    else:
+        raise UsageError(f"--speculative-config: method {method} has no published acceptance "
+                         "C takes as its default (it depends on the text): give "
+                         "--acceptance-rate, --acceptance-rates or --acceptance-length")
+    return {"speculative_method": method, "num_speculative_tokens": k,
+            "speculative_model": config.get("model"), "acceptance_rates": tuple(rates),
+            "acceptance_law": law}

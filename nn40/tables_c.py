@@ -11,6 +11,7 @@ from nn40.config import GPUS, REPLICAS_MAX
 from nn40.host import fit_lines
 from nn40.kv import KV_MANAGERS, PREFIX_REPORT
 from nn40.metrics import LATENCIES
+from nn40.speculative import DEFAULT_ACCEPTANCE
 from nn40.tables import (
     ROOFLINE_COLUMNS, ceilings_moved, cell, chain_text, context_table, describe, fetch,
     kernels_text, latency_columns, machine_warnings, render, roofline_notes, spec_table,
@@ -495,6 +496,7 @@ TABLES = [(("C", "capacity"), lambda T, R: [capacity_answer(T, R)]),
           (("C", "replicas"), lambda T, R: [fleet_table(T, R["C"]["replicas"])]),
           (("C", "placement"), lambda T, R: [pools_text(T, R["C"]["placement"])]),
           (("C", "placements"), lambda T, R: [placements_text(T, R["C"]["placements"])]),
+          (("C", "speculation"), lambda T, R: [speculation_text(T, R["C"]["speculation"])]),
           (("C", "capacity"), lambda T, R: [capacity_text(T, R["C"]["capacity"])]),
           (("C", "prefix_study"), lambda T, R: [prefix_study_text(
               T, R["C"]["prefix_study"], R["C"].get("capacity"))]),
@@ -675,3 +677,50 @@ def placement_table(T, R):
     return "\n".join([T["placement_search"].format(**R), timing,
                       spec_table(T, R["rows"], PLACEMENT_COLUMNS),
                       T["placement_best"].format(best=best)])
+
+
+# speculative decoding: the speculating replica beside the plain one, and the speedup by load
+
+SPECULATION_COLUMNS = [("policy", "label", "text"), ("steps", "steps", ","),
+                       ("tokens_per_s", "output_tokens_per_s", ",.0f")] + \
+    latency_columns("p50", "p99")
+
+
+def speculation_law_text(T, S):
+    """Where the acceptance comes from: given (per position, one rate, a mean length), or the
+    method's published default."""
+    if S["law"] in DEFAULT_ACCEPTANCE:
+        return T["spec_law_default"].format(source=DEFAULT_ACCEPTANCE[S["law"]][1])
+    return T["spec_law_" + S["law"]]
+
+
+def speculation_text(T, S):
+    """--speculative-config: the speculating replica beside the plain one at the run's
+    arrivals, then the speedup (plain TPOT p50 over speculating) at each load for k = 1..K,
+    the load from which each k stops paying, and the best k."""
+    from tabulate import tabulate
+    draft = T["spec_draft"].format(model=S["draft"]["model"], k=S["k"]) if S["draft"] else \
+        T["spec_no_draft"]
+    lines = [T["spec_head"].format(method=S["method"], k=S["k"], length=S["acceptance_length"],
+                                   rates=", ".join(f"{a:.3f}" for a in S["rates"]),
+                                   law=speculation_law_text(T, S), draft=draft,
+                                   lookahead=S["lookahead_tokens"]),
+             spec_table(T, [{"label": T["spec_plain"], **S["plain"]},
+                            {"label": T["spec_run"], **S["speculative"]}], SPECULATION_COLUMNS),
+             T["spec_speedup"].format(x=S["speedup"]), "",
+             T["spec_loads"].format(capacity=S["capacity_rps"])]
+    rows = [[T["spec_saturated"] if row["load"] is None else f"{row['load']:g}x",
+             "-" if row["rate_rps"] is None else f"{row['rate_rps']:,.3g}",
+             f"{1e3 * row['plain']['tpot_s']['p50']:,.1f}"] +
+            [f"{s['speedup']:.2f}x" for s in row["k"]] + [best["k"]]
+            for row, best in zip(S["loads"], S["crossover"]["best_k"])]
+    lines.append(tabulate(rows, [T["spec_load"], T["spec_rate"], T["spec_plain_tpot"]] +
+                          [T["spec_k"].format(k=s["k"]) for s in S["loads"][0]["k"]] +
+                          [T["spec_best"]], stralign="right", disable_numparse=True))
+    lines.append(T["spec_crossover"].format(each="; ".join(
+        T["spec_k"].format(k=c["k"]) + ": " + (T["spec_pays"] if not c["found"] else
+                                               T["spec_below_at"].format(
+                                                   load=T["spec_saturated"] if c["load"] is None
+                                                   else f"{c['load']:g}x"))
+        for c in S["crossover"]["below_one"])))
+    return "\n".join(lines)

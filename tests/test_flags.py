@@ -23,6 +23,7 @@ CONTEXTS = {  # the experiments each flag acts on, as small as they come
     "C, experts": C_ONLY + ["--gpu", "h100", "--model", "qwen3-30b-a3b"],
     "C, prefixes": C_ONLY + ["--enable-prefix-caching", "--turns", "2", "--prefix-len", "32"],
     "C, pools": C_ONLY + ["--gpu", "h100", "--prefill-replicas", "1", "--decode-replicas", "1"],
+    "C, speculating": C_ONLY + ["--gpu", "h100", "--speculative-config", '{"method": "eagle3"}'],
     "D": TINY + ["--experiments", "D", "--engine-requests", "4", "--prompt-len", "8"],
 }
 FLAGS = {
@@ -46,6 +47,8 @@ FLAGS = {
     "--prefill-tp": "C, pools", "--decode-tp": "C, pools", "--prefill-pp": "C, pools",
     "--decode-pp": "C, pools",
     "--gpu-budget": "C, pools", "--kv-fraction": "C on a card",
+    "--num-speculative-tokens": "C, speculating", "--acceptance-rate": "C, speculating",
+    "--acceptance-rates": "C, speculating", "--acceptance-length": "C, speculating",
 }
 
 
@@ -117,7 +120,8 @@ def test_the_run_is_its_flags_groups_each_frozen():
 # and the output group's modes are not) in the one config group of its title's first word, save
 # the shared prefixes': the workload's prompts that repeat, the scheduler's cache that keeps them
 FLAG_GROUPS = {"workload": {"workload"}, "shared": {"workload", "scheduler"},
-               "model": {"hardware"}, "scheduler": {"scheduler"}, "placement": {"placement"},
+               "model": {"hardware"}, "scheduler": {"scheduler"}, "speculative": {"scheduler"},
+               "placement": {"placement"},
                "SLOs": {"slo"},
                "measurement": {"measurement"}, "engine": {"engine"}, "output": {"output"}}
 

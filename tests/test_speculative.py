@@ -83,3 +83,83 @@ def test_verify_steps_by_hand_and_by_the_renewal_law():
     assert steps.std() == pytest.approx(np.sqrt(n * var / mean ** 3), rel=0.05)
     # a draw wider than its columns (steps past 32) continues where it stopped
     assert verify_steps(np.array([200]), (0.0,), rng, columns=32).tolist() == [200]
+
+
+# C with speculative decoding, end to end: the issue's own command
+
+import json  # noqa: E402
+
+import NN_40_serving as S  # noqa: E402
+from nn40.cli import parse_args  # noqa: E402
+
+EAGLE3 = ["--experiments", "C", "--model", "llama-3.1-8b", "--gpu", "h100",
+          "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}']
+
+
+def test_c_prints_the_speculating_run_beside_the_plain_one(tmp_path, capsys):
+    S.main(EAGLE3 + ["--acceptance-rates", "0.73,0.52,0.35", "--rate", "4", "--no-figures",
+                     "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "C  speculative decoding: eagle3" in out and "speculating" in out
+    spec = json.loads((tmp_path / "results.json").read_text())["C"]["speculation"]
+    assert spec["acceptance_length"] == pytest.approx(2.60)
+    # at a light load a verify pass of 4 tokens costs about one of 1 (the weights read once):
+    # TPOT falls by about E / (1 + the draft's share), more than 2x
+    assert spec["speedup"] > 2.0 and spec["speculative"]["tpot_s"]["p50"] < \
+        spec["plain"]["tpot_s"]["p50"] / 2
+    # the speedup falls with the load (within the draws' noise) and turns below 1 at
+    # saturation with 3 drafts, where the step is compute-bound and 4 tokens a decoder cost
+    # about 4 times one while a step emits 2.6
+    speedups = [row["k"][2]["speedup"] for row in spec["loads"]]
+    assert all(b <= a * 1.02 for a, b in zip(speedups, speedups[1:])), speedups
+    assert speedups[0] > 2.0 and speedups[-1] < 1.0 and spec["loads"][-1]["load"] is None
+    below = spec["crossover"]["below_one"]
+    assert [c["found"] for c in below] == [False, True, True]
+    # fewer drafts pay less at a light load and lose less at saturation
+    first, last = spec["loads"][0]["k"], spec["loads"][-1]["k"]
+    assert first[0]["speedup"] < first[1]["speedup"] < first[2]["speedup"]
+    assert last[0]["speedup"] > last[1]["speedup"] > last[2]["speedup"]
+
+
+def test_each_methods_acceptance_and_draft():
+    run = parse_args(EAGLE3)  # (no acceptance given: vLLM's EAGLE-3 baseline)
+    assert run.scheduler.acceptance_rates == (0.7296, 0.5208, 0.3545)
+    assert run.scheduler.acceptance_law == "eagle3"
+    run = parse_args(EAGLE3[:-1] + ['{"method": "mtp", "num_speculative_tokens": 2}'])
+    assert run.scheduler.acceptance_rates == pytest.approx((0.85, 0.85 ** 2))
+    run = parse_args(EAGLE3[:-1] + ['{"method": "ngram"}', "--acceptance-length", "1.8",
+                                    "--num-speculative-tokens", "4"])
+    assert run.scheduler.num_speculative_tokens == 4
+    assert expected_length(run.scheduler.acceptance_rates) == pytest.approx(1.8)
+    run = parse_args(EAGLE3[:-1] + ['{"method": "draft_model", "model": "llama-3.2-1b"}',
+                                    "--acceptance-rate", "0.6"])
+    assert run.scheduler.speculative_model == "llama-3.2-1b"
+    assert run.scheduler.acceptance_rates == pytest.approx((0.6,))
+
+
+@pytest.mark.parametrize("args, says", [
+    (EAGLE3[:-1] + ["{method: eagle3}"], "not JSON"),
+    (EAGLE3[:-1] + ['["eagle3"]'], "a JSON object"),
+    (EAGLE3[:-1] + ['{"method": "medusa"}'], "method 'medusa' is none of"),
+    (EAGLE3[:-1] + ['{"method": "eagle3", "prompt_lookup_max": 4}'], "not prompt_lookup_max"),
+    (EAGLE3[:-1] + ['{"method": "eagle3", "num_speculative_tokens": 0}'], "from 1 to 16"),
+    (EAGLE3[:-1] + ['{"method": "draft_model"}'], "named by \"model\""),
+    (EAGLE3[:-1] + ['{"method": "draft_model", "model": "lama-9"}'], "unknown model"),
+    (EAGLE3[:-1] + ['{"method": "ngram"}'], "no published acceptance"),
+    (EAGLE3 + ["--acceptance-rate", "0.5", "--acceptance-length", "2"], "one way"),
+    (EAGLE3 + ["--acceptance-rates", "0.5,0.7,0.2"], "never rises"),
+    (EAGLE3 + ["--acceptance-rates", "0.5,0.4"], "2 rate(s) for 3 drafts"),
+    (EAGLE3 + ["--acceptance-length", "4.5"], "from 1 to 4 tokens"),
+    (EAGLE3 + ["--num-speculative-tokens", "2"], "give one"),
+    (["--experiments", "C", "--acceptance-rate", "0.5"], "add --speculative-config"),
+    (EAGLE3[:4] + EAGLE3[6:], "give --gpu"),
+    (EAGLE3[2:], "give --experiments C"),
+    (EAGLE3 + ["--enable-prefix-caching"], "prefix caching"),
+    (EAGLE3 + ["--prefill-replicas", "1", "--decode-replicas", "1"], "decode pools"),
+])
+def test_a_bad_speculation_is_one_line(args, says, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        S.main(args + ["--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert says in err, err

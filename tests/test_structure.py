@@ -18,7 +18,8 @@ SCRIPT_MAX, MODULE_MAX, FUNCTION_MAX, CLASS_MAX, PARAMETERS_MAX = 800, 900, 60, 
 SIMULATOR = ["errors", "traces", "config", "host", "accounting", "workload", "slot_steps",
              "stats", "queues", "tiers", "kv", "settings", "names", "replicas", "loop", "pricing",
              "speculative", "profiles", "stages", "memory", "published", "metrics", "routers",
-             "events", "handoff", "pools", "runs", "capacity", "placement", "cheapest",
+             "events", "handoff", "pools", "runs", "capacity", "speculative_study", "placement",
+             "cheapest",
              "disaggregated", "experiment_c",
              "calibration"]
 # the report: the text, the tables and the figures (matplotlib loaded where one is drawn)

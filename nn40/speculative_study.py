@@ -1,0 +1,126 @@
+"""C's speculative decoding: the run's Speculation (its law, its draft's prices) and what C prints
+of it: the speculating replica beside the plain one at the run's rate, and the speedup at each
+load for k = 1..K drafts, with the load where speculation stops paying (pure simulation)
+"""
+import dataclasses
+
+from nn40.config import GPUS, MODELS, SWEEP_REQUESTS
+from nn40.host import run_parallel
+from nn40.loop import simulate_serving
+from nn40.metrics import serving_metrics
+from nn40.pricing import card_costs
+from nn40.profiles import run_profile
+from nn40.runs import timed_task, work_of
+from nn40.speculative import Speculation, SpeculativeCosts, lookahead_tokens
+from nn40.workload import arrival_times, random_stream, seed_for
+
+# the loads of the speedup table: shares of the plain replica's capacity (its throughput with
+# every request waiting at t=0), then that saturation itself
+SPEEDUP_LOADS = (0.05, 0.2, 0.5, 1.0, 1.5, 2.0, 4.0)
+
+
+def draft_config(method, cfg, model=None):
+    """The model a method's drafts run: EAGLE's and EAGLE-3's head, one dense decoder layer of
+    the target's width with its LM head (EAGLE-3 feeds it the target's fused hidden states);
+    an MTP module, one layer of the target's own kind sharing its embedding and head
+    (DeepSeek-V3's); a draft model, its own preset; an n-gram lookup, none."""
+    if method in ("eagle", "eagle3"):
+        return dataclasses.replace(cfg, layers=1, experts=0, experts_per_token=0,
+                                   shared_experts=0, dense_layers=0,
+                                   ffn_hidden=cfg.ffn_hidden or cfg.expert_ffn,
+                                   name=f"{cfg.name} {method} head")
+    if method == "mtp":
+        return dataclasses.replace(cfg, layers=1, dense_layers=0, name=f"{cfg.name} mtp module")
+    if method == "draft_model":
+        return dataclasses.replace(MODELS[model], weights=cfg.weights, kv_dtype=cfg.kv_dtype)
+    return None
+
+
+def run_speculation(run, k=None):
+    """(the run's Speculation with k drafts, default its own; the draft's StepCosts on the
+    run's card, or None) for --speculative-config; each draft pass pays its layers, not the
+    engine's fixed step cost (the verify pass pays that once a step)."""
+    sched, hw = run.scheduler, run.hardware
+    k = k or sched.num_speculative_tokens
+    spec = Speculation(sched.speculative_method, k, tuple(sched.acceptance_rates[:k]),
+                       sched.acceptance_law, lookahead_tokens(sched.speculative_method, k),
+                       seed_for(run, "speculation"))
+    draft = draft_config(spec.method, hw.model, sched.speculative_model)
+    if draft is None:
+        return spec, None
+    profile = dataclasses.replace(run_profile(run), step_s=0.0)
+    return spec, card_costs(draft, GPUS[hw.gpu], profile, hw.tp, hw.ep if draft.experts else 1)
+
+
+def speculating(replica, spec, draft):
+    """The replica with its decoders speculating by `spec`, the draft priced by `draft`."""
+    return dataclasses.replace(replica, speculation=spec,
+                               costs=SpeculativeCosts(replica.costs, draft, spec.k))
+
+
+def summary(req, sim):
+    """What the speculation tables read of a run."""
+    m = serving_metrics(req, sim)
+    return {key: m[key] for key in ("throughput_rps", "output_tokens_per_s", "ttft_s", "tpot_s",
+                                    "e2e_s", "steps", "makespan_s")}
+
+
+def speculation_study(run, req, replica, arrived):
+    """C with --speculative-config: the run's requests (`arrived`: at the run's arrivals) on
+    the replica plain and speculating, then SWEEP_REQUESTS of them at each of SPEEDUP_LOADS
+    of the plain replica's capacity and at saturation, plain and with each k of 1..K drafts.
+    The speedup: the plain TPOT p50 over the speculating one. -> (result, Work)"""
+    specs = [run_speculation(run, k) for k in range(1, run.scheduler.num_speculative_tokens + 1)]
+    plain = dataclasses.replace(replica, scheduler="continuous", kv=None)
+    sweep = req.take(slice(SWEEP_REQUESTS))
+    saturated = sweep.take(arrival_s=sweep.arrival_s * 0)
+    calls = [(timed_task, ("C speculation plain", simulate_serving, arrived, plain)),
+             (timed_task, ("C speculation", simulate_serving, arrived,
+                           speculating(plain, *specs[-1]))),
+             (timed_task, ("C speculation saturated plain", simulate_serving, saturated, plain))]
+    first = run_parallel(calls, run.measurement.jobs)
+    capacity = serving_metrics(saturated, first[2])["throughput_rps"]
+    rng = random_stream(run, "speculation")
+    loads = [sweep.take(arrival_s=arrival_times(len(sweep.output), share * capacity,
+                                                run.workload.burstiness, rng))
+             for share in SPEEDUP_LOADS] + [saturated]
+    replicas = [plain] + [speculating(plain, *s) for s in specs]
+    sims = run_parallel([(timed_task, (f"C speculation load {i} k {k}", simulate_serving, r,
+                                       rep)) for i, r in enumerate(loads)
+                         for k, rep in enumerate(replicas) if (i, k) != (len(loads) - 1, 0)],
+                        run.measurement.jobs)
+    sims.insert(len(sims) - len(specs), first[2])  # (saturated plain: run above)
+    rows = []
+    for i, r in enumerate(loads):
+        runs = [summary(r, sim) for sim in sims[i * len(replicas):(i + 1) * len(replicas)]]
+        rows.append({"load": SPEEDUP_LOADS[i] if i < len(SPEEDUP_LOADS) else None,
+                     "rate_rps": SPEEDUP_LOADS[i] * capacity if i < len(SPEEDUP_LOADS) else None,
+                     "plain": runs[0], "k": [{**s, "k": k, "speedup": speedup(runs[0], s)}
+                                             for k, s in enumerate(runs[1:], 1)]})
+    spec = specs[-1][0]
+    result = {"method": spec.method, "k": spec.k, "rates": list(spec.rates),
+              "law": spec.law, "acceptance_length": spec.expected_length,
+              "lookahead_tokens": spec.lookahead, "draft": None if specs[-1][1] is None else
+              specs[-1][1].source, "capacity_rps": capacity,
+              "plain": summary(arrived, first[0]), "speculative": summary(arrived, first[1]),
+              "loads": rows, "crossover": crossovers(rows, len(specs))}
+    result["speedup"] = speedup(result["plain"], result["speculative"])
+    return result, work_of(first + sims)
+
+
+def speedup(plain, spec):
+    """The plain TPOT p50 over the speculating one (above 1: speculation pays)."""
+    return plain["tpot_s"]["p50"] / spec["tpot_s"]["p50"] if spec["tpot_s"]["p50"] else None
+
+
+def crossovers(rows, kmax):
+    """For each k, the first load (a share of capacity; None: saturation) at which the speedup
+    falls below 1 (found: whether it does), and the k with the best speedup at each load."""
+    below_one = []
+    for k in range(1, kmax + 1):
+        below = [row["load"] for row in rows if (row["k"][k - 1]["speedup"] or 0) < 1]
+        below_one.append({"k": k, "found": bool(below), "load": below[0] if below else None})
+    best = [max(row["k"], key=lambda s: s["speedup"] or 0) for row in rows]
+    return {"below_one": below_one, "best_k": [{"load": row["load"], "k": b["k"],
+                                                "speedup": b["speedup"]}
+                                               for row, b in zip(rows, best)]}
