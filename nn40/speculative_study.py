@@ -38,8 +38,11 @@ def draft_config(method, cfg, model=None):
 
 def run_speculation(run, k=None):
     """(the run's Speculation with k drafts, default its own; the draft's StepCosts on the
-    run's card, or None) for --speculative-config; each draft pass pays its layers, not the
-    engine's fixed step cost (the verify pass pays that once a step)."""
+    run's card, or None) for --speculative-config. Each draft pass is priced as a pass of
+    its own, the engine's fixed cost a pass included: vLLM's EAGLE proposer runs its k passes
+    one after another, each sampling its token before the next (vllm/v1/spec_decode/eagle.py);
+    priced without it, vLLM's own batch-1 runs are 22-26% slower than C says (see
+    tests/test_speculative.py)."""
     sched, hw = run.scheduler, run.hardware
     k = k or sched.num_speculative_tokens
     spec = Speculation(sched.speculative_method, k, tuple(sched.acceptance_rates[:k]),
@@ -48,8 +51,8 @@ def run_speculation(run, k=None):
     draft = draft_config(spec.method, hw.model, sched.speculative_model)
     if draft is None:
         return spec, None
-    profile = dataclasses.replace(run_profile(run), step_s=0.0)
-    return spec, card_costs(draft, GPUS[hw.gpu], profile, hw.tp, hw.ep if draft.experts else 1)
+    return spec, card_costs(draft, GPUS[hw.gpu], run_profile(run), hw.tp,
+                            hw.ep if draft.experts else 1)
 
 
 def speculating(replica, spec, draft):

@@ -104,15 +104,15 @@ def test_c_prints_the_speculating_run_beside_the_plain_one(tmp_path, capsys):
     spec = json.loads((tmp_path / "results.json").read_text())["C"]["speculation"]
     assert spec["acceptance_length"] == pytest.approx(2.60)
     # at a light load a verify pass of 4 tokens costs about one of 1 (the weights read once):
-    # TPOT falls by about E / (1 + the draft's share), more than 2x
-    assert spec["speedup"] > 2.0 and spec["speculative"]["tpot_s"]["p50"] < \
-        spec["plain"]["tpot_s"]["p50"] / 2
+    # TPOT falls by about E / (1 + the draft's share of a step), more than 1.5x
+    assert spec["speedup"] > 1.5 and spec["speculative"]["tpot_s"]["p50"] < \
+        spec["plain"]["tpot_s"]["p50"] / 1.5
     # the speedup falls with the load (within the draws' noise) and turns below 1 at
     # saturation with 3 drafts, where the step is compute-bound and 4 tokens a decoder cost
     # about 4 times one while a step emits 2.6
     speedups = [row["k"][2]["speedup"] for row in spec["loads"]]
     assert all(b <= a * 1.02 for a, b in zip(speedups, speedups[1:])), speedups
-    assert speedups[0] > 2.0 and speedups[-1] < 1.0 and spec["loads"][-1]["load"] is None
+    assert speedups[0] > 1.5 and speedups[-1] < 1.0 and spec["loads"][-1]["load"] is None
     below = spec["crossover"]["below_one"]
     assert [c["found"] for c in below] == [False, True, True]
     # fewer drafts pay less at a light load and lose less at saturation
@@ -163,3 +163,35 @@ def test_a_bad_speculation_is_one_line(args, says, tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert says in err, err
+
+
+# Published runs, as checks (nothing is fitted on them): vLLM's own batch-1 runs of EAGLE on
+# Llama-3-8B-Instruct, one H100, MT-Bench's 80 questions with max_num_seqs 1 (offline, so a
+# request's prefill counts in its time), from vllm-project/vllm#16035 (2025-04-09, the V1
+# EAGLE proposer, drafter lmsys/sglang-EAGLE-LLaMA3-Instruct-8B): plain 128.64 output tokens/s;
+# k = 2: 175.49 tokens/s at an acceptance length of 1.89; k = 4: 165.65 at 2.08.
+VLLM_EAGLE_BATCH_1 = [(2, 1.89, 175.49 / 128.64), (4, 2.08, 165.65 / 128.64)]
+
+
+@pytest.mark.parametrize("k, length, measured", VLLM_EAGLE_BATCH_1)
+def test_vllms_batch_1_eagle_runs(k, length, measured):
+    from nn40.config import GPUS
+    from nn40.loop import simulate_serving
+    from nn40.metrics import serving_metrics
+    from nn40.pricing import ENGINE_PROFILES, card_costs
+    from nn40.speculative_study import run_speculation, speculating
+    from nn40.workload import Requests
+    run = parse_args(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
+                      "--engine-profile", "vllm", "--speculative-config",
+                      f'{{"method": "eagle", "num_speculative_tokens": {k}}}',
+                      "--acceptance-length", str(length)])
+    profile = ENGINE_PROFILES["vllm"]
+    plain = profile.replica(card_costs(run.hardware.model, GPUS["h100"], profile), slots=1)
+    # MT-Bench's first turns (about 100 prompt tokens with the chat template) answered in up
+    # to 256 tokens (the example's max_tokens), one request at a time
+    req = Requests(np.zeros(80), np.full(80, 100), np.full(80, 256))
+    tokens_s = [serving_metrics(req, simulate_serving(req, r))["output_tokens_per_s"]
+                for r in (plain, speculating(plain, *run_speculation(run)))]
+    # (C: 1.37x and 1.18x; a draft pass priced without the engine's fixed cost a pass, 1.66x
+    # and 1.63x: 22% and 26% fast)
+    assert tokens_s[1] / tokens_s[0] == pytest.approx(measured, rel=0.10)
