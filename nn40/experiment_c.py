@@ -24,7 +24,7 @@ from nn40.replicas import SCHEDULERS
 from nn40.runs import (
     Work, arrivals, every_nth, kv_metrics, order_info, run_order, study_budget, timed_task,
     work_of, workload)
-from nn40.speculative_study import speculation_study
+from nn40.speculative_study import capacity_with_speculation, speculation_study
 from nn40.slot_steps import continuous_starts, simulate_slots, static_starts
 from nn40.stats import percentiles
 from nn40.workload import (
@@ -121,7 +121,8 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
     fleet_replica = dataclasses.replace(serve, kv=study_budget(budgets))  # (and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
     if run.slo.slo_ttft_s or run.slo.slo_tpot_s:
-        capacity = capacity_study(run, req, fleet_replica)
+        capacity = (capacity_with_speculation if run.scheduler.speculative_method else
+                    capacity_study)(run, req, fleet_replica)
     share = req
     # the single-replica studies: one replica's share under round-robin
     if run.scheduler.replicas > 1:

@@ -4,7 +4,9 @@ load for k = 1..K drafts, with the load where speculation stops paying (pure sim
 """
 import dataclasses
 
+from nn40.capacity import capacity_study
 from nn40.config import GPUS, MODELS, SWEEP_REQUESTS
+from nn40.errors import UsageError
 from nn40.host import run_parallel
 from nn40.loop import simulate_serving
 from nn40.metrics import serving_metrics
@@ -127,3 +129,27 @@ def crossovers(rows, kmax):
     return {"below_one": below_one, "best_k": [{"load": row["load"], "k": b["k"],
                                                 "speedup": b["speedup"]}
                                                for row, b in zip(rows, best)]}
+
+
+def capacity_with_speculation(run, req, replica):
+    """The capacity answer plain and speculating (capacity_study with the run's k): the plain
+    one with the speculating one beside it ("speculating"), or, where no rate meets the SLO
+    without speculation but one does with it (a TPOT bound plain decoding cannot reach), the
+    speculating one ("plain_misses")."""
+    spec, draft = run_speculation(run)
+    about = {"method": spec.method, "k": spec.k}
+    try:
+        plain = capacity_study(run, req, replica)
+    except UsageError:
+        plain = None
+    try:
+        fast = capacity_study(run, req, speculating(replica, spec, draft))
+    except UsageError:
+        if plain is None:
+            raise
+        fast = None
+    if plain is None:
+        return {**fast, "plain_misses": True, "speculating": about}
+    plain["speculating"] = {**about, "one_replica_rps": fast and fast["one_replica"]["rate_rps"],
+                            "answer": fast and fast.get("answer")}
+    return plain

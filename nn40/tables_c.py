@@ -211,7 +211,25 @@ def capacity_text(T, cap):
             replicas=counted(T, answer["replicas"], "replica"), router=answer["router"],
             tie=T["answer_tie"] if answer["tie"] else "",
             gpus=counted(T, answer["gpus"], "gpu")))
-    return "\n".join(lines)
+    return "\n".join(lines + speculating_capacity_text(T, cap, rate))
+
+
+def speculating_capacity_text(T, cap, rate):
+    """With --speculative-config: the same answer with the replicas speculating."""
+    spec = cap.get("speculating")
+    if not spec:
+        return []
+    if cap.get("plain_misses"):
+        return [T["capacity_spec_only"].format(method=spec["method"], k=spec["k"])]
+    if not spec["one_replica_rps"]:
+        return [T["capacity_spec_misses"].format(method=spec["method"], k=spec["k"])]
+    answer = spec["answer"]
+    fleet = "" if "routers" not in cap else T["capacity_spec_none"].format(n=REPLICAS_MAX) \
+        if not answer else T["capacity_spec_fleet"].format(
+            replicas=counted(T, answer["replicas"], "replica"), router=answer["router"],
+            gpus=counted(T, answer["gpus"], "gpu"))
+    return [T["capacity_spec"].format(method=spec["method"], k=spec["k"],
+                                      rate=rate(spec["one_replica_rps"]), fleet=fleet)]
 
 
 def serving_text(T, serving):
@@ -253,6 +271,8 @@ def capacity_answer(T, results):
             rate=cap["target_rate"], router=answer["router"], **fields,
             replicas=counted(T, answer["replicas"], "replica"),
             gpus=counted(T, answer["gpus"], "gpu"))]
+    if cap.get("plain_misses"):
+        lines.append(T["capacity_spec_only"].format(**cap["speculating"]))
     arrivals = {"kind": "arrivals_poisson" if cfg["burstiness"] == 1 else "arrivals_gamma",
                 "rate": 1.0, "burstiness": cfg["burstiness"]}
     lines.append(T["answer_assumes"].format(

@@ -337,6 +337,14 @@ TEXT_EN = {**SHARED_TEXT,
     "spec_k": "k={k}", "spec_best": "best k", "spec_saturated": "saturated",
     "spec_crossover": "where speculation stops paying: {each}",
     "spec_pays": "pays at every load", "spec_below_at": "below 1x from {load}",
+    "capacity_spec": "Speculating ({method}, k={k}): one replica serves {rate} requests/s at the "
+                     "SLO{fleet}.",
+    "capacity_spec_fleet": "; the target rate needs {replicas} ({gpus}) behind {router}",
+    "capacity_spec_none": "; no fleet of up to {n:,} replicas serves the target rate",
+    "capacity_spec_only": "  (speculating: {method}, k={k}; without speculation no arrival rate "
+                          "meets the SLO on one replica)",
+    "capacity_spec_misses": "Speculating ({method}, k={k}): no arrival rate meets the SLO on one "
+                            "replica.",
     "concurrency": "requests peak / mean", "kv_used": "KV used", "never_used": "never used",
     "max_allocated": "max allocated", "preempted": "preempted", "recomputed": "recomputed",
     "check_shape": "{rows:,} rows x {tokens:,} tokens = {gb:.2f} GB",

@@ -287,6 +287,14 @@ TEXT_KO = {**SHARED_TEXT,
     "spec_k": "k={k}", "spec_best": "최선 k", "spec_saturated": "포화",
     "spec_crossover": "추측이 이득을 멈추는 곳: {each}",
     "spec_pays": "모든 부하에서 이득", "spec_below_at": "{load}부터 1배 미만",
+    "capacity_spec": "추측 디코딩 ({method}, k={k}): SLO에서 복제본 하나가 초당 {rate} 요청을 "
+                     "처리{fleet}.",
+    "capacity_spec_fleet": "; 목표 요청률에는 {router} 뒤에 {replicas} ({gpus}) 필요",
+    "capacity_spec_none": "; 복제본 {n:,}개까지 어떤 구성도 목표 요청률을 처리하지 못함",
+    "capacity_spec_only": "  (추측 디코딩: {method}, k={k}; 추측 없이는 복제본 하나에서 SLO를 "
+                          "지키는 요청률이 없음)",
+    "capacity_spec_misses": "추측 디코딩 ({method}, k={k}): 복제본 하나에서 SLO를 지키는 "
+                            "요청률이 없음.",
     "concurrency": "동시 요청 최대 / 평균", "kv_used": "KV 사용률", "never_used": "안 쓰인 몫",
     "max_allocated": "최대 할당", "preempted": "선점", "recomputed": "재계산",
     "check_shape": "{rows:,}행 x {tokens:,}토큰 = {gb:.2f} GB",

@@ -195,3 +195,19 @@ def test_vllms_batch_1_eagle_runs(k, length, measured):
     # (C: 1.37x and 1.18x; a draft pass priced without the engine's fixed cost a pass, 1.66x
     # and 1.63x: 22% and 26% fast)
     assert tokens_s[1] / tokens_s[0] == pytest.approx(measured, rel=0.10)
+
+
+def test_the_capacity_answer_speculates_where_plain_decoding_cannot(tmp_path, capsys):
+    # a TPOT bound of 8 ms: one plain decode step of Llama-3.1-8B on an H100 takes about 8.7 ms,
+    # so no rate meets it without speculation (C alone refuses), and EAGLE-3 meets it
+    tight = ["--engine-profile", "vllm", "--slo-ttft-ms", "500", "--slo-tpot-ms", "8",
+             "--target-rate", "40", "--no-figures", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as e:
+        S.main(EAGLE3[:4] + ["--gpu", "h100"] + tight)
+    assert e.value.code == 2 and "no arrival rate meets the SLO" in capsys.readouterr().err
+    S.main(EAGLE3 + tight)
+    out = capsys.readouterr().out
+    cap = json.loads((tmp_path / "results.json").read_text())["C"]["capacity"]
+    assert cap["plain_misses"] and cap["speculating"] == {"method": "eagle3", "k": 3}
+    assert cap["one_replica"]["rate_rps"] > 40 and cap["answer"]["replicas"] == 1
+    assert "without speculation no arrival rate meets the SLO" in out
