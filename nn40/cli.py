@@ -558,9 +558,6 @@ def speculation_fields(args):
     if args.kv_policy in ("prefix", "radix") or args.enable_prefix_caching:
         raise UsageError("--speculative-config: C's prefix caches do not keep speculating "
                          "decoders' blocks yet: run without prefix caching")
-    if args.prefill_replicas:
-        raise UsageError("--speculative-config: C's decode pools do not speculate yet: run "
-                         "without --prefill-replicas and --decode-replicas")
     if config["method"] == "draft_model":
         config = {**config, "model": named(config["model"], kind="model")}
     return resolve(config, args.num_speculative_tokens, args.acceptance_rate,

@@ -38,9 +38,9 @@ def draft_config(method, cfg, model=None):
     return None
 
 
-def run_speculation(run, k=None):
+def run_speculation(run, k=None, gpu=None, tp=None):
     """(the run's Speculation with k drafts, default its own; the draft's StepCosts on the
-    run's card, or None) for --speculative-config. Each draft pass is priced as a pass of
+    run's card at its TP, or on `gpu` at `tp` (a pool's), or None) for --speculative-config. Each draft pass is priced as a pass of
     its own, the engine's fixed cost a pass included: vLLM's EAGLE proposer runs its k passes
     one after another, each sampling its token before the next (vllm/v1/spec_decode/eagle.py);
     priced without it, vLLM's own batch-1 runs are 22-26% slower than C says (see
@@ -53,8 +53,8 @@ def run_speculation(run, k=None):
     draft = draft_config(spec.method, hw.model, sched.speculative_model)
     if draft is None:
         return spec, None
-    return spec, card_costs(draft, GPUS[hw.gpu], run_profile(run), hw.tp,
-                            hw.ep if draft.experts else 1)
+    return spec, card_costs(draft, GPUS[gpu or hw.gpu], run_profile(run), tp or hw.tp,
+                            hw.ep if draft.experts and not tp else 1)
 
 
 def speculating(replica, spec, draft):
