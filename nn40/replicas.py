@@ -133,9 +133,13 @@ class DecodeBatch:
                 self.base_sum -= seq.decode_base
                 self.size -= 1
                 self.tokens -= self.runs
-                self.growth -= self.gains
+                self.growth -= self.growth_of(seq)
                 out.append(seq)
         return out
+
+    def growth_of(self, seq):
+        """The tokens one decoder's cache gains a step."""
+        return self.gains
 
 
 class SimulationStalled(RuntimeError):

@@ -210,18 +210,8 @@ class SpeculativeBatch(DecodeBatch):
     def held_by(self, seq, steps):
         return seq.decode_base + seq.rate * steps
 
-    def due(self, steps, running):
-        ends, out = self.ends, []
-        while ends and (ends[0][0] <= steps or ends[0][1] not in running):
-            admitted = heapq.heappop(ends)[1]
-            seq = running.get(admitted)
-            if seq is not None and seq.end_step <= steps:  # (else preempted since it was pushed)
-                self.base_sum -= seq.decode_base
-                self.size -= 1
-                self.tokens -= self.runs
-                self.growth -= seq.rate
-                out.append(seq)
-        return out
+    def growth_of(self, seq):
+        return seq.rate
 
 
 class SpeculativeCosts:

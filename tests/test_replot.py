@@ -17,8 +17,8 @@ def test_replot_redraws_the_same_set(tiny_args, tmp_path, capsys, monkeypatch):
     S.main(tiny_args)
     drawn = sorted(p.name for p in tmp_path.glob("*.png"))
     # (every figure but the capacity search's, which needs an SLO, the experts', the prefix
-    # study's, the pools' and the placement search's)
-    assert "phases.png" in drawn and len(drawn) == len(FIGURES) - 5
+    # study's, speculation's, the pools' and the placement search's)
+    assert "phases.png" in drawn and len(drawn) == len(FIGURES) - 6
     monkeypatch.setattr(nn40.experiment_ab, "Bench",
                         lambda *a: pytest.fail("replot ran an experiment"))
     monkeypatch.setattr(nn40.device, "resolve_device",
@@ -30,6 +30,7 @@ def test_replot_redraws_the_same_set(tiny_args, tmp_path, capsys, monkeypatch):
     assert result["missing"] == {"capacity.svg": "needs an SLO (--slo-ttft-ms or --slo-tpot-ms)",
                                  "moe_batching.svg": "needs A on a mixture of experts (--experts)",
                                  "prefix_cache.svg": "needs --prefix-study",
+                                 "speculation.svg": "needs --speculative-config",
                                  "disaggregation.svg": "needs --prefill-replicas, "
                                                        "--decode-replicas and an SLO",
                                  "placements.svg": "needs experiment placement_search"}
@@ -79,8 +80,12 @@ def test_no_figure_prints_a_raw_description(tiny_args, tmp_path, capsys, monkeyp
     S.main(["--experiments", "C", "--gpu", "h100", "--model", "llama-3.1-8b", "--requests",
             "100", "--rate", "5", "--rates", "5", "--slo-ttft-ms", "500", "--prefill-replicas",
             "1", "--decode-replicas", "1", "--no-figures", "--out", str(pools)])
+    spec = tmp_path / "spec"  # (and C speculating)
+    S.main(["--experiments", "C", "--gpu", "h100", "--model", "llama-3.1-8b", "--requests",
+            "100", "--rate", "5", "--speculative-config", '{"method": "eagle3"}',
+            "--no-figures", "--out", str(spec)])
     placements = tmp_path / "placements"  # (and the placement search, where DistServe's are)
-    runs = [tmp_path, slo, moe, prefix, pools]
+    runs = [tmp_path, slo, moe, prefix, pools, spec]
     if os.path.isdir(DISTSERVE):
         S.main(["--placement-search", DISTSERVE, "--gpu-budget", "2", "--jobs", "1",
                 "--no-figures", "--out", str(placements)])
