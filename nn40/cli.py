@@ -555,9 +555,6 @@ def speculation_fields(args):
             chosen_experiments(args)) - {"C"})):
         if refused:
             raise UsageError(f"--speculative-config is priced by C on a named card: give {flag}")
-    if args.kv_policy in ("prefix", "radix") or args.enable_prefix_caching:
-        raise UsageError("--speculative-config: C's prefix caches do not keep speculating "
-                         "decoders' blocks yet: run without prefix caching")
     if config["method"] == "draft_model":
         config = {**config, "model": named(config["model"], kind="model")}
     return resolve(config, args.num_speculative_tokens, args.acceptance_rate,

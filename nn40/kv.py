@@ -280,6 +280,7 @@ class PagedBlocks(KVManager):
         again; with none, only its first step's. With nothing to prefill (its prompt computed
         elsewhere) its first step decodes: a decode step's gains."""
         first = self.gains if not to_prefill else 1  # (the next token(s) it will hold)
+        first += self.lookahead  # (speculating: the drafts' slots from its first decode step)
         if self.watermark:
             return self.blocks(cached + to_prefill + first)
         return self.blocks(cached + chunk + (chunk == to_prefill) * first)
@@ -290,7 +291,9 @@ class PagedBlocks(KVManager):
             self.total += seq.allocated
 
     def planned(self, steps, plan):
-        grow = sum(self.blocks(s.num_cached + c + (c == s.prompt_left)) - s.allocated
+        first = 1 + self.lookahead  # (a prompt's last chunk: its first token, and speculating
+        # the drafts' slots its first verify step writes)
+        grow = sum(self.blocks(s.num_cached + c + (c == s.prompt_left) * first) - s.allocated
                    for s, c in plan)
         return self.total + self.block * self.phase.get((steps + 1) % self.period, 0) + grow \
             + self.fluid_rate
@@ -303,7 +306,8 @@ class PagedBlocks(KVManager):
         return self
 
     def join(self, seq):
-        if seq.rate is not None:  # speculating: blocks for its tokens and lookahead, then its
+        if seq.rate is not None:  # speculating: its blocks (its tokens and the lookahead,
+            # allocated with its prompt's last chunk, or at admission: see need), then its
             # growth at its rate (a fluid account: what it holds beyond its tokens is kept)
             held = self.blocks(seq.num_cached + self.lookahead)
             self.total += held - seq.allocated
@@ -322,7 +326,9 @@ class PagedBlocks(KVManager):
             if abs(self.fluid_rate) < 1e-9:  # (the last has left: no float residue kept)
                 self.fluid_rate = 0
             return
-        self.total -= self.blocks(ctx)
+        # (a prompt's blocks as allocated: speculating, its last chunk took the drafts' slots
+        # too, which a request that ends with its prefill never decodes into)
+        self.total -= self.blocks(ctx if seq.decode_base is not None else max(ctx, seq.allocated))
         if seq.decode_base is not None:
             key = -((seq.decode_base - 1) // self.gains) % self.period  # (as join's)
             self.phase[key] -= 1
@@ -393,7 +399,8 @@ class PagedBlocks(KVManager):
             integral += r * (a * k * (k + 1) / 2 + e * (k - 1) * k * (k + 1) / 3)
             grown += r * k
         for seq, c in plan:  # the prompts' chunks: blocks held from the step that takes them
-            new = self.blocks(seq.num_cached + c * k + (c == seq.prompt_left))
+            new = self.blocks(seq.num_cached + c * k + (c == seq.prompt_left) *
+                              (1 + self.lookahead))
             if k == 1:
                 integral += a * (new - seq.allocated)
             else:
@@ -465,6 +472,7 @@ class PrefixCache(PagedBlocks):
         self.of = {}  # Seq -> its CachedBlocks, while it runs
         self.own = set()  # preempted requests, whose own blocks are keyed (keys_of) till they end
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
+        self.pending = 0  # speculating decoders' growth short of a whole block (see advance)
 
     def lookup(self, ledger, r):
         self.identity = identity = ledger.identity
@@ -569,11 +577,21 @@ class PrefixCache(PagedBlocks):
             if self.host is not None:
                 self.host.evicted(evicted)
 
+    def join(self, seq):
+        before = self.total
+        super().join(seq)
+        if self.total > before:  # (a speculating decoder's lookahead blocks: whole ones)
+            self.take(round((self.total - before) / self.block))
+
     def advance(self, steps, plan, k, a, e):
         before = self.total
         integral = super().advance(steps, plan, k, a, e)
-        if self.total > before:
-            self.take((self.total - before) // self.block)
+        # blocks the run took; speculating decoders grow by fractions of one, so what is short
+        # of a whole block waits in `pending` (whole blocks otherwise: pending stays 0)
+        grown = self.total - before + self.pending
+        taken = int(grown // self.block) if grown > 0 else 0
+        self.take(taken)
+        self.pending = grown - taken * self.block
         of = self.of
         for seq, c in plan:
             blocks = of[seq]
@@ -594,22 +612,27 @@ class PrefixCache(PagedBlocks):
         """Its own blocks keep keys it will find when it comes back (keys_of)."""
         if self.identity is None:
             return self.release(seq, ctx)
-        self.of[seq].keys = self.keys_of(seq.id, ctx)
+        self.of[seq].keys = self.keys_of(seq.id, int(ctx + 1e-9))
         self.release(seq, ctx)
         self.own.add(seq.id)
 
     def release(self, seq, ctx):
+        """(A speculating decoder's ctx is fractional, its account fluid: its cached blocks
+        are the whole ones it emitted into, and it gives back the blocks the others' tokens do
+        not need, what is short of a block kept in `pending`.)"""
         blocks = self.of.pop(seq)
         keys, r = blocks.keys, seq.id
+        tokens = ctx if seq.rate is None else int(ctx + 1e-9)
         if self.own:  # (finished, or preempted again: see preempt)
             self.own.discard(r)
         if keys:
-            n = ctx // self.block
+            n = tokens // self.block
             if n > len(keys) and self.identity.covers_output(r):  # (its answer: the
                 # next turn's prompt)
-                blocks.keys = keys = self.identity.block_keys(r, ctx, self.block)
+                blocks.keys = keys = self.identity.block_keys(r, tokens, self.block)
             if min(n, len(keys)) > blocks.registered:  # (not blocks still loading)
-                self.register(blocks, ctx - blocks.loading)
+                self.register(blocks, tokens - blocks.loading)
+        out = (self.total - self.pending) / self.block  # (blocks out of the free queue)
         super().release(seq, ctx)
         ref, held = self.ref, blocks.held
         counts = list(map(ref.__getitem__, held))
@@ -621,7 +644,13 @@ class PrefixCache(PagedBlocks):
         self.total += still  # (held still by others)
         self.shared -= still
         if self.preempts:  # its uncached blocks first: they are its tail
-            uncached = -(-ctx // self.block) - len(held)
+            span = ctx if seq.decode_base is not None else max(ctx, seq.allocated)
+            uncached = -(-span // self.block) - len(held)
+            if seq.rate is not None:  # (a speculating decoder: as many as leave the blocks
+                # out covering the rest, what is short of a block kept in pending)
+                out = round(out) - last
+                uncached = max(0, out - int((self.total + 1e-9) // self.block))
+                self.pending = self.total - self.block * (out - uncached)
             if uncached:
                 self.free.push_run(uncached)
             self.free.push(freed)

@@ -16,9 +16,12 @@ def simulate_steps(req, replica):
     runs, gains = replica.decode_tokens  # a decoder's tokens a step: run, and gained
     spec = replica.speculation  # (speculating: each decoder's verify steps drawn, see join)
     prices, draft = costs, None
+    first = 1  # tokens a prompt's last chunk adds: its first token (and speculating, the drafts'
+    # slots its first verify step writes)
     if spec is not None:
         runs, drawn = spec.k + 1, spec.steps_for(req.output)
         prices, draft = costs.verify, costs.draft
+        first += spec.lookahead
         redraw = np.random.default_rng(spec.seed + 1)
     prompt, output = req.prompt.tolist(), req.output.tolist()
     cached0 = [0] * n if req.cached is None else req.cached.tolist()
@@ -37,13 +40,13 @@ def simulate_steps(req, replica):
     def blocks(x):
         return -(-x // block) * block
 
-    def alloc(rows):  # tokens allocated to rows: [(id, tokens held, a speculating decoder's
-        # KV beyond them, else None)]
+    def alloc(rows):  # tokens allocated to rows (after's)
         if kv is None:
             return 0
         if kv.policy == "reserve":
-            return sum(prompt[r] + kv.max_output for r, _, _ in rows)
-        return sum(blocks(x) if beyond is None else x + beyond for _, x, beyond in rows)
+            return sum(prompt[r] + kv.max_output for r, _, _, _ in rows)
+        return sum(blocks(x + ahead) if fluid is None else x + fluid
+                   for _, x, fluid, ahead in rows)
 
     def join(s):  # a speculating decoder starts: its steps, drawn, and its rate
         n = s[4]
@@ -61,11 +64,14 @@ def simulate_steps(req, replica):
                 room -= plan[-1][1]
         return plan
 
-    def after(plan):  # [(id, tokens held after the planned step)]
+    def after(plan):  # [(id, tokens held after the planned step, a speculating decoder's KV
+        # beyond them or None, and else the tokens allocated beyond them: a prompt's last
+        # chunk's drafts' slots)]
         chunks = {id(s): c for s, c in plan}
-        return [(s[1], s[3] + (gains if len(s) == 5 else s[5]), None if len(s) == 5 else s[8])
-                if not s[2] else
-                (s[1], s[3] + chunks.get(id(s), 0) + (chunks.get(id(s)) == s[2]), None)
+        return [(s[1], s[3] + (gains if len(s) == 5 else s[5]), None if len(s) == 5 else s[8],
+                 0) if not s[2] else
+                (s[1], s[3] + chunks.get(id(s), 0) + (chunks.get(id(s)) == s[2]), None,
+                 (chunks.get(id(s)) == s[2]) * (first - 1))
                 for s in run]
 
     while waiting or retry or run:
@@ -91,8 +97,8 @@ def simulate_steps(req, replica):
                 break
             c, left = cached0[r], to_prefill[r] - cached0[r]
             need = (0 if kv is None else prompt[r] + kv.max_output if kv.policy == "reserve"
-                    else blocks(c + left + 1) if mark else
-                    blocks(c + min(left, spare) + (min(left, spare) == left)))
+                    else blocks(c + left + first) if mark else
+                    blocks(c + min(left, spare) + (min(left, spare) == left) * first))
             if need + mark > room:
                 break
             (heapq.heappop(retry) if retry else waiting.remove(r))
@@ -115,7 +121,7 @@ def simulate_steps(req, replica):
         held_after = after(plan)
         out["peak_running"] = max(out["peak_running"], len(run))
         out["max_alloc"] = max(out["max_alloc"], alloc(held_after))
-        out["held_s"] += step_s * sum(x for _, x, _ in held_after)
+        out["held_s"] += step_s * sum(x for _, x, _, _ in held_after)
         out["alloc_s"] += step_s * alloc(held_after)
         t, out["steps"] = t + step_s, out["steps"] + 1
         for s in decoders:  # (its last step emits what is left)

@@ -154,7 +154,6 @@ def test_each_methods_acceptance_and_draft():
     (["--experiments", "C", "--acceptance-rate", "0.5"], "add --speculative-config"),
     (EAGLE3[:4] + EAGLE3[6:], "give --gpu"),
     (EAGLE3[2:], "give --experiments C"),
-    (EAGLE3 + ["--enable-prefix-caching"], "prefix caching"),
 ])
 def test_a_bad_speculation_is_one_line(args, says, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
@@ -228,3 +227,32 @@ def test_a_decode_pool_speculates(tmp_path, capsys):
         assert spec < plain / 1.4, (kind, plain, spec)
     ttft = [got[name]["disaggregated"]["ttft_s"]["p50"] for name in ("plain", "eagle3")]
     assert ttft[1] == pytest.approx(ttft[0], rel=0.1)
+
+
+@pytest.mark.parametrize("policy, block", [("prefix", 16), ("radix", 1)])
+def test_a_prefix_cache_keeps_speculating_decoders_books(policy, block):
+    # speculating decoders in a prefix cache (their blocks' account fluid, the cache's free
+    # queue in whole blocks): every token generated, under preemption too, and once all have
+    # left the memory is all back, every block in the free queue
+    from nn40.kv import KVBudget
+    from nn40.loop import ServingSim
+    from nn40.pricing import StepCosts
+    from nn40.replicas import Replica
+    from nn40.speculative import Speculation, SpeculativeCosts
+    from nn40.workload import PrefixWorkload, Requests, arrival_times, shared_prompts
+    costs, preempted = StepCosts((1, 16, 256), (0.01, 0.012, 0.03), 1e-6, "made up"), 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        base = Requests(arrival_times(120, 50.0, 1.0, rng), rng.integers(5, 60, 120),
+                        rng.integers(1, 80, 120))
+        req = shared_prompts(base, PrefixWorkload(64, 3, 0.8, 1.0, 2, 0.0), rng)
+        kv = KVBudget(policy, 600, block, 0, 0.0)
+        spec = Speculation("eagle3", 3, (0.73, 0.52, 0.35), "given", 6, seed=seed)
+        sim = ServingSim(req, Replica(int(rng.integers(2, 9)), SpeculativeCosts(costs, None, 3),
+                                      "chunked", 64, kv, speculation=spec))
+        result = sim.serve()
+        np.testing.assert_array_equal(result["generated"], req.output)
+        assert sim.kv.total == pytest.approx(0, abs=1e-6) and sim.kv.fluid_rate == 0
+        assert sim.kv.free.blocks() == 600 // block
+        preempted += result["kv"]["preemptions"]
+    assert preempted > 50

@@ -104,7 +104,10 @@ def test_a_speculating_replica_equals_the_step_by_step_simulator(scheduler, poli
         req, replica = random_case(seed, scheduler, policy)
         draft = None if spec.method == "ngram" else \
             StepCosts((1, 64), (1e-4, 3e-4), 1e-6, "a draft head")
-        replica = dataclasses.replace(replica, speculation=spec,
+        kv = replica.kv and dataclasses.replace(  # (room beside the longest for its drafts)
+            replica.kv, capacity_tokens=replica.kv.capacity_tokens + spec.lookahead
+            + replica.kv.block_tokens)
+        replica = dataclasses.replace(replica, speculation=spec, kv=kv,
                                       costs=SpeculativeCosts(replica.costs, draft, spec.k))
         # (a speculating decoder's cache grows by a fraction a step: its peak to 1e-9)
         assert_same_run(req, replica, (seed, replica), policy, ("preemptions", "peak_running"))
