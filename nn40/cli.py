@@ -555,6 +555,10 @@ def speculation_fields(args):
             chosen_experiments(args)) - {"C"})):
         if refused:
             raise UsageError(f"--speculative-config is priced by C on a named card: give {flag}")
+    if max(args.pp, args.prefill_pp or 1, args.decode_pp or 1) > 1:
+        raise UsageError("--speculative-config: C's pipeline stages split a step's query "
+                         "tokens, not its sequences, which a verify step's k + 1 a decoder "
+                         "would break: run it without --pp")
     if config["method"] == "draft_model":
         config = {**config, "model": named(config["model"], kind="model")}
     return resolve(config, args.num_speculative_tokens, args.acceptance_rate,

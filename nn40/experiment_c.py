@@ -24,7 +24,8 @@ from nn40.replicas import SCHEDULERS
 from nn40.runs import (
     Work, arrivals, every_nth, kv_metrics, order_info, run_order, study_budget, timed_task,
     work_of, workload)
-from nn40.speculative_study import capacity_with_speculation, speculation_study
+from nn40.speculative_study import (
+    capacity_with_speculation, run_speculation, speculating, speculation_study)
 from nn40.slot_steps import continuous_starts, simulate_slots, static_starts
 from nn40.stats import percentiles
 from nn40.workload import (
@@ -136,10 +137,13 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
     works = [work, waited, swept]
     if run.scheduler.speculative_method:
         result["speculation"], sped = speculation_study(
-            run, share, dataclasses.replace(serve, order=replica.order), share)
+            run, share, dataclasses.replace(fleet_replica, order=replica.order), share)
         works.append(sped)
     if run.scheduler.replicas > 1:
-        result["replicas"], fleets = replicas_study(run, req, fleet_replica)
+        result["replicas"], fleets = replicas_study(run, req, fleet_replica if not
+                                                    run.scheduler.speculative_method else
+                                                    speculating(fleet_replica,
+                                                                *run_speculation(run)))
         works.append(fleets)
     if run.placement.disaggregated:
         result["placement"], placed = disaggregation_study(

@@ -575,27 +575,24 @@ def plot_disaggregation(results, path):
 
 def plot_speculation(results, path):
     """C with --speculative-config: the speedup (plain TPOT p50 over speculating) against the
-    load for each k of 1..K drafts a step, the line where speculation stops paying."""
+    concurrency for each k of 1..K drafts a step, the line where speculation stops paying."""
     import matplotlib.pyplot as plt
     S = results["C"].get("speculation")
     if not S:
         return "needs --speculative-config"
-    rows = S["loads"]
-    loads = [row["load"] for row in rows if row["load"] is not None]
-    saturated = 2 * loads[-1]  # (drawn past the last load)
-    x = loads + [saturated]
+    rows = S["concurrency"]
+    x = [row["concurrency"] for row in rows]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for i, spec in enumerate(rows[0]["k"]):
         ax.plot(x, [row["k"][i]["speedup"] for row in rows], "o-", label=f"k = {spec['k']}")
     ax.axhline(1.0, color="black", linewidth=1)
-    ax.set_xscale("log")
+    ax.set_xscale("log", base=2)
     ax.set_xticks(x)
-    ax.set_xticklabels([f"{v:g}x" for v in loads] + ["saturated"], fontsize=8)
-    ax.set_xlabel(f"load (shares of one plain replica's capacity, "
-                  f"{S['capacity_rps']:,.3g} requests/s)")
+    ax.set_xticklabels([f"{c:,}" for c in x], fontsize=8)
+    ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("speedup (TPOT p50, plain / speculating)")
     ax.set_title(f"C: speculative decoding ({S['method']}, {S['acceptance_length']:.2f} tokens a "
-                 "verify step at k = " f"{S['k']}) against the load", fontsize=10)
+                 f"verify step at k = {S['k']}) against the concurrency", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout(rect=(0, 0.02, 1, 1))

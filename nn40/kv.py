@@ -42,10 +42,10 @@ class KVUnfit(UsageError):
         self.policy, self.why = policy, why
 
 
-def check_kv_budget(req, kv):
-    """Every request must fit alone, or the simulation could never finish it. -> None, or why
-    not (a description for the tables)."""
-    return kv_manager(kv).unfit(req)
+def check_kv_budget(req, kv, lookahead=0):
+    """Every request must fit alone (speculating, with its drafts' `lookahead` slots), or the
+    simulation could never finish it. -> None, or why not (a description for the tables)."""
+    return kv_manager(kv).for_speculation(lookahead).unfit(req)
 
 
 class Seq:
@@ -128,7 +128,7 @@ class KVManager:
 
     def unfit(self, req):
         """-> None when every request fits alone, else why the longest one does not."""
-        alone = self.blocks(req.prompt + self.output_held(req.output))
+        alone = self.blocks(req.prompt + self.output_held(req.output) + self.lookahead)
         worst = int(np.argmax(alone))
         needs = int(alone[worst]) + self.watermark
         if needs <= self.capacity:
@@ -323,8 +323,9 @@ class PagedBlocks(KVManager):
         if seq.rate is not None:  # (a speculating decoder: its fluid account, see join)
             self.total -= ctx + seq.allocated
             self.fluid_rate -= seq.rate
-            if abs(self.fluid_rate) < 1e-9:  # (the last has left: no float residue kept)
-                self.fluid_rate = 0
+            if abs(self.fluid_rate) < 1e-9:  # (the last has left: no float residue kept,
+                self.fluid_rate = 0             # the rest whole blocks)
+                self.total = round(self.total)
             return
         # (a prompt's blocks as allocated: speculating, its last chunk took the drafts' slots
         # too, which a request that ends with its prefill never decodes into)
@@ -651,6 +652,8 @@ class PrefixCache(PagedBlocks):
                 out = round(out) - last
                 uncached = max(0, out - int((self.total + 1e-9) // self.block))
                 self.pending = self.total - self.block * (out - uncached)
+                if not self.fluid_rate:  # (no speculating decoder left: whole blocks)
+                    self.pending = round(self.pending)
             if uncached:
                 self.free.push_run(uncached)
             self.free.push(freed)

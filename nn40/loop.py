@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from nn40.kv import Seq, kv_manager
+from nn40.kv import KVUnfit, Seq, kv_manager
 from nn40.queues import Ledger, waiting_queue
 from nn40.replicas import DecodeBatch, PrefillQueue, SimulationStalled, schedule_prefill
 
@@ -235,6 +235,10 @@ class ServingSim(Admission):
         spec = replica.speculation
         if spec is not None:
             kv.for_speculation(spec.lookahead)
+            unfit = kv.unfit(req) if kv.tracks and req is not None else None  # (its drafts'
+            # slots too; a pool's stage checks its own requests: see pools.pool_stage)
+            if unfit:
+                raise KVUnfit(replica.kv.policy, unfit)
         self.tracks, self.preempts = kv.tracks, kv.preempts
         self.retry = []                  # preempted ids (a heap: the oldest first)
         self.parked, self.parked_cached = [], 0  # [(when its KV lands, Seq)] waiting for a

@@ -250,9 +250,11 @@ class SpeculativeCosts:
                 else self.draft.as_dict(), "speculative_tokens": self.k}
 
 
-# --speculative-config: the keys of vLLM's speculative_config C reads (its others change nothing
-# C prices, or name what C does not model: refused, by name)
+# --speculative-config: the keys of vLLM's speculative_config C reads, and those it takes without
+# reading (an n-gram lookup's window and a length limit change the acceptance, given apart, not
+# the price); others name what C does not model: refused, by name
 CONFIG_KEYS = ("method", "num_speculative_tokens", "model")
+UNPRICED_KEYS = ("prompt_lookup_max", "prompt_lookup_min", "max_model_len")
 
 
 def parse_config(text):
@@ -264,7 +266,7 @@ def parse_config(text):
         raise UsageError(f"--speculative-config {text!r}: not JSON ({e.msg})") from None
     if not isinstance(config, dict):
         raise UsageError(f"--speculative-config {text!r}: a JSON object, as vLLM's flag takes")
-    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    unknown = sorted(set(config) - set(CONFIG_KEYS) - set(UNPRICED_KEYS))
     if unknown:
         raise UsageError(f"--speculative-config: C reads {', '.join(CONFIG_KEYS)}, not "
                          f"{', '.join(unknown)}")
@@ -277,9 +279,12 @@ def parse_config(text):
                           or not 1 <= k <= MAX_SPECULATIVE_TOKENS):
         raise UsageError(f"--speculative-config: num_speculative_tokens {k!r} is not a whole "
                          f"number from 1 to {MAX_SPECULATIVE_TOKENS}")
-    if (method == "draft_model") != ("model" in config):
-        raise UsageError("--speculative-config: a draft model is named by \"model\", which only "
-                         "the method draft_model takes (EAGLE's and MTP's heads are the target's)")
+    if method == "draft_model" and "model" not in config:
+        raise UsageError("--speculative-config: method draft_model names its draft by \"model\" "
+                         "(a preset: see --catalog)")
+    if method in ("ngram", "mtp") and "model" in config:
+        raise UsageError(f"--speculative-config: method {method} drafts without a model of its "
+                         "own: leave \"model\" out")
     return config
 
 
@@ -297,6 +302,9 @@ def resolve(config, k=None, rate=None, rates=None, length=None):
         raise UsageError(f"--num-speculative-tokens {k} and --speculative-config's "
                          f"num_speculative_tokens {config['num_speculative_tokens']}: give one")
     k = k or config.get("num_speculative_tokens") or (len(rates) if rates else None) or 1
+    if k > MAX_SPECULATIVE_TOKENS:
+        raise UsageError(f"--acceptance-rates: {k} positions, more drafts a step than C takes "
+                         f"({MAX_SPECULATIVE_TOKENS}): give --num-speculative-tokens")
     if rates is not None:
         if len(rates) < k:
             raise UsageError(f"--acceptance-rates: {len(rates)} rate(s) for {k} drafts a step "

@@ -8,17 +8,17 @@ from nn40.capacity import capacity_study
 from nn40.config import GPUS, MODELS, SWEEP_REQUESTS
 from nn40.errors import UsageError
 from nn40.host import run_parallel
+from nn40.kv import KVUnfit
 from nn40.loop import simulate_serving
 from nn40.metrics import serving_metrics
 from nn40.pricing import card_costs
 from nn40.profiles import run_profile
 from nn40.runs import timed_task, work_of
 from nn40.speculative import Speculation, SpeculativeCosts, lookahead_tokens
-from nn40.workload import arrival_times, random_stream, seed_for
+from nn40.workload import seed_for
 
-# the loads of the speedup table: shares of the plain replica's capacity (its throughput with
-# every request waiting at t=0), then that saturation itself
-SPEEDUP_LOADS = (0.05, 0.2, 0.5, 1.0, 1.5, 2.0, 4.0)
+# the speedup table's concurrencies (requests in flight), up to the replica's seats
+CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 def draft_config(method, cfg, model=None):
@@ -72,45 +72,40 @@ def summary(req, sim):
 
 def speculation_study(run, req, replica, arrived):
     """C with --speculative-config: the run's requests (`arrived`: at the run's arrivals) on
-    the replica plain and speculating, then SWEEP_REQUESTS of them at each of SPEEDUP_LOADS
-    of the plain replica's capacity and at saturation, plain and with each k of 1..K drafts.
-    The speedup: the plain TPOT p50 over the speculating one. -> (result, Work)"""
+    the replica plain and speculating, then SWEEP_REQUESTS of them at each concurrency of
+    CONCURRENCY up to the replica's seats or their number (that many in flight, all waiting at t=0, as a
+    benchmark's clients keep them), plain and with each k of 1..K drafts; all under the
+    replica's scheduler and KV cache. The speedup: the plain TPOT p50 over the speculating
+    one. -> (result, Work)"""
     specs = [run_speculation(run, k) for k in range(1, run.scheduler.num_speculative_tokens + 1)]
-    plain = dataclasses.replace(replica, scheduler="continuous", kv=None)
     sweep = req.take(slice(SWEEP_REQUESTS))
-    saturated = sweep.take(arrival_s=sweep.arrival_s * 0)
-    calls = [(timed_task, ("C speculation plain", simulate_serving, arrived, plain)),
-             (timed_task, ("C speculation", simulate_serving, arrived,
-                           speculating(plain, *specs[-1]))),
-             (timed_task, ("C speculation saturated plain", simulate_serving, saturated, plain))]
-    first = run_parallel(calls, run.measurement.jobs)
-    capacity = serving_metrics(saturated, first[2])["throughput_rps"]
-    rng = random_stream(run, "speculation")
-    loads = [sweep.take(arrival_s=arrival_times(len(sweep.output), share * capacity,
-                                                run.workload.burstiness, rng))
-             for share in SPEEDUP_LOADS] + [saturated]
-    replicas = [plain] + [speculating(plain, *s) for s in specs]
-    sims = run_parallel([(timed_task, (f"C speculation load {i} k {k}", simulate_serving, r,
-                                       rep)) for i, r in enumerate(loads)
-                         for k, rep in enumerate(replicas) if (i, k) != (len(loads) - 1, 0)],
-                        run.measurement.jobs)
-    sims.insert(len(sims) - len(specs), first[2])  # (saturated plain: run above)
-    rows = []
-    for i, r in enumerate(loads):
-        runs = [summary(r, sim) for sim in sims[i * len(replicas):(i + 1) * len(replicas)]]
-        rows.append({"load": SPEEDUP_LOADS[i] if i < len(SPEEDUP_LOADS) else None,
-                     "rate_rps": SPEEDUP_LOADS[i] * capacity if i < len(SPEEDUP_LOADS) else None,
-                     "plain": runs[0], "k": [{**s, "k": k, "speedup": speedup(runs[0], s)}
-                                             for k, s in enumerate(runs[1:], 1)]})
+    waiting = sweep.take(arrival_s=sweep.arrival_s * 0)
+    most = min(replica.slots, len(waiting.output))  # (no more in flight than there are)
+    levels = [c for c in CONCURRENCY if c < most] + [most]
+    replicas = [(f"c {c} k {k}", dataclasses.replace(replica, slots=c) if not k else
+                 speculating(dataclasses.replace(replica, slots=c), *specs[k - 1]))
+                for c in levels for k in range(len(specs) + 1)]
+    sims = run_parallel([(timed_task, ("C speculation plain", simulate_serving, arrived,
+                                       replica)),
+                         (timed_task, ("C speculation", simulate_serving, arrived,
+                                       speculating(replica, *specs[-1])))] +
+                        [(timed_task, (f"C speculation {label}", simulate_serving, waiting, r))
+                         for label, r in replicas], run.measurement.jobs)
+    rows, per = [], len(specs) + 1
+    for i, c in enumerate(levels):
+        runs = [summary(waiting, sim) for sim in sims[2 + i * per:2 + (i + 1) * per]]
+        rows.append({"concurrency": c, "plain": runs[0],
+                     "k": [{**s, "k": k, "speedup": speedup(runs[0], s)}
+                           for k, s in enumerate(runs[1:], 1)]})
     spec = specs[-1][0]
     result = {"method": spec.method, "k": spec.k, "rates": list(spec.rates),
               "law": spec.law, "acceptance_length": spec.expected_length,
               "lookahead_tokens": spec.lookahead, "draft": None if specs[-1][1] is None else
-              specs[-1][1].source, "capacity_rps": capacity,
-              "plain": summary(arrived, first[0]), "speculative": summary(arrived, first[1]),
-              "loads": rows, "crossover": crossovers(rows, len(specs))}
+              specs[-1][1].source, "kv_policy": replica.kv.policy if replica.kv else None,
+              "plain": summary(arrived, sims[0]), "speculative": summary(arrived, sims[1]),
+              "concurrency": rows, "crossover": crossovers(rows, len(specs))}
     result["speedup"] = speedup(result["plain"], result["speculative"])
-    return result, work_of(first + sims)
+    return result, work_of(sims)
 
 
 def speedup(plain, spec):
@@ -119,15 +114,16 @@ def speedup(plain, spec):
 
 
 def crossovers(rows, kmax):
-    """For each k, the first load (a share of capacity; None: saturation) at which the speedup
-    falls below 1 (found: whether it does), and the k with the best speedup at each load."""
+    """For each k, the first concurrency at which the speedup falls below 1 (found: whether
+    it does), and the k with the best speedup at each concurrency."""
     below_one = []
     for k in range(1, kmax + 1):
-        below = [row["load"] for row in rows if (row["k"][k - 1]["speedup"] or 0) < 1]
-        below_one.append({"k": k, "found": bool(below), "load": below[0] if below else None})
+        below = [row["concurrency"] for row in rows if (row["k"][k - 1]["speedup"] or 0) < 1]
+        below_one.append({"k": k, "found": bool(below), "concurrency": below[0] if below
+                          else None})
     best = [max(row["k"], key=lambda s: s["speedup"] or 0) for row in rows]
-    return {"below_one": below_one, "best_k": [{"load": row["load"], "k": b["k"],
-                                                "speedup": b["speedup"]}
+    return {"below_one": below_one, "best_k": [{"concurrency": row["concurrency"],
+                                                "k": b["k"], "speedup": b["speedup"]}
                                                for row, b in zip(rows, best)]}
 
 
@@ -140,10 +136,14 @@ def capacity_with_speculation(run, req, replica):
     about = {"method": spec.method, "k": spec.k}
     try:
         plain = capacity_study(run, req, replica)
-    except UsageError:
+    except KVUnfit:
+        raise
+    except UsageError:  # (no rate meets the SLO without speculation)
         plain = None
     try:
         fast = capacity_study(run, req, speculating(replica, spec, draft))
+    except KVUnfit:
+        raise
     except UsageError:
         if plain is None:
             raise

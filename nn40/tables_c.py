@@ -716,31 +716,27 @@ def speculation_law_text(T, S):
 
 def speculation_text(T, S):
     """--speculative-config: the speculating replica beside the plain one at the run's
-    arrivals, then the speedup (plain TPOT p50 over speculating) at each load for k = 1..K,
-    the load from which each k stops paying, and the best k."""
+    arrivals, then the speedup (plain TPOT p50 over speculating) at each concurrency for
+    k = 1..K, the concurrency from which each k stops paying, and the best k."""
     from tabulate import tabulate
     draft = T["spec_draft"].format(model=S["draft"]["model"], k=S["k"]) if S["draft"] else \
         T["spec_no_draft"]
     lines = [T["spec_head"].format(method=S["method"], k=S["k"], length=S["acceptance_length"],
                                    rates=", ".join(f"{a:.3f}" for a in S["rates"]),
                                    law=speculation_law_text(T, S), draft=draft,
-                                   lookahead=S["lookahead_tokens"]),
+                                   lookahead=S["lookahead_tokens"],
+                                   kv=T[S["kv_policy"]] if S["kv_policy"] else T["unlimited"]),
              spec_table(T, [{"label": T["spec_plain"], **S["plain"]},
                             {"label": T["spec_run"], **S["speculative"]}], SPECULATION_COLUMNS),
-             T["spec_speedup"].format(x=S["speedup"]), "",
-             T["spec_loads"].format(capacity=S["capacity_rps"])]
-    rows = [[T["spec_saturated"] if row["load"] is None else f"{row['load']:g}x",
-             "-" if row["rate_rps"] is None else f"{row['rate_rps']:,.3g}",
-             f"{1e3 * row['plain']['tpot_s']['p50']:,.1f}"] +
+             T["spec_speedup"].format(x=S["speedup"]), "", T["spec_loads"]]
+    rows = [[f"{row['concurrency']:,}", f"{1e3 * row['plain']['tpot_s']['p50']:,.1f}"] +
             [f"{s['speedup']:.2f}x" for s in row["k"]] + [best["k"]]
-            for row, best in zip(S["loads"], S["crossover"]["best_k"])]
-    lines.append(tabulate(rows, [T["spec_load"], T["spec_rate"], T["spec_plain_tpot"]] +
-                          [T["spec_k"].format(k=s["k"]) for s in S["loads"][0]["k"]] +
+            for row, best in zip(S["concurrency"], S["crossover"]["best_k"])]
+    lines.append(tabulate(rows, [T["spec_load"], T["spec_plain_tpot"]] +
+                          [T["spec_k"].format(k=s["k"]) for s in S["concurrency"][0]["k"]] +
                           [T["spec_best"]], stralign="right", disable_numparse=True))
     lines.append(T["spec_crossover"].format(each="; ".join(
-        T["spec_k"].format(k=c["k"]) + ": " + (T["spec_pays"] if not c["found"] else
-                                               T["spec_below_at"].format(
-                                                   load=T["spec_saturated"] if c["load"] is None
-                                                   else f"{c['load']:g}x"))
+        T["spec_k"].format(k=c["k"]) + ": " + (T["spec_below_at"].format(
+            load=f"{c['concurrency']:,}") if c["found"] else T["spec_pays"])
         for c in S["crossover"]["below_one"])))
     return "\n".join(lines)

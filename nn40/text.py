@@ -322,7 +322,7 @@ TEXT_EN = {**SHARED_TEXT,
     "spec_head": "C  speculative decoding: {method}, {k} draft token(s) a step, accepted by "
                  "position {rates} ({law}): {length:.2f} tokens a verify step; {draft}; "
                  "{lookahead} KV tokens a request beyond its own (the drafts verified, and "
-                 "vLLM's lookahead); memory unlimited",
+                 "vLLM's lookahead); KV cache: {kv}",
     "spec_law_rates": "as given", "spec_law_rate": "one rate given, each position its power",
     "spec_law_length": "a mean length given, one rate fitted to it",
     "spec_law_default": "the method's default: {source}",
@@ -330,13 +330,13 @@ TEXT_EN = {**SHARED_TEXT,
     "spec_no_draft": "the drafts looked up in the request's own text (on the CPU: not priced)",
     "spec_plain": "plain decoding", "spec_run": "speculating",
     "spec_speedup": "speedup at this load: {x:.2f}x (TPOT p50, plain over speculating)",
-    "spec_loads": "The speedup by load (TPOT p50, plain over speculating, with k drafts a step; "
-                  "loads: shares of one plain replica's capacity, {capacity:,.3g} requests/s "
-                  "with all waiting at t=0, and that saturation itself):",
-    "spec_load": "load", "spec_rate": "req/s", "spec_plain_tpot": "plain TPOT p50 ms",
-    "spec_k": "k={k}", "spec_best": "best k", "spec_saturated": "saturated",
+    "spec_loads": "The speedup by concurrency (TPOT p50, plain over speculating, with k drafts a "
+                  "step; that many requests in flight, all waiting at t=0, as a benchmark's "
+                  "clients keep them):",
+    "spec_load": "concurrency", "spec_plain_tpot": "plain TPOT p50 ms",
+    "spec_k": "k={k}", "spec_best": "best k",
     "spec_crossover": "where speculation stops paying: {each}",
-    "spec_pays": "pays at every load", "spec_below_at": "below 1x from {load}",
+    "spec_pays": "pays at every concurrency", "spec_below_at": "below 1x from {load}",
     "capacity_spec": "Speculating ({method}, k={k}): one replica serves {rate} requests/s at the "
                      "SLO{fleet}.",
     "capacity_spec_fleet": "; the target rate needs {replicas} ({gpus}) behind {router}",

@@ -272,7 +272,7 @@ TEXT_KO = {**SHARED_TEXT,
                        "{plain:,.3g}.",
     "spec_head": "C  추측 디코딩: {method}, 한 단계에 초안 토큰 {k}개, 위치별 수락률 {rates} "
                  "({law}): 검증 단계 하나에 {length:.2f} 토큰; {draft}; 요청마다 자기 것 외에 "
-                 "KV 토큰 {lookahead}개 (검증하는 초안과 vLLM의 lookahead); 메모리 무제한",
+                 "KV 토큰 {lookahead}개 (검증하는 초안과 vLLM의 lookahead); KV 캐시: {kv}",
     "spec_law_rates": "주어진 그대로", "spec_law_rate": "수락률 하나, 위치마다 그 거듭제곱",
     "spec_law_length": "평균 길이 하나, 그에 맞춘 수락률",
     "spec_law_default": "방법의 기본값: {source}",
@@ -280,13 +280,12 @@ TEXT_KO = {**SHARED_TEXT,
     "spec_no_draft": "초안은 요청 자신의 텍스트에서 찾음 (CPU에서: 비용 없음)",
     "spec_plain": "일반 디코딩", "spec_run": "추측 디코딩",
     "spec_speedup": "이 부하에서 속도 향상: {x:.2f}배 (TPOT p50, 일반 대비 추측)",
-    "spec_loads": "부하별 속도 향상 (TPOT p50, 일반 대비 추측, 한 단계에 초안 k개; 부하: 일반 "
-                  "복제본 하나의 용량, 모두 t=0에 대기할 때 초당 {capacity:,.3g} 요청의 배수, "
-                  "그리고 그 포화 자체):",
-    "spec_load": "부하", "spec_rate": "요청/초", "spec_plain_tpot": "일반 TPOT p50 ms",
-    "spec_k": "k={k}", "spec_best": "최선 k", "spec_saturated": "포화",
+    "spec_loads": "동시 요청 수별 속도 향상 (TPOT p50, 일반 대비 추측, 한 단계에 초안 k개; 그만큼의 "
+                  "요청이 진행 중, 모두 t=0에 대기, 벤치마크 클라이언트가 유지하듯):",
+    "spec_load": "동시 요청", "spec_plain_tpot": "일반 TPOT p50 ms",
+    "spec_k": "k={k}", "spec_best": "최선 k",
     "spec_crossover": "추측이 이득을 멈추는 곳: {each}",
-    "spec_pays": "모든 부하에서 이득", "spec_below_at": "{load}부터 1배 미만",
+    "spec_pays": "모든 동시 요청 수에서 이득", "spec_below_at": "{load}부터 1배 미만",
     "capacity_spec": "추측 디코딩 ({method}, k={k}): SLO에서 복제본 하나가 초당 {rate} 요청을 "
                      "처리{fleet}.",
     "capacity_spec_fleet": "; 목표 요청률에는 {router} 뒤에 {replicas} ({gpus}) 필요",
