@@ -327,9 +327,7 @@ class PagedBlocks(KVManager):
                 self.fluid_rate = 0             # the rest whole blocks)
                 self.total = round(self.total)
             return
-        # (a prompt's blocks as allocated: speculating, its last chunk took the drafts' slots
-        # too, which a request that ends with its prefill never decodes into)
-        self.total -= self.blocks(ctx if seq.decode_base is not None else max(ctx, seq.allocated))
+        self.total -= self.blocks(self.released(seq, ctx))
         if seq.decode_base is not None:
             key = -((seq.decode_base - 1) // self.gains) % self.period  # (as join's)
             self.phase[key] -= 1
@@ -351,6 +349,13 @@ class PagedBlocks(KVManager):
             if j <= k:
                 out.append((j, (k - j) // b + 1, rows))
         return out
+
+    @staticmethod
+    def released(seq, ctx):
+        """The tokens whose blocks a request leaving with `ctx` tokens gives back: a decoder's
+        own, a prompt's as allocated (speculating, its last chunk took the drafts' slots too,
+        which a request that ends with its prefill never decodes into)."""
+        return ctx if seq.decode_base is not None else max(ctx, seq.allocated)
 
     def decoders_take(self, steps, n):
         """Tokens the decoders' new blocks take in the next n steps (speculating: their fluid
@@ -645,8 +650,7 @@ class PrefixCache(PagedBlocks):
         self.total += still  # (held still by others)
         self.shared -= still
         if self.preempts:  # its uncached blocks first: they are its tail
-            span = ctx if seq.decode_base is not None else max(ctx, seq.allocated)
-            uncached = -(-span // self.block) - len(held)
+            uncached = -(-self.released(seq, ctx) // self.block) - len(held)
             if seq.rate is not None:  # (a speculating decoder: as many as leave the blocks
                 # out covering the rest, what is short of a block kept in pending)
                 out = round(out) - last

@@ -108,10 +108,10 @@ class DecodeBatch:
         tokens it has cached) at step `steps`."""
         self.size -= 1
         self.tokens -= self.runs
-        self.growth -= self.gains
+        self.growth -= self.growth_of(seq)
         self.base_sum -= seq.decode_base
         cached = self.held_by(seq, steps)
-        return seq.to_emit - (cached - seq.num_cached), cached
+        return seq.to_emit - self.emitted(seq, cached), cached
 
     def cached(self, steps):
         """Tokens the decoders hold at step `steps`."""
@@ -140,6 +140,10 @@ class DecodeBatch:
     def growth_of(self, seq):
         """The tokens one decoder's cache gains a step."""
         return self.gains
+
+    def emitted(self, seq, cached):
+        """The tokens a decoder holding `cached` tokens has emitted since it started."""
+        return cached - seq.num_cached
 
 
 class SimulationStalled(RuntimeError):

@@ -196,16 +196,10 @@ class SpeculativeBatch(DecodeBatch):
         self.tokens += self.runs * len(seqs)
         self.growth, self.base_sum = growth, base_sum
 
-    def leave(self, seq, steps):
-        """A decoder leaves before its last step: the whole tokens it has emitted are kept, and
-        the KV it holds is its fluid account (what the cache frees)."""
-        self.size -= 1
-        self.tokens -= self.runs
-        self.growth -= seq.rate
-        self.base_sum -= seq.decode_base
-        held = self.held_by(seq, steps)
-        emitted = min(int(held - seq.num_cached + 1e-9), seq.to_emit - 1)
-        return seq.to_emit - emitted, held
+    def emitted(self, seq, cached):
+        """The whole tokens it has emitted (its `cached` is its fluid account: what the cache
+        frees), short of its last."""
+        return min(int(cached - seq.num_cached + 1e-9), seq.to_emit - 1)
 
     def held_by(self, seq, steps):
         return seq.decode_base + seq.rate * steps

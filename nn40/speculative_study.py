@@ -1,6 +1,7 @@
 """C's speculative decoding: the run's Speculation (its law, its draft's prices) and what C prints
-of it: the speculating replica beside the plain one at the run's rate, and the speedup at each
-load for k = 1..K drafts, with the load where speculation stops paying (pure simulation)
+of it: the speculating replica beside the plain one at the run's rate, the speedup at each
+concurrency for k = 1..K drafts with where speculation stops paying, and the capacity answer
+with speculation (pure simulation)
 """
 import dataclasses
 
@@ -40,8 +41,8 @@ def draft_config(method, cfg, model=None):
 
 def run_speculation(run, k=None, gpu=None, tp=None):
     """(the run's Speculation with k drafts, default its own; the draft's StepCosts on the
-    run's card at its TP, or on `gpu` at `tp` (a pool's), or None) for --speculative-config. Each draft pass is priced as a pass of
-    its own, the engine's fixed cost a pass included: vLLM's EAGLE proposer runs its k passes
+    run's card at its TP, or on `gpu` at `tp` (a pool's), or None) for --speculative-config.
+    Each draft pass is priced as a pass of its own, the engine's fixed cost a pass included: vLLM's EAGLE proposer runs its k passes
     one after another, each sampling its token before the next (vllm/v1/spec_decode/eagle.py);
     priced without it, vLLM's own batch-1 runs are 22-26% slower than C says (see
     tests/test_speculative.py)."""
@@ -73,8 +74,8 @@ def summary(req, sim):
 def speculation_study(run, req, replica, arrived):
     """C with --speculative-config: the run's requests (`arrived`: at the run's arrivals) on
     the replica plain and speculating, then SWEEP_REQUESTS of them at each concurrency of
-    CONCURRENCY up to the replica's seats or their number (that many in flight, all waiting at t=0, as a
-    benchmark's clients keep them), plain and with each k of 1..K drafts; all under the
+    CONCURRENCY up to the replica's seats or their number (that many in flight, all waiting at
+    t=0, as a benchmark's clients keep them), plain and with each k of 1..K drafts; all under the
     replica's scheduler and KV cache. The speedup: the plain TPOT p50 over the speculating
     one. -> (result, Work)"""
     specs = [run_speculation(run, k) for k in range(1, run.scheduler.num_speculative_tokens + 1)]
@@ -134,22 +135,23 @@ def capacity_with_speculation(run, req, replica):
     speculating one ("plain_misses")."""
     spec, draft = run_speculation(run)
     about = {"method": spec.method, "k": spec.k}
-    try:
-        plain = capacity_study(run, req, replica)
-    except KVUnfit:
-        raise
-    except UsageError:  # (no rate meets the SLO without speculation)
-        plain = None
-    try:
-        fast = capacity_study(run, req, speculating(replica, spec, draft))
-    except KVUnfit:
-        raise
-    except UsageError:
-        if plain is None:
-            raise
-        fast = None
+    plain, _ = capacity_or_why(run, req, replica)
+    fast, fast_error = capacity_or_why(run, req, speculating(replica, spec, draft))
+    if plain is None and fast is None:
+        raise fast_error
     if plain is None:
         return {**fast, "plain_misses": True, "speculating": about}
     plain["speculating"] = {**about, "one_replica_rps": fast and fast["one_replica"]["rate_rps"],
                             "answer": fast and fast.get("answer")}
     return plain
+
+
+def capacity_or_why(run, req, replica):
+    """(capacity_study's answer, None), or (None, why) where no rate meets the SLO on one
+    replica (a budget some request cannot fit is raised)."""
+    try:
+        return capacity_study(run, req, replica), None
+    except KVUnfit:
+        raise
+    except UsageError as e:
+        return None, e

@@ -728,11 +728,11 @@ def speculation_text(T, S):
                                    kv=T[S["kv_policy"]] if S["kv_policy"] else T["unlimited"]),
              spec_table(T, [{"label": T["spec_plain"], **S["plain"]},
                             {"label": T["spec_run"], **S["speculative"]}], SPECULATION_COLUMNS),
-             T["spec_speedup"].format(x=S["speedup"]), "", T["spec_loads"]]
+             T["spec_speedup"].format(x=S["speedup"]), "", T["spec_by_concurrency"]]
     rows = [[f"{row['concurrency']:,}", f"{1e3 * row['plain']['tpot_s']['p50']:,.1f}"] +
             [f"{s['speedup']:.2f}x" for s in row["k"]] + [best["k"]]
             for row, best in zip(S["concurrency"], S["crossover"]["best_k"])]
-    lines.append(tabulate(rows, [T["spec_load"], T["spec_plain_tpot"]] +
+    lines.append(tabulate(rows, [T["spec_concurrency"], T["spec_plain_tpot"]] +
                           [T["spec_k"].format(k=s["k"]) for s in S["concurrency"][0]["k"]] +
                           [T["spec_best"]], stralign="right", disable_numparse=True))
     lines.append(T["spec_crossover"].format(each="; ".join(

@@ -330,10 +330,10 @@ TEXT_EN = {**SHARED_TEXT,
     "spec_no_draft": "the drafts looked up in the request's own text (on the CPU: not priced)",
     "spec_plain": "plain decoding", "spec_run": "speculating",
     "spec_speedup": "speedup at this load: {x:.2f}x (TPOT p50, plain over speculating)",
-    "spec_loads": "The speedup by concurrency (TPOT p50, plain over speculating, with k drafts a "
+    "spec_by_concurrency": "The speedup by concurrency (TPOT p50, plain over speculating, with k drafts a "
                   "step; that many requests in flight, all waiting at t=0, as a benchmark's "
                   "clients keep them):",
-    "spec_load": "concurrency", "spec_plain_tpot": "plain TPOT p50 ms",
+    "spec_concurrency": "concurrency", "spec_plain_tpot": "plain TPOT p50 ms",
     "spec_k": "k={k}", "spec_best": "best k",
     "spec_crossover": "where speculation stops paying: {each}",
     "spec_pays": "pays at every concurrency", "spec_below_at": "below 1x from {load}",

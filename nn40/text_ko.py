@@ -280,9 +280,9 @@ TEXT_KO = {**SHARED_TEXT,
     "spec_no_draft": "초안은 요청 자신의 텍스트에서 찾음 (CPU에서: 비용 없음)",
     "spec_plain": "일반 디코딩", "spec_run": "추측 디코딩",
     "spec_speedup": "이 부하에서 속도 향상: {x:.2f}배 (TPOT p50, 일반 대비 추측)",
-    "spec_loads": "동시 요청 수별 속도 향상 (TPOT p50, 일반 대비 추측, 한 단계에 초안 k개; 그만큼의 "
+    "spec_by_concurrency": "동시 요청 수별 속도 향상 (TPOT p50, 일반 대비 추측, 한 단계에 초안 k개; 그만큼의 "
                   "요청이 진행 중, 모두 t=0에 대기, 벤치마크 클라이언트가 유지하듯):",
-    "spec_load": "동시 요청", "spec_plain_tpot": "일반 TPOT p50 ms",
+    "spec_concurrency": "동시 요청", "spec_plain_tpot": "일반 TPOT p50 ms",
     "spec_k": "k={k}", "spec_best": "최선 k",
     "spec_crossover": "추측이 이득을 멈추는 곳: {each}",
     "spec_pays": "모든 동시 요청 수에서 이득", "spec_below_at": "{load}부터 1배 미만",
