@@ -27,6 +27,7 @@ from nn40.settings import (
     RUN_FIELDS, ModeConfig, RunConfig, SchedulerConfig, attainment, experiment_letters, fraction,
     integer, integers, milliseconds, number, numbers, rate_value, usage_type)
 from nn40.speculative import MAX_SPECULATIVE_TOKENS, parse_config, resolve
+from nn40.speculative_study import run_speculation
 from nn40.stages import stage_model
 from nn40.text import DESCRIPTION, EPILOG, USAGE
 from nn40.text_ko import TEXT
@@ -504,7 +505,8 @@ def run_config(args):
                        "slots": args.slots or SchedulerConfig.slots,
                        "chunk_tokens": args.chunk_tokens or SchedulerConfig.chunk_tokens,
                        **engine_fields(args, on_cpu)})
-    run = run.replace(**serving_limits(run, args), **speculation_fields(args))
+    run = run.replace(**serving_limits(run, args),
+                      **speculation_fields(args, run.hardware.model))
     longest = max(max(run.measurement.contexts) + 1, max(run.measurement.prefill_lengths))
     if device is not None and model.arch == "transformer" and longest > model.max_positions:
         raise UsageError(f"a sequence of {longest} tokens exceeds --max-positions "
@@ -515,6 +517,8 @@ def run_config(args):
         except UsageError as e:  # (with pools, --tp and --pp shape the colocated replicas)
             raise UsageError(f"the colocated replicas run beside the pools: {e}" if
                              run.placement.disaggregated else str(e)) from None
+    if run.scheduler.speculative_method:  # (a draft that leaves no KV cache: before anything
+        run_speculation(run)               # runs)
     if run.placement.disaggregated:  # (before anything runs)
         check_placement(run)
     return quick_run(run) if run.measurement.quick else run
@@ -537,9 +541,10 @@ def serving_limits(run, args):
             "serve_source": source}
 
 
-def speculation_fields(args):
+def speculation_fields(args, cfg):
     """--speculative-config and its acceptance, resolved (nn40.speculative.resolve), or
-    nothing; the flags that need it refused without it, and where C cannot price it yet."""
+    nothing; the flags that need it refused without it, where C cannot price it yet, and MTP
+    for a model (`cfg`) that ships no MTP module."""
     acceptance = [flag for flag, value in (
         ("--num-speculative-tokens", args.num_speculative_tokens),
         ("--acceptance-rate", args.acceptance_rate),
@@ -561,6 +566,10 @@ def speculation_fields(args):
                          "would break: run it without --pp")
     if config["method"] == "draft_model":
         config = {**config, "model": named(config["model"], kind="model")}
+    if config["method"] == "mtp" and not cfg.mtp_layers:
+        raise UsageError(f"--speculative-config: method mtp drafts with the model's own MTP "
+                         f"module, and {cfg.name} ships none (num_nextn_predict_layers): use "
+                         "eagle3, ngram or a draft_model")
     return resolve(config, args.num_speculative_tokens, args.acceptance_rate,
                    args.acceptance_rates_given, args.acceptance_length)
 

@@ -48,6 +48,8 @@ class ModelConfig:
     q_lora_rank: int = 0
     rope_head_dim: int = 0
     v_head_width: int = None   # MLA: a value head's width (None: head_dim)
+    mtp_layers: int = 0        # multi-token prediction modules shipped beside the layers
+                               # (num_nextn_predict_layers), the drafts of speculative "mtp"
 
     @property
     def head_dim(self):
@@ -201,14 +203,14 @@ MODELS = {
                                  rope_theta=1e6, name="qwen3-30b-a3b", **_LLAMA),
     # DeepSeek-V3 as published, in FP8 (its 128 x 128 blocks' scales: 0.006% more bytes, left
     # out); 3 dense layers, then 256 routed experts (8 a token) and 1 shared; its multi-token
-    # prediction module (not part of the 671 B) is left out
+    # prediction module (not part of the 671 B) loaded only to speculate (mtp_layers)
     "deepseek-v3": ModelConfig(layers=61, hidden=7168, heads=128, vocab=129280,
                                max_positions=163840, ffn_hidden=18432, dense_layers=3,
                                experts=256, experts_per_token=8, shared_experts=1,
                                expert_ffn=2048, kv_lora_rank=512, q_lora_rank=1536,
                                head_width=128, rope_head_dim=64, v_head_width=128,
                                name="deepseek-v3", mlp="gated", norm="rms", positions="rope",
-                               dtype="bfloat16", weights="fp8"),
+                               dtype="bfloat16", weights="fp8", mtp_layers=1),
     # gpt-oss-20b as published: its experts in MXFP4, the rest in bf16 (its biases, attention
     # sinks and sliding windows left out)
     "gpt-oss-20b": ModelConfig(layers=24, hidden=2880, heads=64, kv_heads=8, head_width=64,
@@ -297,6 +299,10 @@ def read_model_config(path):
         if value is not None and not (isinstance(value, int) and value >= 0):
             raise UsageError(f"{path}: {key} must be a whole number, not {value!r}")
         fields[field] = (value or 0) if field == "q_lora_rank" else value
+    mtp = hf.get("num_nextn_predict_layers") or 0  # (DeepSeek-V3's, GLM-4.5's MTP modules)
+    if not (isinstance(mtp, int) and mtp >= 0):
+        raise UsageError(f"{path}: num_nextn_predict_layers must be a whole number, not {mtp!r}")
+    fields["mtp_layers"] = mtp
     if hf.get("head_dim") and kind != "deepseek_v3":  # (Qwen3's 128 whatever its width)
         fields["head_width"] = hf["head_dim"]
     dtype = {"float16": "float16", "bfloat16": "bfloat16"}.get(hf.get("torch_dtype"), "bfloat16")

@@ -5,10 +5,11 @@ measured on, or the reference card; memory_source: the rule's terms in GiB)
 """
 from typing import NamedTuple
 
-from nn40.accounting import card_weight_bytes, kv_bytes_per_token, weight_bytes
+from nn40.accounting import (
+    card_kv_bytes_per_token, card_weight_bytes, kv_bytes_per_token, weight_bytes)
 from nn40.config import CPU_KV_MEMORY_GB, GPUS, KV_MEMORY_FRACTION, REFERENCE_MEMORY_GB
 from nn40.errors import UsageError
-from nn40.pricing import card_kv_terms
+from nn40.pricing import NO_DRAFT, card_kv_terms
 from nn40.profiles import run_profile
 from nn40.stages import stage_model
 
@@ -61,21 +62,26 @@ class DeviceMemory(NamedTuple):
     name: str = ""
 
 
-def kv_budget_bytes(run, device):
+def kv_budget_bytes(run, device, draft=NO_DRAFT):
     """(bytes for C's KV cache, where the figure comes from); see KV_MEMORY_FRACTION. device:
-    a DeviceMemory, or None where no device was resolved (C alone)."""
+    a DeviceMemory, or None where no device was resolved (C alone). A speculative `draft`
+    (DraftMemory) takes its share: its weights from the card's memory, its KV a token from the
+    cache's (bytes of the model's own KV are returned)."""
     cfg = run.hardware.model
     weights = weight_bytes(cfg)
     if run.scheduler.kv_tokens:
         return run.scheduler.kv_tokens * kv_bytes_per_token(cfg), {"kind": "memory_tokens",
                                                          "tokens": run.scheduler.kv_tokens}
     if run.scheduler.kv_memory_gb:
-        return run.scheduler.kv_memory_gb * 1e9, {"kind": "memory_flag"}
+        own = card_kv_bytes_per_token(cfg, run.hardware.tp)
+        share = own / (own + draft.kv_bytes_per_token) if draft.kv_bytes_per_token else 1.0
+        return run.scheduler.kv_memory_gb * 1e9 * share, {"kind": "memory_flag"}
     if run.hardware.gpu:  # (the card C plans for, whatever this machine has; tp of them)
         card, profile = GPUS[run.hardware.gpu], run_profile(run)
         terms = card_kv_terms(stage_model(cfg, run.hardware.pp), card, profile, run.hardware.tp,
                               run.hardware.ep,
-                              (run.scheduler.serve_slots, run.scheduler.serve_chunk_tokens))
+                              (run.scheduler.serve_slots, run.scheduler.serve_chunk_tokens),
+                              draft)
         return terms["tokens"] * kv_bytes_per_token(cfg), memory_source(terms, card, run)
     if device is not None and device.kind == "cuda":
         total = device.total_bytes

@@ -154,7 +154,8 @@ def role_replica(run, role, output):
                               fused=profile.fused)
     if sched.speculative_method and role.role != "prefill":  # (a decode pool speculates, and
         # the colocated replicas beside it; a prefill pool emits one token a request)
-        replica = speculating(replica, *run_speculation(run, gpu=role.gpu, tp=role.tp))
+        replica = speculating(replica, *run_speculation(run, gpu=role.gpu, tp=role.tp,
+                                                         limits=(slots, chunk)))
     return replica
 
 

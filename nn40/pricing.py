@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -243,10 +244,9 @@ class EngineRules:
         """(max_num_seqs, max_num_batched_tokens, where they come from) on `card`."""
         return profile.max_batch, profile.max_tokens, "profile"
 
-    def kv_terms(self, profile, cfg, card, tp, ep, limits):
-        """{term: bytes per card, ..., "kv": what the KV cache gets} under the run's limits
-        (max_num_seqs, max_num_batched_tokens)."""
-        weights = card_weight_bytes(cfg, tp, ep)
+    def kv_terms(self, profile, cfg, card, tp, weights, limits):
+        """{term: bytes per card, ..., "kv": what the KV cache gets} with `weights` bytes of
+        weights on each card, under the run's limits (max_num_seqs, max_num_batched_tokens)."""
         reserved = profile.reserved_gb * 1e9
         return {"fraction": profile.kv_fraction, "total": card.memory_bytes, "weights": weights,
                 "reserved": reserved,
@@ -266,8 +266,7 @@ class VLLMRules(EngineRules):
         large = card.memory_bytes >= 70 * 2**30 and "A100" not in card.name
         return (1024, 8192, "vllm_large") if large else (256, 2048, "vllm_small")
 
-    def kv_terms(self, profile, cfg, card, tp, ep, limits):
-        weights = card_weight_bytes(cfg, tp, ep)
+    def kv_terms(self, profile, cfg, card, tp, weights, limits):
         activation = peak_activation_bytes(cfg, limits[1], limits[0], tp)
         non_torch = NON_TORCH_GIB * 2**30
         return {"fraction": profile.kv_fraction, "total": card.memory_bytes, "weights": weights,
@@ -301,13 +300,13 @@ class SGLangRules(EngineRules):
         return round((mib - reserve) / mib, 3)
 
     def defaults(self, profile, cfg, card, tp, ep):
-        pool = self.kv_terms(profile, cfg, card, tp, ep, None)["kv"] / \
+        weights = card_weight_bytes(cfg, tp, ep)
+        pool = self.kv_terms(profile, cfg, card, tp, weights, None)["kv"] / \
             card_kv_bytes_per_token(cfg, tp)
         running = min(max(int(pool / cfg.max_positions * 512), 2048), 4096)
         return running, self.chunk_and_graphs(card, tp)[0], "sglang"
 
-    def kv_terms(self, profile, cfg, card, tp, ep, limits):
-        weights = card_weight_bytes(cfg, tp, ep)
+    def kv_terms(self, profile, cfg, card, tp, weights, limits):
         fraction = self.fraction(profile, card, tp)
         free = card.memory_bytes - CUDA_CONTEXT_GIB * 2**30
         return {"fraction": fraction, "total": card.memory_bytes, "weights": weights,
@@ -417,20 +416,39 @@ def card_costs(cfg, card, profile=None, tp=1, ep=1):
     return StepCosts(PRICE_KNOTS, seconds, kv_s, source, pair_s=pair_s)
 
 
+class DraftMemory(NamedTuple):
+    """What a speculative draft keeps on each card beside the model it drafts for: its own
+    weights (what it does not share with the target) and its KV, bytes a token, in the same
+    cache (see nn40.speculative.draft_memory)."""
+    weight_bytes: float = 0.0
+    kv_bytes_per_token: float = 0.0
+
+
+NO_DRAFT = DraftMemory()
+
+
 def card_kv_tokens(cfg, card, profile, tp=1, ep=1, limits=None):
     """The KV cache's tokens on `tp` cards (or on one of an expert-parallel group of `ep`):
     what the profile's engine leaves each card (see card_kv_terms; 0: nothing fits)."""
     return card_kv_terms(cfg, card, profile, tp, ep, limits)["tokens"]
 
 
-def card_kv_terms(cfg, card, profile, tp=1, ep=1, limits=None):
+def card_kv_terms(cfg, card, profile, tp=1, ep=1, limits=None, draft=NO_DRAFT):
     """Each term of the engine's memory rule on one card (EngineRules.kv_terms), in bytes,
     with the batch limits its activations were sized at (limits: (max_num_seqs,
-    max_num_batched_tokens); None: the engine's defaults on the card) and the KV tokens."""
+    max_num_batched_tokens); None: the engine's defaults on the card) and the KV tokens. A
+    speculative `draft` (DraftMemory) adds its weights to the model's, and its KV a token to
+    each cached token's, as vLLM sizes one cache for every attention layer it loaded, the
+    draft's with the target's (vllm/v1/worker/gpu_model_runner.py, get_kv_cache_spec)."""
     rules = ENGINE_RULES[profile.rules]
     limits = limits or rules.defaults(profile, cfg, card, tp, ep)[:2]
-    terms = rules.kv_terms(profile, cfg, card, tp, ep, limits)
-    whole = int(max(terms["kv"], 0) // card_kv_bytes_per_token(cfg, tp))
+    weights = card_weight_bytes(cfg, tp, ep)
+    terms = rules.kv_terms(profile, cfg, card, tp, weights + draft.weight_bytes, limits)
+    terms["weights"] = weights
+    if draft != NO_DRAFT:
+        terms["draft_weights"] = draft.weight_bytes
+    per_token = card_kv_bytes_per_token(cfg, tp) + draft.kv_bytes_per_token
+    whole = int(max(terms["kv"], 0) // per_token)
     return {**terms, "rules": profile.rules, "limits": list(limits),
             "tokens": whole // rules.block_tokens * rules.block_tokens}
 

@@ -14,14 +14,17 @@ draws, for each request and from the run's seed, how many verify steps its token
 step's gain drawn from the law), so percentiles spread as acceptance does; between its start and
 its end a decoder's cache grows at its own mean rate.
 """
+import dataclasses
 import heapq
 import json
 from dataclasses import dataclass
 
 import numpy as np
 
+from nn40.accounting import card_kv_bytes_per_token, card_weight_bytes, weight_parts
+from nn40.config import MODELS
 from nn40.errors import UsageError
-from nn40.pricing import steps_to
+from nn40.pricing import NO_DRAFT, DraftMemory, steps_to
 from nn40.replicas import DecodeBatch, DecodeTokens
 
 
@@ -48,6 +51,57 @@ LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
 def lookahead_tokens(method, k):
     """KV tokens a speculating decoder holds beyond its own (Speculation.lookahead)."""
     return k + (k if method in LOOKAHEAD_METHODS else 0)
+
+
+# The drafts' own layers (vLLM loads them on the target's cards, at its TP): EAGLE's head is
+# one decoder layer fed by `fc`, the token's embedding joined with the target's hidden state (2h
+# -> h: vllm/model_executor/models/llama_eagle.py); EAGLE-3's joins three of the target's hidden
+# states (3h -> h), and its layer's q, K and V read the embedding beside them (2h wide:
+# llama_eagle3.py); DeepSeek's MTP module is one layer of the target's kind after its eh_proj (2h
+# -> h: deepseek_mtp.py). Each shares the target's embedding; EAGLE and MTP its LM head too
+# (load_eagle_model shares what the head's checkpoint lacks), EAGLE-3 keeps its own over a draft
+# vocabulary (32,000 tokens: draft_vocab_size of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B).
+FUSED_WIDTHS = {"eagle": 2, "eagle3": 3, "mtp": 2}
+EAGLE3_DRAFT_VOCAB = 32000
+
+
+def draft_config(method, cfg, model=None):
+    """The model a method's drafts run (see FUSED_WIDTHS): EAGLE's and EAGLE-3's head, one dense
+    decoder layer of the target's width with an LM head (EAGLE-3's over its draft vocabulary);
+    an MTP module, one layer of the target's own kind; a draft model, its own preset; an
+    n-gram lookup, none."""
+    if method in ("eagle", "eagle3"):
+        return dataclasses.replace(cfg, layers=1, experts=0, experts_per_token=0,
+                                   shared_experts=0, dense_layers=0, mtp_layers=0,
+                                   ffn_hidden=cfg.ffn_hidden or cfg.expert_ffn,
+                                   vocab=min(cfg.vocab, EAGLE3_DRAFT_VOCAB) if
+                                   method == "eagle3" else cfg.vocab,
+                                   name=f"{cfg.name} {method} head")
+    if method == "mtp":
+        return dataclasses.replace(cfg, layers=1, dense_layers=0, mtp_layers=0,
+                                   name=f"{cfg.name} mtp module")
+    if method == "draft_model":
+        return dataclasses.replace(MODELS[model], weights=cfg.weights, kv_dtype=cfg.kv_dtype)
+    return None
+
+
+def draft_memory(method, draft, tp=1, ep=1):
+    """What the `draft` (draft_config's) keeps on each of the target's cards (DraftMemory): a
+    draft model all its weights; a head its layer and `fc` (FUSED_WIDTHS), less the target's
+    embedding and LM head it shares; and each its KV a token, its layers' in the target's
+    cache. An n-gram lookup keeps nothing."""
+    if draft is None:
+        return NO_DRAFT
+    weights = card_weight_bytes(draft, tp, ep)
+    if method in FUSED_WIDTHS:
+        parts = weight_parts(draft)
+        shared = ("embeddings",) if method == "eagle3" else ("embeddings", "lm_head")
+        split = tp if ep == 1 else 1  # (an expert-parallel card holds every dense weight)
+        own = (FUSED_WIDTHS[method] * draft.hidden ** 2 + (draft.hidden * (
+            draft.q_dim + 2 * draft.kv_dim) if method == "eagle3" else 0)) * \
+            draft.weight_element_bytes
+        weights += (own - sum(n * e for name, (n, e) in parts.items() if name in shared)) / split
+    return DraftMemory(weights, card_kv_bytes_per_token(draft, tp))
 
 
 def geometric_rates(rate, k):

@@ -6,46 +6,33 @@ with speculation (pure simulation)
 import dataclasses
 
 from nn40.capacity import capacity_study
-from nn40.config import GPUS, MODELS, SWEEP_REQUESTS
+from nn40.accounting import kv_bytes_per_token
+from nn40.config import GPUS, SWEEP_REQUESTS
 from nn40.errors import UsageError
 from nn40.host import run_parallel
 from nn40.kv import KVUnfit
 from nn40.loop import simulate_serving
 from nn40.metrics import serving_metrics
-from nn40.pricing import card_costs
+from nn40.memory import kv_budget_bytes
+from nn40.pricing import NO_DRAFT, card_costs, card_kv_terms
 from nn40.profiles import run_profile
 from nn40.runs import timed_task, work_of
-from nn40.speculative import Speculation, SpeculativeCosts, lookahead_tokens
+from nn40.speculative import (
+    Speculation, SpeculativeCosts, draft_config, draft_memory, lookahead_tokens)
 from nn40.workload import seed_for
 
 # the speedup table's concurrencies (requests in flight), up to the replica's seats
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
-def draft_config(method, cfg, model=None):
-    """The model a method's drafts run: EAGLE's and EAGLE-3's head, one dense decoder layer of
-    the target's width with its LM head (EAGLE-3 feeds it the target's fused hidden states);
-    an MTP module, one layer of the target's own kind sharing its embedding and head
-    (DeepSeek-V3's); a draft model, its own preset; an n-gram lookup, none."""
-    if method in ("eagle", "eagle3"):
-        return dataclasses.replace(cfg, layers=1, experts=0, experts_per_token=0,
-                                   shared_experts=0, dense_layers=0,
-                                   ffn_hidden=cfg.ffn_hidden or cfg.expert_ffn,
-                                   name=f"{cfg.name} {method} head")
-    if method == "mtp":
-        return dataclasses.replace(cfg, layers=1, dense_layers=0, name=f"{cfg.name} mtp module")
-    if method == "draft_model":
-        return dataclasses.replace(MODELS[model], weights=cfg.weights, kv_dtype=cfg.kv_dtype)
-    return None
-
-
-def run_speculation(run, k=None, gpu=None, tp=None):
-    """(the run's Speculation with k drafts, default its own; the draft's StepCosts on the
-    run's card at its TP, or on `gpu` at `tp` (a pool's), or None) for --speculative-config.
-    Each draft pass is priced as a pass of its own, the engine's fixed cost a pass included: vLLM's EAGLE proposer runs its k passes
-    one after another, each sampling its token before the next (vllm/v1/spec_decode/eagle.py);
-    priced without it, vLLM's own batch-1 runs are 22-26% slower than C says (see
-    tests/test_speculative.py)."""
+def run_speculation(run, k=None, gpu=None, tp=None, limits=None):
+    """(the run's Speculation with k drafts, default its own; the draft's StepCosts, or None;
+    the KV tokens the cache keeps beside the draft, or None where a flag set them) on the
+    run's card at its TP, or on `gpu` at `tp` with the batch `limits` (a pool's). Each draft
+    pass is priced as a pass of its own, the engine's fixed cost a pass included: vLLM's EAGLE
+    proposer runs its k passes one after another, each sampling its token before the next
+    (vllm/v1/spec_decode/eagle.py); priced without it, vLLM's own batch-1 runs of April 2025
+    are 22-26% slower than C says (see tests/test_speculative.py)."""
     sched, hw = run.scheduler, run.hardware
     k = k or sched.num_speculative_tokens
     spec = Speculation(sched.speculative_method, k, tuple(sched.acceptance_rates[:k]),
@@ -53,14 +40,44 @@ def run_speculation(run, k=None, gpu=None, tp=None):
                        seed_for(run, "speculation"))
     draft = draft_config(spec.method, hw.model, sched.speculative_model)
     if draft is None:
-        return spec, None
-    return spec, card_costs(draft, GPUS[gpu or hw.gpu], run_profile(run), tp or hw.tp,
-                            hw.ep if draft.experts and not tp else 1)
+        return spec, None, None
+    ep = hw.ep if draft.experts and not tp else 1
+    costs = card_costs(draft, GPUS[gpu or hw.gpu], run_profile(run), tp or hw.tp, ep)
+    return spec, costs, drafting_kv_tokens(run, draft, gpu, tp, limits)
 
 
-def speculating(replica, spec, draft):
-    """The replica with its decoders speculating by `spec`, the draft priced by `draft`."""
-    return dataclasses.replace(replica, speculation=spec,
+def drafting_kv_tokens(run, draft, gpu=None, tp=None, limits=None):
+    """The KV tokens left beside the draft's weights, its layers' KV in the same cache
+    (run_draft_memory; card_kv_terms), on the run's card or a pool's; None where --kv-tokens
+    set them. One line where the draft leaves no cache where the model alone has one."""
+    hw, memory = run.hardware, run_draft_memory(run, tp)
+    if run.scheduler.kv_tokens and gpu is None:
+        return None
+    tokens = [card_kv_terms(hw.model, GPUS[gpu], run_profile(run), tp, 1, limits, m)["tokens"]
+              if gpu is not None else
+              int(kv_budget_bytes(run, None, m)[0] // kv_bytes_per_token(hw.model))
+              for m in (memory, NO_DRAFT)]
+    if tokens[0] <= 0 < tokens[1]:
+        raise UsageError(f"--speculative-config: beside {draft.name} "
+                         f"({memory.weight_bytes / 2**30:.2f} GiB of weights a card) no KV "
+                         f"cache fits on {GPUS[gpu or hw.gpu].name} at TP {tp or hw.tp}")
+    return max(tokens[0], 0)
+
+
+def run_draft_memory(run, tp=None):
+    """What the run's draft keeps on each card (draft_memory) at the run's TP and EP, or a
+    pool's `tp`."""
+    sched, hw = run.scheduler, run.hardware
+    draft = draft_config(sched.speculative_method, hw.model, sched.speculative_model)
+    return draft_memory(sched.speculative_method, draft, tp or hw.tp, 1 if tp else hw.ep)
+
+
+def speculating(replica, spec, draft, kv_tokens=None):
+    """The replica with its decoders speculating by `spec`, the draft priced by `draft`, its KV
+    cache `kv_tokens` (None: as it was)."""
+    kv = replica.kv if kv_tokens is None or replica.kv is None else \
+        dataclasses.replace(replica.kv, capacity_tokens=kv_tokens)
+    return dataclasses.replace(replica, speculation=spec, kv=kv,
                                costs=SpeculativeCosts(replica.costs, draft, spec.k))
 
 
@@ -103,6 +120,9 @@ def speculation_study(run, req, replica, arrived):
               "law": spec.law, "acceptance_length": spec.expected_length,
               "lookahead_tokens": spec.lookahead, "draft": None if specs[-1][1] is None else
               specs[-1][1].source, "kv_policy": replica.kv.policy if replica.kv else None,
+              "memory": {**run_draft_memory(run)._asdict(), "kv_tokens": [
+                  r.kv.capacity_tokens if r.kv else None for r in (replica, speculating(
+                      replica, *specs[-1]))]},
               "plain": summary(arrived, sims[0]), "speculative": summary(arrived, sims[1]),
               "concurrency": rows, "crossover": crossovers(rows, len(specs))}
     result["speedup"] = speedup(result["plain"], result["speculative"])
@@ -133,10 +153,10 @@ def capacity_with_speculation(run, req, replica):
     one with the speculating one beside it ("speculating"), or, where no rate meets the SLO
     without speculation but one does with it (a TPOT bound plain decoding cannot reach), the
     speculating one ("plain_misses")."""
-    spec, draft = run_speculation(run)
+    spec, draft, kv_tokens = run_speculation(run)
     about = {"method": spec.method, "k": spec.k}
     plain, _ = capacity_or_why(run, req, replica)
-    fast, fast_error = capacity_or_why(run, req, speculating(replica, spec, draft))
+    fast, fast_error = capacity_or_why(run, req, speculating(replica, spec, draft, kv_tokens))
     if plain is None and fast is None:
         raise fast_error
     if plain is None:

@@ -729,6 +729,12 @@ def speculation_text(T, S):
              spec_table(T, [{"label": T["spec_plain"], **S["plain"]},
                             {"label": T["spec_run"], **S["speculative"]}], SPECULATION_COLUMNS),
              T["spec_speedup"].format(x=S["speedup"]), "", T["spec_by_concurrency"]]
+    memory = S.get("memory")
+    if S["draft"] and memory:
+        lines.insert(1, T["spec_memory"].format(
+            weights=memory["weight_bytes"] / 2**30, kv=memory["kv_bytes_per_token"],
+            **{key: f"{n:,.0f}" if n is not None else T["unlimited"]
+               for key, n in zip(("plain", "spec"), memory["kv_tokens"])}))
     rows = [[f"{row['concurrency']:,}", f"{1e3 * row['plain']['tpot_s']['p50']:,.1f}"] +
             [f"{s['speedup']:.2f}x" for s in row["k"]] + [best["k"]]
             for row, best in zip(S["concurrency"], S["crossover"]["best_k"])]

@@ -328,6 +328,9 @@ TEXT_EN = {**SHARED_TEXT,
     "spec_law_default": "the method's default: {source}",
     "spec_draft": "the drafts by {model}, {k} pass(es) a step on the same card(s)",
     "spec_no_draft": "the drafts looked up in the request's own text (on the CPU: not priced)",
+    "spec_memory": "The draft beside the model on each card: {weights:.2f} GiB of its own "
+                   "weights, {kv:,.0f} bytes of KV a token in the same cache; the KV cache holds "
+                   "{spec} tokens where plain decoding's holds {plain}.",
     "spec_plain": "plain decoding", "spec_run": "speculating",
     "spec_speedup": "speedup at this load: {x:.2f}x (TPOT p50, plain over speculating)",
     "spec_by_concurrency": "The speedup by concurrency (TPOT p50, plain over speculating, with k drafts a "

@@ -278,6 +278,8 @@ TEXT_KO = {**SHARED_TEXT,
     "spec_law_default": "방법의 기본값: {source}",
     "spec_draft": "초안은 {model}, 같은 카드에서 한 단계에 {k}번",
     "spec_no_draft": "초안은 요청 자신의 텍스트에서 찾음 (CPU에서: 비용 없음)",
+    "spec_memory": "카드마다 모델 옆의 초안: 자기 가중치 {weights:.2f} GiB, 같은 캐시에 토큰당 KV "
+                   "{kv:,.0f} 바이트; KV 캐시는 일반 디코딩의 {plain} 토큰 대신 {spec} 토큰을 담는다.",
     "spec_plain": "일반 디코딩", "spec_run": "추측 디코딩",
     "spec_speedup": "이 부하에서 속도 향상: {x:.2f}배 (TPOT p50, 일반 대비 추측)",
     "spec_by_concurrency": "동시 요청 수별 속도 향상 (TPOT p50, 일반 대비 추측, 한 단계에 초안 k개; 그만큼의 "

@@ -22,8 +22,9 @@ from nn40.config import GPUS, MODELS  # noqa: E402
 from nn40.kv import KVBudget  # noqa: E402
 from nn40.loop import simulate_serving  # noqa: E402
 from nn40.pricing import ENGINE_PROFILES, card_costs, card_kv_tokens  # noqa: E402
-from nn40.speculative import DEFAULT_ACCEPTANCE, Speculation, lookahead_tokens  # noqa: E402
-from nn40.speculative_study import draft_config, speculating  # noqa: E402
+from nn40.speculative import (  # noqa: E402
+    DEFAULT_ACCEPTANCE, Speculation, draft_config, lookahead_tokens)
+from nn40.speculative_study import speculating  # noqa: E402
 from nn40.workload import Requests, arrival_times, lognormal_lengths  # noqa: E402
 
 

@@ -127,8 +127,12 @@ def test_each_methods_acceptance_and_draft():
     run = parse_args(EAGLE3)  # (no acceptance given: vLLM's EAGLE-3 baseline)
     assert run.scheduler.acceptance_rates == (0.7296, 0.5208, 0.3545)
     assert run.scheduler.acceptance_law == "eagle3"
-    run = parse_args(EAGLE3[:-1] + ['{"method": "mtp", "num_speculative_tokens": 2}'])
+    mtp = ["--model", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--speculative-config",
+           '{"method": "mtp", "num_speculative_tokens": 2}']
+    run = parse_args(EAGLE3[:-4] + mtp)  # (DeepSeek-V3 ships one MTP module)
     assert run.scheduler.acceptance_rates == pytest.approx((0.85, 0.85 ** 2))
+    with pytest.raises(UsageError, match="llama-3.1-8b ships none"):  # (Llama has no MTP)
+        parse_args(EAGLE3[:-1] + mtp[-1:])
     run = parse_args(EAGLE3[:-1] + ['{"method": "ngram"}', "--acceptance-length", "1.8",
                                     "--num-speculative-tokens", "4"])
     assert run.scheduler.num_speculative_tokens == 4
@@ -183,20 +187,39 @@ def test_a_bad_speculation_is_one_line(args, says, tmp_path, capsys):
 # request's prefill counts in its time), from vllm-project/vllm#16035 (2025-04-09, the V1
 # EAGLE proposer, drafter lmsys/sglang-EAGLE-LLaMA3-Instruct-8B): plain 128.64 output tokens/s;
 # k = 2: 175.49 tokens/s at an acceptance length of 1.89; k = 4: 165.65 at 2.08.
-VLLM_EAGLE_BATCH_1 = [(2, 1.89, 175.49 / 128.64), (4, 2.08, 165.65 / 128.64)]
+VLLM_EAGLE_BATCH_1 = [("llama-3-8b", "eagle", k, length, measured)
+                      for k, length, measured in [(2, 1.89, 175.49 / 128.64),
+                                                  (4, 2.08, 165.65 / 128.64)]]
+# The same author's later runs (vllm-project/vllm#20780, July 2025): Llama-3.1-8B-Instruct at
+# batch 1 on MT-Bench with yuhuili's EAGLE and EAGLE-3 heads for K = 2..7, the acceptance length
+# and TPOT of each beside plain decoding's 7.07 ms (the card is not named; 7.07 ms reads the
+# 16 GB of weights at 2.3 TB/s, an H100 SXM's class, as the author's #16937 runs on an H100).
+VLLM_EAGLE_JULY_2025 = {"eagle": [(2, 2.10, 4.37), (3, 2.29, 4.29), (4, 2.39, 4.48),
+                                  (5, 2.43, 4.71), (6, 2.45, 4.94), (7, 2.47, 5.20)],
+                        "eagle3": [(2, 2.36, 4.32), (3, 2.79, 4.09), (4, 3.08, 4.05),
+                                   (5, 3.32, 4.13), (6, 3.46, 4.20), (7, 3.54, 4.29)]}
+# C prices each draft pass with the engine's whole fixed cost a step (1.05 ms under the vllm
+# profile), as the April runs paid it; by July vLLM drafted EAGLE-1 at about 0.73 ms a pass in
+# all (its step grows 0.73 ms a draft), so C is 11-22% slow on EAGLE-1 from K = 3 (EAGLE-3's
+# passes, at about 1.0 ms, stay within 10%): those rows are expected to fail, strictly
+FASTER_DRAFTING = "vLLM of July 2025 drafts EAGLE-1 faster than a pass priced with its step cost"
+VLLM_EAGLE_BATCH_1 += [
+    pytest.param("llama-3.1-8b", method, k, length, 7.07 / tpot, marks=[pytest.mark.xfail(
+        strict=True, reason=FASTER_DRAFTING)] if method == "eagle" and k >= 3 else [])
+    for method, rows in VLLM_EAGLE_JULY_2025.items() for k, length, tpot in rows]
 
 
-@pytest.mark.parametrize("k, length, measured", VLLM_EAGLE_BATCH_1)
-def test_vllms_batch_1_eagle_runs(k, length, measured):
+@pytest.mark.parametrize("model, method, k, length, measured", VLLM_EAGLE_BATCH_1)
+def test_vllms_batch_1_eagle_runs(model, method, k, length, measured):
     from nn40.config import GPUS
     from nn40.loop import simulate_serving
     from nn40.metrics import serving_metrics
     from nn40.pricing import ENGINE_PROFILES, card_costs
     from nn40.speculative_study import run_speculation, speculating
     from nn40.workload import Requests
-    run = parse_args(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
+    run = parse_args(["--experiments", "C", "--model", model, "--gpu", "h100",
                       "--engine-profile", "vllm", "--speculative-config",
-                      f'{{"method": "eagle", "num_speculative_tokens": {k}}}',
+                      f'{{"method": "{method}", "num_speculative_tokens": {k}}}',
                       "--acceptance-length", str(length)])
     profile = ENGINE_PROFILES["vllm"]
     plain = profile.replica(card_costs(run.hardware.model, GPUS["h100"], profile), slots=1)
@@ -205,9 +228,63 @@ def test_vllms_batch_1_eagle_runs(k, length, measured):
     req = Requests(np.zeros(80), np.full(80, 100), np.full(80, 256))
     tokens_s = [serving_metrics(req, simulate_serving(req, r))["output_tokens_per_s"]
                 for r in (plain, speculating(plain, *run_speculation(run)))]
-    # (C: 1.37x and 1.19x; a draft pass priced without the engine's fixed cost a pass, 1.66x
-    # and 1.63x: 22% and 26% fast)
+    # (#16035: C 1.37x and 1.19x; a draft pass priced without the engine's fixed cost a pass,
+    # 1.66x and 1.63x: 22% and 26% fast. #20780: EAGLE-3 C +1 to +9%; EAGLE-1 -6% at K = 2,
+    # -11 to -22% from K = 3)
     assert tokens_s[1] / tokens_s[0] == pytest.approx(measured, rel=0.10)
+
+
+# SpecDecode-Bench (arXiv 2601.11580: vLLM 0.10.1, one H100, Llama-3.1-8B-Instruct, chain
+# drafting of k = 3, every default optimisation on; the speedup is throughput with speculation
+# over throughput without, at a batch of that many requests) says in its text: "for EAGLE on
+# ShareGPT, going from batch 1 to 32 reduces speedup by 4.3% on the 8B model", and "by batch
+# size 128, this drops to 1.21x for Llama-3.1-8B on GSM8K". The acceptance is its own published
+# data (SpecDecode-Bench/simulator @2fdccbd, data/llama3.1-8B/combined_{sharegpt,gsm8k}.jsonl:
+# each generated position's acc_len, the tokens a step from there would emit, bonus included):
+# a 3-draft chain walked over them accepts by position 0.6215, 0.3811, 0.2516 on ShareGPT (310
+# requests, 355 prompt and 728 generated tokens on average) and 0.6749, 0.4366, 0.2793 on GSM8K
+# (300; 94 and 166). C says 0.963 of batch 1's speedup at 32 on ShareGPT (0.957 measured), but
+# 0.98x at 128 on GSM8K against 1.21x: its verify pass of 512 tokens is compute-bound at the
+# profile's matmul share, which the engine beat; that row is expected to fail, strictly.
+SPECDECODE_BENCH = {"sharegpt": ((0.6215, 0.3811, 0.2516), 355, 728),
+                    "gsm8k": ((0.6749, 0.4366, 0.2793), 94, 166)}
+
+
+def specdecode_bench_speedup(dataset, batch):
+    """C's throughput speedup of EAGLE (k = 3) on Llama-3.1-8B on an H100 under the vllm
+    profile, `batch` requests in flight (4 x batch, at least 40, all waiting at t=0) of the
+    dataset's mean lengths, its paged cache the engine's."""
+    from nn40.config import GPUS
+    from nn40.kv import KVBudget
+    from nn40.loop import simulate_serving
+    from nn40.metrics import serving_metrics
+    from nn40.pricing import ENGINE_PROFILES, card_costs, card_kv_tokens
+    from nn40.speculative_study import run_speculation, speculating
+    from nn40.workload import Requests
+    rates, prompt, output = SPECDECODE_BENCH[dataset]
+    run = parse_args(["--experiments", "C", "--model", "llama-3.1-8b", "--gpu", "h100",
+                      "--engine-profile", "vllm", "--speculative-config",
+                      '{"method": "eagle", "num_speculative_tokens": 3}',
+                      "--acceptance-rates", ",".join(map(str, rates))])
+    cfg, card, profile = run.hardware.model, GPUS["h100"], ENGINE_PROFILES["vllm"]
+    kv = KVBudget("paged", card_kv_tokens(cfg, card, profile), 16)
+    plain = profile.replica(card_costs(cfg, card, profile), slots=batch, chunk_tokens=8192,
+                            kv=kv)
+    n = max(4 * batch, 40)
+    req = Requests(np.zeros(n), np.full(n, prompt), np.full(n, output))
+    tokens_s = [serving_metrics(req, simulate_serving(req, r))["output_tokens_per_s"]
+                for r in (plain, speculating(plain, *run_speculation(run)))]
+    return tokens_s[1] / tokens_s[0]
+
+
+def test_specdecode_benchs_fall_from_batch_1_to_32():
+    fall = specdecode_bench_speedup("sharegpt", 32) / specdecode_bench_speedup("sharegpt", 1)
+    assert fall == pytest.approx(1 - 0.043, abs=0.03)  # (C: 0.963; within 15% too)
+
+
+@pytest.mark.xfail(strict=True, reason="C's verify pass of 512 tokens is dearer than vLLM's")
+def test_specdecode_benchs_speedup_at_batch_128():
+    assert specdecode_bench_speedup("gsm8k", 128) == pytest.approx(1.21, rel=0.15)
 
 
 def test_the_capacity_answer_speculates_where_plain_decoding_cannot(tmp_path, capsys):
@@ -271,3 +348,93 @@ def test_a_prefix_cache_keeps_speculating_decoders_books(policy, block):
         assert sim.kv.free.blocks() == 600 // block
         preempted += result["kv"]["preemptions"]
     assert preempted > 50
+
+
+def test_a_drafts_weights_and_kv_by_hand():
+    # what each draft keeps on an H100 beside Llama-3.1-8B (bf16; h 4096, K/V 1024 wide, MLP
+    # 14336): EAGLE's head one layer and its fc (2h -> h), the target's embedding and LM head
+    # shared; EAGLE-3's one layer whose q, K, V also read the embedding (2h wide), its fc (3h ->
+    # h) and its own LM head over 32,000 draft tokens; both one layer of K and V a token
+    from nn40.config import MODELS
+    from nn40.speculative import draft_config, draft_memory
+    cfg, h = MODELS["llama-3.1-8b"], 4096
+    layer = 2 * h * h + 2 * h * 1024 + 3 * h * 14336 + 2 * h  # (and its two norms)
+    eagle = draft_memory("eagle", draft_config("eagle", cfg))
+    assert eagle.weight_bytes == 2 * (layer + h + 2 * h * h)  # (+ the final norm, the fc)
+    eagle3 = draft_memory("eagle3", draft_config("eagle3", cfg))
+    assert eagle3.weight_bytes == 2 * (layer + h + 3 * h * h + h * (h + 2048) + 32000 * h)
+    assert eagle.kv_bytes_per_token == eagle3.kv_bytes_per_token == 2 * 1024 * 2
+    # a draft model keeps all of itself: Llama-3.2-1B's 2.47 GB and 16 layers of K and V
+    small = draft_memory("draft_model", draft_config("draft_model", cfg, "llama-3.2-1b"))
+    assert small.weight_bytes == pytest.approx(2.4716e9, rel=1e-4)
+    assert small.kv_bytes_per_token == 16 * 2 * 512 * 2
+    assert draft_memory("ngram", draft_config("ngram", cfg)) == (0.0, 0.0)
+    # at TP 2 each card holds half of a head's matmuls, all of its norms
+    half = draft_memory("eagle", draft_config("eagle", cfg), tp=2)
+    assert half.weight_bytes == pytest.approx(eagle.weight_bytes / 2, rel=1e-3)
+
+
+@pytest.mark.parametrize("profile", ["vllm", "sglang", "tensorrt-llm"])
+def test_the_draft_takes_its_share_of_the_kv_cache(profile):
+    # the draft's weights come off what the engine leaves the cache (vLLM and SGLang subtract
+    # them as they do the target's; the fraction rule takes its fraction of what is left) and
+    # each cached token holds the draft's K and V beside the target's
+    from nn40.config import GPUS, MODELS
+    from nn40.pricing import ENGINE_PROFILES, DraftMemory, card_kv_terms
+    cfg, card, rules = MODELS["llama-3.1-8b"], GPUS["h100"], ENGINE_PROFILES[profile]
+    plain = card_kv_terms(cfg, card, rules)
+    heavy = card_kv_terms(cfg, card, rules, draft=DraftMemory(2e9, 0.0))
+    share = rules.kv_fraction if rules.rules == "fraction" else 1.0
+    assert plain["kv"] - heavy["kv"] == pytest.approx(2e9 * share)
+    assert heavy["weights"] == plain["weights"] and heavy["draft_weights"] == 2e9
+    wide = card_kv_terms(cfg, card, rules, draft=DraftMemory(0.0, 131072.0))  # (as much again)
+    assert wide["tokens"] == plain["kv"] // (2 * 131072) // 16 * 16 if profile != \
+        "tensorrt-llm" else wide["tokens"] == int(plain["kv"] // (2 * 131072))
+
+
+def test_the_speculating_replica_keeps_the_cache_its_draft_leaves(tmp_path):
+    # C's run: the plain replica's cache against the speculating one's, a draft model taking a
+    # quarter of it (Llama-3.2-1B's KV is a quarter of Llama-3.1-8B's a token, and its 2.5 GB)
+    S.main(EAGLE3[:-1] + ['{"method": "draft_model", "model": "llama-3.2-1b", '
+                          '"num_speculative_tokens": 2}', "--acceptance-length", "2",
+                          "--requests", "60", "--no-figures", "--out", str(tmp_path)])
+    memory = json.loads((tmp_path / "results.json").read_text())["C"]["speculation"]["memory"]
+    plain, spec = memory["kv_tokens"]
+    assert 0.74 < spec / plain < 0.78
+    # an n-gram lookup keeps nothing on the card; --kv-tokens sets the cache whatever the draft
+    for flags in (['{"method": "ngram"}', "--acceptance-length", "1.5"],
+                  ['{"method": "eagle3"}', "--kv-tokens", "50000"]):
+        S.main(EAGLE3[:-1] + flags + ["--requests", "60", "--no-figures", "--out",
+                                      str(tmp_path / flags[0][12:17])])
+        memory = json.loads((tmp_path / flags[0][12:17] / "results.json").read_text())
+        plain, spec = memory["C"]["speculation"]["memory"]["kv_tokens"]
+        assert plain == spec
+
+
+def test_a_draft_that_leaves_no_cache_is_one_line(tmp_path, capsys):
+    # Llama-3.1-8B drafting for itself on a 24 GB card: 2 x 16 GB of weights
+    with pytest.raises(SystemExit) as e:
+        S.main(["--experiments", "C", "--model", "llama-3.1-8b", "--gpu", "rtx-4090",
+                "--speculative-config", '{"method": "draft_model", "model": "llama-3.1-8b"}',
+                "--acceptance-length", "2", "--out", str(tmp_path)])
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no KV cache fits on RTX 4090" in err[0], err
+
+
+def test_mtp_needs_the_models_own_module(tmp_path):
+    # a config.json's num_nextn_predict_layers says whether the model ships MTP modules
+    shape = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 1024,
+             "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 32000,
+             "max_position_embeddings": 4096, "intermediate_size": 2816}
+    for layers in (1, 0):
+        path = tmp_path / f"m{layers}" / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({**shape, "num_nextn_predict_layers": layers}))
+        argv = ["--experiments", "C", "--model-config", str(path), "--gpu", "h100",
+                "--speculative-config", '{"method": "mtp"}']
+        if layers:
+            assert parse_args(argv).hardware.model.mtp_layers == 1
+        else:
+            with pytest.raises(UsageError, match="ships none"):
+                parse_args(argv)
