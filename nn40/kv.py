@@ -113,9 +113,9 @@ class KVManager:
         """What the run's result adds of the cache (a prefix cache's hits)."""
         return {}
 
-    def load_s(self, seq):
-        """The seconds seq, just admitted, waits for KV loaded into the card before its first
-        step (a host tier's), parked, while the others run on (then 0: loaded once)."""
+    def load_s(self, seq, t):
+        """The seconds seq, just admitted at `t`, waits for KV loaded into the card before its
+        first step (a host tier's), parked, while the others run on (then 0: loaded once)."""
         return 0.0
 
     def blocks(self, tokens):
@@ -474,6 +474,7 @@ class PrefixCache(PagedBlocks):
         # prompt tokens at first admissions (asked, found per tier), blocks evicted, hits readmitted
         self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
         self.load_wait_s = 0.0  # seconds requests waited, parked, for their host tier's loads
+        self.link_free_s = 0.0  # when the host link has carried every load asked of it
         self.hits = {}  # request -> tokens hit at its first admission
         self.of = {}  # Seq -> its CachedBlocks, while it runs
         self.own = set()  # preempted requests, whose own blocks are keyed (keys_of) till they end
@@ -605,12 +606,17 @@ class PrefixCache(PagedBlocks):
                 self.register(blocks, seq.num_cached + c * k)
         return integral
 
-    def load_s(self, seq):
+    def load_s(self, seq, t):
         """Its hit blocks in the host tier load asynchronously (vLLM's offloading connector
         and LMCache: the request waits for its KV, the batch runs on), over the card's host link
-        at a DMA copy's share."""
+        at a DMA copy's share, one load after another (the link is one: loads admitted
+        together queue on it, as the connector's transfers share the card's copy engine)."""
         loading = self.of[seq].loading
-        wait = self.host_token_s * loading
+        if not loading:
+            return 0.0
+        start = max(self.link_free_s, t)
+        self.link_free_s = start + self.host_token_s * loading
+        wait = start - t + self.host_token_s * loading
         self.load_wait_s += wait
         return wait
 

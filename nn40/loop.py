@@ -155,7 +155,7 @@ class Admission:
             if self.tracks:
                 kv.join(seq)  # (after the join: it reads the decoder's start)
             return 0
-        wait = kv.load_s(seq) if kv.loads else 0.0
+        wait = kv.load_s(seq, self.t) if kv.loads else 0.0
         if wait:
             self.parked.append((self.t + wait, seq))
             self.parked_cached += seq.num_cached
