@@ -457,7 +457,9 @@ class ServingSim(Admission):
     def result(self):
         """The run's record (the ledger's times, and the tokens generated) with own_result."""
         generated = {"generated": np.array(self.ledger.generated)} if self.tracks else {}
-        return {"times": self.ledger.times(), **self.own_result(), **generated}
+        verify = getattr(self.decode, "verify", None)  # (a speculating replica's steps)
+        verified = {} if verify is None else {"verify_steps": np.array(verify)}
+        return {"times": self.ledger.times(), **self.own_result(), **generated, **verified}
 
     def own_result(self):
         """Its own counts, no per-request arrays (a pool's replica returns these alone)."""

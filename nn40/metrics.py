@@ -25,6 +25,19 @@ def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
     return metrics
 
 
+def itl_mean_s(sim):
+    """The mean inter-token latency over every gap between the chunks a stream delivers, as
+    `vllm bench serve` averages it: the decode time of all requests over their chunks after
+    the first, a speculating replica's verify steps (each delivers what it accepted at once),
+    else one a token."""
+    times = sim["times"]
+    chunks = sim.get("verify_steps")
+    if chunks is None:
+        chunks = np.maximum(times.output - 1, 0)
+    total = int(np.sum(chunks))
+    return float(np.sum(times.finish - times.first_token) / total) if total else None
+
+
 def slo_met(times, slo_ttft_s=None, slo_tpot_s=None):
     """(which requests meet the TTFT bound, which the TPOT bound): boolean arrays, all true
     where there is no bound; a request of one token has no TPOT and meets it."""

@@ -225,13 +225,14 @@ class SpeculativeBatch(DecodeBatch):
     from preemption draws again for what it has left), its cache growing at its own mean rate
     (seq.rate tokens a step) from its start to its end. (Tokens held are fractional between the
     two: a fluid account of what the drawn steps emit.)"""
-    __slots__ = ("spec", "output", "drawn", "rng")
+    __slots__ = ("spec", "output", "drawn", "rng", "verify")
 
     def __init__(self, spec, output):
         super().__init__(spec.decode_tokens)
         self.spec, self.output, self.drawn = spec, output, spec.steps_for(output)
         self.rng = np.random.default_rng(spec.seed + 1)  # (a preempted request's redraws)
         self.gains = spec.k + 1  # (the most a step gains: what a queue's room estimate takes)
+        self.verify = [0] * len(output)  # each request's verify steps run
 
     def join(self, seqs, steps):
         ends, base_sum, growth = self.ends, self.base_sum, self.growth
@@ -243,12 +244,18 @@ class SpeculativeBatch(DecodeBatch):
             seq.rate = n / drawn
             seq.decode_base = seq.num_cached - seq.rate * steps
             seq.end_step = steps + drawn
+            self.verify[seq.id] += drawn  # (less those a preemption cuts off: see leave)
             base_sum += seq.decode_base
             growth += seq.rate
             heapq.heappush(ends, (seq.end_step, seq.admitted))
         self.size += len(seqs)
         self.tokens += self.runs * len(seqs)
         self.growth, self.base_sum = growth, base_sum
+
+    def leave(self, seq, steps):
+        """(DecodeBatch.leave, the verify steps it did not run taken off its count.)"""
+        self.verify[seq.id] -= max(seq.end_step - steps, 0)
+        return super().leave(seq, steps)
 
     def emitted(self, seq, cached):
         """The whole tokens it has emitted (its `cached` is its fluid account: what the cache

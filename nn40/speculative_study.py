@@ -12,7 +12,7 @@ from nn40.errors import UsageError
 from nn40.host import run_parallel
 from nn40.kv import KVUnfit
 from nn40.loop import simulate_serving
-from nn40.metrics import serving_metrics
+from nn40.metrics import itl_mean_s, serving_metrics
 from nn40.memory import kv_budget_bytes
 from nn40.pricing import NO_DRAFT, card_costs, card_kv_terms
 from nn40.profiles import run_profile
@@ -84,8 +84,9 @@ def speculating(replica, spec, draft, kv_tokens=None):
 def summary(req, sim):
     """What the speculation tables read of a run."""
     m = serving_metrics(req, sim)
-    return {key: m[key] for key in ("throughput_rps", "output_tokens_per_s", "ttft_s", "tpot_s",
-                                    "e2e_s", "steps", "makespan_s")}
+    return {**{key: m[key] for key in ("throughput_rps", "output_tokens_per_s", "ttft_s",
+                                       "tpot_s", "e2e_s", "steps", "makespan_s")},
+            "itl_s": {"mean": itl_mean_s(sim)}}
 
 
 def speculation_study(run, req, replica, arrived):

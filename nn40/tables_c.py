@@ -703,7 +703,7 @@ def placement_table(T, R):
 
 SPECULATION_COLUMNS = [("policy", "label", "text"), ("steps", "steps", ","),
                        ("tokens_per_s", "output_tokens_per_s", ",.0f")] + \
-    latency_columns("p50", "p99")
+    latency_columns("p50", "p99") + latency_columns("mean", keys=("itl",))
 
 
 def speculation_law_text(T, S):

@@ -29,7 +29,8 @@ recipes:
 
 SHARED_TEXT = {  # the same in every language: units, acronyms, names
     "cuda": ", CUDA {cuda}", "gbs": "GB/s", "mbu": "MBU", "mfu": "MFU",
-    "metric_ttft": "TTFT", "metric_tpot": "TPOT", "metric_e2e": "E2E", "stat_p50": "p50",
+    "metric_ttft": "TTFT", "metric_tpot": "TPOT", "metric_e2e": "E2E", "metric_itl": "ITL",
+    "stat_p50": "p50",
     "stat_p90": "p90", "stat_p99": "p99", "unit_ms": "ms",
     "source_file": "{path}", "memory_flag": "--kv-memory-gb",
     "memory_tokens": "--kv-tokens {tokens:,}",

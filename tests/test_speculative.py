@@ -107,6 +107,10 @@ def test_c_prints_the_speculating_run_beside_the_plain_one(tmp_path, capsys):
     # TPOT falls by about E / (1 + the draft's share of a step), more than 1.5x
     assert spec["speedup"] > 1.5 and spec["speculative"]["tpot_s"]["p50"] < \
         spec["plain"]["tpot_s"]["p50"] / 1.5
+    # a stream's chunks: one token each plain (ITL is TPOT), 2.6 a verify step speculating
+    plain, fast = spec["plain"], spec["speculative"]
+    assert plain["itl_s"]["mean"] == pytest.approx(plain["tpot_s"]["p50"], rel=0.02)
+    assert 2.4 < fast["itl_s"]["mean"] / fast["tpot_s"]["p50"] < 2.8
     # the speedup falls with the concurrency (within the draws' noise) and turns below 1 with
     # 3 drafts, where the step is compute-bound and 4 tokens a decoder cost about 4 times one
     # while a step emits 2.6
@@ -438,3 +442,23 @@ def test_mtp_needs_the_models_own_module(tmp_path):
         else:
             with pytest.raises(UsageError, match="ships none"):
                 parse_args(argv)
+
+
+def test_itl_is_the_gap_between_chunks_by_hand():
+    # an answer of 5 tokens, every pass 1 s: plain, its first token at 1 s then one a step, 4
+    # gaps of 1 s; speculating one draft always accepted (an n-gram lookup: no draft pass), its
+    # 4 tokens in 2 verify steps of 2: the stream's 2 gaps are 1 s each, TPOT 0.5 s
+    from nn40.loop import simulate_serving
+    from nn40.metrics import itl_mean_s
+    from nn40.pricing import StepCosts
+    from nn40.replicas import Replica
+    from nn40.speculative import Speculation, SpeculativeCosts
+    from nn40.workload import Requests
+    req, costs = Requests(np.zeros(1), np.array([4]), np.array([5])), \
+        StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
+    plain = simulate_serving(req, Replica(1, costs))
+    assert "verify_steps" not in plain and itl_mean_s(plain) == 1.0
+    spec = Speculation("ngram", 1, (1.0,), "given", 1, seed=0)
+    fast = simulate_serving(req, Replica(1, SpeculativeCosts(costs, None, 1), speculation=spec))
+    assert fast["verify_steps"].tolist() == [2] and fast["times"].finish.tolist() == [3.0]
+    assert itl_mean_s(fast) == 1.0 and fast["times"].tpot().tolist() == [0.5]
