@@ -52,6 +52,7 @@ from nn40.kv import KVUnfit
 from nn40.modes import MODES
 from nn40.profiles import engine_profile
 from nn40.runs import kv_setup, run_step_costs
+from nn40.speculative_study import check_drafting_fits
 from nn40.tables import ceilings_line, describe, dtype_probe_line, machine_warnings
 from nn40.tables_c import format_tables
 from nn40.text_ko import TEXT
@@ -194,6 +195,7 @@ def prepare_run(args):
     if not run.hardware.device:  # C alone: no device, no torch
         requests = make_requests(run)
         kv = kv_setup(run, requests, None)
+        check_drafting_fits(run, requests, kv[1])
         prepare_out_dir(run.output.out)
         return run, None, Inputs(requests, kv, None, None), {}
     import torch
@@ -214,6 +216,7 @@ def prepare_run(args):
     if "C" in run.measurement.experiments:
         requests = make_requests(run)
         kv = kv_setup(run, requests, device_memory(device))
+        check_drafting_fits(run, requests, kv[1])
     lengths, arrival = engine_requests(run) if "D" in run.measurement.experiments else (None, None)
     if lengths is not None:  # D's cache must hold the longest request
         check_engine(run, lengths)

@@ -27,21 +27,25 @@ SHAPES_EACH = 3  # the smallest shapes that run, per role (a TP x PP of fewer ca
 def role_shapes(run, req, role, gpu):
     """The (TP, PP) a role's replica can run at on `gpu` (TP divides the heads, the weights
     fit, and its KV cache holds each of the requests alone: a prefill replica their prompts
-    and first tokens), fewest cards first: the SHAPES_EACH smallest."""
+    and first tokens; a speculating one with its draft beside it, at PP 1), fewest cards
+    first: the SHAPES_EACH smallest."""
     cfg, profile = run.hardware.model, run_profile(run)
     held = dataclasses.replace(req, output=np.ones_like(req.output)) if role == "prefill" \
         else req
+    speculates = run.scheduler.speculative_method and role != "prefill"
     fits = []
     for tp in SHAPES_TP:
-        for pp in SHAPES_PP:
+        for pp in SHAPES_PP[:1] if speculates else SHAPES_PP:
             shape = Role(role, 1, tp, pp, gpu)
             try:
                 check_roles(cfg, [shape] if role == "colocated" else [
                     shape._replace(role="prefill"), shape._replace(role="decode")],
                     profile=profile)
+                replica = role_replica(run, shape, req.output)  # (a draft may leave no cache)
             except UsageError:
                 continue
-            if not check_kv_budget(held, role_replica(run, shape, req.output).kv):
+            ahead = replica.speculation.lookahead if replica.speculation else 0
+            if not check_kv_budget(held, replica.kv, ahead):
                 fits.append((tp * pp, pp, tp))
     return [(tp, pp) for _, pp, tp in sorted(fits)[:SHAPES_EACH]]
 

@@ -532,9 +532,10 @@ def serving_limits(run, args):
     slots, chunk, source = run.scheduler.slots, run.scheduler.chunk_tokens, "post"
     if run.hardware.gpu:
         profile = run_profile(run)
+        drafting = args.speculative_config and args.speculative_config["method"]
         slots, chunk, source = ENGINE_RULES[profile.rules].defaults(
             profile, stage_model(run.hardware.model, run.hardware.pp), GPUS[run.hardware.gpu],
-            run.hardware.tp, run.hardware.ep)
+            run.hardware.tp, run.hardware.ep, drafting)
     if args.slots or args.chunk_tokens:
         source = "flag" if args.slots and args.chunk_tokens else source + "+flag"
     return {"serve_slots": args.slots or slots, "serve_chunk_tokens": args.chunk_tokens or chunk,

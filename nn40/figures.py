@@ -580,6 +580,8 @@ def plot_speculation(results, path):
     S = results["C"].get("speculation")
     if not S:
         return "needs --speculative-config"
+    if S["speedup"] is None:
+        return "no request decodes past its first token"
     rows = S["concurrency"]
     x = [row["concurrency"] for row in rows]
     fig, ax = plt.subplots(figsize=(8, 4.2))

@@ -118,6 +118,9 @@ class KVManager:
         first step (a host tier's), parked, while the others run on (then 0: loaded once)."""
         return 0.0
 
+    def cancel_load(self, seq, t):
+        """Seq, parked for its load, leaves at `t` (preempted) before its KV has landed."""
+
     def blocks(self, tokens):
         """Tokens rounded up to whole blocks (a number or an array): the one rounding."""
         return -(-tokens // self.block) * self.block
@@ -475,6 +478,7 @@ class PrefixCache(PagedBlocks):
         self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
         self.load_wait_s = 0.0  # seconds requests waited, parked, for their host tier's loads
         self.link_free_s = 0.0  # when the host link has carried every load asked of it
+        self.on_link = {}  # Seq -> (start, end) of its load on the link, till it lands
         self.hits = {}  # request -> tokens hit at its first admission
         self.of = {}  # Seq -> its CachedBlocks, while it runs
         self.own = set()  # preempted requests, whose own blocks are keyed (keys_of) till they end
@@ -552,6 +556,7 @@ class PrefixCache(PagedBlocks):
         """Seq's blocks loaded from the host tier have landed: cached from now on (vLLM
         delays caching blocks still to be received), the host tier not told again."""
         blocks = self.of[seq]
+        self.on_link.pop(seq, None)
         if blocks.loading:
             self.register(blocks, seq.num_cached, store=False)
             blocks.loading = 0
@@ -616,9 +621,18 @@ class PrefixCache(PagedBlocks):
             return 0.0
         start = max(self.link_free_s, t)
         self.link_free_s = start + self.host_token_s * loading
+        self.on_link[seq] = (start, self.link_free_s)
         wait = start - t + self.host_token_s * loading
         self.load_wait_s += wait
         return wait
+
+    def cancel_load(self, seq, t):
+        """The time its load had not yet taken comes off its wait, and off the link where its
+        load was the last queued there (a load queued behind it keeps its slot)."""
+        start, end = self.on_link.pop(seq, (t, t))
+        self.load_wait_s -= max(end - max(start, t), 0.0)
+        if end == self.link_free_s:
+            self.link_free_s = max(start, t)
 
     def preempt(self, seq, ctx):
         """Its own blocks keep keys it will find when it comes back (keys_of)."""

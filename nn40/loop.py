@@ -414,6 +414,7 @@ class ServingSim(Admission):
             if self.parked and any(s is seq for _, s in self.parked):  # (parked: preempted)
                 self.parked = [(ready, s) for ready, s in self.parked if s is not seq]
                 self.parked_cached -= seq.num_cached
+                self.kv.cancel_load(seq, self.t)
             elif seq.prompt_left:
                 self.prefill.leave(seq)
             to_emit, cached = seq.to_emit, seq.num_cached
@@ -457,9 +458,9 @@ class ServingSim(Admission):
     def result(self):
         """The run's record (the ledger's times, and the tokens generated) with own_result."""
         generated = {"generated": np.array(self.ledger.generated)} if self.tracks else {}
-        verify = getattr(self.decode, "verify", None)  # (a speculating replica's steps)
-        verified = {} if verify is None else {"verify_steps": np.array(verify)}
-        return {"times": self.ledger.times(), **self.own_result(), **generated, **verified}
+        chunks = getattr(self.decode, "chunks", None)  # (a speculating replica's streams)
+        chunked = {} if chunks is None else {"chunks": np.array(chunks)}
+        return {"times": self.ledger.times(), **self.own_result(), **generated, **chunked}
 
     def own_result(self):
         """Its own counts, no per-request arrays (a pool's replica returns these alone)."""

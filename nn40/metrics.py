@@ -28,10 +28,11 @@ def serving_metrics(req, sim, slo_ttft_s=None, slo_tpot_s=None):
 def itl_mean_s(sim):
     """The mean inter-token latency over every gap between the chunks a stream delivers, as
     `vllm bench serve` averages it: the decode time of all requests over their chunks after
-    the first, a speculating replica's verify steps (each delivers what it accepted at once),
-    else one a token."""
+    the first (a speculating replica's: its verify steps, each delivering what it accepted at
+    once, and the token of each prefill that brings a preempted request back), else one a
+    token."""
     times = sim["times"]
-    chunks = sim.get("verify_steps")
+    chunks = sim.get("chunks")
     if chunks is None:
         chunks = np.maximum(times.output - 1, 0)
     total = int(np.sum(chunks))

@@ -117,6 +117,11 @@ def check_placement(run):
     except UsageError as e:
         raise UsageError(f"the colocated replicas run beside the pools (--tp, --pp, --gpu): "
                          f"{e}") from None
+    if run.scheduler.speculative_method:  # (a draft leaving a speculating pool no cache)
+        for role in roles + twin:
+            if role.role != "prefill":
+                run_speculation(run, gpu=role.gpu, tp=role.tp,
+                                limits=role_limits(run, role, profile))
     return roles, twin, placement_link(run, roles)
 
 
@@ -124,10 +129,11 @@ def role_limits(run, role, profile):
     """A role's seats and step budget: --slots and --chunk-tokens where given, else the
     engine's defaults on the role's card and TP (EngineRules.defaults)."""
     hw, rules = run.hardware, ENGINE_RULES[profile.rules]
-    stage = stage_model(hw.model, role.pp)
-    own = rules.defaults(profile, stage, GPUS[role.gpu], role.tp, 1)[:2]
+    stage, drafting = stage_model(hw.model, role.pp), run.scheduler.speculative_method
+    own = rules.defaults(profile, stage, GPUS[role.gpu], role.tp, 1,
+                         drafting if role.role != "prefill" else None)[:2]
     run_own = rules.defaults(profile, stage_model(hw.model, hw.pp), GPUS[hw.gpu], hw.tp,
-                             hw.ep)[:2]  # (what the run's limits were resolved against)
+                             hw.ep, drafting)[:2]  # (what the run's limits were resolved against)
     served = (run.scheduler.serve_slots, run.scheduler.serve_chunk_tokens)
     return tuple(s if s != d else o for s, d, o in zip(served, run_own, own))
 

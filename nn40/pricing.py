@@ -240,9 +240,16 @@ class EngineRules:
     granule the engine allocates its cache in (the tokens are rounded down to it)."""
     name, block_tokens = "fraction", 1
 
-    def defaults(self, profile, cfg, card, tp, ep):
-        """(max_num_seqs, max_num_batched_tokens, where they come from) on `card`."""
+    def defaults(self, profile, cfg, card, tp, ep, drafting=None):
+        """(max_num_seqs, max_num_batched_tokens, where they come from) on `card`, where a
+        speculative method is `drafting` (None: none)."""
         return profile.max_batch, profile.max_tokens, "profile"
+
+    def draft_terms(self, profile, card, tp, draft):
+        """(the profile the cache is sized under, bytes of weights and bytes a cached token
+        the draft (DraftMemory) adds to the model's): vLLM's, its weights loaded before the
+        cache is sized and its layers' K and V in the same cache (see card_kv_terms)."""
+        return profile, draft.weight_bytes, draft.kv_bytes_per_token
 
     def kv_terms(self, profile, cfg, card, tp, weights, limits):
         """{term: bytes per card, ..., "kv": what the KV cache gets} with `weights` bytes of
@@ -262,7 +269,7 @@ class FractionRules(EngineRules):
 class VLLMRules(EngineRules):
     name, block_tokens = "vllm", 16  # (whole blocks of 16: kv_cache_utils.py)
 
-    def defaults(self, profile, cfg, card, tp, ep):
+    def defaults(self, profile, cfg, card, tp, ep, drafting=None):
         large = card.memory_bytes >= 70 * 2**30 and "A100" not in card.name
         return (1024, 8192, "vllm_large") if large else (256, 2048, "vllm_small")
 
@@ -288,8 +295,18 @@ class SGLangRules(EngineRules):
                 return chunk, graphs[tp >= 4]
         return 16384, 512
 
-    def fraction(self, profile, card, tp):
-        """mem_fraction_static: the profile's, else (None) SGLang's default for the card."""
+    # A speculating server (srt/server_args.py): mem_fraction_static leaves more for the draft,
+    # 2 GiB for EAGLE-type heads and MTP, 6 GiB for a draft model (STANDALONE), none for an
+    # n-gram lookup; the draft worker keeps its own pool of as many tokens as the target's
+    # (srt/model_executor/model_runner.py, draft_runner_cache_size), so the target's cache is
+    # sized by its own bytes a token; and max_running_requests defaults to 48 for the EAGLE
+    # family (EAGLE, EAGLE-3, MTP as NEXTN, STANDALONE).
+    DRAFT_RESERVE_MIB = {"eagle": 2048, "eagle3": 2048, "mtp": 2048, "draft_model": 6144}
+    DRAFTING_RUNNING = 48
+
+    def fraction(self, profile, card, tp, draft_mib=0):
+        """mem_fraction_static: the profile's, else (None) SGLang's default for the card, less
+        `draft_mib` more reserved for a speculative draft."""
         if profile.kv_fraction is not None:
             return profile.kv_fraction
         chunk, graphs = self.chunk_and_graphs(card, tp)
@@ -297,14 +314,24 @@ class SGLangRules(EngineRules):
         reserve = 512 + max(chunk, 2048) * 1.5 + graphs * 2 + tp / 8 * 1024
         if mib > 60 * 1024:
             reserve = max(reserve, 10 * 1024)
-        return round((mib - reserve) / mib, 3)
+        return round((mib - reserve - draft_mib) / mib, 3)
 
-    def defaults(self, profile, cfg, card, tp, ep):
+    def defaults(self, profile, cfg, card, tp, ep, drafting=None):
+        chunk = self.chunk_and_graphs(card, tp)[0]
+        if drafting in self.DRAFT_RESERVE_MIB:
+            return self.DRAFTING_RUNNING, chunk, "sglang_drafting"
         weights = card_weight_bytes(cfg, tp, ep)
         pool = self.kv_terms(profile, cfg, card, tp, weights, None)["kv"] / \
             card_kv_bytes_per_token(cfg, tp)
         running = min(max(int(pool / cfg.max_positions * 512), 2048), 4096)
-        return running, self.chunk_and_graphs(card, tp)[0], "sglang"
+        return running, chunk, "sglang"
+
+    def draft_terms(self, profile, card, tp, draft):
+        reserve = self.DRAFT_RESERVE_MIB.get(draft.method, 0)
+        if profile.kv_fraction is None and reserve:
+            profile = dataclasses.replace(profile, kv_fraction=self.fraction(profile, card, tp,
+                                                                              reserve))
+        return profile, 0.0, 0.0
 
     def kv_terms(self, profile, cfg, card, tp, weights, limits):
         fraction = self.fraction(profile, card, tp)
@@ -418,10 +445,12 @@ def card_costs(cfg, card, profile=None, tp=1, ep=1):
 
 class DraftMemory(NamedTuple):
     """What a speculative draft keeps on each card beside the model it drafts for: its own
-    weights (what it does not share with the target) and its KV, bytes a token, in the same
-    cache (see nn40.speculative.draft_memory)."""
+    weights (what it does not share with the target) and its KV, bytes a token, and its
+    method (see nn40.speculative.draft_memory; each engine's rule charges them its way:
+    EngineRules.draft_terms)."""
     weight_bytes: float = 0.0
     kv_bytes_per_token: float = 0.0
+    method: str = None
 
 
 NO_DRAFT = DraftMemory()
@@ -437,17 +466,19 @@ def card_kv_terms(cfg, card, profile, tp=1, ep=1, limits=None, draft=NO_DRAFT):
     """Each term of the engine's memory rule on one card (EngineRules.kv_terms), in bytes,
     with the batch limits its activations were sized at (limits: (max_num_seqs,
     max_num_batched_tokens); None: the engine's defaults on the card) and the KV tokens. A
-    speculative `draft` (DraftMemory) adds its weights to the model's, and its KV a token to
-    each cached token's, as vLLM sizes one cache for every attention layer it loaded, the
-    draft's with the target's (vllm/v1/worker/gpu_model_runner.py, get_kv_cache_spec)."""
+    speculative `draft` (DraftMemory) is charged by the engine's rule (draft_terms): vLLM adds
+    its weights to the model's and its KV a token to each cached token's, sizing one cache for
+    every attention layer it loaded, the draft's with the target's
+    (vllm/v1/worker/gpu_model_runner.py, get_kv_cache_spec); SGLang reserves it memory apart."""
     rules = ENGINE_RULES[profile.rules]
-    limits = limits or rules.defaults(profile, cfg, card, tp, ep)[:2]
+    limits = limits or rules.defaults(profile, cfg, card, tp, ep, draft.method)[:2]
     weights = card_weight_bytes(cfg, tp, ep)
-    terms = rules.kv_terms(profile, cfg, card, tp, weights + draft.weight_bytes, limits)
+    profile, draft_weights, draft_per_token = rules.draft_terms(profile, card, tp, draft)
+    terms = rules.kv_terms(profile, cfg, card, tp, weights + draft_weights, limits)
     terms["weights"] = weights
-    if draft != NO_DRAFT:
-        terms["draft_weights"] = draft.weight_bytes
-    per_token = card_kv_bytes_per_token(cfg, tp) + draft.kv_bytes_per_token
+    if draft_weights:
+        terms["draft_weights"] = draft_weights
+    per_token = card_kv_bytes_per_token(cfg, tp) + draft_per_token
     whole = int(max(terms["kv"], 0) // per_token)
     return {**terms, "rules": profile.rules, "limits": list(limits),
             "tokens": whole // rules.block_tokens * rules.block_tokens}

@@ -67,19 +67,20 @@ EAGLE3_DRAFT_VOCAB = 32000
 
 def draft_config(method, cfg, model=None):
     """The model a method's drafts run (see FUSED_WIDTHS): EAGLE's and EAGLE-3's head, one dense
-    decoder layer of the target's width with an LM head (EAGLE-3's over its draft vocabulary);
-    an MTP module, one layer of the target's own kind; a draft model, its own preset; an
-    n-gram lookup, none."""
+    decoder layer of the target's width with an LM head (EAGLE-3's its own, over its draft
+    vocabulary); the MTP modules, a layer of the target's own kind each; a draft model, its own
+    preset; an n-gram lookup, none."""
     if method in ("eagle", "eagle3"):
+        own = method == "eagle3"  # (its own LM head, whatever the target ties)
         return dataclasses.replace(cfg, layers=1, experts=0, experts_per_token=0,
                                    shared_experts=0, dense_layers=0, mtp_layers=0,
                                    ffn_hidden=cfg.ffn_hidden or cfg.expert_ffn,
-                                   vocab=min(cfg.vocab, EAGLE3_DRAFT_VOCAB) if
-                                   method == "eagle3" else cfg.vocab,
+                                   vocab=min(cfg.vocab, EAGLE3_DRAFT_VOCAB) if own else
+                                   cfg.vocab, tied=cfg.tied and not own,
                                    name=f"{cfg.name} {method} head")
-    if method == "mtp":
-        return dataclasses.replace(cfg, layers=1, dense_layers=0, mtp_layers=0,
-                                   name=f"{cfg.name} mtp module")
+    if method == "mtp":  # (every module the checkpoint ships: vLLM builds them all)
+        return dataclasses.replace(cfg, layers=max(cfg.mtp_layers, 1), dense_layers=0,
+                                   mtp_layers=0, name=f"{cfg.name} mtp module")
     if method == "draft_model":
         return dataclasses.replace(MODELS[model], weights=cfg.weights, kv_dtype=cfg.kv_dtype)
     return None
@@ -91,7 +92,7 @@ def draft_memory(method, draft, tp=1, ep=1):
     embedding and LM head it shares; and each its KV a token, its layers' in the target's
     cache. An n-gram lookup keeps nothing."""
     if draft is None:
-        return NO_DRAFT
+        return NO_DRAFT._replace(method=method)
     weights = card_weight_bytes(draft, tp, ep)
     if method in FUSED_WIDTHS:
         parts = weight_parts(draft)
@@ -101,7 +102,7 @@ def draft_memory(method, draft, tp=1, ep=1):
             draft.q_dim + 2 * draft.kv_dim) if method == "eagle3" else 0)) * \
             draft.weight_element_bytes
         weights += (own - sum(n * e for name, (n, e) in parts.items() if name in shared)) / split
-    return DraftMemory(weights, card_kv_bytes_per_token(draft, tp))
+    return DraftMemory(weights, card_kv_bytes_per_token(draft, tp), method)
 
 
 def geometric_rates(rate, k):
@@ -225,14 +226,14 @@ class SpeculativeBatch(DecodeBatch):
     from preemption draws again for what it has left), its cache growing at its own mean rate
     (seq.rate tokens a step) from its start to its end. (Tokens held are fractional between the
     two: a fluid account of what the drawn steps emit.)"""
-    __slots__ = ("spec", "output", "drawn", "rng", "verify")
+    __slots__ = ("spec", "output", "drawn", "rng", "chunks")
 
     def __init__(self, spec, output):
         super().__init__(spec.decode_tokens)
         self.spec, self.output, self.drawn = spec, output, spec.steps_for(output)
         self.rng = np.random.default_rng(spec.seed + 1)  # (a preempted request's redraws)
         self.gains = spec.k + 1  # (the most a step gains: what a queue's room estimate takes)
-        self.verify = [0] * len(output)  # each request's verify steps run
+        self.chunks = [0] * len(output)  # each request's stream chunks after its first token
 
     def join(self, seqs, steps):
         ends, base_sum, growth = self.ends, self.base_sum, self.growth
@@ -244,7 +245,7 @@ class SpeculativeBatch(DecodeBatch):
             seq.rate = n / drawn
             seq.decode_base = seq.num_cached - seq.rate * steps
             seq.end_step = steps + drawn
-            self.verify[seq.id] += drawn  # (less those a preemption cuts off: see leave)
+            self.chunks[seq.id] += drawn  # (less those a preemption cuts off: see leave)
             base_sum += seq.decode_base
             growth += seq.rate
             heapq.heappush(ends, (seq.end_step, seq.admitted))
@@ -253,8 +254,9 @@ class SpeculativeBatch(DecodeBatch):
         self.growth, self.base_sum = growth, base_sum
 
     def leave(self, seq, steps):
-        """(DecodeBatch.leave, the verify steps it did not run taken off its count.)"""
-        self.verify[seq.id] -= max(seq.end_step - steps, 0)
+        """(DecodeBatch.leave; its chunks: the verify steps it did not run taken off, and one
+        on for the token the prefill that brings it back emits.)"""
+        self.chunks[seq.id] += 1 - max(seq.end_step - steps, 0)
         return super().leave(seq, steps)
 
     def emitted(self, seq, cached):

@@ -4,19 +4,20 @@ concurrency for k = 1..K drafts with where speculation stops paying, and the cap
 with speculation (pure simulation)
 """
 import dataclasses
+from typing import NamedTuple
 
 from nn40.capacity import capacity_study
-from nn40.accounting import kv_bytes_per_token
+from nn40.accounting import card_kv_bytes_per_token, kv_bytes_per_token
 from nn40.config import GPUS, SWEEP_REQUESTS
 from nn40.errors import UsageError
 from nn40.host import run_parallel
-from nn40.kv import KVUnfit
+from nn40.kv import KVUnfit, check_kv_budget
 from nn40.loop import simulate_serving
 from nn40.metrics import itl_mean_s, serving_metrics
 from nn40.memory import kv_budget_bytes
-from nn40.pricing import NO_DRAFT, card_costs, card_kv_terms
+from nn40.pricing import ENGINE_RULES, NO_DRAFT, card_costs, card_kv_terms
 from nn40.profiles import run_profile
-from nn40.runs import timed_task, work_of
+from nn40.runs import study_budget, timed_task, work_of
 from nn40.speculative import (
     Speculation, SpeculativeCosts, draft_config, draft_memory, lookahead_tokens)
 from nn40.workload import seed_for
@@ -27,8 +28,8 @@ CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 def run_speculation(run, k=None, gpu=None, tp=None, limits=None):
     """(the run's Speculation with k drafts, default its own; the draft's StepCosts, or None;
-    the KV tokens the cache keeps beside the draft, or None where a flag set them) on the
-    run's card at its TP, or on `gpu` at `tp` with the batch `limits` (a pool's). Each draft
+    the DraftCache beside the draft, or None) on the run's card at its TP, or on `gpu` at `tp`
+    with the batch `limits` (a pool's). Each draft
     pass is priced as a pass of its own, the engine's fixed cost a pass included: vLLM's EAGLE
     proposer runs its k passes one after another, each sampling its token before the next
     (vllm/v1/spec_decode/eagle.py); priced without it, vLLM's own batch-1 runs of April 2025
@@ -43,25 +44,55 @@ def run_speculation(run, k=None, gpu=None, tp=None, limits=None):
         return spec, None, None
     ep = hw.ep if draft.experts and not tp else 1
     costs = card_costs(draft, GPUS[gpu or hw.gpu], run_profile(run), tp or hw.tp, ep)
-    return spec, costs, drafting_kv_tokens(run, draft, gpu, tp, limits)
+    return spec, costs, drafting_cache(run, draft, gpu, tp, limits)
 
 
-def drafting_kv_tokens(run, draft, gpu=None, tp=None, limits=None):
-    """The KV tokens left beside the draft's weights, its layers' KV in the same cache
-    (run_draft_memory; card_kv_terms), on the run's card or a pool's; None where --kv-tokens
-    set them. One line where the draft leaves no cache where the model alone has one."""
-    hw, memory = run.hardware, run_draft_memory(run, tp)
+class DraftCache(NamedTuple):
+    """The KV cache a speculating replica keeps beside its draft: its tokens (None: as set by
+    --kv-tokens) and `scale`, the bytes a cached token weighs over the model's own where the
+    draft's K and V sit in the same cache (a host tier then holds 1/scale as many tokens and
+    loads each scale times slower: vLLM's offloading copies every layer's blocks)."""
+    tokens: int = None
+    scale: float = 1.0
+
+
+def drafting_cache(run, draft, gpu=None, tp=None, limits=None):
+    """The DraftCache beside the draft's weights and KV as the engine's rule charges them
+    (run_draft_memory; card_kv_terms), on the run's card or a pool's. One line where the
+    draft leaves no cache where the model alone has one."""
+    hw, profile, memory = run.hardware, run_profile(run), run_draft_memory(run, tp)
+    card, tp = GPUS[gpu or hw.gpu], tp or hw.tp
+    charged = ENGINE_RULES[profile.rules].draft_terms(profile, card, tp, memory)[2]
+    scale = 1 + charged / card_kv_bytes_per_token(hw.model, tp)
     if run.scheduler.kv_tokens and gpu is None:
-        return None
-    tokens = [card_kv_terms(hw.model, GPUS[gpu], run_profile(run), tp, 1, limits, m)["tokens"]
+        return DraftCache(None, scale)
+    tokens = [card_kv_terms(hw.model, card, profile, tp, 1, limits, m)["tokens"]
               if gpu is not None else
               int(kv_budget_bytes(run, None, m)[0] // kv_bytes_per_token(hw.model))
               for m in (memory, NO_DRAFT)]
     if tokens[0] <= 0 < tokens[1]:
         raise UsageError(f"--speculative-config: beside {draft.name} "
                          f"({memory.weight_bytes / 2**30:.2f} GiB of weights a card) no KV "
-                         f"cache fits on {GPUS[gpu or hw.gpu].name} at TP {tp or hw.tp}")
-    return max(tokens[0], 0)
+                         f"cache fits on {card.name} at TP {tp}")
+    return DraftCache(max(tokens[0], 0), scale)
+
+
+def check_drafting_fits(run, req, budgets):
+    """Before anything runs: every request fits alone in the cache the study's speculating
+    replica keeps (study_budget's, beside the draft, with its drafts' lookahead slots), else
+    one line that names the draft."""
+    kv = study_budget(budgets)
+    if not run.scheduler.speculative_method or kv is None:
+        return
+    spec, _, cache = run_speculation(run)
+    tokens = kv.capacity_tokens if cache is None or cache.tokens is None else cache.tokens
+    why = check_kv_budget(req, dataclasses.replace(kv, capacity_tokens=tokens), spec.lookahead)
+    if why and why["kind"] == "kv_too_long":
+        raise UsageError(f"--speculative-config: beside its draft a replica's {kv.policy} KV "
+                         f"cache holds {tokens:,} tokens (without it {kv.capacity_tokens:,}), "
+                         f"and request {why['request']} alone needs {why['needs']:,} with its "
+                         f"{spec.lookahead} draft slots: give a larger card, more --tp or a "
+                         "smaller draft")
 
 
 def run_draft_memory(run, tp=None):
@@ -72,11 +103,15 @@ def run_draft_memory(run, tp=None):
     return draft_memory(sched.speculative_method, draft, tp or hw.tp, 1 if tp else hw.ep)
 
 
-def speculating(replica, spec, draft, kv_tokens=None):
+def speculating(replica, spec, draft, cache=None):
     """The replica with its decoders speculating by `spec`, the draft priced by `draft`, its KV
-    cache `kv_tokens` (None: as it was)."""
-    kv = replica.kv if kv_tokens is None or replica.kv is None else \
-        dataclasses.replace(replica.kv, capacity_tokens=kv_tokens)
+    cache and host tier as `cache` (a DraftCache) leaves them (None: as they were)."""
+    kv = replica.kv
+    if cache is not None and kv is not None:
+        kv = dataclasses.replace(
+            kv, capacity_tokens=kv.capacity_tokens if cache.tokens is None else cache.tokens,
+            host_tokens=int(kv.host_tokens / cache.scale),
+            host_token_s=kv.host_token_s * cache.scale)
     return dataclasses.replace(replica, speculation=spec, kv=kv,
                                costs=SpeculativeCosts(replica.costs, draft, spec.k))
 
@@ -154,10 +189,10 @@ def capacity_with_speculation(run, req, replica):
     one with the speculating one beside it ("speculating"), or, where no rate meets the SLO
     without speculation but one does with it (a TPOT bound plain decoding cannot reach), the
     speculating one ("plain_misses")."""
-    spec, draft, kv_tokens = run_speculation(run)
+    spec, draft, cache = run_speculation(run)
     about = {"method": spec.method, "k": spec.k}
     plain, _ = capacity_or_why(run, req, replica)
-    fast, fast_error = capacity_or_why(run, req, speculating(replica, spec, draft, kv_tokens))
+    fast, fast_error = capacity_or_why(run, req, speculating(replica, spec, draft, cache))
     if plain is None and fast is None:
         raise fast_error
     if plain is None:

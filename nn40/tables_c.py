@@ -721,13 +721,16 @@ def speculation_text(T, S):
     from tabulate import tabulate
     draft = T["spec_draft"].format(model=S["draft"]["model"], k=S["k"]) if S["draft"] else \
         T["spec_no_draft"]
-    lines = [T["spec_head"].format(method=S["method"], k=S["k"], length=S["acceptance_length"],
-                                   rates=", ".join(f"{a:.3f}" for a in S["rates"]),
-                                   law=speculation_law_text(T, S), draft=draft,
-                                   lookahead=S["lookahead_tokens"],
-                                   kv=T[S["kv_policy"]] if S["kv_policy"] else T["unlimited"]),
-             spec_table(T, [{"label": T["spec_plain"], **S["plain"]},
-                            {"label": T["spec_run"], **S["speculative"]}], SPECULATION_COLUMNS),
+    head = T["spec_head"].format(method=S["method"], k=S["k"], length=S["acceptance_length"],
+                                 rates=", ".join(f"{a:.3f}" for a in S["rates"]),
+                                 law=speculation_law_text(T, S), draft=draft,
+                                 lookahead=S["lookahead_tokens"],
+                                 kv=T[S["kv_policy"]] if S["kv_policy"] else T["unlimited"])
+    if S["speedup"] is None:  # (every answer one token: the prefill emits it, no decode)
+        return "\n".join([head, T["spec_nothing"]])
+    lines = [head, spec_table(T, [{"label": T["spec_plain"], **S["plain"]},
+                                  {"label": T["spec_run"], **S["speculative"]}],
+                              SPECULATION_COLUMNS),
              T["spec_speedup"].format(x=S["speedup"]), "", T["spec_by_concurrency"]]
     memory = S.get("memory")
     if S["draft"] and memory:

@@ -272,6 +272,7 @@ TEXT_EN = {**SHARED_TEXT,
     "limits_vllm_large": "vllm serve's defaults on a card of 70 GiB or more",
     "limits_vllm_small": "vllm serve's defaults on a card under 70 GiB or an A100",
     "limits_sglang": "SGLang's defaults for the card",
+    "limits_sglang_drafting": "SGLang's defaults for the card, 48 running while it speculates",
     "answer_arrivals_poisson": "Poisson arrivals", "answer_post": "the post's model",
     "answer_arrivals_gamma": "gamma arrivals of shape {burstiness:g}",
     "answer_tie": " (as few as any router needs)",
@@ -330,10 +331,13 @@ TEXT_EN = {**SHARED_TEXT,
     "spec_draft": "the drafts by {model}, {k} pass(es) a step on the same card(s)",
     "spec_no_draft": "the drafts looked up in the request's own text (on the CPU: not priced)",
     "spec_memory": "The draft beside the model on each card: {weights:.2f} GiB of its own "
-                   "weights, {kv:,.0f} bytes of KV a token in the same cache; the KV cache holds "
-                   "{spec} tokens where plain decoding's holds {plain}.",
+                   "weights and {kv:,.0f} bytes of KV a token (vLLM keeps them in its cache, "
+                   "SGLang in memory it reserves apart); the KV cache holds {spec} tokens where "
+                   "plain decoding's holds {plain}.",
     "spec_plain": "plain decoding", "spec_run": "speculating",
     "spec_speedup": "speedup at this load: {x:.2f}x (TPOT p50, plain over speculating)",
+    "spec_nothing": "No request decodes past its first token (the prefill emits it): nothing "
+                    "to speculate.",
     "spec_by_concurrency": "The speedup by concurrency (TPOT p50, plain over speculating, with k drafts a "
                   "step; that many requests in flight, all waiting at t=0, as a benchmark's "
                   "clients keep them):",

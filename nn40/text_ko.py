@@ -224,6 +224,7 @@ TEXT_KO = {**SHARED_TEXT,
     "limits_vllm_large": "70 GiB 이상 카드에서 vllm serve의 기본값",
     "limits_vllm_small": "70 GiB 미만 카드나 A100에서 vllm serve의 기본값",
     "limits_sglang": "카드에 맞춘 SGLang의 기본값",
+    "limits_sglang_drafting": "카드에 맞춘 SGLang의 기본값, 추측 디코딩 중에는 실행 48개",
     "answer_arrivals_poisson": "포아송 도착", "answer_post": "글의 모델",
     "answer_arrivals_gamma": "형상 {burstiness:g}의 감마 도착",
     "answer_tie": " (어느 라우터보다 적거나 같다)",
@@ -278,10 +279,12 @@ TEXT_KO = {**SHARED_TEXT,
     "spec_law_default": "방법의 기본값: {source}",
     "spec_draft": "초안은 {model}, 같은 카드에서 한 단계에 {k}번",
     "spec_no_draft": "초안은 요청 자신의 텍스트에서 찾음 (CPU에서: 비용 없음)",
-    "spec_memory": "카드마다 모델 옆의 초안: 자기 가중치 {weights:.2f} GiB, 같은 캐시에 토큰당 KV "
-                   "{kv:,.0f} 바이트; KV 캐시는 일반 디코딩의 {plain} 토큰 대신 {spec} 토큰을 담는다.",
+    "spec_memory": "카드마다 모델 옆의 초안: 자기 가중치 {weights:.2f} GiB, 토큰당 KV {kv:,.0f} "
+                   "바이트 (vLLM은 같은 캐시에, SGLang은 따로 남겨 둔 메모리에 둔다); KV 캐시는 일반 "
+                   "디코딩의 {plain} 토큰 대신 {spec} 토큰을 담는다.",
     "spec_plain": "일반 디코딩", "spec_run": "추측 디코딩",
     "spec_speedup": "이 부하에서 속도 향상: {x:.2f}배 (TPOT p50, 일반 대비 추측)",
+    "spec_nothing": "첫 토큰 뒤로 디코딩하는 요청이 없다 (프리필이 그 토큰을 낸다): 추측할 것이 없다.",
     "spec_by_concurrency": "동시 요청 수별 속도 향상 (TPOT p50, 일반 대비 추측, 한 단계에 초안 k개; 그만큼의 "
                   "요청이 진행 중, 모두 t=0에 대기, 벤치마크 클라이언트가 유지하듯):",
     "spec_concurrency": "동시 요청", "spec_plain_tpot": "일반 TPOT p50 ms",

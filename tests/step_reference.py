@@ -32,7 +32,7 @@ def simulate_steps(req, replica):
     rank = replica.order.rank if replica.order and replica.order.rank else list(range(n))
     out = {k: [math.nan] * n for k in ("start", "first_token", "finish")}
     out.update(first_step=[0] * n, finish_step=[0] * n, steps=0, preemptions=0, max_alloc=0,
-               peak_running=0, held_s=0.0, alloc_s=0.0, verify_steps=[0] * n)
+               peak_running=0, held_s=0.0, alloc_s=0.0, chunks=[0] * n)
     to_prefill, remaining, retry, waiting = list(prompt), list(output), [], list(range(n))
     run, t, admitted = [], 0.0, 0  # run: [admitted, id, prompt left, cached, to emit, and
     # speculating: tokens gained a step, steps left, tokens held at its start, KV beyond them]
@@ -127,7 +127,7 @@ def simulate_steps(req, replica):
         for s in decoders:  # (its last step emits what is left)
             if len(s) > 5:
                 s[3], s[6] = s[3] + s[5], s[6] - 1
-                out["verify_steps"][s[1]] += 1
+                out["chunks"][s[1]] += 1  # (a verify step: one chunk of its stream)
                 s[4] = s[4] if s[6] else 0
             else:
                 s[3], s[4] = s[3] + gains, max(s[4] - gains, 0)
@@ -137,6 +137,8 @@ def simulate_steps(req, replica):
                 s[3], s[4] = s[3] + 1, s[4] - 1
                 if out["first_token"][s[1]] != out["first_token"][s[1]]:
                     out["first_token"][s[1]], out["first_step"][s[1]] = t, out["steps"]
+                else:  # (a preempted request's prefill again: its token a chunk)
+                    out["chunks"][s[1]] += 1
                 if spec is not None and s[4]:
                     join(s)
         for s in [s for s in run if not s[2] and not s[4]]:

@@ -901,3 +901,20 @@ def test_vllms_offloading_blog_throughput_at_every_hit_in_host():
     assert p["host_hit_tokens"] == n * 496 and p["hit_tokens"] == 0
     none, every = n * 512 / finish[:n].max(), n * 512 / (finish[n:].max() - later)
     assert every / none == pytest.approx(9.0, rel=0.2)  # (C: 10.4x; "up to X9")
+
+
+def test_loads_queue_on_the_host_link_and_a_cancelled_one_gives_its_time_back():
+    # 8 tokens at 0.5 s each: a's load takes the link from 0 to 4 s, b's (asked at 1 s) from 4
+    # to 8; b preempted at 2 s gives the link back from 4 (it was the last queued), so c, asked
+    # at 3 s, loads from 4 to 8; a cancelled while b waits behind it leaves b's slot alone
+    from nn40.kv import CachedBlocks
+    cache = PrefixCache(KVBudget("prefix", 64, 4, host_tokens=8, host_token_s=0.5))
+    a, b, c = (Seq(r, r, 4, 1) for r in range(3))
+    for seq in (a, b, c):
+        cache.of[seq] = CachedBlocks([], [], 0, 8)
+    assert cache.load_s(a, 0.0) == 4.0 and cache.load_s(b, 1.0) == 7.0
+    cache.cancel_load(b, 2.0)
+    assert cache.link_free_s == 4.0 and cache.load_wait_s == 4.0 + 7.0 - 4.0
+    assert cache.load_s(c, 3.0) == 5.0
+    cache.cancel_load(a, 1.0)  # (c is queued behind it: the link stays booked to 8 s)
+    assert cache.link_free_s == 8.0 and cache.load_wait_s == 4.0 + 3.0 + 5.0 - 3.0

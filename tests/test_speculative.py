@@ -283,7 +283,7 @@ def specdecode_bench_speedup(dataset, batch):
 
 def test_specdecode_benchs_fall_from_batch_1_to_32():
     fall = specdecode_bench_speedup("sharegpt", 32) / specdecode_bench_speedup("sharegpt", 1)
-    assert fall == pytest.approx(1 - 0.043, abs=0.03)  # (C: 0.963; within 15% too)
+    assert 1 - fall == pytest.approx(0.043, rel=0.3)  # (C: a fall of 3.7%)
 
 
 @pytest.mark.xfail(strict=True, reason="C's verify pass of 512 tokens is dearer than vLLM's")
@@ -372,17 +372,17 @@ def test_a_drafts_weights_and_kv_by_hand():
     small = draft_memory("draft_model", draft_config("draft_model", cfg, "llama-3.2-1b"))
     assert small.weight_bytes == pytest.approx(2.4716e9, rel=1e-4)
     assert small.kv_bytes_per_token == 16 * 2 * 512 * 2
-    assert draft_memory("ngram", draft_config("ngram", cfg)) == (0.0, 0.0)
+    assert draft_memory("ngram", draft_config("ngram", cfg)) == (0.0, 0.0, "ngram")
     # at TP 2 each card holds half of a head's matmuls, all of its norms
     half = draft_memory("eagle", draft_config("eagle", cfg), tp=2)
     assert half.weight_bytes == pytest.approx(eagle.weight_bytes / 2, rel=1e-3)
 
 
-@pytest.mark.parametrize("profile", ["vllm", "sglang", "tensorrt-llm"])
+@pytest.mark.parametrize("profile", ["vllm", "tensorrt-llm"])
 def test_the_draft_takes_its_share_of_the_kv_cache(profile):
-    # the draft's weights come off what the engine leaves the cache (vLLM and SGLang subtract
-    # them as they do the target's; the fraction rule takes its fraction of what is left) and
-    # each cached token holds the draft's K and V beside the target's
+    # vLLM's one cache: the draft's weights come off what the engine leaves the cache (vLLM
+    # subtracts them as it does the target's; the fraction rule takes its fraction of what is
+    # left) and each cached token holds the draft's K and V beside the target's
     from nn40.config import GPUS, MODELS
     from nn40.pricing import ENGINE_PROFILES, DraftMemory, card_kv_terms
     cfg, card, rules = MODELS["llama-3.1-8b"], GPUS["h100"], ENGINE_PROFILES[profile]
@@ -394,6 +394,25 @@ def test_the_draft_takes_its_share_of_the_kv_cache(profile):
     wide = card_kv_terms(cfg, card, rules, draft=DraftMemory(0.0, 131072.0))  # (as much again)
     assert wide["tokens"] == plain["kv"] // (2 * 131072) // 16 * 16 if profile != \
         "tensorrt-llm" else wide["tokens"] == int(plain["kv"] // (2 * 131072))
+
+
+def test_sglang_reserves_the_draft_memory_apart():
+    # SGLang on an H100 (81,559 MiB): mem_fraction_static (81,559 - 13,440) / 81,559 = 0.835,
+    # 2,048 MiB more reserved for an EAGLE-type head (0.810), 6,144 for a draft model (0.760),
+    # none for an n-gram lookup; the draft's weights and its pool of as many tokens live in that
+    # reserve, so the target's cache is sized by its own bytes a token; and it runs 48 requests
+    from nn40.config import GPUS, MODELS
+    from nn40.pricing import CUDA_CONTEXT_GIB, ENGINE_PROFILES, ENGINE_RULES, DraftMemory, \
+        card_kv_terms
+    cfg, card, profile = MODELS["llama-3.1-8b"], GPUS["h100"], ENGINE_PROFILES["sglang"]
+    for method, fraction in ((None, 0.835), ("ngram", 0.835), ("eagle3", 0.81),
+                             ("draft_model", 0.76)):
+        terms = card_kv_terms(cfg, card, profile, draft=DraftMemory(2e9, 65536.0, method))
+        kv = fraction * (card.memory_bytes - CUDA_CONTEXT_GIB * 2**30) - terms["weights"]
+        assert terms["fraction"] == fraction and "draft_weights" not in terms
+        assert terms["tokens"] == kv // 131072 // 16 * 16
+        running = ENGINE_RULES["sglang"].defaults(profile, cfg, card, 1, 1, method)[0]
+        assert (running == 48) == (method in ("eagle3", "draft_model"))
 
 
 def test_the_speculating_replica_keeps_the_cache_its_draft_leaves(tmp_path):
@@ -457,8 +476,53 @@ def test_itl_is_the_gap_between_chunks_by_hand():
     req, costs = Requests(np.zeros(1), np.array([4]), np.array([5])), \
         StepCosts((1, 2), (1.0, 1.0), 0.0, "every pass 1 s")
     plain = simulate_serving(req, Replica(1, costs))
-    assert "verify_steps" not in plain and itl_mean_s(plain) == 1.0
+    assert "chunks" not in plain and itl_mean_s(plain) == 1.0
     spec = Speculation("ngram", 1, (1.0,), "given", 1, seed=0)
     fast = simulate_serving(req, Replica(1, SpeculativeCosts(costs, None, 1), speculation=spec))
-    assert fast["verify_steps"].tolist() == [2] and fast["times"].finish.tolist() == [3.0]
+    assert fast["chunks"].tolist() == [2] and fast["times"].finish.tolist() == [3.0]
     assert itl_mean_s(fast) == 1.0 and fast["times"].tpot().tolist() == [0.5]
+
+
+def test_a_run_of_one_token_answers_has_nothing_to_speculate(tmp_path, capsys):
+    # every answer's one token comes out of its prefill: no decode, no speedup to print or draw
+    lengths = tmp_path / "ones.txt"
+    lengths.write_text("1\n" * 20)
+    S.main(EAGLE3 + ["--lengths-file", str(lengths), "--out", str(tmp_path / "out")])
+    assert "nothing to speculate" in capsys.readouterr().out
+    spec = json.loads((tmp_path / "out" / "results.json").read_text())["C"]["speculation"]
+    assert spec["speedup"] is None
+
+
+@pytest.mark.parametrize("profile, scale", [("vllm", 1 + 4096 / 131072), ("sglang", 1.0)])
+def test_a_host_tier_carries_the_drafts_kv_where_the_cache_does(profile, scale):
+    # vLLM's offloading copies every layer's blocks, the EAGLE-3 head's K and V (4,096 bytes a
+    # token) beside Llama-3.1-8B's (131,072): the host tier holds 1/scale as many tokens and
+    # loads each scale times slower; SGLang's draft pool is its own, the host tier the target's
+    from nn40.kv import KVBudget
+    from nn40.replicas import Replica
+    from nn40.speculative_study import run_speculation, speculating
+    run = parse_args(EAGLE3 + ["--engine-profile", profile])
+    spec, draft, cache = run_speculation(run)
+    assert cache.scale == pytest.approx(scale)
+    plain = Replica(8, None, kv=KVBudget("prefix", 10**6, 16, host_tokens=64_000,
+                                         host_token_s=1e-6))
+    kv = speculating(plain, spec, draft, cache).kv
+    assert kv.capacity_tokens == cache.tokens < 10**6
+    assert kv.host_tokens == int(64_000 / scale) and kv.host_token_s == pytest.approx(1e-6 * scale)
+
+
+def test_speculating_pools_are_checked_and_searched_at_pp_1():
+    # a decode pool on another card whose draft leaves it no cache: one line before anything
+    # runs; the cheapest-placement search tries speculating pools at PP 1 alone (C refuses
+    # --pp with speculation), its prefill pool at PP 2 still
+    from nn40.cheapest import role_shapes
+    from nn40.workload import Requests
+    pools = ["--prefill-replicas", "1", "--decode-replicas", "1"]
+    with pytest.raises(UsageError, match="no KV cache fits on RTX 4090"):
+        parse_args(EAGLE3[:-1] + ['{"method": "draft_model", "model": "llama-3.1-8b"}',
+                                  "--acceptance-length", "2", "--decode-gpu", "rtx-4090"] + pools)
+    run = parse_args(["--experiments", "C", "--model", "llama-3.1-70b", "--gpu", "h100",
+                      "--tp", "2", "--speculative-config", '{"method": "eagle3"}'] + pools)
+    req = Requests(np.zeros(20), np.full(20, 512), np.full(20, 256))
+    assert {pp for _, pp in role_shapes(run, req, "decode", "h100")} == {1}
+    assert 2 in {pp for _, pp in role_shapes(run, req, "prefill", "h100")}

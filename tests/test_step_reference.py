@@ -69,8 +69,8 @@ def assert_same_run(req, replica, where, policy, exact=("preemptions", "max_allo
     for key in ("start", "first_token", "finish"):
         np.testing.assert_allclose(getattr(got["times"], key), want[key], rtol=1e-9,
                                    err_msg=str(where))
-    if replica.speculation is not None:  # (each request's verify steps: its ITL's chunks)
-        assert got["verify_steps"].tolist() == want["verify_steps"], where
+    if replica.speculation is not None:  # (each request's stream chunks: its ITL's)
+        assert got["chunks"].tolist() == want["chunks"], where
     if policy:
         mem = got["kv"]
         for key in ("preemptions", "max_alloc", "peak_running", "held_s", "alloc_s"):
