@@ -526,3 +526,15 @@ def test_speculating_pools_are_checked_and_searched_at_pp_1():
     req = Requests(np.zeros(20), np.full(20, 512), np.full(20, 256))
     assert {pp for _, pp in role_shapes(run, req, "decode", "h100")} == {1}
     assert 2 in {pp for _, pp in role_shapes(run, req, "prefill", "h100")}
+
+
+def test_speculation_by_method():
+    # tests/speculation_methods.py: at one request in flight an n-gram lookup (no draft pass)
+    # speeds up by about its acceptance length (1 + 0.1602 + 0.1283 + 0.1065 = 1.395), the
+    # EAGLE heads by less than theirs (their three passes); every method falls with the load
+    import speculation_methods as M
+    rows = [M.speedups(method, rates) for _, method, rates in M.METHODS]
+    eagle3, eagle, ngram = rows
+    assert ngram[0] == pytest.approx(1.395, rel=0.02)
+    assert eagle3[0] > eagle[0] > ngram[0] > 1 and eagle3[0] < 2.60 and eagle[0] < 2.25
+    assert all(r[-1] < r[0] for r in rows)
