@@ -576,29 +576,39 @@ def plot_disaggregation(results, path):
 def plot_speculation(results, path):
     """C with --speculative-config: the speedup (plain TPOT p50 over speculating) against the
     concurrency for each k of 1..K drafts a step, the line where speculation stops paying."""
-    import matplotlib.pyplot as plt
     S = results["C"].get("speculation")
     if not S:
         return "needs --speculative-config"
     if S["speedup"] is None:
         return "no request decodes past its first token"
     rows = S["concurrency"]
-    x = [row["concurrency"] for row in rows]
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    for i, spec in enumerate(rows[0]["k"]):
-        ax.plot(x, [row["k"][i]["speedup"] for row in rows], "o-", label=f"k = {spec['k']}")
-    ax.axhline(1.0, color="black", linewidth=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(x)
-    ax.set_xticklabels([f"{c:,}" for c in x], fontsize=8)
-    ax.set_xlabel("concurrency (requests in flight)")
-    ax.set_ylabel("speedup (TPOT p50, plain / speculating)")
-    ax.set_title(f"C: speculative decoding ({S['method']}, {S['acceptance_length']:.2f} tokens a "
-                 f"verify step at k = {S['k']}) against the concurrency", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    fig = speedup_figure([row["concurrency"] for row in rows], {
+        f"k = {spec['k']}": [row["k"][i]["speedup"] for row in rows]
+        for i, spec in enumerate(rows[0]["k"])},
+        f"C: speculative decoding ({S['method']}, {S['acceptance_length']:.2f} tokens a verify "
+        f"step at k = {S['k']}) against the concurrency")
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     save_figure(fig, results, path)
+
+
+def speedup_figure(concurrency, lines, title):
+    """Speculative decoding's speedup (plain TPOT p50 over speculating) against the
+    concurrency, one line a label of `lines` ({label: speedups}), the line where it stops
+    paying. -> the figure"""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for label, speedups in lines.items():
+        ax.plot(concurrency, speedups, "o-", label=label)
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(concurrency)
+    ax.set_xticklabels([f"{c:,}" for c in concurrency], fontsize=8)
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("speedup (TPOT p50, plain / speculating)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
 
 
 FIGURES = {"phases.png": ("B", plot_phases),

@@ -27,11 +27,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nn40.cli import parse_args  # noqa: E402
 from nn40.config import GPUS  # noqa: E402
+from nn40.figures import speedup_figure  # noqa: E402
 from nn40.kv import KVBudget  # noqa: E402
 from nn40.loop import simulate_serving  # noqa: E402
-from nn40.metrics import serving_metrics  # noqa: E402
 from nn40.pricing import ENGINE_PROFILES, card_costs, card_kv_tokens  # noqa: E402
-from nn40.speculative_study import run_speculation, speculating  # noqa: E402
+from nn40.speculative_study import (  # noqa: E402
+    run_speculation, speculating, speedup, summary)
 from nn40.workload import Requests  # noqa: E402
 
 METHODS = [("EAGLE-3 (vLLM's MT-Bench baseline)", "eagle3", (0.7296, 0.5208, 0.3545)),
@@ -42,23 +43,36 @@ CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PROMPT, OUTPUT = 355, 728
 
 
-def speedups(method, rates):
-    """C's speedup at each concurrency of CONCURRENCY for one method and its acceptance."""
+def replicas(method, rates, slots):
+    """(plain, speculating) replicas of Llama-3.1-8B on one H100 under the vllm profile, `slots`
+    seats and 8,192 tokens a step, its paged KV cache, the speculating one drafting by `method`
+    with 3 drafts at the per-position `rates` (its cache what the engine leaves beside the
+    draft)."""
     run = parse_args(["--experiments", "C", "--model", "llama-3.1-8b", "--gpu", "h100",
                       "--engine-profile", "vllm", "--speculative-config",
                       f'{{"method": "{method}", "num_speculative_tokens": 3}}',
                       "--acceptance-rates", ",".join(map(str, rates))])
     cfg, card, profile = run.hardware.model, GPUS["h100"], ENGINE_PROFILES["vllm"]
     kv = KVBudget("paged", card_kv_tokens(cfg, card, profile), 16)
+    plain = profile.replica(card_costs(cfg, card, profile), slots=slots, chunk_tokens=8192,
+                            kv=kv)
+    return plain, speculating(plain, *run_speculation(run))
+
+
+def waiting(n, prompt=PROMPT, output=OUTPUT):
+    """n requests of `prompt` and `output` tokens, all waiting at t=0."""
+    return Requests(np.zeros(n), np.full(n, prompt), np.full(n, output))
+
+
+def speedups(method, rates):
+    """C's speedup (speedup: TPOT p50, plain over speculating) at each concurrency of
+    CONCURRENCY for one method and its acceptance."""
     out = []
     for c in CONCURRENCY:
-        plain = profile.replica(card_costs(cfg, card, profile), slots=c, chunk_tokens=8192,
-                                kv=kv)
-        n = max(4 * c, 40)
-        req = Requests(np.zeros(n), np.full(n, PROMPT), np.full(n, OUTPUT))
-        tpot = [serving_metrics(req, simulate_serving(req, r))["tpot_s"]["p50"]
-                for r in (plain, speculating(plain, *run_speculation(run)))]
-        out.append(tpot[0] / tpot[1])
+        req = waiting(max(4 * c, 40))
+        plain, spec = (summary(req, simulate_serving(req, r))
+                       for r in replicas(method, rates, c))
+        out.append(speedup(plain, spec))
     return out
 
 
@@ -73,20 +87,8 @@ def main():
     if args.out:
         import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(8, 4.2))
-        for label, values in rows.items():
-            ax.plot(CONCURRENCY, values, "o-", label=label)
-        ax.axhline(1.0, color="black", linewidth=1)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(CONCURRENCY)
-        ax.set_xticklabels([f"{c:,}" for c in CONCURRENCY], fontsize=8)
-        ax.set_xlabel("concurrency (requests in flight)")
-        ax.set_ylabel("speedup (TPOT p50, plain / speculating)")
-        ax.set_title("C: speculative decoding by method, 3 drafts a step (Llama-3.1-8B, one "
-                     "H100, vllm profile)", fontsize=10)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
+        fig = speedup_figure(CONCURRENCY, rows, "C: speculative decoding by method, 3 drafts a "
+                             "step (Llama-3.1-8B, one H100, vllm profile)")
         fig.tight_layout()
         fig.savefig(args.out, dpi=110)
         print(f"wrote {args.out}")

@@ -256,29 +256,16 @@ SPECDECODE_BENCH = {"sharegpt": ((0.6215, 0.3811, 0.2516), 355, 728),
 
 def specdecode_bench_speedup(dataset, batch):
     """C's throughput speedup of EAGLE (k = 3) on Llama-3.1-8B on an H100 under the vllm
-    profile, `batch` requests in flight (4 x batch, at least 40, all waiting at t=0) of the
-    dataset's mean lengths, its paged cache the engine's."""
-    from nn40.config import GPUS
-    from nn40.kv import KVBudget
+    profile (speculation_methods.replicas), `batch` requests in flight (4 x batch, at least 40,
+    all waiting at t=0) of the dataset's mean lengths."""
+    import speculation_methods as M
     from nn40.loop import simulate_serving
     from nn40.metrics import serving_metrics
-    from nn40.pricing import ENGINE_PROFILES, card_costs, card_kv_tokens
-    from nn40.speculative_study import run_speculation, speculating
-    from nn40.workload import Requests
     rates, prompt, output = SPECDECODE_BENCH[dataset]
-    run = parse_args(["--experiments", "C", "--model", "llama-3.1-8b", "--gpu", "h100",
-                      "--engine-profile", "vllm", "--speculative-config",
-                      '{"method": "eagle", "num_speculative_tokens": 3}',
-                      "--acceptance-rates", ",".join(map(str, rates))])
-    cfg, card, profile = run.hardware.model, GPUS["h100"], ENGINE_PROFILES["vllm"]
-    kv = KVBudget("paged", card_kv_tokens(cfg, card, profile), 16)
-    plain = profile.replica(card_costs(cfg, card, profile), slots=batch, chunk_tokens=8192,
-                            kv=kv)
-    n = max(4 * batch, 40)
-    req = Requests(np.zeros(n), np.full(n, prompt), np.full(n, output))
-    tokens_s = [serving_metrics(req, simulate_serving(req, r))["output_tokens_per_s"]
-                for r in (plain, speculating(plain, *run_speculation(run)))]
-    return tokens_s[1] / tokens_s[0]
+    req = M.waiting(max(4 * batch, 40), prompt, output)
+    plain, fast = (serving_metrics(req, simulate_serving(req, r))["output_tokens_per_s"]
+                   for r in M.replicas("eagle", rates, batch))
+    return fast / plain
 
 
 def test_specdecode_benchs_fall_from_batch_1_to_32():
@@ -538,3 +525,4 @@ def test_speculation_by_method():
     assert ngram[0] == pytest.approx(1.395, rel=0.02)
     assert eagle3[0] > eagle[0] > ngram[0] > 1 and eagle3[0] < 2.60 and eagle[0] < 2.25
     assert all(r[-1] < r[0] for r in rows)
+
