@@ -9,7 +9,7 @@ from nn40.accounting import (
     card_kv_bytes_per_token, card_weight_bytes, kv_bytes_per_token, weight_bytes)
 from nn40.config import CPU_KV_MEMORY_GB, GPUS, KV_MEMORY_FRACTION, REFERENCE_MEMORY_GB
 from nn40.errors import UsageError
-from nn40.pricing import NO_DRAFT, card_kv_terms
+from nn40.pricing import ENGINE_RULES, NO_DRAFT, card_kv_terms
 from nn40.profiles import run_profile
 from nn40.stages import stage_model
 
@@ -73,9 +73,7 @@ def kv_budget_bytes(run, device, draft=NO_DRAFT):
         return run.scheduler.kv_tokens * kv_bytes_per_token(cfg), {"kind": "memory_tokens",
                                                          "tokens": run.scheduler.kv_tokens}
     if run.scheduler.kv_memory_gb:
-        own = card_kv_bytes_per_token(cfg, run.hardware.tp)
-        share = own / (own + draft.kv_bytes_per_token) if draft.kv_bytes_per_token else 1.0
-        return run.scheduler.kv_memory_gb * 1e9 * share, {"kind": "memory_flag"}
+        return run.scheduler.kv_memory_gb * 1e9 / draft_scale(run, draft), {"kind": "memory_flag"}
     if run.hardware.gpu:  # (the card C plans for, whatever this machine has; tp of them)
         card, profile = GPUS[run.hardware.gpu], run_profile(run)
         terms = card_kv_terms(stage_model(cfg, run.hardware.pp), card, profile, run.hardware.tp,
@@ -94,6 +92,19 @@ def kv_budget_bytes(run, device, draft=NO_DRAFT):
     return (KV_MEMORY_FRACTION * REFERENCE_MEMORY_GB * 1e9 - weights,
             {"kind": "memory_reference", "fraction": KV_MEMORY_FRACTION,
              "total_gb": REFERENCE_MEMORY_GB, "weights_gib": weights / 2**30})
+
+
+def draft_scale(run, draft, gpu=None, tp=None):
+    """The bytes a cached token weighs over the model's own beside `draft` (a DraftMemory) on
+    the run's card, or a pool's `gpu` at `tp`: 1 + the draft's K and V a token the engine's
+    rule keeps in the same cache (EngineRules.draft_terms: vLLM's, none apart from SGLang's)
+    over the model's own on one card."""
+    if not draft.kv_bytes_per_token:
+        return 1.0
+    hw, profile = run.hardware, run_profile(run)
+    tp = tp or hw.tp
+    charged = ENGINE_RULES[profile.rules].draft_terms(profile, GPUS[gpu or hw.gpu], tp, draft)[2]
+    return 1 + charged / card_kv_bytes_per_token(hw.model, tp)
 
 
 def memory_source(terms, card, run):

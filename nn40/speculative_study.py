@@ -7,15 +7,15 @@ import dataclasses
 from typing import NamedTuple
 
 from nn40.capacity import capacity_study
-from nn40.accounting import card_kv_bytes_per_token, kv_bytes_per_token
+from nn40.accounting import kv_bytes_per_token
 from nn40.config import GPUS, SWEEP_REQUESTS
 from nn40.errors import UsageError
 from nn40.host import run_parallel
 from nn40.kv import KVUnfit, check_kv_budget
 from nn40.loop import simulate_serving
 from nn40.metrics import itl_mean_s, serving_metrics
-from nn40.memory import kv_budget_bytes
-from nn40.pricing import ENGINE_RULES, NO_DRAFT, card_costs, card_kv_terms
+from nn40.memory import draft_scale, kv_budget_bytes
+from nn40.pricing import NO_DRAFT, card_costs, card_kv_terms
 from nn40.profiles import run_profile
 from nn40.runs import study_budget, timed_task, work_of
 from nn40.speculative import (
@@ -61,9 +61,8 @@ def drafting_cache(run, draft, gpu=None, tp=None, limits=None):
     (run_draft_memory; card_kv_terms), on the run's card or a pool's. One line where the
     draft leaves no cache where the model alone has one."""
     hw, profile, memory = run.hardware, run_profile(run), run_draft_memory(run, tp)
+    scale = draft_scale(run, memory, gpu, tp)
     card, tp = GPUS[gpu or hw.gpu], tp or hw.tp
-    charged = ENGINE_RULES[profile.rules].draft_terms(profile, card, tp, memory)[2]
-    scale = 1 + charged / card_kv_bytes_per_token(hw.model, tp)
     if run.scheduler.kv_tokens and gpu is None:
         return DraftCache(None, scale)
     tokens = [card_kv_terms(hw.model, card, profile, tp, 1, limits, m)["tokens"]

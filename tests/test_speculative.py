@@ -526,3 +526,11 @@ def test_speculation_by_method():
     assert eagle3[0] > eagle[0] > ngram[0] > 1 and eagle3[0] < 2.60 and eagle[0] < 2.25
     assert all(r[-1] < r[0] for r in rows)
 
+
+@pytest.mark.parametrize("profile, scale", [("vllm", 1 + 4096 / 131072), ("sglang", 1.0)])
+def test_kv_memory_gb_is_shared_with_the_draft_where_the_engine_shares_it(profile, scale):
+    # --kv-memory-gb 10 for the cache: vLLM's holds the EAGLE-3 head's K and V in it too (each
+    # token 4,096 bytes more than Llama-3.1-8B's 131,072), SGLang's keeps the draft's apart
+    from nn40.speculative_study import run_speculation
+    run = parse_args(EAGLE3 + ["--engine-profile", profile, "--kv-memory-gb", "10"])
+    assert run_speculation(run)[2].tokens == int(10e9 / scale // 131072)
