@@ -61,12 +61,14 @@ def rate_matching(run, req, prefill, decode):
     prompt, output = float(req.prompt.mean()), float(req.output.mean())
     pre = role_replica(run, prefill, req.output)
     n = max(1, int(pre.chunk_tokens // max(prompt, 1)))
-    ctx_rate = n / pre.costs.pass_s(n * prompt, 0, n * prompt * (prompt + 1) / 2)
+    per = in_flight_share(pre, n)  # (pipeline stages: the heaviest micro-batch's prompts)
+    ctx_rate = n / pre.costs.pass_s(per * prompt, 0, per * prompt * (prompt + 1) / 2)
     dec = role_replica(run, decode, req.output)
     context = prompt + output / 2
     room = max(1, int(min(dec.slots, dec.kv.capacity_tokens // max(context, 1))))
     tpot = run.slo.slo_tpot_s or math.inf
-    step = [dec.costs.pass_s(b, b * context) for b in range(1, room + 1)]
+    step = [dec.costs.pass_s(rows, rows * context) for rows in
+            (in_flight_share(dec, b) for b in range(1, room + 1))]
     batch = max([b for b, s in enumerate(step, 1) if s <= tpot] or [1])
     gen_rate = batch / (max(output - 1, 1) * step[batch - 1])
     rate = run.slo.target_rate
@@ -79,6 +81,12 @@ def rate_matching(run, req, prefill, decode):
             "feasible": meets_alone(run, req, prefill) and
             meets_alone(run, req, decode),
             "gpus": counts[0] * prefill.tp * prefill.pp + counts[1] * decode.tp * decode.pp}
+
+
+def in_flight_share(replica, n):
+    """The most of n requests one micro-batch in flight carries (pipeline stages: PipelineCosts;
+    else all n)."""
+    return -(-n // getattr(replica.costs, "in_flight", 1))
 
 
 def meets_alone(run, req, role):

@@ -27,6 +27,7 @@ from nn40.runs import (
 from nn40.speculative_study import (
     capacity_with_speculation, run_speculation, speculating, speculation_study)
 from nn40.slot_steps import continuous_starts, simulate_slots, static_starts
+from nn40.stages import pipelined
 from nn40.stats import percentiles
 from nn40.workload import (
     arrival_times, is_engine_run, lognormal_lengths, random_stream, read_engine_run)
@@ -101,6 +102,22 @@ def orders_steps(lengths, slots, orders):
     return result
 
 
+def c_replicas(run, req, costs):
+    """(serve, replica): the Replica on `costs` with the engine's seats and step budget
+    (serving_limits), where C answers for an engine (its capacity, fleets and rate sweep, and
+    a trace's replay); and the one the single-replica studies run, the post's own seats and
+    budget but for a trace's replay. Under PP, a step's budget for each micro-batch in
+    flight (stages.pipelined)."""
+    profile = engine_profile(run.hardware.engine_profile)
+    post = profile.replica(costs, slots=run.scheduler.slots, scheduler="continuous",
+                           chunk_tokens=run.scheduler.chunk_tokens,
+                           order=run_order(run, req.output),
+                           fused=bool(run.hardware.gpu) and profile.fused)
+    serve = pipelined(dataclasses.replace(post, slots=run.scheduler.serve_slots,
+                                          chunk_tokens=run.scheduler.serve_chunk_tokens))
+    return serve, serve if run.workload.trace or run.workload.lengths_file else pipelined(post)
+
+
 def run_batching_sim(run, req, log, costs, kv_budgets=None):
     """C: static vs continuous batching in steps (the post's table, then in every order of the
     queue), then in seconds priced by `costs` (StepCosts: run_step_costs's) for all three
@@ -109,16 +126,7 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
     the independent simulations run in --jobs worker processes."""
     t0 = time.perf_counter()
     budgets = kv_budgets[1] if kv_budgets else ()
-    profile = engine_profile(run.hardware.engine_profile)
-    post = profile.replica(costs, slots=run.scheduler.slots, scheduler="continuous",
-                           chunk_tokens=run.scheduler.chunk_tokens,
-                           order=run_order(run, req.output),
-                           fused=bool(run.hardware.gpu) and profile.fused)
-    # the engine's seats and step budget (serving_limits) where C answers for an engine: its
-    # capacity, fleets and rate sweep, and a trace's replay; the post's table keeps its own
-    serve = dataclasses.replace(post, slots=run.scheduler.serve_slots,
-                                chunk_tokens=run.scheduler.serve_chunk_tokens)
-    replica = serve if run.workload.trace or run.workload.lengths_file else post
+    serve, replica = c_replicas(run, req, costs)
     fleet_replica = dataclasses.replace(serve, kv=study_budget(budgets))  # (and capacity's)
     capacity = None  # (first: an impossible --target-rate fails before the long part)
     if run.slo.slo_ttft_s or run.slo.slo_tpot_s:

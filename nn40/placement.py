@@ -22,7 +22,7 @@ from nn40.pricing import ENGINE_RULES, card_costs, card_kv_tokens
 from nn40.profiles import run_profile
 from nn40.runs import host_tier, prefix_metrics, run_order, timed_task, work_of
 from nn40.speculative_study import run_speculation, speculating
-from nn40.stages import pipeline_costs, stage_model
+from nn40.stages import pipeline_costs, pipelined, stage_model
 from nn40.stats import percentiles
 from nn40.workload import arrival_times, random_stream, seed_for
 
@@ -155,9 +155,9 @@ def role_replica(run, role, output):
                   host["host_tokens"], host["host_token_s"], host["host_write"],
                   sched.eviction_policy)
     costs = pipeline_costs(card_costs(cfg, card, profile, role.tp), role.pp, cfg, card, role.tp)
-    replica = profile.replica(costs, slots=slots, chunk_tokens=chunk, scheduler="continuous",
-                              order=run_order(run, output), kv=kv, prompt_tokens=chunk,
-                              fused=profile.fused)
+    replica = pipelined(profile.replica(costs, slots=slots, chunk_tokens=chunk,
+                                        scheduler="continuous", order=run_order(run, output),
+                                        kv=kv, prompt_tokens=chunk, fused=profile.fused))
     if sched.speculative_method and role.role != "prefill":  # (a decode pool speculates, and
         # the colocated replicas beside it; a prefill pool emits one token a request)
         replica = speculating(replica, *run_speculation(run, gpu=role.gpu, tp=role.tp,

@@ -16,7 +16,12 @@ class PipelineCosts:
     as pp micro-batches in flight, as vLLM and Vidur run them: each stage busy with one of
     them at a time, every micro-batch of n / pp rows (rounded up) emits a token each cycle of
     pp stage passes, its hops among them (micro_batches 1: the whole batch goes through the
-    stages, one in flight). A prefill runs as one micro-batch through the stages."""
+    stages, one in flight). The prompts' chunks of a step are shared among the micro-batches
+    too, each chunk whole in one of them (the longest first, each into the lightest), so
+    that the heaviest micro-batch sets the cycle: prompts prefilled side by side overlap
+    across the stages, where a lone prompt still passes through every stage in turn (vLLM
+    v1's engine core keeps pp scheduled batches in flight, each its own step:
+    vllm/v1/engine/core.py, step_with_batch_queue)."""
     inner: object
     pp: int
     hop_latency_s: float = 0.0
@@ -32,15 +37,33 @@ class PipelineCosts:
         rows = -(-n // (self.micro_batches or self.pp))
         return rows, cached * rows / n if n else 0
 
+    @property
+    def in_flight(self):
+        return self.micro_batches or self.pp
+
+    def heaviest_prompts(self, plan):
+        """The chunks of `plan` ([(Seq, tokens)]) that the heaviest of the micro-batches in
+        flight carries: each chunk whole in one, the longest first, each into the one with
+        the fewest tokens so far."""
+        m = self.in_flight
+        if len(plan) < 2 or m == 1:
+            return plan
+        shares, loads = [[] for _ in range(m)], [0] * m
+        for item in sorted(plan, key=lambda item: -item[1]):
+            i = loads.index(min(loads))
+            shares[i].append(item)
+            loads[i] += item[1]
+        return shares[loads.index(max(loads))]
+
     def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
         rows, held = self.micro_batch(decoders, cached)
         # (a micro-batch's share of the growth)
         grown = None if growth is None or not decoders else growth * rows / decoders
-        pre_s, dec_s, first, growth, tokens = self.inner.run_price(plan, rows, held, k, fused,
-                                                                   grown)
+        pre_s, dec_s, first, growth, tokens = self.inner.run_price(
+            self.heaviest_prompts(plan), rows, held, k, fused, grown)
         pre_hops, dec_hops = self.hops_s(tokens), self.hops_s(rows)
         return (pre_s + k * pre_hops, dec_s + k * dec_hops, first + pre_hops + dec_hops,
-                growth, tokens)
+                growth, sum(c for _, c in plan))
 
     def decode_steps_to(self, n, cached, t, when, k, growth=None):
         """The first step count in 1..k whose decode run ends at or after `when` (else k)."""
@@ -77,6 +100,18 @@ def pipeline_costs(costs, pp, cfg, card, tp=1, micro_batches=None):
         return costs
     return PipelineCosts(costs, pp, 0.0, cfg.hidden * cfg.dtype_bytes / tp /
                          (card.link_gbs * 1e9), micro_batches)
+
+
+def pipelined(replica):
+    """A replica of pipeline stages with a step's budget for each micro-batch in flight (vLLM
+    v1 schedules each of the pp batches it keeps in flight with its own
+    max_num_batched_tokens), else the replica itself."""
+    if not isinstance(replica.costs, PipelineCosts):
+        return replica
+    m = replica.costs.in_flight
+    return dataclasses.replace(replica, chunk_tokens=replica.chunk_tokens and
+                               replica.chunk_tokens * m, prompt_tokens=replica.prompt_tokens
+                               and replica.prompt_tokens * m)
 
 
 def stage_model(cfg, pp):

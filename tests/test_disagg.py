@@ -15,7 +15,7 @@ from nn40.disaggregated import (
     check_placement, distserve_kv_tokens, distserve_placement, placement_goodput,
     placement_pools, profiled_costs, read_distserve_profile, replay_distserve,
     search_candidates, search_placements)
-from nn40.stages import PipelineCosts, pipeline_costs, steps_reaching
+from nn40.stages import PipelineCosts, pipeline_costs, pipelined, steps_reaching
 from nn40.errors import UsageError
 from nn40.events import EventQueue, SENT
 from nn40.handoff import KVLink, KVSends, kv_link
@@ -110,6 +110,46 @@ def test_a_pipeline_step_is_its_stages_plus_hops_by_hand():
     assert pipeline_costs(inner, 1, MODELS["opt-13b"], card) is inner
     hop = pipeline_costs(inner, 2, MODELS["opt-13b"], card).hop_token_s
     assert hop == pytest.approx(5120 * 2 / 300e9)  # a token's hidden state over NVLink 3
+
+
+def test_prompts_side_by_side_overlap_across_the_stages_by_hand():
+    # inner: 0.5 s + 0.1 s a token; 2 stages, no hops. Chunks of 10, 7 and 2 tokens: the 10
+    # in one micro-batch, the 7 and the 2 in the other (9 tokens), so the heaviest carries
+    # 10: a step of 0.5 + 1.0 = 1.5 s prefills all 19 (one micro-batch in flight: 2.4 s)
+    inner = StepCosts((1, 2), (0.6, 0.7), 0.0, "0.5 s + 0.1 s a token")
+    plan = [(Chunk(), 7), (Chunk(), 10), (Chunk(), 2)]
+    pp = PipelineCosts(inner, 2)
+    assert pp.heaviest_prompts(plan) == [plan[1]]
+    assert pp.run_price(plan, 0, 0, 1)[0] == pytest.approx(1.5)
+    assert pp.run_price(plan, 0, 0, 1)[4] == 19  # (every chunk advances)
+    assert PipelineCosts(inner, 2, micro_batches=1).run_price(plan, 0, 0, 1)[0] == \
+        pytest.approx(2.4)
+    # with 4 decoders fused into the pass: 2 rows beside the heaviest chunks, 0.5 + 1.2
+    assert sum(pp.run_price(plan, 4, 0, 1, fused=True)[:2]) == pytest.approx(1.7)
+    # three stages, four chunks of 5: 5, 5 and 10 tokens a micro-batch
+    assert sum(c for _, c in PipelineCosts(inner, 3).heaviest_prompts(
+        [(Chunk(), 5)] * 4)) == 10
+
+
+def test_a_pipeline_replica_takes_a_step_budget_for_each_micro_batch():
+    # vLLM v1 schedules each of the pp batches in flight with its own budget
+    pp = Replica(8, PipelineCosts(UNIT, 2), "chunked", 2048, prompt_tokens=4096)
+    assert (pipelined(pp).chunk_tokens, pipelined(pp).prompt_tokens) == (4096, 8192)
+    one = Replica(8, PipelineCosts(UNIT, 4, micro_batches=1), "chunked", 2048)
+    assert (pipelined(one).chunk_tokens, pipelined(one).prompt_tokens) == (2048, None)
+    flat = Replica(8, UNIT, "chunked", 2048)
+    assert pipelined(flat) is flat
+
+
+def test_a_pipeline_replica_prefills_two_prompts_at_once():
+    # two prompts of 10 tokens waiting on 2 stages of 0.5 s + 0.1 s a token: one micro-batch
+    # each, both first tokens at 1.5 s (in one micro-batch: 2.5 s)
+    inner = StepCosts((1, 2), (0.6, 0.7), 0.0, "0.5 s + 0.1 s a token")
+    req = Requests(np.zeros(2), np.array([10, 10]), np.array([1, 1]))
+    for micro_batches, first in ((None, 1.5), (1, 2.5)):
+        sim = simulate_serving(req, Replica(4, PipelineCosts(inner, 2,
+                                                             micro_batches=micro_batches)))
+        assert sim["times"].first_token.tolist() == pytest.approx([first, first])
 
 
 def test_a_pipeline_replica_decodes_by_hand():

@@ -273,6 +273,29 @@ def test_the_rate_matching_rule_by_hand():
     assert not tight["feasible"] and tight["batch"] == 1  # (a step alone is past 1 ms)
 
 
+def test_the_rate_matching_rule_on_pipeline_stages_by_hand():
+    # PP 2 a role: a prefill replica's budget twice the engine's (a step's for each of its two
+    # micro-batches), half its prompts in the heaviest micro-batch; a decode step of b rows
+    # is the cycle of b / 2 (rounded up)
+    from nn40.cheapest import rate_matching
+    from nn40.placement import role_replica
+    run = parse_args(CHEAP + ["--target-rate", "30", "--slo-tpot-ms", "40"])
+    req = Requests(np.zeros(4), np.array([100, 300, 200, 200]), np.array([50, 150, 100, 100]))
+    pre, dec = Role("prefill", 1, 1, 2, "h100"), Role("decode", 1, 1, 2, "h100")
+    rule = rate_matching(run, req, pre, dec)
+    p = role_replica(run, pre, req.output)
+    assert p.chunk_tokens == 2 * role_replica(run, Role("prefill", 1, 1, 1, "h100"),
+                                              req.output).chunk_tokens
+    n = p.chunk_tokens // 200
+    half = -(-n // 2)
+    assert rule["context_rps"] == pytest.approx(n / p.costs.pass_s(half * 200, 0,
+                                                                   half * 200 * 201 / 2))
+    d, b = role_replica(run, dec, req.output).costs, rule["batch"]
+    rows = -(-b // 2)
+    assert rule["step_s"] == pytest.approx(d.pass_s(rows, rows * 250)) and \
+        rule["step_s"] <= 0.040
+
+
 def test_the_counts_found_meet_the_slo_and_one_fewer_misses():
     from nn40.capacity import SLO, unit_rate
     from nn40.cheapest import attainments, fewest_pools
