@@ -341,7 +341,7 @@ def output_flags(p):
              help="redraw a results.json's figures")
     add_flag(o, "--replay-distserve", metavar="DIR", default=None, shown="off",
              help="DistServe's logged runs on their placements, exit")
-    add_flag(o, "--pp-micro-batches", type=integer(), default=None, shown="one a stage",
+    add_flag(o, "--pp-micro-batches", type=integer(), default=None, shown="as the engine runs",
              help="decode batches in flight on PP stages")
     add_flag(o, "--placement-search", metavar="DIR", default=None, shown="off",
              help="OPT-13B's placements on A100s by goodput per card, exit")

@@ -25,7 +25,7 @@ from nn40.placement import Role, check_roles
 from nn40.pools import Pool, simulate_pools
 from nn40.pricing import StepCosts
 from nn40.replicas import Replica
-from nn40.stages import pipeline_costs
+from nn40.stages import pipeline_costs, pipelined
 from nn40.stats import percentiles
 from nn40.workload import Requests, arrival_times, read_engine_run
 
@@ -160,17 +160,35 @@ def distserve_placement(path):
     return backend, DISTSERVE_PLACEMENTS.get(kind)
 
 
+# DistServe's decoding engine on pp stages keeps pp batch queues, but a request that has
+# crossed joins only the queue a step launches next (decoding_stage_scheduler.py,
+# get_next_batch: the waiting requests go to batch_queues[cur_index]), and crossings are
+# accepted at the end of a step (single_stage_engine.py, _step, then post_process): the step
+# that waited on the oldest batch. A step whose queue is empty sleeps 3 ms and waits on
+# nothing, so the queue launched after each wait is always the same one: every newcomer
+# joins it and the other stays empty (test_disagg.py runs the loop written out plainly).
+# Its decode pool runs one micro-batch in flight; its context stage, which takes a fresh
+# batch from its queue every step, one a stage.
+DISTSERVE_DECODE_IN_FLIGHT = 1
+
+
 def distserve_replica(profile_dir, engine, shape, role, card, micro_batches=None):
     """A Replica of `engine` in `role` (a key of DISTSERVE_SLOTS) priced by its DistServe
-    profile of OPT-13B on tp x pp cards (shape: (tp, pp)), with the engine's limits."""
+    profile of OPT-13B on tp x pp cards (shape: (tp, pp)), with the engine's limits, its
+    micro-batches in flight `micro_batches` (None: as the engine runs them) each with the
+    engine's step budget."""
     cfg, (tp, pp) = MODELS["opt-13b"], shape
+    if pp == 1:  # (one stage: nothing in flight beside the step)
+        micro_batches = None
+    elif micro_batches is None and engine == "distserve" and role == "decode":
+        micro_batches = DISTSERVE_DECODE_IN_FLIGHT
     costs = pipeline_costs(read_distserve_profile(profile_dir, engine, cfg.name, tp, pp,
                                                   micro_batches), pp, cfg, card, tp,
                            micro_batches)
     kv = KVBudget("paged", distserve_kv_tokens(profile_dir, cfg.name, tp, pp), 16,
                   watermark=VLLM_WATERMARK if engine == "vllm" else 0.0)
-    return Replica(DISTSERVE_SLOTS[role], costs, "continuous", kv=kv, prefill_first=True,
-                   prompt_tokens=DISTSERVE_PROMPT_TOKENS[role])
+    return pipelined(Replica(DISTSERVE_SLOTS[role], costs, "continuous", kv=kv,
+                             prefill_first=True, prompt_tokens=DISTSERVE_PROMPT_TOKENS[role]))
 
 
 def distserve_pools(profile_dir, path, link=None, micro_batches=None):
@@ -192,8 +210,8 @@ def distserve_pools(profile_dir, path, link=None, micro_batches=None):
 
 def replay_distserve(path, profile_dir, link=None, micro_batches=None):
     """One DistServe log replayed on its own placement and arrivals, priced by the profiles
-    alone (a decode pool of pipeline stages with `micro_batches` in flight: None, one a
-    stage) -> its row: what it measured and what C finds (SLO attainment, TTFT and TPOT p50
+    alone (a decode pool of pipeline stages with `micro_batches` in flight: None, as the
+    engine runs them) -> its row: what it measured and what C finds (SLO attainment, TTFT and TPOT p50
     and p90, seconds)."""
     log = read_engine_run(path)
     req = Requests(log["arrival_s"], log["prompt"], log["output"])
