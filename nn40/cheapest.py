@@ -193,9 +193,10 @@ def search_tasks(run, base, slo):
 
 
 def cheapest_placements(run, req):
-    """With pools and a target rate: the cheapest placement of each kind (fewest cards, then
-    the larger share meeting the SLO) serving it at the SLO, each shape's search, and the
-    rate-matching rule's counts beside the simulated ones. -> result"""
+    """With --placement-search (or pools) and a target rate: the cheapest placement of each
+    kind (fewest cards, then the larger share meeting the SLO) serving it at the SLO, each
+    shape's search, and the rate-matching rule's counts beside the simulated ones. ->
+    result"""
     slo = SLO(run.slo.slo_ttft_s, run.slo.slo_tpot_s, run.slo.slo_attainment)
     base = unit_rate(run, req, CAPACITY_REQUESTS, seed_for(run, "placements"))[0]
     tasks, rows = search_tasks(run, base, slo)

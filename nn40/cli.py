@@ -343,8 +343,10 @@ def output_flags(p):
              help="DistServe's logged runs on their placements, exit")
     add_flag(o, "--pp-micro-batches", type=integer(), default=None, shown="as the engine runs",
              help="decode batches in flight on PP stages")
-    add_flag(o, "--placement-search", metavar="DIR", default=None, shown="off",
-             help="OPT-13B's placements on A100s by goodput per card, exit")
+    add_flag(o, "--placement-search", metavar="DIR", nargs="?", const="", default=None,
+             shown="off", help="alone: C's cheapest placements of your model for "
+             "--target-rate at the SLO; with DIR: OPT-13B's on A100s by goodput per card "
+             "under DistServe's profiles, exit")
 
 
 CALIBRATION_FLAGS = {"model": ("--model",), "gpu": ("--gpu",),
@@ -414,7 +416,8 @@ def refuse_unread_flags(name, argv):
     if given:
         raise UsageError(f"--{name.replace('_', '-')} prices OPT-13B on A100-80GB by "
                          f"DistServe's profiles at DistServe's SLO: {', '.join(given)} "
-                         "would not be read (C's main run prices your model, card and SLO)")
+                         "would not be read (C's main run prices your model, card and SLO; "
+                         "--placement-search without DIR searches its placements)")
 
 
 POOL_FLAGS = tuple(f"{role}_{what}" for role in ("prefill", "decode")
@@ -424,43 +427,62 @@ POOL_FLAGS = tuple(f"{role}_{what}" for role in ("prefill", "decode")
 def refuse_pool_flags(args):
     """The main run's pool flags that would go unread: a pool's TP, PP or card, or the KV
     link, without both pools; --cluster and --pp-micro-batches (the DistServe modes')."""
-    if args.cluster and not (args.prefill_replicas and args.decode_replicas and
-                             args.target_rate):
+    pools, search = (args.prefill_replicas, args.decode_replicas), args.placement_search == ""
+    searching = (pools[0] or search) and args.target_rate  # (the cheapest placements)
+    if args.cluster and not searching:
         raise UsageError("--cluster runs --placement-search, --replay-distserve and the "
-                         "cheapest placements (--prefill-replicas, --decode-replicas with "
+                         "cheapest placements (--placement-search or both pools, with "
                          "--target-rate) on Dask; C's other simulations run on --jobs worker "
                          "processes")
     if args.pp_micro_batches is not None:
         raise UsageError("--pp-micro-batches applies to --replay-distserve (C's pipeline "
                          "stages run one micro-batch a stage)")
-    pools = (args.prefill_replicas, args.decode_replicas)
     if (pools[0] is None) != (pools[1] is None):
         raise UsageError("disaggregated serving needs both pools: give --prefill-replicas and "
                          "--decode-replicas")
-    given = [f"--{f.replace('_', '-')}" for f in POOL_FLAGS if getattr(args, f) is not None]
-    given += list(link_flags(args))
-    if args.gpu_budget is not None and not (pools[0] and args.target_rate):
+    if search:
+        refuse_unsearchable(args)
+    given = [f"--{f.replace('_', '-')}" for f in POOL_FLAGS if getattr(args, f) is not None
+             and not (search and f.endswith("_gpu"))]  # (the search puts a role on its card)
+    given += [] if search else list(link_flags(args))
+    if args.gpu_budget is not None and not searching:
         raise UsageError("--gpu-budget bounds the cheapest placements of a target rate: give "
-                         "--prefill-replicas, --decode-replicas and --target-rate")
+                         "--placement-search (or both pools) and --target-rate")
     if given and pools[0] is None:
         raise UsageError(f"{', '.join(given)}: a pool's and the KV link's flags shape "
                          "disaggregated serving: give --prefill-replicas and --decode-replicas")
-    if pools[0] is not None and not args.gpu:
-        raise UsageError("--prefill-replicas and --decode-replicas price pools of a named "
-                         "card: give --gpu")
+    if (pools[0] is not None or search) and not args.gpu:
+        raise UsageError("--prefill-replicas, --decode-replicas and --placement-search price "
+                         "placements on a named card: give --gpu")
     unread = [flag for flag, given in (
         ("--kv-tokens", args.kv_tokens), ("--kv-memory-gb", args.kv_memory_gb),
         ("--peak-bandwidth-gbs", args.peak_bandwidth_gbs), ("--peak-tflops", args.peak_tflops),
         ("--cost", args.cost), (f"--kv-policy {args.kv_policy}", not getattr(
             KV_MANAGERS.get(args.kv_policy), "served", True)),  # (a policy engines do not run)
         ("--max-output", args.max_output)) if given]
-    if pools[0] is not None and unread:
+    if (pools[0] is not None or search) and unread:
         raise UsageError(f"{', '.join(unread)}: the pools price each role's card by the engine "
                          "profile and size its KV cache by the engine's rule on it; leave them "
-                         "out with --prefill-replicas and --decode-replicas")
-    if pools[0] is not None and args.ep > 1:
+                         "out with --prefill-replicas, --decode-replicas and --placement-search")
+    if (pools[0] is not None or search) and args.ep > 1:
         raise UsageError("--ep: a disaggregated placement is priced at TP and PP per role "
                          "(expert parallel pools are not modelled yet): give --ep 1")
+
+
+def refuse_unsearchable(args):
+    """--placement-search alone (C's cheapest placements) needs a target rate and an SLO to
+    search for; it searches each role's TP and PP itself."""
+    if not args.target_rate or not (args.slo_ttft_s or args.slo_tpot_s):
+        raise UsageError("--placement-search searches the cheapest placements for a target "
+                         "rate at an SLO: give --target-rate and --slo-ttft-ms or --slo-tpot-ms "
+                         "(or a DIR of DistServe's runs)")
+    given = [flag for flag, value in (("--prefill-tp", args.prefill_tp),
+                                      ("--decode-tp", args.decode_tp),
+                                      ("--prefill-pp", args.prefill_pp),
+                                      ("--decode-pp", args.decode_pp)) if value is not None]
+    if given and args.prefill_replicas is None:
+        raise UsageError(f"{', '.join(given)}: --placement-search tries each role's TP and PP "
+                         "itself (give both pools to run one placement beside the search)")
 
 
 def parse_args(argv):
@@ -497,6 +519,7 @@ def run_config(args):
     graphs = {"on": "graph", "off": "eager", "both": "both", None: "both" if cuda else "eager"}
     run = RunConfig.of(**{**{k: v for k, v in vars(args).items() if k in RUN_FIELDS},
                        "model": model, "experiments": experiments,
+                       "search_placements": args.placement_search == "",
                        "device": device and device.type, "graphs": graphs[args.graphs],
                        "contexts": tuple(sorted(set(contexts) | {args.context})),
                        "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default,

@@ -157,8 +157,9 @@ def run_batching_sim(run, req, log, costs, kv_budgets=None):
         result["placement"], placed = disaggregation_study(
             run, req, capacity and capacity["one_replica"]["rate_rps"])
         works.append(placed)
-        if run.slo.target_rate is not None:
-            result["placements"] = cheapest_placements(run, req)
+    if (run.placement.disaggregated or run.placement.search_placements) and \
+            run.slo.target_rate is not None:
+        result["placements"] = cheapest_placements(run, req)
     if capacity:
         result["capacity"] = capacity
     if run.scheduler.prefix_study and kv_budgets:

@@ -232,6 +232,7 @@ class PlacementConfig:
     kv_link_latency_us: float = None  # in place of the named link's
     kv_layerwise: bool = False    # the KV sent layer by layer during the prefill
     gpu_budget: int = None        # the cheapest placements' cards at most (None: no bound)
+    search_placements: bool = False  # --placement-search alone: the cheapest placements
 
     @property
     def disaggregated(self):

@@ -338,6 +338,40 @@ def test_the_cheapest_placement_end_to_end(tmp_path, capsys):
     assert "answer: colocated, 1 x colocated TP1 PP1 H100 SXM: 1 GPU" in printed.out
 
 
+SEARCH = CHEAP[:6] + CHEAP[10:]  # (CHEAP without its pools)
+
+
+def test_the_placement_search_alone_is_the_cheapest_placements(tmp_path, capsys):
+    # --placement-search with no DIR: the same search for the run's own model and card, with
+    # no placement of the user's run beside it; a budget bounds it
+    assert "--prefill-replicas" not in SEARCH and "--gpu" in SEARCH
+    alone, printed = run_main(SEARCH + ["--placement-search", "--target-rate", "20",
+                                        "--no-figures", "--out", str(tmp_path / "a")], capsys)
+    pools, _ = run_main(CHEAP + ["--target-rate", "20", "--no-figures", "--out",
+                                 str(tmp_path / "b")], capsys)
+    assert "placement" not in alone["C"] and "placement" in pools["C"]
+    strip = [[{k: r[k] for k in ("kind", "placement", "gpus", "attainment")}
+              for r in R["C"]["placements"]["rows"]] for R in (alone, pools)]
+    assert strip[0] == strip[1] and "answer: " in printed.out
+    budget, _ = run_main(SEARCH + ["--placement-search", "--target-rate", "20", "--gpu-budget",
+                                   "1", "--no-figures", "--out", str(tmp_path / "c")], capsys)
+    assert list(budget["C"]["placements"]["best"]) == ["colocated"]
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (SEARCH + ["--placement-search"], "give --target-rate and --slo-ttft-ms"),
+    (SEARCH[:8] + ["--placement-search", "--target-rate", "20"],  # (no SLO)
+     "give --target-rate and --slo-ttft-ms"),
+    (SEARCH + ["--placement-search", "--target-rate", "20", "--prefill-tp", "2"],
+     "--prefill-tp: --placement-search tries each role's TP and PP itself"),
+    (SEARCH + ["--placement-search", "--target-rate", "20", "--kv-tokens", "5000"],
+     "--kv-tokens: the pools price"),
+    (SEARCH[:2] + SEARCH[4:] + ["--placement-search", "--target-rate", "20"], "give --gpu"),
+])
+def test_a_placement_search_it_cannot_run_is_one_line(flags, fragment, capsys, tmp_path):
+    expect_usage_error(["--out", str(tmp_path), *flags], capsys, fragment)
+
+
 def test_the_gpu_budget_is_refused_without_a_placement_search(capsys, tmp_path):
     expect_usage_error(["--experiments", "C", "--gpu", "h100", "--gpu-budget", "8", "--out",
                         str(tmp_path)], capsys, "--gpu-budget bounds the cheapest placements")
