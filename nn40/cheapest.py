@@ -18,6 +18,7 @@ from nn40.metrics import slo_met
 from nn40.placement import Role, check_roles, placement_link, placement_pools, role_replica
 from nn40.pools import Fleet, simulate_pools
 from nn40.profiles import run_profile
+from nn40.speculative import PP_METHODS
 from nn40.workload import seed_for
 
 SHAPES_TP, SHAPES_PP = (1, 2, 4, 8), (1, 2)
@@ -27,15 +28,16 @@ SHAPES_EACH = 3  # the smallest shapes that run, per role (a TP x PP of fewer ca
 def role_shapes(run, req, role, gpu):
     """The (TP, PP) a role's replica can run at on `gpu` (TP divides the heads, the weights
     fit, and its KV cache holds each of the requests alone: a prefill replica their prompts
-    and first tokens; a speculating one with its draft beside it, at PP 1), fewest cards
-    first: the SHAPES_EACH smallest."""
+    and first tokens; a speculating one with its draft beside it, at PP 1 but for the
+    methods vLLM runs on stages), fewest cards first: the SHAPES_EACH smallest."""
     cfg, profile = run.hardware.model, run_profile(run)
     held = dataclasses.replace(req, output=np.ones_like(req.output)) if role == "prefill" \
         else req
-    speculates = run.scheduler.speculative_method and role != "prefill"
+    method = run.scheduler.speculative_method
+    one_stage = method and method not in PP_METHODS and role != "prefill"
     fits = []
     for tp in SHAPES_TP:
-        for pp in SHAPES_PP[:1] if speculates else SHAPES_PP:
+        for pp in SHAPES_PP[:1] if one_stage else SHAPES_PP:
             shape = Role(role, 1, tp, pp, gpu)
             try:
                 check_roles(cfg, [shape] if role == "colocated" else [

@@ -26,7 +26,7 @@ from nn40.routers import ROUTERS
 from nn40.settings import (
     RUN_FIELDS, ModeConfig, RunConfig, SchedulerConfig, attainment, experiment_letters, fraction,
     integer, integers, milliseconds, number, numbers, rate_value, usage_type)
-from nn40.speculative import MAX_SPECULATIVE_TOKENS, parse_config, resolve
+from nn40.speculative import MAX_SPECULATIVE_TOKENS, PP_METHODS, parse_config, resolve
 from nn40.speculative_study import run_speculation
 from nn40.stages import stage_model
 from nn40.text import DESCRIPTION, EPILOG, USAGE
@@ -344,9 +344,7 @@ def output_flags(p):
     add_flag(o, "--pp-micro-batches", type=integer(), default=None, shown="as the engine runs",
              help="decode batches in flight on PP stages")
     add_flag(o, "--placement-search", metavar="DIR", nargs="?", const="", default=None,
-             shown="off", help="alone: C's cheapest placements of your model for "
-             "--target-rate at the SLO; with DIR: OPT-13B's on A100s by goodput per card "
-             "under DistServe's profiles, exit")
+             shown="off", help="cheapest placements; DIR: DistServe's, exit")
 
 
 CALIBRATION_FLAGS = {"model": ("--model",), "gpu": ("--gpu",),
@@ -584,10 +582,10 @@ def speculation_fields(args, cfg):
             chosen_experiments(args)) - {"C"})):
         if refused:
             raise UsageError(f"--speculative-config is priced by C on a named card: give {flag}")
-    if max(args.pp, args.prefill_pp or 1, args.decode_pp or 1) > 1:
-        raise UsageError("--speculative-config: C's pipeline stages split a step's query "
-                         "tokens, not its sequences, which a verify step's k + 1 a decoder "
-                         "would break: run it without --pp")
+    if max(args.pp, args.prefill_pp or 1, args.decode_pp or 1) > 1 and \
+            config["method"] not in PP_METHODS:
+        raise UsageError(f"--speculative-config: vLLM runs {', '.join(PP_METHODS)} alone on "
+                         f"pipeline stages, not {config['method']}: run it without --pp")
     if config["method"] == "draft_model":
         config = {**config, "model": named(config["model"], kind="model")}
     if config["method"] == "mtp" and not cfg.mtp_layers:

@@ -281,13 +281,17 @@ class SpeculativeCosts:
         self.verify, self.draft, self.k = verify, draft, k
 
     def draft_price(self, decoders, cached, growth):
-        """(seconds of a step's drafting, its growth a step) for `decoders` query tokens."""
+        """(seconds of a step's drafting, its growth a step) for `decoders` query tokens. On
+        pipeline stages (the verify's in_flight micro-batches) the last stage drafts for each
+        micro-batch in turn, after its share of the verify (vLLM's model runner V2)."""
         if self.draft is None or not decoders:
             return 0.0, 0.0
         batch = max(1, decoders // (self.k + 1))
+        m = min(getattr(self.verify, "in_flight", 1), batch)  # (micro-batches with decoders)
+        rows = -(-batch // m)
         grown = decoders if growth is None else growth
-        return self.k * self.draft.pass_s(batch, cached), \
-            self.k * self.draft.kv_s(batch) * grown
+        return m * self.k * self.draft.pass_s(rows, cached * rows / batch), \
+            m * self.k * self.draft.kv_s(rows) * grown * rows / batch
 
     def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
         pre, dec, first, grows, tokens = self.verify.run_price(plan, decoders, cached, k, fused,
@@ -306,6 +310,11 @@ class SpeculativeCosts:
         return {**self.verify.as_dict(), "speculative_draft": None if self.draft is None
                 else self.draft.as_dict(), "speculative_tokens": self.k}
 
+
+# The methods vLLM runs on pipeline stages: EAGLE-3 (vllm-project/vllm#50514, "Support eagle3
+# spec decode with pipeline parallel", tests/v1/e2e/spec_decode/eagle/test_eagle3_pp.py); MTP
+# with PP is still broken there (#49355), the others refused by its config
+PP_METHODS = ("eagle3",)
 
 # --speculative-config: the keys of vLLM's speculative_config C reads, and those it takes without
 # reading (an n-gram lookup's window and a length limit change the acceptance, given apart, not

@@ -18,6 +18,7 @@ from nn40.memory import draft_scale, kv_budget_bytes
 from nn40.pricing import NO_DRAFT, card_costs, card_kv_terms
 from nn40.profiles import run_profile
 from nn40.runs import study_budget, timed_task, work_of
+from nn40.stages import PipelineCosts
 from nn40.speculative import (
     Speculation, SpeculativeCosts, draft_config, draft_memory, lookahead_tokens)
 from nn40.workload import seed_for
@@ -111,8 +112,11 @@ def speculating(replica, spec, draft, cache=None):
             kv, capacity_tokens=kv.capacity_tokens if cache.tokens is None else cache.tokens,
             host_tokens=int(kv.host_tokens / cache.scale),
             host_token_s=kv.host_token_s * cache.scale)
+    verify = replica.costs  # (on pipeline stages a decoder's k + 1 query tokens go whole
+    if isinstance(verify, PipelineCosts):  # into one micro-batch)
+        verify = dataclasses.replace(verify, row_tokens=spec.k + 1)
     return dataclasses.replace(replica, speculation=spec, kv=kv,
-                               costs=SpeculativeCosts(replica.costs, draft, spec.k))
+                               costs=SpeculativeCosts(verify, draft, spec.k))
 
 
 def summary(req, sim):

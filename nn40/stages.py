@@ -27,14 +27,19 @@ class PipelineCosts:
     hop_latency_s: float = 0.0
     hop_token_s: float = 0.0
     micro_batches: int = None  # in flight at once (None: pp; 1: a batch through the stages)
+    row_tokens: int = 1  # query tokens a decoder runs a step (a verify step's k + 1), whole in
+    # one micro-batch
 
     def hops_s(self, tokens):
         return (self.pp - 1) * (self.hop_latency_s + self.hop_token_s * tokens) if tokens \
             else 0.0
 
     def micro_batch(self, n, cached):
-        """(rows, tokens cached) of one of pp micro-batches of n decoders holding `cached`."""
-        rows = -(-n // (self.micro_batches or self.pp))
+        """(query rows, tokens cached) of the heaviest of the micro-batches in flight, of n
+        query rows (row_tokens a decoder) holding `cached`: its decoders' share, rounded
+        up."""
+        per = self.row_tokens
+        rows = per * -(-(n // per) // self.in_flight)
         return rows, cached * rows / n if n else 0
 
     @property

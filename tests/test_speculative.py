@@ -164,7 +164,8 @@ def test_each_methods_acceptance_and_draft():
     (EAGLE3[:-1] + ['{"method": "ngram", "model": "llama-3.2-1b"}'], "leave \"model\" out"),
     (EAGLE3[:-1] + ['{"method": "eagle3"}', "--acceptance-rates", ",".join(["0.5"] * 17)],
      "more drafts a step than"),
-    (EAGLE3 + ["--pp", "2"], "without --pp"),
+    (EAGLE3[:-1] + ['{"method": "eagle", "num_speculative_tokens": 3}', "--pp", "2"],
+     "vLLM runs eagle3 alone on pipeline stages, not eagle"),
     (EAGLE3[:-1] + ['{"method": "eagle3", "num_speculative_tokens": 0}'], "from 1 to 16"),
     (EAGLE3[:-1] + ['{"method": "draft_model"}'], "names its draft by \"model\""),
     (EAGLE3[:-1] + ['{"method": "draft_model", "model": "lama-9"}'], "unknown model"),
@@ -498,21 +499,64 @@ def test_a_host_tier_carries_the_drafts_kv_where_the_cache_does(profile, scale):
     assert kv.host_tokens == int(64_000 / scale) and kv.host_token_s == pytest.approx(1e-6 * scale)
 
 
-def test_speculating_pools_are_checked_and_searched_at_pp_1():
+def test_speculating_pools_are_checked_and_searched_at_pp_1_but_eagle3():
     # a decode pool on another card whose draft leaves it no cache: one line before anything
-    # runs; the cheapest-placement search tries speculating pools at PP 1 alone (C refuses
-    # --pp with speculation), its prefill pool at PP 2 still
+    # runs; the cheapest-placement search tries speculating pools at PP 1 alone but for
+    # EAGLE-3, which vLLM runs on pipeline stages (C refuses --pp with the others), its
+    # prefill pool at PP 2 still
     from nn40.cheapest import role_shapes
     from nn40.workload import Requests
     pools = ["--prefill-replicas", "1", "--decode-replicas", "1"]
     with pytest.raises(UsageError, match="no KV cache fits on RTX 4090"):
         parse_args(EAGLE3[:-1] + ['{"method": "draft_model", "model": "llama-3.1-8b"}',
                                   "--acceptance-length", "2", "--decode-gpu", "rtx-4090"] + pools)
-    run = parse_args(["--experiments", "C", "--model", "llama-3.1-70b", "--gpu", "h100",
-                      "--tp", "2", "--speculative-config", '{"method": "eagle3"}'] + pools)
     req = Requests(np.zeros(20), np.full(20, 512), np.full(20, 256))
-    assert {pp for _, pp in role_shapes(run, req, "decode", "h100")} == {1}
-    assert 2 in {pp for _, pp in role_shapes(run, req, "prefill", "h100")}
+    for method, stages in (("eagle", {1}), ("eagle3", {1, 2})):
+        run = parse_args(["--experiments", "C", "--model", "llama-3.1-70b", "--gpu", "h100",
+                          "--tp", "2", "--speculative-config", f'{{"method": "{method}"}}',
+                          "--acceptance-length", "2"] + pools)
+        assert {pp for _, pp in role_shapes(run, req, "decode", "h100")} == stages
+        assert 2 in {pp for _, pp in role_shapes(run, req, "prefill", "h100")}
+
+
+def test_a_verify_step_on_pipeline_stages_by_hand():
+    # 2 stages of 0.5 s + 0.1 s a query token (no hops), 3 drafts a step (4 query tokens a
+    # decoder), a draft pass 0.2 s + 0.01 s a row. 3 decoders: micro-batches of 2 and 1
+    # decoders, whole; the heaviest runs 8 query tokens, 0.5 + 0.8 = 1.3 s a cycle; the last
+    # stage drafts for each micro-batch in turn: 2 x 3 passes of 2 rows, 6 x 0.22 = 1.32 s.
+    # One decoder alone: its 4 tokens whole in one micro-batch (not 2 and 2), 0.5 + 0.4, and
+    # one micro-batch to draft for
+    from nn40.speculative import SpeculativeCosts
+    from nn40.stages import PipelineCosts
+    from nn40.pricing import StepCosts
+    inner = StepCosts((1, 2), (0.6, 0.7), 0.0, "0.5 s + 0.1 s a token")
+    draft = StepCosts((1, 2), (0.21, 0.22), 0.0, "0.2 s + 0.01 s a row")
+    verify = PipelineCosts(inner, 2, row_tokens=4)
+    assert verify.micro_batch(12, 1200) == (8, 800)
+    costs = SpeculativeCosts(verify, draft, 3)
+    assert costs.run_price((), 12, 0, 1)[1] == pytest.approx(1.3 + 1.32)
+    assert costs.run_price((), 4, 0, 1)[1] == pytest.approx(0.9 + 3 * 0.21)  # (one drafts)
+    assert PipelineCosts(inner, 2).micro_batch(4, 0)[0] == 2  # (the rule seeded: 2 and 2)
+
+
+def test_eagle3_runs_on_pipeline_stages_end_to_end(tmp_path, capsys):
+    # C's main run with --pp 2 speculates with EAGLE-3; its verify keeps each decoder's
+    # tokens whole in a micro-batch (speculating sets the stages' row_tokens)
+    from nn40.experiment_c import c_replicas
+    from nn40.runs import run_step_costs
+    from nn40.speculative_study import run_speculation, speculating
+    from nn40.workload import Requests
+    run = parse_args(EAGLE3 + ["--model", "llama-3.1-70b", "--tp", "4", "--pp", "2",
+                               "--acceptance-length", "2.6"])
+    serve, _ = c_replicas(run, Requests(np.zeros(1), np.ones(1, int), np.ones(1, int)),
+                          run_step_costs(run.hardware, {}))
+    spec = speculating(serve, *run_speculation(run))
+    assert spec.costs.verify.row_tokens == 4 and spec.costs.verify.pp == 2
+    S.main(EAGLE3 + ["--model", "llama-3.1-70b", "--tp", "4", "--pp", "2",
+                     "--acceptance-length", "2.6", "--rate", "4", "--no-figures",
+                     "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "speedup at this load" in out and "as 2 pipeline stages" in out
 
 
 def test_speculation_by_method():
