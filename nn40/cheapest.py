@@ -86,9 +86,9 @@ def rate_matching(run, req, prefill, decode):
 
 
 def in_flight_share(replica, n):
-    """The most of n requests one micro-batch in flight carries (pipeline stages: PipelineCosts;
-    else all n)."""
-    return -(-n // getattr(replica.costs, "in_flight", 1))
+    """The most of n requests one of the replica's batches in flight carries (pipeline
+    stages: a micro-batch's share, rounded up; else all n)."""
+    return -(-n // replica.costs.in_flight)
 
 
 def meets_alone(run, req, role):

@@ -633,9 +633,10 @@ def check_flags(args):
     if args.kv_fraction is not None and (args.kv_memory_gb or args.kv_tokens):
         raise UsageError("--kv-fraction sizes the engine's KV cache by its rule; --kv-memory-gb "
                          "and --kv-tokens give its size: give one or the other")
-    if args.prefill_replicas and args.experiments and "C" not in args.experiments:
-        raise UsageError("--prefill-replicas and --decode-replicas are simulated by C: add C "
-                         "to --experiments")
+    if (args.prefill_replicas or args.placement_search == "") and args.experiments and \
+            "C" not in args.experiments:
+        raise UsageError("--prefill-replicas, --decode-replicas and --placement-search are "
+                         "simulated by C: add C to --experiments")
     if args.rate == "trace" and not args.trace:
         raise UsageError("--rate trace: the trace has no timestamps (give --trace FILE.csv)")
     for flag, given in (("--tp", args.tp > 1), ("--ep", args.ep > 1), ("--pp", args.pp > 1),

@@ -37,6 +37,7 @@ class PhaseCosts:
     prefill: StepCosts
     decode: StepCosts
     source: object
+    in_flight = 1  # (PassPrices)
 
     def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
         """As StepCosts.run_price (the two passes apart: `fused` cannot join two prices)."""
@@ -161,14 +162,19 @@ def distserve_placement(path):
 
 
 # DistServe's decoding engine on pp stages keeps pp batch queues, but a request that has
-# crossed joins only the queue a step launches next (decoding_stage_scheduler.py,
+# crossed joins only the queue the next step launches (decoding_stage_scheduler.py,
 # get_next_batch: the waiting requests go to batch_queues[cur_index]), and crossings are
-# accepted at the end of a step (single_stage_engine.py, _step, then post_process): the step
-# that waited on the oldest batch. A step whose queue is empty sleeps 3 ms and waits on
-# nothing, so the queue launched after each wait is always the same one: every newcomer
-# joins it and the other stays empty (test_disagg.py runs the loop written out plainly).
-# Its decode pool runs one micro-batch in flight; its context stage, which takes a fresh
-# batch from its queue every step, one a stage.
+# accepted at the end of a step (single_stage_engine.py, _step, then post_process). With
+# one queue holding every request, the step of the empty one sleeps 3 ms and then waits on
+# the oldest batch, and the next step, launching the full queue, finds the empty one's slot
+# oldest and waits on nothing: the crossings accepted after the wait all join the full
+# queue and the other stays empty. It stays so until a crossing lands in the other queue
+# (one accepted in the event loop's yield between two steps, one the scheduler held back
+# while the waiting prompts took 5% of the blocks, a swapped request coming back); from
+# then on newcomers join both and two micro-batches are in flight. Which happens when is
+# a race C does not follow: its decode pool runs the one micro-batch the engine starts
+# with (test_disagg.py runs the loop written out plainly, both ways); its context stage,
+# which takes a fresh batch from its queue every step, one a stage.
 DISTSERVE_DECODE_IN_FLIGHT = 1
 
 
@@ -211,8 +217,8 @@ def distserve_pools(profile_dir, path, link=None, micro_batches=None):
 def replay_distserve(path, profile_dir, link=None, micro_batches=None):
     """One DistServe log replayed on its own placement and arrivals, priced by the profiles
     alone (a decode pool of pipeline stages with `micro_batches` in flight: None, as the
-    engine runs them) -> its row: what it measured and what C finds (SLO attainment, TTFT and TPOT p50
-    and p90, seconds)."""
+    engine runs them) -> its row: what it measured and what C finds (SLO attainment, TTFT
+    and TPOT p50 and p90, seconds)."""
     log = read_engine_run(path)
     req = Requests(log["arrival_s"], log["prompt"], log["output"])
     pools, names, link = distserve_pools(profile_dir, path, link, micro_batches)

@@ -82,7 +82,7 @@ class Admission:
         ledger, kv = self.ledger, self.kv
         while True:
             taken = kv.planned(self.steps, schedule_prefill(
-                self.prefill.seqs, self.decode.tokens, self.chunk_tokens))
+                self.prefill.seqs, self.decode.tokens, self.chunk_tokens, self.chunk_cap))
             if not self.running or taken <= kv.capacity:
                 return taken
             seq = self.running[next(reversed(self.running))]
@@ -226,6 +226,7 @@ class ServingSim(Admission):
         self.n, self.slots, self.costs, self.scheduler = len(ids), replica.slots, \
             replica.costs, replica.scheduler
         self.chunk_tokens = replica.chunk_tokens if replica.scheduler == "chunked" else None
+        self.chunk_cap = replica.batch_tokens  # (a chunk's most: a pipeline's batch budget)
         # (whole prompts up to a budget: a continuous step's)
         self.prompt_tokens = replica.prompt_tokens if replica.scheduler == "continuous" \
             else None
@@ -281,10 +282,11 @@ class ServingSim(Admission):
         if self.kv.caches_scheduled and self.prefill.seqs:  # (the running prompts' next
             # chunks are cached as scheduled, before newcomers look theirs up: vLLM's order)
             for seq, chunk in schedule_prefill(self.prefill.seqs, self.decode.tokens,
-                                               self.chunk_tokens):
+                                               self.chunk_tokens, self.chunk_cap):
                 self.kv.schedule(seq, chunk)
         blocked = self.admit(taken)
-        plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens)
+        plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens,
+                                self.chunk_cap)
         if not plan and not self.decode.size:
             if self.parked:  # idle while KV loads
                 return self.idle_until(min(ready for ready, _ in self.parked))

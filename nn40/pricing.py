@@ -36,6 +36,7 @@ class StepCosts:
     seconds: tuple
     kv_token_s: float
     source: object                # where the prices come from: a description (see describe)
+    in_flight = 1                 # (one pass at a time: PassPrices)
     kv_by_batch: tuple = ()
     pair_s: float = 0.0
     # (f, kv_s) by tokens per pass: a simulation prices the same few shapes millions of times

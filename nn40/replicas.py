@@ -15,16 +15,17 @@ from nn40.queues import Order
 SCHEDULERS = ("static", "continuous", "chunked")
 
 
-def schedule_prefill(prefilling, decode_tokens, chunk_tokens):
+def schedule_prefill(prefilling, decode_tokens, chunk_tokens, cap=None):
     """This step's prefill: [(request, tokens)], oldest first. Whole prompts, or (chunked)
-    what the step's token budget leaves after the decodes' tokens."""
+    what the step's token budget leaves after the decodes' tokens, a chunk at most `cap`
+    tokens where given (one of the batches a pipeline keeps in flight)."""
     if chunk_tokens is None:
         return [(s, s.prompt_left) for s in prefilling]
     room, plan = chunk_tokens - decode_tokens, []
     for s in prefilling:
         if room <= 0:
             break
-        plan.append((s, min(s.prompt_left, room)))
+        plan.append((s, min(s.prompt_left, room, cap or room)))
         room -= plan[-1][1]
     return plan
 
@@ -153,6 +154,7 @@ class SimulationStalled(RuntimeError):
 class PassPrices(Protocol):
     """What prices a replica's passes for the loop: StepCosts (one pass of any tokens),
     PhaseCosts (prefill and decode apart), PipelineCosts (stages in flight)."""
+    in_flight: int  # batches in flight at once (1 but on pipeline stages)
 
     def run_price(self, plan, decoders, cached, k, fused=False, growth=None):
         """(prefill_s, decode_s, first_s, growth_s, prompt tokens a step) of k steps: the plan's
@@ -201,6 +203,9 @@ class Replica:
                  of admission, the first whatever its length (DistServe's
                  context-max-tokens-per-batch; vLLM's max_num_batched_tokens without chunked
                  prefill); None: every admitted prompt
+    batch_tokens  chunked: the most tokens a prompt's chunk takes (a replica of pipeline
+                 stages: one of the batches in flight's budget, chunk_tokens their sum;
+                 stages.pipelined); None: chunk_tokens
     speculation  a Speculation (nn40.speculative): its decoders verify drafted tokens, each
                  taking its own drawn number of steps (its costs: a SpeculativeCosts); None:
                  plain decoding, by decode_tokens
@@ -216,4 +221,5 @@ class Replica:
     prefill_first: bool = False
     decode_tokens: DecodeTokens = DecodeTokens()
     prompt_tokens: int = None
+    batch_tokens: int = None
     speculation: object = None

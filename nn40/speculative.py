@@ -280,6 +280,10 @@ class SpeculativeCosts:
     def __init__(self, verify, draft, k):
         self.verify, self.draft, self.k = verify, draft, k
 
+    @property
+    def in_flight(self):
+        return self.verify.in_flight
+
     def draft_price(self, decoders, cached, growth):
         """(seconds of a step's drafting, its growth a step) for `decoders` query tokens. On
         pipeline stages (the verify's in_flight micro-batches) the last stage drafts for each
@@ -287,7 +291,7 @@ class SpeculativeCosts:
         if self.draft is None or not decoders:
             return 0.0, 0.0
         batch = max(1, decoders // (self.k + 1))
-        m = min(getattr(self.verify, "in_flight", 1), batch)  # (micro-batches with decoders)
+        m = min(self.in_flight, batch)  # (the micro-batches with decoders)
         rows = -(-batch // m)
         grown = decoders if growth is None else growth
         return m * self.k * self.draft.pass_s(rows, cached * rows / batch), \

@@ -110,13 +110,14 @@ def pipeline_costs(costs, pp, cfg, card, tp=1, micro_batches=None):
 def pipelined(replica):
     """A replica of pipeline stages with a step's budget for each micro-batch in flight (vLLM
     v1 schedules each of the pp batches it keeps in flight with its own
-    max_num_batched_tokens), else the replica itself."""
+    max_num_batched_tokens), a prompt's chunk within one batch's, else the replica itself."""
     if not isinstance(replica.costs, PipelineCosts):
         return replica
     m = replica.costs.in_flight
     return dataclasses.replace(replica, chunk_tokens=replica.chunk_tokens and
                                replica.chunk_tokens * m, prompt_tokens=replica.prompt_tokens
-                               and replica.prompt_tokens * m)
+                               and replica.prompt_tokens * m,
+                               batch_tokens=replica.chunk_tokens if m > 1 else None)
 
 
 def stage_model(cfg, pp):

@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,9 +13,9 @@ import pytest
 import NN_40_serving as S
 from nn40.config import GPUS, MODELS
 from nn40.disaggregated import (
-    DISTSERVE_DECODE_IN_FLIGHT, check_placement, distserve_kv_tokens, distserve_placement, placement_goodput,
-    distserve_replica, placement_pools, profiled_costs, read_distserve_profile,
-    replay_distserve, search_candidates, search_placements)
+    DISTSERVE_DECODE_IN_FLIGHT, check_placement, distserve_kv_tokens, distserve_placement,
+    distserve_replica, placement_goodput, placement_pools, profiled_costs,
+    read_distserve_profile, replay_distserve, search_candidates, search_placements)
 from nn40.stages import PipelineCosts, pipeline_costs, pipelined, steps_reaching
 from nn40.errors import UsageError
 from nn40.events import EventQueue, SENT
@@ -25,7 +26,7 @@ from nn40.loop import simulate_serving
 from nn40.metrics import serving_metrics
 from nn40.pools import Pool, simulate_pools
 from nn40.pricing import StepCosts, card_costs
-from nn40.replicas import Replica
+from nn40.replicas import Replica, schedule_prefill
 from nn40.workload import Requests, arrival_times, read_engine_run
 from test_cli import expect_usage_error
 
@@ -133,12 +134,19 @@ def test_prompts_side_by_side_overlap_across_the_stages_by_hand():
 
 def test_a_pipeline_replica_takes_a_step_budget_for_each_micro_batch():
     # vLLM v1 schedules each of the pp batches in flight with its own budget
+    # and a prompt's chunk within one batch's budget: 5,000 tokens left take 2,048 a step
+    # beside another's 2,048, not 4,096 alone
     pp = Replica(8, PipelineCosts(UNIT, 2), "chunked", 2048, prompt_tokens=4096)
     assert (pipelined(pp).chunk_tokens, pipelined(pp).prompt_tokens) == (4096, 8192)
+    assert pipelined(pp).batch_tokens == 2048
     one = Replica(8, PipelineCosts(UNIT, 4, micro_batches=1), "chunked", 2048)
-    assert (pipelined(one).chunk_tokens, pipelined(one).prompt_tokens) == (2048, None)
+    assert (pipelined(one).chunk_tokens, pipelined(one).prompt_tokens,
+            pipelined(one).batch_tokens) == (2048, None, None)
     flat = Replica(8, UNIT, "chunked", 2048)
     assert pipelined(flat) is flat
+    long, other = SimpleNamespace(prompt_left=5000), SimpleNamespace(prompt_left=3000)
+    assert schedule_prefill([long, other], 0, 4096, 2048) == [(long, 2048), (other, 2048)]
+    assert schedule_prefill([long], 0, 4096) == [(long, 4096)]  # (no cap: one chunk of both)
 
 
 def test_a_pipeline_replica_prefills_two_prompts_at_once():
@@ -152,17 +160,19 @@ def test_a_pipeline_replica_prefills_two_prompts_at_once():
         assert sim["times"].first_token.tolist() == pytest.approx([first, first])
 
 
-def distserve_decode_loop(arrivals, tokens, newcomers_to_lighter=False, pp=2):
+def distserve_decode_loop(arrivals, tokens, spills=(), newcomers_to_lighter=False, pp=2):
     """DistServe's decoding engine loop on pp stages, written out plainly (decoding_stage_
     scheduler.py, single_stage_engine.py): each step takes the next of pp batch queues,
     adds the waiting requests to it, and launches it through the stages (each 5 ms + 0.1 ms
     a row), or with it empty sleeps 3 ms; with pp batches in the pipeline it waits on the
     oldest, whose requests then gain a token; at the step's end the requests that have
-    crossed by then wait for the next. `newcomers_to_lighter`: the rule seeded otherwise.
-    -> the rows of every launch, [(queue, rows)]."""
-    queues, waiting, pipeline, launched = [[] for _ in range(pp)], [], [], []
+    crossed by then wait for the next, but for those in `spills`, accepted a step later (a
+    crossing in the yield between steps, or one held back by the waiting prompts' share of
+    the blocks). `newcomers_to_lighter`: the rule seeded otherwise. -> the rows of every
+    launch, [(queue, rows)]."""
+    queues, waiting, held, pipeline, launched = [[] for _ in range(pp)], [], [], [], []
     left, free, t, cur, k = {}, [0.0] * pp, 0.0, -1, 0
-    while k < len(arrivals) or waiting or any(queues):
+    while k < len(arrivals) or waiting or held or any(queues):
         cur = (cur + 1) % pp
         for r in waiting:
             (min(queues, key=len) if newcomers_to_lighter else queues[cur]).append(r)
@@ -187,20 +197,24 @@ def distserve_decode_loop(arrivals, tokens, newcomers_to_lighter=False, pp=2):
                     queues[queue].remove(r)
         if not any(queues) and not pipeline and k < len(arrivals):
             t = max(t, arrivals[k])
+        waiting, held = waiting + held, []
         while k < len(arrivals) and arrivals[k] <= t:
-            waiting.append(k)
+            (held if k in spills else waiting).append(k)
             left[k], k = tokens, k + 1
     return launched
 
 
-def test_distserves_decoding_loop_fills_one_batch_queue():
+def test_distserves_decoding_loop_fills_one_batch_queue_till_a_spill():
     # 200 requests crossing at 20 a second, 50 tokens each: every launch is of the same queue,
     # the other empty throughout, so the pool runs one micro-batch in flight
-    # (DISTSERVE_DECODE_IN_FLIGHT); the rule seeded otherwise (newcomers to the lighter
-    # queue) launches both
+    # (DISTSERVE_DECODE_IN_FLIGHT); one crossing accepted a step late (the 11th) lands in the
+    # other queue, and from then on newcomers join both: two in flight; the rule seeded
+    # otherwise (newcomers to the lighter queue) launches both from the start
     arrivals = list(np.arange(200) / 20)
     assert len({queue for queue, _ in distserve_decode_loop(arrivals, 50)}) == 1
-    assert len({queue for queue, _ in distserve_decode_loop(arrivals, 50, True)}) == 2
+    spilled = [queue for queue, _ in distserve_decode_loop(arrivals, 50, spills={10})]
+    assert min(spilled.count(0), spilled.count(1)) > 0.4 * len(spilled)
+    assert len({queue for queue, _ in distserve_decode_loop(arrivals, 50, (), True)}) == 2
     ds = distserve_replica(PROFILES, "distserve", (1, 2), "decode", GPUS["a100-80gb"]) \
         if os.path.isdir(PROFILES) else None
     if ds is not None:
@@ -362,7 +376,6 @@ def test_a_disaggregated_run_replayed_moves_every_prompts_kv():
     assert sends["bytes"] == 819_200 * int(log["prompt"][log["output"] > 1].sum())
 
 
-@needs_logs
 def within_bounds(row):
     """A replayed DistServe run within bounds: SLO met within 10 points of the measured (a
     share of whole requests: 68 of 100 against 58 is within), TTFT and TPOT p50 within 20%."""
@@ -371,6 +384,7 @@ def within_bounds(row):
         abs(s[key]["p50"] / m[key]["p50"] - 1) <= 0.20 for key in ("ttft_s", "tpot_s"))
 
 
+@needs_logs
 def test_replay_distserve_end_to_end(tmp_path, capsys):
     from test_cli import run_main
     out = tmp_path / "out"

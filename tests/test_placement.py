@@ -367,6 +367,8 @@ def test_the_placement_search_alone_is_the_cheapest_placements(tmp_path, capsys)
     (SEARCH + ["--placement-search", "--target-rate", "20", "--kv-tokens", "5000"],
      "--kv-tokens: the pools price"),
     (SEARCH[:2] + SEARCH[4:] + ["--placement-search", "--target-rate", "20"], "give --gpu"),
+    (["--experiments", "AB"] + SEARCH[2:] + ["--placement-search", "--target-rate", "20"],
+     "add C to --experiments"),
 ])
 def test_a_placement_search_it_cannot_run_is_one_line(flags, fragment, capsys, tmp_path):
     expect_usage_error(["--out", str(tmp_path), *flags], capsys, fragment)
