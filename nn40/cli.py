@@ -422,10 +422,17 @@ POOL_FLAGS = tuple(f"{role}_{what}" for role in ("prefill", "decode")
                    for what in ("tp", "pp", "gpu"))
 
 
+def searches_placements(args):
+    """--placement-search given without DIR: C's cheapest placements of the run's model (its
+    flag's const; with DIR, DistServe's mode)."""
+    return args.placement_search == ""
+
+
 def refuse_pool_flags(args):
     """The main run's pool flags that would go unread: a pool's TP, PP or card, or the KV
-    link, without both pools; --cluster and --pp-micro-batches (the DistServe modes')."""
-    pools, search = (args.prefill_replicas, args.decode_replicas), args.placement_search == ""
+    link, without both pools or the placement search; --cluster and --gpu-budget without a
+    search; --pp-micro-batches (the DistServe modes')."""
+    pools, search = (args.prefill_replicas, args.decode_replicas), searches_placements(args)
     searching = (pools[0] or search) and args.target_rate  # (the cheapest placements)
     if args.cluster and not searching:
         raise UsageError("--cluster runs --placement-search, --replay-distserve and the "
@@ -517,7 +524,7 @@ def run_config(args):
     graphs = {"on": "graph", "off": "eager", "both": "both", None: "both" if cuda else "eager"}
     run = RunConfig.of(**{**{k: v for k, v in vars(args).items() if k in RUN_FIELDS},
                        "model": model, "experiments": experiments,
-                       "search_placements": args.placement_search == "",
+                       "search_placements": searches_placements(args),
                        "device": device and device.type, "graphs": graphs[args.graphs],
                        "contexts": tuple(sorted(set(contexts) | {args.context})),
                        "prompt_len": args.prompt_len or RUN_FIELDS["prompt_len"].default,
@@ -633,7 +640,7 @@ def check_flags(args):
     if args.kv_fraction is not None and (args.kv_memory_gb or args.kv_tokens):
         raise UsageError("--kv-fraction sizes the engine's KV cache by its rule; --kv-memory-gb "
                          "and --kv-tokens give its size: give one or the other")
-    if (args.prefill_replicas or args.placement_search == "") and args.experiments and \
+    if (args.prefill_replicas or searches_placements(args)) and args.experiments and \
             "C" not in args.experiments:
         raise UsageError("--prefill-replicas, --decode-replicas and --placement-search are "
                          "simulated by C: add C to --experiments")
