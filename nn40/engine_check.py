@@ -13,7 +13,7 @@ import torch
 from nn40.device import device_name, engine_attention
 from nn40.errors import UsageError
 from nn40.experiment_ab import attention_policy, decode_kernel
-from nn40.experiment_d import EnginePrefix, EngineRequests, run_engine
+from nn40.experiment_d import EngineBlocks, EngineRequests, engine_pool_blocks, run_engine
 from nn40.host import free_host_memory_bytes, gib
 from nn40.kv import KVBudget, PREFIX_REPORT
 from nn40.loop import simulate_serving
@@ -152,16 +152,12 @@ def run_serving_engine(bench, lengths, arrival, log):
               **attention_policy(decode_kernel(bench, slots, P + int(lengths.max()), pad)),
               "cost_model": {**one_span.as_dict(), "rows": cost_rows},
               "cost_model_spread": spread.as_dict()}
-    runs = [("static", None), ("continuous", None)]
-    if system is not None:  # the continuous run again, with its prefix cache
-        runs.append(("prefix", EnginePrefix(system, run.workload.prefix_len)))
-    for name, prefix in runs:
+    for name, prefix, kv in engine_runs(run, prompts, system, slots, P + int(lengths.max())):
         policy = "continuous" if prefix else name
         generated, elog = run_engine(bench.model, cache, EngineRequests(
             prompts, lengths.tolist(), arrival, prefix), policy, pad, replica.order)
         served = req if not prefix else dataclasses.replace(req, identity=SharedPrompts(
             system, np.full(run.workload.num_prefixes, run.workload.prefix_len), np.full(n, -1)))
-        kv = KVBudget("prefix", math.inf, run.scheduler.block_tokens) if prefix else None
         result[name] = d = engine_against_simulation(
             served, elog, dataclasses.replace(replica, scheduler=policy, kv=kv), spread, at_zero)
         log(f"D {name}: {d['wall_s']:.2f} s measured, {d['predicted']['wall_s']:.2f} s "
@@ -175,6 +171,19 @@ def run_serving_engine(bench, lengths, arrival, log):
                                    / result["continuous"]["predicted"]["wall_s"])
     result["verdict"] = engine_verdict(result)
     return result
+
+
+def engine_runs(run, prompts, system, slots, longest):
+    """D's runs: [(name, its prefix cache, C's KV budget for it)]: static and continuous, and
+    where prompts share system prompts the continuous run again with a prefix cache, a block
+    pool of its rows' memory (`longest` tokens a row), C's PrefixCache on as many blocks."""
+    runs = [("static", None, None), ("continuous", None, None)]
+    if system is not None:
+        block = run.scheduler.block_tokens
+        pool = engine_pool_blocks(slots, longest, block)
+        runs.append(("prefix", EngineBlocks(prompts, pool, block),
+                     KVBudget("prefix", pool * block, block)))
+    return runs
 
 
 def log_step_costs(log, name, costs):

@@ -5,6 +5,8 @@ each step. The running requests always occupy rows 0..B-1 (a finished request's 
 refilled by moving the last row into it), so a decode step reads views of the cache, and
 rows admitted together share a position and one attention span.
 """
+import collections
+import hashlib
 import time
 from typing import NamedTuple
 
@@ -20,8 +22,8 @@ class EngineRequests(NamedTuple):
     """What D's engine serves. prompts: (n, P) tokens on the model's device; output_lens:
     tokens each request generates (exactly that many: end-of-sequence is ignored, as serving
     benchmarks do); arrival_s: each one's arrival on the wall clock, seconds after the start
-    (None: all at once); prefix: an EnginePrefix, whose system prompts' K/V the engine keeps
-    once computed (None: every prompt prefilled whole)."""
+    (None: all at once); prefix: its prefix cache, an EngineBlocks (None: every prompt prefilled
+    whole)."""
     prompts: torch.Tensor
     output_lens: list
     arrival_s: object = None
@@ -43,30 +45,110 @@ def run_engine(model, cache, requests, policy, pad=False, order=None):
     return Engine(model, cache, requests, policy, pad, order).serve()
 
 
-class EnginePrefix:
-    """D's prefix cache: request r opens with system prompt system[r] (its first `tokens`
-    prompt tokens; -1: none). The K/V of a system prompt is kept from the first row that
-    computed it; a newcomer opening with it has that K/V copied into its row and prefills only
-    the rest of its prompt. vLLM caches a block as the step that computes it is scheduled, so
-    newcomers of that same step share it: here the step's first newcomer with a system prompt
-    not kept yet computes it in the step's first pass, and those after it share it in its
-    second (see Engine.forward)."""
+class EngineBlocks:
+    """D's prefix cache, as vLLM's block pool runs it (vllm/v1/core/block_pool.py,
+    kv_cache_manager.py allocate_slots, the scheduler's order), written out plainly: `capacity`
+    blocks of `block` tokens, held by the running requests or free. A prompt's full block is
+    keyed by a hash of its tokens and all before them, and cached as the step that computes it
+    is scheduled; a newcomer hits the longest run of its prompt's leading blocks cached, short
+    of its last token, has their K/V copied into its row and prefills the rest. A request's
+    blocks go back to the tail of the free queue when it ends, its last block first; an
+    allocation takes the head, and a cached block taken there is evicted (its key and the K/V
+    kept here dropped). The engine's rows hold the running requests' K/V; the pool counts their
+    blocks and keeps the K/V of the cached ones. Its rows never outgrow it (the engine does not
+    preempt): see engine_pool_blocks."""
 
-    def __init__(self, system, tokens):
-        self.system, self.tokens, self.kv = [int(s) for s in system], tokens, {}
+    def __init__(self, prompts, capacity, block=16):
+        self.block, self.capacity = block, capacity
+        rows = prompts.cpu().numpy()
+        self.keys = [block_keys(row, block) for row in rows]  # request -> its full blocks' keys
+        self.free = collections.OrderedDict.fromkeys(range(capacity))  # head: taken first
+        self.ref = [0] * capacity  # block -> running requests holding it
+        self.cached, self.key_of = {}, {}  # key -> the block caching it; block -> its key
+        self.kv = {}  # key -> its block's K/V, once computed
+        self.table = {}  # request -> its blocks, in order
+        self.evicted = 0  # cached blocks taken by an allocation
 
-    def hit(self, r):
-        """Prompt tokens of request r found cached now."""
-        return self.tokens if self.system[r] in self.kv else 0
+    def admit(self, r, prompt_len):
+        """vLLM's get_computed_blocks then allocate_slots for a newcomer's whole prompt. ->
+        its hit blocks (their number), or None where the free blocks cannot hold it (it waits,
+        and those behind it)."""
+        hit = []
+        for key in self.keys[r][:(prompt_len - 1) // self.block]:
+            if key not in self.cached:
+                break
+            hit.append(self.cached[key])
+        evictable = sum(self.ref[blk] == 0 for blk in hit)  # (free, hit: taken out of the queue)
+        if -(-prompt_len // self.block) - len(hit) + evictable > len(self.free):
+            return None
+        for blk in hit:  # (touched: out of the free queue while held)
+            if not self.ref[blk]:
+                del self.free[blk]
+            self.ref[blk] += 1
+        self.table[r] = list(hit)
+        self.grow(r, prompt_len)
+        for key, blk in zip(self.keys[r], self.table[r]):  # cached as scheduled
+            if key not in self.cached:
+                self.cached[key], self.key_of[blk] = blk, key
+        return len(hit)
 
-    def load(self, cache, r, row):
-        cache[:, :, row, :, :self.tokens].copy_(self.kv[self.system[r]])
+    def grow(self, r, tokens):
+        """Request r's blocks made to hold `tokens`, each new one the free queue's head."""
+        table = self.table[r]
+        while len(table) * self.block < tokens:
+            if not self.free:
+                raise RuntimeError("D's block pool ran out of blocks (the engine cannot preempt)")
+            blk = self.free.popitem(last=False)[0]
+            key = self.key_of.pop(blk, None)
+            if key is not None:  # (a cached block: evicted)
+                del self.cached[key]
+                self.kv.pop(key, None)
+                self.evicted += 1
+            self.ref[blk] = 1
+            table.append(blk)
+
+    def release(self, r):
+        """Request r has ended: the blocks no one else holds go to the free queue's tail, its
+        last block first."""
+        for blk in reversed(self.table.pop(r)):
+            self.ref[blk] -= 1
+            if not self.ref[blk]:
+                self.free[blk] = None
+
+    def stored(self, r, hit):
+        """Whether the K/V of request r's first `hit` blocks is here (computed by a pass
+        before)."""
+        return all(key in self.kv for key in self.keys[r][:hit])
+
+    def load(self, cache, r, row, hit):
+        """Request r's first `hit` blocks' K/V copied into row `row`."""
+        b = self.block
+        for i, key in enumerate(self.keys[r][:hit]):
+            cache[:, :, row, :, i * b:(i + 1) * b].copy_(self.kv[key])
 
     def keep(self, cache, r, row):
-        """Row `row` has just computed request r's prompt: keep its system prompt's K/V."""
-        s = self.system[r]
-        if s >= 0 and s not in self.kv:
-            self.kv[s] = cache[:, :, row, :, :self.tokens].clone()
+        """Row `row` has just computed request r's prompt: the K/V of its blocks cached (as
+        scheduled) and not yet kept is kept."""
+        b = self.block
+        for i, (key, blk) in enumerate(zip(self.keys[r], self.table[r])):
+            if self.key_of.get(blk) == key and key not in self.kv:
+                self.kv[key] = cache[:, :, row, :, i * b:(i + 1) * b].clone()
+
+
+def block_keys(tokens, block):
+    """The keys of a prompt's full blocks: each a hash of its block's tokens and the key
+    before it (vLLM's block hashes, chained)."""
+    keys, key = [], b""
+    for start in range(0, len(tokens) - block + 1, block):
+        key = hashlib.sha256(key + tokens[start:start + block].tobytes()).digest()
+        keys.append(key)
+    return keys
+
+
+def engine_pool_blocks(slots, longest, block):
+    """D's block pool: the memory of its rows, `slots` of the `longest` request's tokens, in
+    blocks (its rows can never outgrow it, so the engine never preempts)."""
+    return slots * -(-longest // block)
 
 
 class Engine:
@@ -86,6 +168,8 @@ class Engine:
                                       np.asarray(output_lens)))
         self.waiting = waiting_queue(self.ledger, range(n), order)
         self.generated = [[] for _ in output_lens]
+        self.hit_blocks = {}  # a newcomer -> its blocks found cached (with a prefix cache)
+        self.admitted = {}  # a request -> its place in the order of admission
         self.running, self.position = [], []  # the request and next position of each row
         self.next_token = torch.zeros(self.slots, dtype=torch.long, device=self.device)
         self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
@@ -110,14 +194,25 @@ class Engine:
 
     def admit(self):
         """Waiting requests into free rows (continuous: at every step; static: once the batch
-        has emptied). -> the newcomers, or None after idling to the next arrival."""
+        has emptied). With a prefix cache, as vLLM's scheduler orders it: the running requests'
+        blocks for this step first, then each newcomer's hit and blocks, the first that does
+        not fit holding back those behind it. -> the newcomers, or None after idling to the
+        next arrival."""
         new = []
+        if self.prefix:
+            for r, p in zip(self.running, self.position):
+                self.prefix.grow(r, p + 1)  # (its decode writes position p)
         if self.policy == "continuous" or not self.running:
             now = time.perf_counter() - self.t0
             while len(self.running) + len(new) < self.slots:
                 r = self.waiting.head(now)
                 if r is None:
                     break
+                if self.prefix:
+                    hit = self.prefix.admit(r, self.prompt_len)
+                    if hit is None:
+                        break
+                    self.hit_blocks[r], self.admitted[r] = hit, len(self.admitted)
                 self.waiting.pop()
                 new.append(r)
                 self.ledger.start[r] = now
@@ -129,27 +224,24 @@ class Engine:
         return new
 
     def forward(self, new):
-        """Prefill the newcomers into rows old..old+k-1 (the prefill emits their first tokens):
-        those computing their whole prompt first (kept: the step's later newcomers opening
-        with their system prompt share it), then those whose system prompt is cached; then one
-        decode step for everyone else, each row at its own position; each pass timed. -> the
-        newcomers in the order of their rows."""
-        old, prefix = len(self.running), self.prefix
-        computing, sharing, kept = [], [], set()
-        for r in new:
-            s = prefix.system[r] if prefix else -1
-            if s >= 0 and (prefix.hit(r) or s in kept):
-                sharing.append(r)
-            else:
-                computing.append(r)
-                kept.add(s)  # (-1, no system prompt: never looked up)
-        if computing:
-            self.prefill_rows(computing, 0)
-            if prefix:
-                for row, r in enumerate(self.running[old:], old):
-                    prefix.keep(self.cache, r, row)
-        if sharing:
-            self.prefill_rows(sharing, prefix.tokens)
+        """Prefill the newcomers into rows old..old+k-1 (the prefill emits their first tokens),
+        a pass for each run of cached tokens they start from, those whose hit blocks are
+        computed first (with a prefix cache, a newcomer hitting blocks cached by another
+        newcomer of this step, as vLLM's blocks cached as scheduled are, runs in a pass after
+        it); then one decode step for everyone else, each row at its own position; each pass
+        timed. -> the newcomers in the order of their rows."""
+        old, prefix, left = len(self.running), self.prefix, list(new)
+        while left:
+            ready = [r for r in left if not prefix or prefix.stored(r, self.hit_blocks[r])]
+            hits = [self.hit_blocks[r] if prefix else 0 for r in ready]
+            for hit in dict.fromkeys(hits):
+                group = [r for r, h in zip(ready, hits) if h == hit]
+                first = len(self.running)
+                self.prefill_rows(group, hit)
+                for row, r in enumerate(group, first):
+                    if prefix:
+                        prefix.keep(self.cache, r, row)
+            left = [r for r in left if r not in ready]
         self.decode_rows(old)
         return self.running[old:]
 
@@ -173,22 +265,23 @@ class Engine:
             elog["decode_s"] += elog["passes"][-1][2]
 
     def prefill_rows(self, group, hit):
-        """Prefill requests `group` into the next free rows, each with `hit` prompt tokens
+        """Prefill requests `group` into the next free rows, each with its first `hit` blocks
         cached (copied into its row first, with the copy timed as part of the pass)."""
         old, elog, P = len(self.running), self.elog, self.prompt_len
+        cached = hit * self.prefix.block if hit else 0
         t_pass = time.perf_counter()
         rows = torch.arange(old, old + len(group), device=self.device)
         for row, r in enumerate(group, old):
             if hit:
-                self.prefix.load(self.cache, r, row)
-            elog["hit_tokens"][r] = hit
-        logits = prefill(self.model, self.cache, self.prompts[group][:, hit:], rows, hit)
+                self.prefix.load(self.cache, r, row, hit)
+            elog["hit_tokens"][r] = cached
+        logits = prefill(self.model, self.cache, self.prompts[group][:, cached:], rows, cached)
         self.next_token[old:old + len(group)] = logits.argmax(-1)
         self.running += group
         self.position += [P] * len(group)
         self.sync()
         elog["prefill_passes"].append(len(elog["passes"]))
-        elog["passes"].append((len(group) * (P - hit), len(group) * hit,
+        elog["passes"].append((len(group) * (P - cached), len(group) * cached,
                                time.perf_counter() - t_pass))
         elog["prefill_s"] += elog["passes"][-1][2]
 
@@ -204,6 +297,10 @@ class Engine:
             ledger.first_step[r], ledger.first_token[r] = step, now
         finished = [i for i, r in enumerate(running)
                     if len(self.generated[r]) == self.output_lens[r]]
+        if self.prefix:  # (in the order they were admitted: vLLM frees the finished requests
+            # as its running list holds them)
+            for r in sorted((running[row] for row in finished), key=self.admitted.get):
+                self.prefix.release(r)
         for row in reversed(finished):
             ledger.finish_step[running[row]], ledger.finish[running[row]] = step, now
             last = len(running) - 1

@@ -151,6 +151,10 @@ class KVManager:
     def schedule(self, seq, tokens):
         """Seq's next step prefills `tokens` of its prompt (where caches_scheduled)."""
 
+    def schedule_decoders(self, steps):
+        """The decoders' next step (step steps + 1) is scheduled (where caches_scheduled),
+        before any newcomer is looked up."""
+
     def planned(self, steps, plan):
         """Tokens allocated once the planned step has run (can this step grow)."""
         return self.total
@@ -484,6 +488,7 @@ class PrefixCache(PagedBlocks):
         self.own = set()  # preempted requests, whose own blocks are keyed (keys_of) till they end
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
         self.pending = 0  # speculating decoders' growth short of a whole block (see advance)
+        self.ahead = 0  # blocks the decoders' next step took as it was scheduled
 
     def lookup(self, ledger, r):
         self.identity = identity = ledger.identity
@@ -545,12 +550,27 @@ class PrefixCache(PagedBlocks):
         return every_block_key(self.identity, r, tokens, self.block)
 
     def schedule(self, seq, tokens):
-        """The blocks seq's next step fills are cached now (vLLM's allocate_slots caches up
-        to the tokens computed and scheduled), so a request admitted after it in the same step
-        hits them."""
+        """The blocks seq's next step fills are taken and cached now (vLLM's allocate_slots
+        allocates and caches up to the tokens computed and scheduled), so a request admitted
+        after it in the same step hits them, and looks its own up after their eviction."""
         blocks = self.of[seq]
         if blocks.registered < len(blocks.keys):
             self.register(blocks, seq.num_cached + tokens)
+        if self.preempts:
+            new = self.blocks(seq.num_cached + tokens + (tokens == seq.prompt_left) *
+                              (1 + self.lookahead))
+            if new > seq.allocated:
+                self.total += new - seq.allocated
+                self.take((new - seq.allocated) // self.block)
+                seq.allocated = new
+
+    def schedule_decoders(self, steps):
+        """The blocks the decoders' next step takes are taken now (vLLM's scheduler allocates
+        its running requests' slots before it looks a waiting request up); advance counts
+        them."""
+        if self.preempts and self.phase:
+            self.ahead = self.phase.get((steps + 1) % self.period, 0)
+            self.take(self.ahead)
 
     def landed(self, seq):
         """Seq's blocks loaded from the host tier have landed: cached from now on (vLLM
@@ -602,8 +622,8 @@ class PrefixCache(PagedBlocks):
         # of a whole block waits in `pending` (whole blocks otherwise: pending stays 0)
         grown = self.total - before + self.pending
         taken = int(grown // self.block) if grown > 0 else 0
-        self.take(taken)
-        self.pending = grown - taken * self.block
+        self.take(taken - self.ahead)
+        self.pending, self.ahead = grown - taken * self.block, 0
         of = self.of
         for seq, c in plan:
             blocks = of[seq]

@@ -279,10 +279,12 @@ class ServingSim(Admission):
             self.unpark()
         taken = self.make_room() if self.preempts else \
             self.kv.planned(self.steps, ()) if self.tracks else 0
-        if self.kv.caches_scheduled and self.prefill.seqs:  # (the running prompts' next
-            # chunks are cached as scheduled, before newcomers look theirs up: vLLM's order)
+        if self.kv.caches_scheduled:  # (the running requests' next step is allocated and
+            # cached as scheduled, before newcomers look theirs up: vLLM's order)
+            self.kv.schedule_decoders(self.steps)
             for seq, chunk in schedule_prefill(self.prefill.seqs, self.decode.tokens,
-                                               self.chunk_tokens, self.chunk_cap):
+                                               self.chunk_tokens, self.chunk_cap) \
+                    if self.prefill.seqs else ():
                 self.kv.schedule(seq, chunk)
         blocked = self.admit(taken)
         plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens,

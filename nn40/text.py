@@ -367,9 +367,10 @@ TEXT_EN = {**SHARED_TEXT,
          "queue: {order}; arrivals {arrivals}",
     "D_source": "the post's law", "D_source_shrunk": "the post's law, outputs / {shrink}",
     "D_prefix_label": "continuous + prefix cache",
-    "D_prefix": "prefix caching: the continuous run again, each system prompt's K/V ({prefix_tokens} "
-                "tokens) kept as its step runs: {hit_tokens:,} of {prompt_tokens:,} prompt tokens "
-                "found cached (C's PrefixCache: {hit_simulated:,}; each request's hit as C's: "
+    "D_prefix": "prefix caching: the continuous run again, its prompts' K/V kept in blocks as "
+                "vLLM's block pool keeps them (system prompts of {prefix_tokens} tokens): "
+                "{hit_tokens:,} of {prompt_tokens:,} prompt tokens found cached (C's PrefixCache: "
+                "{hit_simulated:,}; each request's hit as C's: "
                 "{hits_agree} of {requests}); greedy tokens identical to "
                 "the run without: {identical}; steps as C's: {steps}; time saved {saved_s:,.2f} s "
                 "measured, {saved_predicted_s:,.2f} s predicted",

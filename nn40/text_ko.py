@@ -311,8 +311,8 @@ TEXT_KO = {**SHARED_TEXT,
          "{arrivals}",
     "D_source": "글의 분포", "D_source_shrunk": "글의 분포, 출력 / {shrink}",
     "D_prefix_label": "연속 + 프리픽스 캐시",
-    "D_prefix": "프리픽스 캐싱: 연속 배칭을 다시 돌리되 시스템 프롬프트마다 계산된 K/V({prefix_tokens}"
-                "토큰)를 그 스텝이 돌 때 보관한다: 프롬프트 토큰 {prompt_tokens:,}개 중 {hit_tokens:,}개를 "
+    "D_prefix": "프리픽스 캐싱: 연속 배칭을 다시 돌리되 프롬프트의 K/V를 vLLM의 블록 풀처럼 블록 "
+                "단위로 보관한다(시스템 프롬프트 {prefix_tokens}토큰): 프롬프트 토큰 {prompt_tokens:,}개 중 {hit_tokens:,}개를 "
                 "캐시에서 찾음 (C의 PrefixCache: {hit_simulated:,}개; 요청별 적중이 C와 같은 요청: "
                 "{requests}개 중 {hits_agree}개); 캐시 없이 돌린 실행과 그리디 토큰이 "
                 "같은가: {identical}; C와 같은 스텝: {steps}; 아낀 시간 측정 {saved_s:,.2f}초, 예측 "
