@@ -151,10 +151,6 @@ class KVManager:
     def schedule(self, seq, tokens):
         """Seq's next step prefills `tokens` of its prompt (where caches_scheduled)."""
 
-    def schedule_decoders(self, steps):
-        """The decoders' next step (step steps + 1) is scheduled (where caches_scheduled),
-        before any newcomer is looked up."""
-
     def planned(self, steps, plan):
         """Tokens allocated once the planned step has run (can this step grow)."""
         return self.total
@@ -488,7 +484,7 @@ class PrefixCache(PagedBlocks):
         self.own = set()  # preempted requests, whose own blocks are keyed (keys_of) till they end
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
         self.pending = 0  # speculating decoders' growth short of a whole block (see advance)
-        self.ahead = 0  # blocks the decoders' next step took as it was scheduled
+        self.scheduled = 0  # prompt tokens whose blocks schedule took before their step ran
 
     def lookup(self, ledger, r):
         self.identity = identity = ledger.identity
@@ -552,7 +548,9 @@ class PrefixCache(PagedBlocks):
     def schedule(self, seq, tokens):
         """The blocks seq's next step fills are taken and cached now (vLLM's allocate_slots
         allocates and caches up to the tokens computed and scheduled), so a request admitted
-        after it in the same step hits them, and looks its own up after their eviction."""
+        after it in the same step hits them, and is looked up after what they evicted. (The
+        decoders' next blocks are still taken as the step runs: their blocks hold their newest
+        token a step early, so taking them before the newcomers too would be early twice.)"""
         blocks = self.of[seq]
         if blocks.registered < len(blocks.keys):
             self.register(blocks, seq.num_cached + tokens)
@@ -561,16 +559,13 @@ class PrefixCache(PagedBlocks):
                               (1 + self.lookahead))
             if new > seq.allocated:
                 self.total += new - seq.allocated
+                self.scheduled += tokens
                 self.take((new - seq.allocated) // self.block)
                 seq.allocated = new
 
-    def schedule_decoders(self, steps):
-        """The blocks the decoders' next step takes are taken now (vLLM's scheduler allocates
-        its running requests' slots before it looks a waiting request up); advance counts
-        them."""
-        if self.preempts and self.phase:
-            self.ahead = self.phase.get((steps + 1) % self.period, 0)
-            self.take(self.ahead)
+    def committed(self, held, prompt_left):
+        """(The prompts' tokens whose blocks schedule took are in total already.)"""
+        return self.total + prompt_left - self.scheduled
 
     def landed(self, seq):
         """Seq's blocks loaded from the host tier have landed: cached from now on (vLLM
@@ -622,8 +617,8 @@ class PrefixCache(PagedBlocks):
         # of a whole block waits in `pending` (whole blocks otherwise: pending stays 0)
         grown = self.total - before + self.pending
         taken = int(grown // self.block) if grown > 0 else 0
-        self.take(taken - self.ahead)
-        self.pending, self.ahead = grown - taken * self.block, 0
+        self.take(taken)
+        self.pending, self.scheduled = grown - taken * self.block, 0
         of = self.of
         for seq, c in plan:
             blocks = of[seq]

@@ -160,8 +160,8 @@ class Admission:
             self.parked.append((self.t + wait, seq))
             self.parked_cached += seq.num_cached
             return 0
-        if kv.caches_scheduled:
-            kv.schedule(seq, chunk)
+        if kv.caches_scheduled:  # (a pipeline's chunk: within one batch's budget)
+            kv.schedule(seq, min(chunk, self.chunk_cap or chunk))
         joined.append(seq)
         return seq.prompt_left
 
@@ -279,12 +279,11 @@ class ServingSim(Admission):
             self.unpark()
         taken = self.make_room() if self.preempts else \
             self.kv.planned(self.steps, ()) if self.tracks else 0
-        if self.kv.caches_scheduled:  # (the running requests' next step is allocated and
-            # cached as scheduled, before newcomers look theirs up: vLLM's order)
-            self.kv.schedule_decoders(self.steps)
+        if self.kv.caches_scheduled and self.prefill.seqs:  # (the running prompts' next
+            # chunks are allocated and cached as scheduled, before newcomers look theirs up:
+            # vLLM's order)
             for seq, chunk in schedule_prefill(self.prefill.seqs, self.decode.tokens,
-                                               self.chunk_tokens, self.chunk_cap) \
-                    if self.prefill.seqs else ():
+                                               self.chunk_tokens, self.chunk_cap):
                 self.kv.schedule(seq, chunk)
         blocked = self.admit(taken)
         plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens,

@@ -419,6 +419,24 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps(monkeypatc
     assert late["prefix_cache"]["hits"][2] == 0 and log["hit_tokens"][2] == 16
 
 
+def test_the_engines_block_pool_by_hand():
+    # 4 blocks of 2 tokens; 5-token prompts: 0, 1 and 3 share their first 4 tokens, 2 not
+    prompts = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [7, 8, 9, 9, 9], [1, 2, 3, 4, 7]])
+    pool = EngineBlocks(prompts, 4, 2)
+    assert pool.admit(0, 5) == 0 and pool.table[0] == [0, 1, 2]  # (the free queue's head)
+    assert pool.admit(1, 5) == 2 and pool.table[1] == [0, 1, 3]  # (cached as scheduled)
+    assert pool.admit(2, 5) is None  # (3 blocks, none free: it waits)
+    pool.release(0)  # its last block first; 0 and 1 still held by 1
+    pool.release(1)
+    assert list(pool.free) == [2, 3, 1, 0]
+    assert pool.admit(2, 5) == 0 and pool.table[2] == [2, 3, 1] and pool.evicted == 1
+    # 3 finds the shared head only (its second block evicted above); it needs 2 new blocks
+    # and its hit block, free, out of the queue: 3 of the 1 free, so it waits
+    assert pool.admit(3, 5) is None and list(pool.free) == [0]
+    pool.release(2)
+    assert pool.admit(3, 5) == 1 and pool.table[3][0] == 0
+
+
 def tight_pool_case(seed, n=16, P=36, prefix_len=32, systems=4, slots=2):
     """n requests at t=0, each opening with one of `systems` system prompts of 2 blocks (or
     none), 4 tokens of its own after it, outputs of 1-29 tokens; D's block pool the memory of
