@@ -293,11 +293,15 @@ class PagedBlocks(KVManager):
             seq.allocated = self.blocks(seq.num_cached)
             self.total += seq.allocated
 
+    def prompt_blocks(self, seq, tokens, chunk):
+        """Tokens of the blocks a prompt holds once `tokens` more of it have run in chunks of
+        `chunk` (after its last chunk: its first token too, and speculating the drafts' slots
+        its first verify step writes)."""
+        return self.blocks(seq.num_cached + tokens + (chunk == seq.prompt_left) *
+                           (1 + self.lookahead))
+
     def planned(self, steps, plan):
-        first = 1 + self.lookahead  # (a prompt's last chunk: its first token, and speculating
-        # the drafts' slots its first verify step writes)
-        grow = sum(self.blocks(s.num_cached + c + (c == s.prompt_left) * first) - s.allocated
-                   for s, c in plan)
+        grow = sum(self.prompt_blocks(s, c, c) - s.allocated for s, c in plan)
         return self.total + self.block * self.phase.get((steps + 1) % self.period, 0) + grow \
             + self.fluid_rate
 
@@ -408,8 +412,7 @@ class PagedBlocks(KVManager):
             integral += r * (a * k * (k + 1) / 2 + e * (k - 1) * k * (k + 1) / 3)
             grown += r * k
         for seq, c in plan:  # the prompts' chunks: blocks held from the step that takes them
-            new = self.blocks(seq.num_cached + c * k + (c == seq.prompt_left) *
-                              (1 + self.lookahead))
+            new = self.prompt_blocks(seq, c * k, c)
             if k == 1:
                 integral += a * (new - seq.allocated)
             else:
@@ -555,8 +558,7 @@ class PrefixCache(PagedBlocks):
         if blocks.registered < len(blocks.keys):
             self.register(blocks, seq.num_cached + tokens)
         if self.preempts:
-            new = self.blocks(seq.num_cached + tokens + (tokens == seq.prompt_left) *
-                              (1 + self.lookahead))
+            new = self.prompt_blocks(seq, tokens, tokens)
             if new > seq.allocated:
                 self.total += new - seq.allocated
                 self.scheduled += tokens
