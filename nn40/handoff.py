@@ -51,9 +51,10 @@ class HandOff:
         ledger.to_prefill[r] = ledger.cached[r] = ledger.prompt[r] + 1
         j = self.decode.place(r)
         prompt = int(ledger.prompt[r])
-        kept = self.prefill.servers[replica].kv.blocks(prompt + 1)  # (as memory.hold counts)
+        kept = self.prefill.servers[replica].kv.blocks(prompt)  # (as memory.hold counts: the
+        # prompt's KV; its first token's the decode pool writes)
         self.prefill.servers[replica].kv.reserve(kept)  # (its blocks, until the KV is read)
-        self.handed[r] = (replica, prompt + 1, t, 0, kept)
+        self.handed[r] = (replica, prompt, t, 0, kept)
         if self.waiting[j] or not self.fits(j, r):
             self.waiting[j].append(r)
             self.totals["waited"] += 1
@@ -82,7 +83,7 @@ class HandOff:
         self.handed[r] = (replica, tokens, since, need, kept)
         self.totals["wait_s"] += t - since
         if self.sends:  # (layer-wise, its layers went as the prefill made them, unless it
-            self.sends.send(replica, tokens - 1, t, r,  # waited for room: then none had)
+            self.sends.send(replica, tokens, t, r,  # waited for room: then none had)
                             since - self.ledger.start[r] if t == since else 0.0)
         else:
             self.landed(r, t)

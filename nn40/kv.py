@@ -22,7 +22,8 @@ from nn40.workload import every_block_key
 class KVBudget:
     """The KV cache's memory in the serving simulation, counted in tokens: a policy (a name in
     KV_MANAGERS, whose classes say what each does) and its sizes. A request holds one token of
-    KV for every token it has prefilled or generated."""
+    KV for every token it has prefilled or generated but its newest, whose KV the step after
+    it is sampled writes."""
     policy: str                # "reserve", "paged", "prefix" or "radix" (KV_MANAGERS)
     capacity_tokens: float     # math.inf: unlimited
     block_tokens: int = 16
@@ -103,6 +104,7 @@ class KVManager:
     shared = lent = 0  # tokens held by several requests (once more than held); lent to KV in flight
     gains = 1  # tokens a decode step adds to a decoder's cache (see for_decode_steps)
     lookahead = 0  # tokens a speculating decoder holds beyond its own (see for_speculation)
+    unwritten = 0  # a request's tokens whose KV is never held: a block's, its last token's
 
     def lookup(self, ledger, r):
         """The tokens of request r already computed when it is admitted now: ledger.cached
@@ -131,7 +133,8 @@ class KVManager:
 
     def unfit(self, req):
         """-> None when every request fits alone, else why the longest one does not."""
-        alone = self.blocks(req.prompt + self.output_held(req.output) + self.lookahead)
+        alone = self.blocks(req.prompt + self.output_held(req.output) - self.unwritten +
+                            self.lookahead)
         worst = int(np.argmax(alone))
         needs = int(alone[worst]) + self.watermark
         if needs <= self.capacity:
@@ -150,6 +153,10 @@ class KVManager:
 
     def schedule(self, seq, tokens):
         """Seq's next step prefills `tokens` of its prompt (where caches_scheduled)."""
+
+    def schedule_decoders(self, steps):
+        """The decoders' next step (step steps + 1) is scheduled (where caches_scheduled),
+        before any newcomer is looked up."""
 
     def planned(self, steps, plan):
         """Tokens allocated once the planned step has run (can this step grow)."""
@@ -259,14 +266,18 @@ class PagedBlocks(KVManager):
     watermark of 0 admits on the first step's blocks alone (the naive rule: under chunked
     prefill a prompt admitted on its first chunk is preempted by its own next one).
 
-    A decoder holding base + g s tokens at step s (g: the tokens a decode step gains, which
-    divides the block) takes a new block every `period` = block / g steps, at the steps s with
-    base + g s - 1 = 0, ..., g - 1 (mod block): one residue of s mod period (its phase). So the
-    decoders are kept as counts by that phase, and a run of k steps costs O(phases) whatever k
-    is.
+    A request's blocks hold the tokens whose KV is written: all but its newest once it has
+    emitted one (vLLM's allocate_slots covers the tokens computed and those the step computes,
+    vllm/v1/core/kv_cache_manager.py; a sampled token's KV is written by the next step). So a
+    decoder holding base + g s tokens at step s (g: the tokens a decode step gains, which
+    divides the block) has written base + g s - 1 and takes a new block every `period` =
+    block / g steps, at the steps s with base + g s - 2 = 0, ..., g - 1 (mod block): one
+    residue of s mod period (its phase). So the decoders are kept as counts by that phase, and
+    a run of k steps costs O(phases) whatever k is.
     """
     tracks = preempts = served = True
     caching = "prefix"
+    unwritten = 1  # (its last token ends it: no step writes its KV)
 
     def __init__(self, kv):
         b, self.capacity = kv.block_tokens, kv.capacity_tokens
@@ -278,11 +289,13 @@ class PagedBlocks(KVManager):
         self.fluid_rate = 0   # speculating decoders: the tokens their caches gain a step
 
     def need(self, prompt, cached, chunk, to_prefill):
-        """With a watermark, vLLM's rule: blocks for all it will prefill (and its first token),
-        so that chunked prefill does not admit a prompt whose next chunks would preempt it
-        again; with none, only its first step's. With nothing to prefill (its prompt computed
-        elsewhere) its first step decodes: a decode step's gains."""
-        first = self.gains if not to_prefill else 1  # (the next token(s) it will hold)
+        """With a watermark, vLLM's rule: blocks for all it will prefill, so that chunked
+        prefill does not admit a prompt whose next chunks would preempt it again; with none,
+        only its first step's. With nothing to prefill (its prompt computed elsewhere, its
+        first token sampled there) its first step decodes: it writes that token and the rest of
+        a decode step's gains."""
+        first = self.gains - 1 if not to_prefill else 0  # (the tokens its first step writes
+        # beyond its prompt)
         first += self.lookahead  # (speculating: the drafts' slots from its first decode step)
         if self.watermark:
             return self.blocks(cached + to_prefill + first)
@@ -290,15 +303,28 @@ class PagedBlocks(KVManager):
 
     def admit(self, seq, need):  # blocks are taken by the steps, but for what it holds already
         if seq.num_cached:
-            seq.allocated = self.blocks(seq.num_cached)
+            seq.allocated = self.blocks(self.written_at_admission(seq))
             self.total += seq.allocated
+
+    @staticmethod
+    def written(seq, ctx):
+        """The tokens whose KV a request holding `ctx` tokens has written: all but its newest
+        once it has emitted a token."""
+        return ctx - 1 if seq.decode_base is not None or seq.to_emit < seq.to_emit_admitted \
+            else ctx
+
+    @staticmethod
+    def written_at_admission(seq):
+        """Its cached tokens' KV, less the token sampled where its prompt was computed (with
+        nothing left to prefill: its first decode step writes it)."""
+        return seq.num_cached - (not seq.prompt_left)
 
     def prompt_blocks(self, seq, tokens, chunk):
         """Tokens of the blocks a prompt holds once `tokens` more of it have run in chunks of
-        `chunk` (after its last chunk: its first token too, and speculating the drafts' slots
-        its first verify step writes)."""
+        `chunk` (after its last chunk, speculating, the drafts' slots its first verify step
+        writes too)."""
         return self.blocks(seq.num_cached + tokens + (chunk == seq.prompt_left) *
-                           (1 + self.lookahead))
+                           self.lookahead)
 
     def planned(self, steps, plan):
         grow = sum(self.prompt_blocks(s, c, c) - s.allocated for s, c in plan)
@@ -316,15 +342,18 @@ class PagedBlocks(KVManager):
         if seq.rate is not None:  # speculating: its blocks (its tokens and the lookahead,
             # allocated with its prompt's last chunk, or at admission: see need), then its
             # growth at its rate (a fluid account: what it holds beyond its tokens is kept)
-            held = self.blocks(seq.num_cached + self.lookahead)
+            held = self.blocks(self.written(seq, seq.num_cached) + self.lookahead)
             self.total += held - seq.allocated
             seq.allocated = held - seq.num_cached
             self.fluid_rate += seq.rate
             return
-        # (its phase: the first s >= 0 with base + gains s >= 1, i.e. ceil((1 - base) / gains),
-        # mod period; with gains 1, 1 - base mod block)
-        key = -((seq.decode_base - 1) // self.gains) % self.period
+        key = self.phase_of(seq)
         self.phase[key] = self.phase.get(key, 0) + 1
+
+    def phase_of(self, seq):
+        """The first s >= 0 with written base + gains s - 1 >= 1, i.e. ceil((2 - base) / gains),
+        mod period (with gains 1: 2 - base mod block)."""
+        return -((seq.decode_base - 2) // self.gains) % self.period
 
     def release(self, seq, ctx):
         if seq.rate is not None:  # (a speculating decoder: its fluid account, see join)
@@ -336,7 +365,7 @@ class PagedBlocks(KVManager):
             return
         self.total -= self.blocks(self.released(seq, ctx))
         if seq.decode_base is not None:
-            key = -((seq.decode_base - 1) // self.gains) % self.period  # (as join's)
+            key = self.phase_of(seq)
             self.phase[key] -= 1
             if not self.phase[key]:
                 del self.phase[key]
@@ -360,9 +389,10 @@ class PagedBlocks(KVManager):
     @staticmethod
     def released(seq, ctx):
         """The tokens whose blocks a request leaving with `ctx` tokens gives back: a decoder's
-        own, a prompt's as allocated (speculating, its last chunk took the drafts' slots too,
-        which a request that ends with its prefill never decodes into)."""
-        return ctx if seq.decode_base is not None else max(ctx, seq.allocated)
+        written ones, a prompt's as allocated (speculating, its last chunk took the drafts'
+        slots too, which a request that ends with its prefill never decodes into)."""
+        written = PagedBlocks.written(seq, ctx)
+        return written if seq.decode_base is not None else max(written, seq.allocated)
 
     def decoders_take(self, steps, n):
         """Tokens the decoders' new blocks take in the next n steps (speculating: their fluid
@@ -488,6 +518,7 @@ class PrefixCache(PagedBlocks):
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
         self.pending = 0  # speculating decoders' growth short of a whole block (see advance)
         self.scheduled = 0  # prompt tokens whose blocks schedule took before their step ran
+        self.ahead = 0  # blocks the decoders' next step took as it was scheduled
 
     def lookup(self, ledger, r):
         self.identity = identity = ledger.identity
@@ -512,7 +543,7 @@ class PrefixCache(PagedBlocks):
 
     def admit(self, seq, need):
         b = self.block
-        seq.allocated = self.blocks(seq.num_cached)
+        seq.allocated = self.blocks(self.written_at_admission(seq))
         looked_up, self.looked_up = self.looked_up, None
         if not looked_up or looked_up[0] != seq.id:
             self.of[seq] = CachedBlocks((), [], 0, 0)
@@ -551,9 +582,7 @@ class PrefixCache(PagedBlocks):
     def schedule(self, seq, tokens):
         """The blocks seq's next step fills are taken and cached now (vLLM's allocate_slots
         allocates and caches up to the tokens computed and scheduled), so a request admitted
-        after it in the same step hits them, and is looked up after what they evicted. (The
-        decoders' next blocks are still taken as the step runs: their blocks hold their newest
-        token a step early, so taking them before the newcomers too would be early twice.)"""
+        after it in the same step hits them, and is looked up after what they evicted."""
         blocks = self.of[seq]
         if blocks.registered < len(blocks.keys):
             self.register(blocks, seq.num_cached + tokens)
@@ -564,6 +593,23 @@ class PrefixCache(PagedBlocks):
                 self.scheduled += tokens
                 self.take((new - seq.allocated) // self.block)
                 seq.allocated = new
+
+    def schedule_decoders(self, steps):
+        """The blocks the decoders' next step writes into are taken now (vLLM's scheduler
+        allocates its running requests' slots before it looks a waiting request up); advance
+        counts them. A step planned again before it runs (a decoder preempted meanwhile) takes
+        or gives back only the difference."""
+        if self.preempts:
+            self.settle_ahead(self.phase.get((steps + 1) % self.period, 0) if self.phase else 0)
+
+    def settle_ahead(self, blocks):
+        """`blocks` are the blocks taken ahead of the step now: take more, or give back (as
+        never used) those no longer needed."""
+        if blocks > self.ahead:
+            self.take(blocks - self.ahead)
+        elif blocks < self.ahead:
+            self.free.push_run(self.ahead - blocks)
+        self.ahead = blocks
 
     def committed(self, held, prompt_left):
         """(The prompts' tokens whose blocks schedule took are in total already.)"""
@@ -619,8 +665,9 @@ class PrefixCache(PagedBlocks):
         # of a whole block waits in `pending` (whole blocks otherwise: pending stays 0)
         grown = self.total - before + self.pending
         taken = int(grown // self.block) if grown > 0 else 0
-        self.take(taken)
-        self.pending, self.scheduled = grown - taken * self.block, 0
+        self.settle_ahead(min(self.ahead, taken))  # (what the decoders' step took already)
+        self.take(taken - self.ahead)
+        self.pending, self.scheduled, self.ahead = grown - taken * self.block, 0, 0
         of = self.of
         for seq, c in plan:
             blocks = of[seq]
@@ -655,7 +702,7 @@ class PrefixCache(PagedBlocks):
         """Its own blocks keep keys it will find when it comes back (keys_of)."""
         if self.identity is None:
             return self.release(seq, ctx)
-        self.of[seq].keys = self.keys_of(seq.id, int(ctx + 1e-9))
+        self.of[seq].keys = self.keys_of(seq.id, int(self.written(seq, ctx) + 1e-9))
         self.release(seq, ctx)
         self.own.add(seq.id)
 
@@ -665,7 +712,8 @@ class PrefixCache(PagedBlocks):
         not need, what is short of a block kept in `pending`.)"""
         blocks = self.of.pop(seq)
         keys, r = blocks.keys, seq.id
-        tokens = ctx if seq.rate is None else int(ctx + 1e-9)
+        tokens = self.written(seq, ctx)
+        tokens = tokens if seq.rate is None else int(tokens + 1e-9)
         if self.own:  # (finished, or preempted again: see preempt)
             self.own.discard(r)
         if keys:

@@ -31,14 +31,13 @@ class MemoryRecord:
                        "peak_held": 0, "peak_contexts": []}
         self.stride = 1
 
-    def run(self, held0, growth, k, a, e, emitted):
+    def run(self, held0, growth, k, a, e):
         """k steps (step j: a + e (j - 1) s) from held0 tokens held, `growth` more after each
-        step, and `emitted` first tokens at the last: the tokens held after each step weighted
-        by its seconds. -> tokens held after the last step."""
+        step: the tokens held after each step weighted by its seconds. -> tokens held after
+        the last step."""
         self.totals["held_s"] += a * (k * held0 + growth * (k * (k + 1) // 2)) + e * (
-            held0 * (k * (k - 1) // 2) + growth * ((k - 1) * k * (k + 1) // 3)) \
-            + emitted * (a + e * (k - 1))
-        return held0 + growth * k + emitted
+            held0 * (k * (k - 1) // 2) + growth * ((k - 1) * k * (k + 1) // 3))
+        return held0 + growth * k
 
     def allocated(self, alloc_token_s, running_s):
         """A run's integrals of tokens allocated and of requests running over its seconds."""
@@ -279,11 +278,12 @@ class ServingSim(Admission):
             self.unpark()
         taken = self.make_room() if self.preempts else \
             self.kv.planned(self.steps, ()) if self.tracks else 0
-        if self.kv.caches_scheduled and self.prefill.seqs:  # (the running prompts' next
-            # chunks are allocated and cached as scheduled, before newcomers look theirs up:
-            # vLLM's order)
+        if self.kv.caches_scheduled:  # (the running requests' next step is allocated and
+            # cached as scheduled, before newcomers look theirs up: vLLM's order)
+            self.kv.schedule_decoders(self.steps)
             for seq, chunk in schedule_prefill(self.prefill.seqs, self.decode.tokens,
-                                               self.chunk_tokens, self.chunk_cap):
+                                               self.chunk_tokens, self.chunk_cap) \
+                    if self.prefill.seqs else ():
                 self.kv.schedule(seq, chunk)
         blocked = self.admit(taken)
         plan = schedule_prefill(self.prefill.seqs, self.decode.tokens, self.chunk_tokens,
@@ -357,7 +357,7 @@ class ServingSim(Admission):
         prefill_s, decode_s, first_s, growth_s, tokens = price
         running, held = len(self.running), 0
         if self.tracks:  # (before the clock moves: it reads the run's start)
-            held = self.account(plan, k, price, len(emitted))
+            held = self.account(plan, k, price)
         self.t += prefill_s + decode_s
         self.prefill_s += prefill_s
         self.decode_s += decode_s
@@ -435,27 +435,28 @@ class ServingSim(Admission):
     # accounting: memory over time, and the result
 
     def held(self):
-        """KV tokens the running requests hold."""
-        return self.decode.cached(self.steps) + self.prefill.cached + self.parked_cached \
-            - self.kv.shared
+        """KV tokens the running requests hold (written: a decoder's newest token not yet)."""
+        return self.decode.cached(self.steps) - self.decode.size + self.prefill.cached \
+            + self.parked_cached - self.kv.shared
 
-    def account(self, plan, k, price, emitted):
-        """Memory integrals over the k steps just priced (step j: a + e (j - 1) s); `emitted`
-        prefills end with the run. -> tokens held after the last step."""
+    def account(self, plan, k, price):
+        """Memory integrals over the k steps just priced (step j: a + e (j - 1) s). -> tokens
+        held after the last step (a prefill ending with the run has not written its first
+        token)."""
         prefill_s, decode_s, a, e, tokens = price
         decode = self.decode  # (held and DecodeBatch.cached, inline: read at every event)
         memory = self.memory
-        held = memory.run(decode.base_sum + decode.growth * self.steps + self.prefill.cached
-                          + self.parked_cached - self.kv.shared, tokens + decode.growth, k, a,
-                          e, emitted)
+        held = memory.run(decode.base_sum + decode.growth * self.steps - decode.size
+                          + self.prefill.cached + self.parked_cached - self.kv.shared,
+                          tokens + decode.growth, k, a, e)
         memory.allocated(self.kv.advance(self.steps, plan, k, a, e),
                          (prefill_s + decode_s) * len(self.running))
         return held
 
     def contexts(self):
-        """The tokens each running request holds."""
+        """The tokens each running request holds (written, as held)."""
         held_by, steps = self.decode.held_by, self.steps
-        return [s.num_cached if s.decode_base is None else held_by(s, steps)
+        return [s.num_cached if s.decode_base is None else held_by(s, steps) - 1
                 for s in self.running.values()]
 
     def result(self):

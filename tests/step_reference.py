@@ -16,8 +16,8 @@ def simulate_steps(req, replica):
     runs, gains = replica.decode_tokens  # a decoder's tokens a step: run, and gained
     spec = replica.speculation  # (speculating: each decoder's verify steps drawn, see join)
     prices, draft = costs, None
-    first = 1  # tokens a prompt's last chunk adds: its first token (and speculating, the drafts'
-    # slots its first verify step writes)
+    first = 0  # tokens a prompt's last chunk allocates beyond its prompt: speculating, the
+    # drafts' slots its first verify step writes (its first token's KV the next step writes)
     if spec is not None:
         runs, drawn = spec.k + 1, spec.steps_for(req.output)
         prices, draft = costs.verify, costs.draft
@@ -35,7 +35,8 @@ def simulate_steps(req, replica):
                peak_running=0, held_s=0.0, alloc_s=0.0, chunks=[0] * n)
     to_prefill, remaining, retry, waiting = list(prompt), list(output), [], list(range(n))
     run, t, admitted = [], 0.0, 0  # run: [admitted, id, prompt left, cached, to emit, and
-    # speculating: tokens gained a step, steps left, tokens held at its start, KV beyond them]
+    # speculating: tokens gained a step, steps left, tokens held at its start, KV allocated
+    # beyond those written]
 
     def blocks(x):
         return -(-x // block) * block
@@ -53,7 +54,9 @@ def simulate_steps(req, replica):
         steps = drawn[s[1]] if n == output[s[1]] - 1 else \
             int(verify_steps(np.array([n]), spec.rates, redraw)[0])
         steps = max(int(steps), 1)
-        beyond = blocks(s[3] + spec.lookahead) - s[3] if kv and kv.policy == "paged" else 0
+        written = s[3] - 1  # (its newest token's KV not yet)
+        beyond = blocks(written + spec.lookahead) - written if kv and kv.policy == "paged" \
+            else 0
         s[5:] = [n / steps, steps, s[3], beyond]
 
     def schedule():  # [(row, chunk)]: prompts oldest first, in the room decodes leave
@@ -64,14 +67,13 @@ def simulate_steps(req, replica):
                 room -= plan[-1][1]
         return plan
 
-    def after(plan):  # [(id, tokens held after the planned step, a speculating decoder's KV
-        # beyond them or None, and else the tokens allocated beyond them: a prompt's last
-        # chunk's drafts' slots)]
+    def after(plan):  # [(id, tokens written after the planned step (a decoder's newest not
+        # yet), a speculating decoder's KV beyond them or None, and else the tokens allocated
+        # beyond them: a prompt's last chunk's drafts' slots)]
         chunks = {id(s): c for s, c in plan}
-        return [(s[1], s[3] + (gains if len(s) == 5 else s[5]), None if len(s) == 5 else s[8],
-                 0) if not s[2] else
-                (s[1], s[3] + chunks.get(id(s), 0) + (chunks.get(id(s)) == s[2]), None,
-                 (chunks.get(id(s)) == s[2]) * (first - 1))
+        return [(s[1], s[3] + (gains if len(s) == 5 else s[5]) - 1,
+                 None if len(s) == 5 else s[8], 0) if not s[2] else
+                (s[1], s[3] + chunks.get(id(s), 0), None, (chunks.get(id(s)) == s[2]) * first)
                 for s in run]
 
     while waiting or retry or run:

@@ -321,15 +321,15 @@ def test_a_profile_calibrated_on_one_run_predicts_another(fitted, held_out, tpot
 @needs_runs
 def test_one_rtx_4090_run_fixes_its_card_and_predicts_the_other():
     """The 4090's run wants more of the card than the profile's form gives (99% of its
-    bandwidth, no fixed costs: 2.9% off); the older run (128 seqs, its KV tokens taken as the
-    newer run's) then comes within 10.1%, from +28%."""
+    bandwidth, a quarter of a millisecond a step fixed, none a layer: 2.7% off); the older run
+    (128 seqs, its KV tokens taken as the newer run's) then comes within 10.1%, from +37%."""
     new = real_run("RTX4090_Llama-3.1-8B_tp1")
     old = real_run("RTX4090_Llama-3.1-8B_tp1-mns128_superseded", kv_tokens=41408)
     assert (new.slots, new.kv_tokens, old.slots) == (256, 41408, 128)
     start = ENGINE_PROFILES["vllm"]
     profile, rms = calibrate([new], start)
-    assert profile.bandwidth_share >= 0.98 and profile.step_s == profile.layer_s == 0
-    assert rms == pytest.approx(0.0286, abs=0.002)
+    assert profile.bandwidth_share >= 0.98 and profile.step_s <= 0.25e-3
+    assert profile.layer_s == 0 and rms == pytest.approx(0.0271, abs=0.002)
     before, after = (calibration_errors([old], p)[0][1] for p in (start, profile))
     assert before["e2e_s"] > 0.25 and abs(after["e2e_s"]) < 0.11
     assert abs(after["tpot_s"]) < 0.09

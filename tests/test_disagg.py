@@ -552,11 +552,12 @@ def test_a_cluster_is_refused_where_nothing_reads_it(capsys):
 def test_back_pressure_by_hand():
     # A and B (prompt 4, 3 tokens) have their first tokens at 1.5 on one prefill replica;
     # the decode replica's cache is 8 tokens in blocks of 4: a hand-off reserves
-    # blocks(4 + 1 + 1) = 8 there, so one request at a time. A: reserved and sent at 1.5
-    # (0.25 s on the link, 0.25 s latency), in at 2.0, decodes 2-3-4. B waits, its KV held
-    # on the prefill replica, until A finishes at 4.0: sent 4.0-4.25, in at 4.5, decodes
-    # 4.5-5.5-6.5. Held on the prefill side until its last byte left: A 5 tokens x 0.25 s,
-    # B 5 x 2.75 s = 15.0 token-s
+    # blocks(4 + 1) = 8 there (its prompt's KV and its first token's, which its first decode
+    # step writes), so one request at a time. A: reserved and sent at 1.5 (0.25 s on the link,
+    # 0.25 s latency), in at 2.0, decodes 2-3-4. B waits, its KV held on the prefill replica,
+    # until A finishes at 4.0: sent 4.0-4.25, in at 4.5, decodes 4.5-5.5-6.5. Held on the
+    # prefill side until its last byte left (its prompt's 4 tokens of KV): A 4 x 0.25 s, B 4 x
+    # 2.75 s = 12.0 token-s
     req = Requests(np.array([0.0, 0.0]), np.array([4, 4]), np.array([3, 3]))
     link = KVLink(16.0, 0.25, 1.0)
     prefill = Pool("prefill", Replica(2, SLOW, kv=KVBudget("paged", 16, 4)))
@@ -566,15 +567,15 @@ def test_back_pressure_by_hand():
         return simulate_pools(req, [prefill, decode], ["prefill", "decode"], link=link)
     sim = run(8)
     assert sim["times"].first_token.tolist() == [1.5, 1.5] and sim["times"].finish.tolist() == [4.0, 6.5]
-    assert sim["hand_off"] == {"waited": 1, "wait_s": 2.5, "held_token_s": 15.0}
+    assert sim["hand_off"] == {"waited": 1, "wait_s": 2.5, "held_token_s": 12.0}
     # with room for both, A and B share the link (1.5-2.0), in at 2.25, and are held 0.5 s
-    # each: 2.5 + 2.5 token-s; the prefill replica's memory counts the difference
+    # each: 2 + 2 token-s; the prefill replica's memory counts the difference
     roomy = run(64)
     assert roomy["times"].finish.tolist() == [4.25, 4.25]
-    assert roomy["hand_off"] == {"waited": 0, "wait_s": 0.0, "held_token_s": 5.0}
-    assert sim["kv"]["held_s"] - roomy["kv"]["held_s"] == pytest.approx(15.0 - 5.0)
-    # (allocated there in whole blocks: 8 tokens of 4-token blocks for each 5 held)
-    assert sim["kv"]["alloc_s"] - roomy["kv"]["alloc_s"] == pytest.approx((15.0 - 5.0) * 8 / 5)
+    assert roomy["hand_off"] == {"waited": 0, "wait_s": 0.0, "held_token_s": 4.0}
+    assert sim["kv"]["held_s"] - roomy["kv"]["held_s"] == pytest.approx(12.0 - 4.0)
+    # (allocated there in whole blocks: one 4-token block for each 4 held)
+    assert sim["kv"]["alloc_s"] - roomy["kv"]["alloc_s"] == pytest.approx(12.0 - 4.0)
     assert np.isfinite(sim["times"].finish).all()  # (nothing dropped)
 
 
@@ -713,13 +714,14 @@ def test_a_step_takes_whole_prompts_up_to_its_budget_by_hand():
 
 
 def test_a_prefill_replica_keeps_the_kv_the_decode_pool_has_no_room_for_by_hand():
-    # prompts of 7 tokens hold blocks(8) = 8 of the prefill replica's 16; the decode replica
-    # (20 tokens) takes one request at a time (blocks(7 + 1 + 1) = 12). At t = 1 A and B have
+    # prompts of 8 tokens hold blocks(8) = 8 of the prefill replica's 16; the decode replica
+    # (20 tokens) takes one request at a time (blocks(8 + 1) = 12: the prompt's KV and its
+    # first token's, which its first decode step writes). At t = 1 A and B have
     # their first tokens: A goes on, B waits, its 8 tokens kept on the prefill replica, so C
     # alone is admitted (first token at 2) and waits too; D cannot be admitted until B's KV
     # leaves, when A finishes (t = 10): D's first token at 11, where a prefill replica that
     # dropped the KV at the first token would prefill D by t = 2
-    req = Requests(np.zeros(4), np.full(4, 7), np.full(4, 10))
+    req = Requests(np.zeros(4), np.full(4, 8), np.full(4, 10))
     pre = Pool("prefill", Replica(4, UNIT, kv=KVBudget("paged", 16, 4)), 1)
     dec = Pool("decode", Replica(4, UNIT, kv=KVBudget("paged", 20, 4)), 1)
     sim = simulate_pools(req, [pre, dec], ["prefill", "decode"])

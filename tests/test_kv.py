@@ -58,12 +58,13 @@ def paged_decoders(b, steps, contexts, capacity=10**6):
 @pytest.mark.parametrize("k", [1, 2, 5, 40])
 def test_paged_runs_against_step_by_step(b, k):
     # decoders holding these contexts run k steps, step j taking a + e (j - 1) s: the blocks
-    # they take and the integral of allocated tokens against summing every step
+    # they take and the integral of allocated tokens against summing every step (a decoder's
+    # blocks hold its written tokens: all but its newest, whose KV its next step writes)
     contexts, s0, a, e = [1, 2, 3, 15, 16, 17, 100, 100], 7, 0.5, 0.01
     paged = paged_decoders(b, s0, contexts)
-    assert paged.total == sum(paged.blocks(c) for c in contexts)
+    assert paged.total == sum(paged.blocks(c - 1) for c in contexts)
     integral = paged.advance(s0, [], k, a, e)
-    by_step = [sum(paged.blocks(c + j) for c in contexts) for j in range(1, k + 1)]
+    by_step = [sum(paged.blocks(c + j - 1) for c in contexts) for j in range(1, k + 1)]
     assert paged.total == by_step[-1]
     assert integral == pytest.approx(sum((a + e * (j - 1)) * x
                                          for j, x in enumerate(by_step, 1)), rel=1e-12)
@@ -142,6 +143,13 @@ def test_a_request_that_cannot_fit_is_named():
     assert check_kv_budget(req, KVBudget("reserve", 10_000, 16, max_output=4))["kind"] \
         == "kv_max_output"
     assert check_kv_budget(req, KVBudget("paged", 512, 16)) is None
+    # at its longest a request has written all but its last token: 508 + 5 - 1 fill 512
+    alone = Requests(np.zeros(2), np.array([508, 509]), np.array([5, 5]))
+    assert check_kv_budget(alone, KVBudget("paged", 512, 16))["needs"] == 528
+    assert check_kv_budget(Requests(np.zeros(1), np.array([508]), np.array([5])),
+                           KVBudget("paged", 512, 16)) is None
+    assert simulate_serving(alone, Replica(1, COSTS, kv=KVBudget("paged", 528, 16)))[
+        "kv"]["max_alloc"] == 528
 
 
 def test_a_budget_below_a_prompt_marks_the_kv_rows_and_keeps_the_rest(tmp_path, capsys):
@@ -206,56 +214,59 @@ def test_a_budget_the_device_cannot_hold_is_marked(tiny_args, capsys, monkeypatc
 
 
 def test_memory_averages_by_hand():
-    # one request, prompt 4, output 6, every pass 1 s: a prefill step (4 tokens + the emitted
-    # one held), then a closed-form run of 5 decode steps; held 5, 6, ..., 10 tokens
+    # one request, prompt 4, output 6, every pass 1 s: a prefill step (4 tokens written, the
+    # emitted one's KV not yet), then a closed-form run of 5 decode steps, each writing the
+    # token before the one it emits; held 4, 5, ..., 9 tokens
     req = Requests(np.zeros(1), np.array([4]), np.array([6]))
     unit = StepCosts((1, 2), (1.0, 1.0), 0.0, "unit")
     paged = simulate_serving(req, Replica(1, unit, "continuous",
                                               kv=KVBudget("paged", 100, 4)))
     assert paged["steps"] == 6 and paged["times"].finish[0] == 6.0
-    assert paged["kv"]["held_s"] == 5 + 6 + 7 + 8 + 9 + 10
-    assert paged["kv"]["alloc_s"] == 8 + 8 + 8 + 8 + 12 + 12  # blocks of 4 as it grows
+    assert paged["kv"]["held_s"] == 4 + 5 + 6 + 7 + 8 + 9
+    assert paged["kv"]["alloc_s"] == 4 + 8 + 8 + 8 + 8 + 12  # blocks of 4 as it grows
     reserve = KVBudget("reserve", 100, max_output=10)
     sim = simulate_serving(req, Replica(1, unit, "continuous", kv=reserve))
     assert sim["kv"]["alloc_s"] == 6 * (4 + 10)
     m = kv_metrics(req, sim, reserve)
-    assert m["utilization"] == pytest.approx(45 / 84)
+    assert m["utilization"] == pytest.approx(39 / 84)
     assert m["fragmentation"] == pytest.approx(4 * 6 / 84)  # 4 reserved tokens never used
     assert m["mean_concurrency"] == 1.0 and m["peak_concurrency"] == 1
 
 
 def test_memory_integrals_are_exact_per_step():
     # one request, prompt 4, output 6, a pass costs 1 s + 0.5 s per cached token: a prefill
-    # step (1 s, then 5 tokens held), then one run of 5 decode steps over 5..9 cached tokens
-    # (3.5, 4, 4.5, 5, 5.5 s; then 6..10 held); each step weighs what it holds by its own time
+    # step (1 s, then 4 tokens held), then one run of 5 decode steps over 5..9 cached tokens
+    # (3.5, 4, 4.5, 5, 5.5 s; then 5..9 held: each writes the token it reads last); each step
+    # weighs what it holds by its own time
     req = Requests(np.zeros(1), np.array([4]), np.array([6]))
     costs = StepCosts((1, 2), (1.0, 1.0), 0.5, "linear")
     sim = simulate_serving(req, Replica(1, costs, "continuous", kv=KVBudget("paged", 100, 4)))
     assert sim["times"].finish[0] == 1 + 3.5 + 4 + 4.5 + 5 + 5.5
-    assert sim["kv"]["held_s"] == pytest.approx(1 * 5 + 3.5 * 6 + 4 * 7 + 4.5 * 8 + 5 * 9
-                                                + 5.5 * 10)
-    assert sim["kv"]["alloc_s"] == pytest.approx(1 * 8 + 3.5 * 8 + 4 * 8 + 4.5 * 8 + 5 * 12
-                                                 + 5.5 * 12)  # blocks of 4 for 5..10 tokens
+    assert sim["kv"]["held_s"] == pytest.approx(1 * 4 + 3.5 * 5 + 4 * 6 + 4.5 * 7 + 5 * 8
+                                                + 5.5 * 9)
+    assert sim["kv"]["alloc_s"] == pytest.approx(1 * 4 + 3.5 * 8 + 4 * 8 + 4.5 * 8 + 5 * 8
+                                                 + 5.5 * 12)  # blocks of 4 for 4..9 tokens
 
 
 def test_the_newest_request_is_preempted():
-    # A then B (prompt 2, output 5 each) in 8 tokens of blocks of 1: after the prefill (3 + 3
-    # held) and one decode step (4 + 4), the next step needs 10: B, the newer, is preempted
-    # (its 2 prompt + 2 generated tokens to recompute) and waits until A has finished
+    # A then B (prompt 2, output 5 each) in 8 tokens of blocks of 1: after the prefill (2 + 2
+    # written) and two decode steps (3 + 3, 4 + 4), the next step needs 10: B, the newer, is
+    # preempted (its 2 prompt + 3 generated tokens to recompute, the newest unwritten too, as
+    # vLLM recomputes every token) and waits until A has finished
     req = Requests(np.zeros(2), np.array([2, 2]), np.array([5, 5]))
     sim = simulate_serving(req, Replica(2, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                             "continuous", kv=KVBudget("paged", 8, 1)))
-    assert sim["kv"]["preemptions"] == 1 and sim["kv"]["recomputed_tokens"] == 4
-    # A decodes alone to its end at 5 s; B is prefilled again (4 tokens) and ends at 8 s
-    assert sim["times"].finish.tolist() == [5.0, 8.0] and sim["steps"] == 8
+    assert sim["kv"]["preemptions"] == 1 and sim["kv"]["recomputed_tokens"] == 5
+    # A decodes alone to its end at 5 s; B is prefilled again (5 tokens) and ends at 7 s
+    assert sim["times"].finish.tolist() == [5.0, 7.0] and sim["steps"] == 7
     assert sim["times"].first_token.tolist() == [1.0, 1.0]  # B keeps its first token
     np.testing.assert_array_equal(sim["generated"], req.output)
 
 
 def test_the_watermark_keeps_blocks_free_at_admission():
-    # two prompts of 45 tokens (+ a first token) in 100 tokens of blocks of 1: without a
-    # watermark both fit (46 + 46); keeping 10% free, the second waits for the first
-    req = Requests(np.zeros(2), np.array([45, 45]), np.array([1, 1]))
+    # two prompts of 46 tokens in 100 tokens of blocks of 1: without a watermark both fit
+    # (46 + 46); keeping 10% free, the second waits for the first (46 + 46 + 10 > 100)
+    req = Requests(np.zeros(2), np.array([46, 46]), np.array([1, 1]))
     for watermark, together in ((0.0, 2), (0.1, 1)):
         kv = KVBudget("paged", 100, 1, watermark=watermark)
         sim = simulate_serving(req, Replica(2, COSTS, "continuous", kv=kv))

@@ -258,8 +258,9 @@ def lru_bound(path, capacity_blocks, block=16):
     """The token hit ratio of requests one at a time through an LRU cache of capacity_blocks
     engine blocks, from the trace file alone (a plain reference): a request hits its leading
     blocks cached (short of its last prompt token), takes them out of the free queue, takes
-    the blocks its prompt and output need from the queue's head (evicting what they held),
-    and when it ends gives back its uncached blocks, then its prompt's blocks tail first."""
+    the blocks its prompt and output need from the queue's head (evicting what they held; the
+    KV of all its tokens but the last), and when it ends gives back its uncached blocks, then
+    its prompt's blocks tail first."""
     free = collections.OrderedDict(((None, i), None) for i in range(capacity_blocks))
     chains, fresh, queried, hit_tokens, per = {}, capacity_blocks, 0, 0, 512 // block
     with open(path) as f:
@@ -275,7 +276,7 @@ def lru_bound(path, capacity_blocks, block=16):
             while hit < most and keys[hit] in free:
                 del free[keys[hit]]
                 hit += 1
-            held = -(-(n + row["output_length"]) // block)
+            held = -(-(n + row["output_length"] - 1) // block)
             for _ in range(held - hit):
                 free.popitem(last=False)
             for _ in range(held - len(keys)):
