@@ -15,7 +15,7 @@ from nn40.loop import simulate_serving
 from nn40.pools import Fleet, simulate_fleet
 from nn40.pricing import StepCosts, card_costs
 from nn40.queues import EVICTION_ORDERS, BlockQueue
-from nn40.replicas import Replica
+from nn40.replicas import DecodeBatch, Replica
 from nn40.routers import CacheAware, PrecisePrefix
 from nn40.runs import host_tier
 from nn40.tables_c import format_tables
@@ -284,6 +284,34 @@ def lru_bound(path, capacity_blocks, block=16):
             free.update((key, None) for key in reversed(keys))
             queried, hit_tokens = queried + n, hit_tokens + hit * block
     return hit_tokens / queried
+
+
+def test_the_decoders_next_blocks_are_taken_once_however_often_a_step_is_planned():
+    """Decoders holding 5, 9 and 6 tokens in 4-token blocks have written 4, 8 and 5: the next
+    step writes the first two into new blocks, which are taken from the free queue as the
+    step is scheduled, once if it is planned twice; a decoder preempted before it is planned
+    again gives its block back; the step's run takes no more. Throughout, the blocks out of
+    the free queue are the blocks allocated."""
+    cache, batch, s0 = PrefixCache(KVBudget("prefix", 64 * 4, 4)).for_decode_steps(1), \
+        DecodeBatch(), 7
+    seqs = [Seq(i, i, 0, 1, num_cached=ctx) for i, ctx in enumerate([5, 9, 6])]
+    for seq in seqs:
+        cache.admit(seq, cache.need(seq.num_cached, seq.num_cached, 0, 0))
+        batch.join([seq], s0)
+        cache.join(seq)
+
+    def out():
+        assert cache.free.blocks() + cache.total // 4 == 64
+        return 64 - cache.free.blocks()
+    assert out() == 1 + 2 + 2
+    cache.schedule_decoders(s0)
+    cache.schedule_decoders(s0)
+    assert 64 - cache.free.blocks() == 5 + 2
+    cache.preempt(seqs[0], 5)
+    cache.schedule_decoders(s0)
+    assert 64 - cache.free.blocks() == 2 + 2 + 1
+    cache.advance(s0, [], 1, 1.0, 0.0)
+    assert out() == 3 + 2 and cache.ahead == 0
 
 
 @pytest.mark.parametrize("blocks", [20_000, 10_000, 5_000])
