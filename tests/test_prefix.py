@@ -933,6 +933,39 @@ def test_vllms_offloading_blog_throughput_at_every_hit_in_host():
     assert every / none == pytest.approx(9.0, rel=0.2)  # (C: 10.4x; "up to X9")
 
 
+# SGLang's cache-aware router, lm-sys.github.io blog/2024-12-04-sglang-v0-4.md: 8 A100 80GB,
+# Llama-3.1-8B-Instruct at --dp-size 8, bench_serving.py --dataset-name generated-shared-prefix
+# with its defaults (64 groups of 16 prompts, a 2,048-token system prompt, a 128-token question,
+# 256 output tokens, shuffled, all sent at once: sample_generated_shared_prefix_requests, the
+# 1,024 requests of sgl-project/sglang#1990). It measured 158,596 tokens/s and a 75% cache hit
+# rate behind the router against 82,665 and 20% behind v0.3's round-robin data parallelism
+# (1.9x). C finds 50% and 85% and 1.57x: its round-robin replicas each see about two prompts of a
+# group, the second hitting the first's blocks, where SGLang measured 20%. Which defaults
+# v0.4.0's bench ran (its flags are not in the post) is not pinned; the check is expected to fail
+# until that is known.
+@pytest.mark.xfail(strict=True, reason="C finds 50% cached behind round-robin where SGLang v0.3 "
+                   "measured 20% (85% against 75% behind the router)")
+def test_sglangs_v04_router_blog_hit_rates_and_speedup():
+    from nn40.pricing import ENGINE_PROFILES, card_kv_tokens
+    groups, per, n = 64, 16, 64 * 16
+    order = np.random.default_rng(0).permutation(n) // per  # (the bench's shuffle)
+    req = Requests(np.zeros(n), np.full(n, 2048 + 128), np.full(n, 256),
+                   identity=SharedPrompts(order, np.full(groups, 2048), np.full(n, -1)))
+    cfg, card, profile = MODELS["llama-3.1-8b"], GPUS["a100-80gb"], ENGINE_PROFILES["sglang"]
+    replica = profile.replica(card_costs(cfg, card, profile), kv=KVBudget(
+        "radix", card_kv_tokens(cfg, card, profile), 1))
+    hit, makespan = {}, {}
+    for router in ("round-robin", "cache-aware"):
+        sim = simulate_fleet(req, replica, Fleet(8, router))
+        p = sim["prefix_cache"]
+        hit[router] = p["hit_tokens"] / p["queried_tokens"]
+        makespan[router] = float(np.nanmax(sim["times"].finish))
+    assert hit["cache-aware"] == pytest.approx(0.75, abs=0.05)  # (C: 0.853)
+    assert hit["round-robin"] == pytest.approx(0.20, abs=0.05)  # (C: 0.501)
+    assert makespan["round-robin"] / makespan["cache-aware"] == pytest.approx(
+        158_596 / 82_665, rel=0.15)  # (C: 1.57x)
+
+
 def test_loads_queue_on_the_host_link_and_a_cancelled_one_gives_its_time_back():
     # 8 tokens at 0.5 s each: a's load takes the link from 0 to 4 s, b's (asked at 1 s) from 4
     # to 8; b preempted at 2 s gives the link back from 4 (it was the last queued), so c, asked
