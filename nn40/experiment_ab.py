@@ -378,8 +378,9 @@ def kv_device_check(bench, kv):
     batch = len(contexts)
     row_tokens = min(kv["budget_tokens"] // batch, cfg.max_positions)
     n_rows = max(batch, kv["budget_tokens"] // row_tokens)
-    positions = [min(c, row_tokens) - 1 for c in contexts]  # the token each row decodes next
-    clamped = sum(c > row_tokens for c in contexts)
+    positions = [min(c, row_tokens - 1) for c in contexts]  # (a context is the tokens whose KV
+    # is written: the position each row's next decode writes, its newest token's)
+    clamped = sum(c >= row_tokens for c in contexts)
     check = {"device": device_name(bench.device), "rows": n_rows, "batch": batch,
              "row_tokens": row_tokens, "bytes": n_rows * row_tokens * kv_bytes_per_token(cfg),
              "clamped_rows": clamped, "max_context": max(contexts)}

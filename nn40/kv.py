@@ -104,7 +104,7 @@ class KVManager:
     shared = lent = 0  # tokens held by several requests (once more than held); lent to KV in flight
     gains = 1  # tokens a decode step adds to a decoder's cache (see for_decode_steps)
     lookahead = 0  # tokens a speculating decoder holds beyond its own (see for_speculation)
-    unwritten = 0  # a request's tokens whose KV is never held: a block's, its last token's
+    unwritten = 0  # tokens of a request whose KV its blocks never hold (paged: its last one's)
 
     def lookup(self, ledger, r):
         """The tokens of request r already computed when it is admitted now: ledger.cached
@@ -351,8 +351,10 @@ class PagedBlocks(KVManager):
         self.phase[key] = self.phase.get(key, 0) + 1
 
     def phase_of(self, seq):
-        """The first s >= 0 with written base + gains s - 1 >= 1, i.e. ceil((2 - base) / gains),
-        mod period (with gains 1: 2 - base mod block)."""
+        """The residue mod period of the steps at which the decoder takes a block. After step
+        s it has written base + gains s - 1 tokens, so its writes cross a block's boundary at
+        the steps congruent to the least integer s with base + gains s - 1 >= 1, that is
+        ceil((2 - base) / gains) (with gains 1: 2 - base mod block)."""
         return -((seq.decode_base - 2) // self.gains) % self.period
 
     def release(self, seq, ctx):
@@ -600,7 +602,9 @@ class PrefixCache(PagedBlocks):
         counts them. A step planned again before it runs (a decoder preempted meanwhile) takes
         or gives back only the difference."""
         if self.preempts:
-            self.settle_ahead(self.phase.get((steps + 1) % self.period, 0) if self.phase else 0)
+            blocks = self.phase.get((steps + 1) % self.period, 0)
+            if blocks != self.ahead:
+                self.settle_ahead(blocks)
 
     def settle_ahead(self, blocks):
         """`blocks` are the blocks taken ahead of the step now: take more, or give back (as
@@ -665,7 +669,8 @@ class PrefixCache(PagedBlocks):
         # of a whole block waits in `pending` (whole blocks otherwise: pending stays 0)
         grown = self.total - before + self.pending
         taken = int(grown // self.block) if grown > 0 else 0
-        self.settle_ahead(min(self.ahead, taken))  # (what the decoders' step took already)
+        if self.ahead > taken:  # (what the decoders' step took already, and no more)
+            self.settle_ahead(taken)
         self.take(taken - self.ahead)
         self.pending, self.scheduled, self.ahead = grown - taken * self.block, 0, 0
         of = self.of

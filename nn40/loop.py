@@ -454,9 +454,11 @@ class ServingSim(Admission):
         return held
 
     def contexts(self):
-        """The tokens each running request holds (written, as held)."""
+        """The tokens each running request holds (written, as held: a prefill that has just
+        emitted its first token has not written it)."""
         held_by, steps = self.decode.held_by, self.steps
-        return [s.num_cached if s.decode_base is None else held_by(s, steps) - 1
+        return [s.num_cached - (s.to_emit < s.to_emit_admitted) if s.decode_base is None
+                else held_by(s, steps) - 1
                 for s in self.running.values()]
 
     def result(self):

@@ -17,7 +17,7 @@ from nn40.engine_check import (
     ENGINE_BOUND_S, bounded_lengths, engine_costs, engine_requests, engine_verdict,
     steps_check)
 from nn40.experiment_d import EngineBlocks, EngineRequests, engine_pool_blocks, run_engine
-from nn40.kv import KVBudget, PrefixCache
+from nn40.kv import KVBudget, PagedBlocks, PrefixCache
 from nn40.loop import simulate_serving
 from nn40.metrics import LATENCIES
 from nn40.model import attention_spans, build_model, new_kv_cache
@@ -481,23 +481,43 @@ def test_the_engines_block_pool_evicts_as_cs_prefix_cache(seed, monkeypatch):
     # on 1, 8 and 54 some by their head alone)
 
 
-@pytest.mark.parametrize("seed, owner, rule, wrong", [
-    (1, BlockQueue, "push", lambda queue, keys, push=BlockQueue.push: push(queue, keys[::-1])),
-    (8, BlockQueue, "push", lambda queue, keys, push=BlockQueue.push: push(queue, keys[::-1])),
-    (17, PrefixCache, "phase_of",
-     lambda self, seq: -((seq.decode_base - 1) // self.gains) % self.period),
-    (54, PrefixCache, "schedule_decoders", lambda self, steps: None)])
-def test_the_engines_block_pool_fails_a_wrong_rule_in_c(seed, owner, rule, wrong, monkeypatch):
-    """Seeded into C: a wrong freeing order (a request's head block freed first, so a prefix
-    loses its head before its tail); a decoder taking its next block when its newest token is
-    sampled, not when its KV is written (a step early); the decoders' next blocks taken as
-    their step runs, after the newcomers have looked theirs up. D's pool disagrees with
-    each."""
+def newest_token_held(monkeypatch):
+    """C's blocks seeded to hold a request's newest token, as before vLLM's rule: written
+    tokens counted with it, a prompt's last chunk taking a slot for its first token, a decoder
+    taking its next block as its newest token is sampled."""
+    monkeypatch.setattr(PagedBlocks, "written", staticmethod(lambda seq, ctx: ctx))
+    monkeypatch.setattr(PagedBlocks, "written_at_admission", staticmethod(
+        lambda seq: seq.num_cached))
+    monkeypatch.setattr(PagedBlocks, "phase_of", lambda self, seq: -(
+        (seq.decode_base - 1) // self.gains) % self.period)
+    monkeypatch.setattr(PagedBlocks, "prompt_blocks", lambda self, seq, tokens, chunk: self.blocks(
+        seq.num_cached + tokens + (chunk == seq.prompt_left) * (1 + self.lookahead)))
+    need = PagedBlocks.need
+    monkeypatch.setattr(PagedBlocks, "need", lambda self, prompt, cached, chunk, to_prefill: need(
+        self, prompt, cached + 1, chunk, to_prefill))
+
+
+def freed_head_first(monkeypatch):
+    """A request's head block freed first, so a prefix loses its head before its tail."""
+    push = BlockQueue.push
+    monkeypatch.setattr(BlockQueue, "push", lambda queue, keys: push(queue, keys[::-1]))
+
+
+@pytest.mark.parametrize("seed, wrong", [
+    (1, freed_head_first), (8, freed_head_first), (17, newest_token_held),
+    (54, lambda monkeypatch: monkeypatch.setattr(PrefixCache, "schedule_decoders",
+                                                 lambda self, steps: None))])
+def test_the_engines_block_pool_fails_a_wrong_rule_in_c(seed, wrong, monkeypatch):
+    """Seeded into C: a wrong freeing order; blocks holding a request's newest token (sampled,
+    its KV not yet written: a decoder takes its next block a step early); the decoders' next
+    blocks taken as their step runs, after the newcomers have looked theirs up. D's pool
+    disagrees with each (each seeded rule a whole one: the run still ends, nothing preempted)."""
     hits, steps, simulated = tight_pool_case(seed)
-    monkeypatch.setattr(owner, rule, wrong)
+    wrong(monkeypatch)
     sim = simulated()
     assert sim["prefix_cache"]["hits"] != hits or \
         (list(sim["times"].first_step), list(sim["times"].finish_step)) != steps
+    assert sim["kv"]["preemptions"] == 0 and np.isfinite(sim["times"].finish).all()
 
 
 def test_d_with_prefix_caching_end_to_end(tiny_args, capsys):

@@ -148,8 +148,9 @@ def test_a_request_that_cannot_fit_is_named():
     assert check_kv_budget(alone, KVBudget("paged", 512, 16))["needs"] == 528
     assert check_kv_budget(Requests(np.zeros(1), np.array([508]), np.array([5])),
                            KVBudget("paged", 512, 16)) is None
-    assert simulate_serving(alone, Replica(1, COSTS, kv=KVBudget("paged", 528, 16)))[
-        "kv"]["max_alloc"] == 528
+    one = Requests(np.zeros(1), np.array([508]), np.array([5]))
+    sim = simulate_serving(one, Replica(1, COSTS, kv=KVBudget("paged", 512, 16)))
+    assert sim["kv"]["max_alloc"] == 512 and sim["kv"]["preemptions"] == 0
 
 
 def test_a_budget_below_a_prompt_marks_the_kv_rows_and_keeps_the_rest(tmp_path, capsys):

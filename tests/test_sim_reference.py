@@ -27,3 +27,5 @@ def test_simulation_reproduces_the_recorded_results(name):
     assert set(got) == set(RECORDED[name])
     for label, summary in RECORDED[name].items():
         assert_same(got[label], summary, f"{name} {label}")
+        if "peak_held" in got[label]:  # (the requests' written tokens at the peak add up to it)
+            assert sum(got[label]["peak_contexts"]) == got[label]["peak_held"], (name, label)
