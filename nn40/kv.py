@@ -68,6 +68,12 @@ class Seq:
         self.decode_base = self.end_step = self.rate = None  # set when it starts to decode
         self.allocated = 0  # KV tokens allocated to it (a reservation; paged: its prefill's)
 
+    def written(self, ctx):
+        """The tokens whose KV it has written when it holds `ctx` tokens: all but its newest
+        once it has emitted a token (a sampled token's KV is written by the next step)."""
+        return ctx - 1 if self.decode_base is not None or self.to_emit < self.to_emit_admitted \
+            else ctx
+
 
 class CachedBlocks:
     """What a prefix cache keeps of one running request (PrefixCache.of[seq]): its prompt's
@@ -307,13 +313,6 @@ class PagedBlocks(KVManager):
             self.total += seq.allocated
 
     @staticmethod
-    def written(seq, ctx):
-        """The tokens whose KV a request holding `ctx` tokens has written: all but its newest
-        once it has emitted a token."""
-        return ctx - 1 if seq.decode_base is not None or seq.to_emit < seq.to_emit_admitted \
-            else ctx
-
-    @staticmethod
     def written_at_admission(seq):
         """Its cached tokens' KV, less the token sampled where its prompt was computed (with
         nothing left to prefill: its first decode step writes it)."""
@@ -342,7 +341,7 @@ class PagedBlocks(KVManager):
         if seq.rate is not None:  # speculating: its blocks (its tokens and the lookahead,
             # allocated with its prompt's last chunk, or at admission: see need), then its
             # growth at its rate (a fluid account: what it holds beyond its tokens is kept)
-            held = self.blocks(self.written(seq, seq.num_cached) + self.lookahead)
+            held = self.blocks(seq.written(seq.num_cached) + self.lookahead)
             self.total += held - seq.allocated
             seq.allocated = held - seq.num_cached
             self.fluid_rate += seq.rate
@@ -393,7 +392,7 @@ class PagedBlocks(KVManager):
         """The tokens whose blocks a request leaving with `ctx` tokens gives back: a decoder's
         written ones, a prompt's as allocated (speculating, its last chunk took the drafts'
         slots too, which a request that ends with its prefill never decodes into)."""
-        written = PagedBlocks.written(seq, ctx)
+        written = seq.written(ctx)
         return written if seq.decode_base is not None else max(written, seq.allocated)
 
     def decoders_take(self, steps, n):
@@ -707,7 +706,7 @@ class PrefixCache(PagedBlocks):
         """Its own blocks keep keys it will find when it comes back (keys_of)."""
         if self.identity is None:
             return self.release(seq, ctx)
-        self.of[seq].keys = self.keys_of(seq.id, int(self.written(seq, ctx) + 1e-9))
+        self.of[seq].keys = self.keys_of(seq.id, int(seq.written(ctx) + 1e-9))
         self.release(seq, ctx)
         self.own.add(seq.id)
 
@@ -717,7 +716,7 @@ class PrefixCache(PagedBlocks):
         not need, what is short of a block kept in `pending`.)"""
         blocks = self.of.pop(seq)
         keys, r = blocks.keys, seq.id
-        tokens = self.written(seq, ctx)
+        tokens = seq.written(ctx)
         tokens = tokens if seq.rate is None else int(tokens + 1e-9)
         if self.own:  # (finished, or preempted again: see preempt)
             self.own.discard(r)

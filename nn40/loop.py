@@ -457,8 +457,7 @@ class ServingSim(Admission):
         """The tokens each running request holds (written, as held: a prefill that has just
         emitted its first token has not written it)."""
         held_by, steps = self.decode.held_by, self.steps
-        return [s.num_cached - (s.to_emit < s.to_emit_admitted) if s.decode_base is None
-                else held_by(s, steps) - 1
+        return [s.written(s.num_cached if s.decode_base is None else held_by(s, steps))
                 for s in self.running.values()]
 
     def result(self):

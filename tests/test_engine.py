@@ -17,7 +17,7 @@ from nn40.engine_check import (
     ENGINE_BOUND_S, bounded_lengths, engine_costs, engine_requests, engine_verdict,
     steps_check)
 from nn40.experiment_d import EngineBlocks, EngineRequests, engine_pool_blocks, run_engine
-from nn40.kv import KVBudget, PagedBlocks, PrefixCache
+from nn40.kv import KVBudget, PagedBlocks, PrefixCache, Seq
 from nn40.loop import simulate_serving
 from nn40.metrics import LATENCIES
 from nn40.model import attention_spans, build_model, new_kv_cache
@@ -485,7 +485,7 @@ def newest_token_held(monkeypatch):
     """C's blocks seeded to hold a request's newest token, as before vLLM's rule: written
     tokens counted with it, a prompt's last chunk taking a slot for its first token, a decoder
     taking its next block as its newest token is sampled."""
-    monkeypatch.setattr(PagedBlocks, "written", staticmethod(lambda seq, ctx: ctx))
+    monkeypatch.setattr(Seq, "written", lambda seq, ctx: ctx)
     monkeypatch.setattr(PagedBlocks, "written_at_admission", staticmethod(
         lambda seq: seq.num_cached))
     monkeypatch.setattr(PagedBlocks, "phase_of", lambda self, seq: -(
