@@ -46,8 +46,7 @@ def role_shapes(run, req, role, gpu):
                 replica = role_replica(run, shape, req.output)  # (a draft may leave no cache)
             except UsageError:
                 continue
-            ahead = replica.speculation.lookahead if replica.speculation else 0
-            if not check_kv_budget(held, replica.kv, ahead):
+            if not check_kv_budget(held, replica.kv, replica.speculation):
                 fits.append((tp * pp, pp, tp))
     return [(tp, pp) for _, pp, tp in sorted(fits)[:SHAPES_EACH]]
 

@@ -43,10 +43,12 @@ class KVUnfit(UsageError):
         self.policy, self.why = policy, why
 
 
-def check_kv_budget(req, kv, lookahead=0):
-    """Every request must fit alone (speculating, with its drafts' `lookahead` slots), or the
-    simulation could never finish it. -> None, or why not (a description for the tables)."""
-    return kv_manager(kv).for_speculation(lookahead).unfit(req)
+def check_kv_budget(req, kv, speculation=None):
+    """Every request must fit alone (speculating, as a Speculation's decoders hold: see
+    for_speculation), or the simulation could never finish it. -> None, or why not (a
+    description for the tables)."""
+    manager = kv_manager(kv)
+    return (manager.for_speculation(speculation) if speculation else manager).unfit(req)
 
 
 class Seq:
@@ -110,6 +112,7 @@ class KVManager:
     shared = lent = 0  # tokens held by several requests (once more than held); lent to KV in flight
     gains = 1  # tokens a decode step adds to a decoder's cache (see for_decode_steps)
     lookahead = 0  # tokens a speculating decoder holds beyond its own (see for_speculation)
+    verify_gains = None  # speculating: the most tokens a verify step adds to a decoder's cache
     unwritten = 0  # tokens of a request whose KV its blocks never hold (paged: its last one's)
 
     def lookup(self, ledger, r):
@@ -137,10 +140,14 @@ class KVManager:
         """The output tokens a request's memory covers at its longest."""
         return output
 
+    def alone(self, prompt, output):
+        """Tokens a request of `prompt` and `output` tokens (arrays) holds at its longest,
+        alone."""
+        return self.blocks(prompt + self.output_held(output) - self.unwritten + self.lookahead)
+
     def unfit(self, req):
         """-> None when every request fits alone, else why the longest one does not."""
-        alone = self.blocks(req.prompt + self.output_held(req.output) - self.unwritten +
-                            self.lookahead)
+        alone = self.alone(req.prompt, req.output)
         worst = int(np.argmax(alone))
         needs = int(alone[worst]) + self.watermark
         if needs <= self.capacity:
@@ -217,11 +224,13 @@ class KVManager:
         self.gains = gains
         return self
 
-    def for_speculation(self, lookahead):
-        """The manager for speculating decoders (a SpeculativeBatch's: each growing at its own
-        rate), each holding `lookahead` tokens beyond its own (the drafts a verify step writes,
-        and the scheduler's lookahead). -> itself"""
-        self.lookahead = lookahead
+    def for_speculation(self, speculation):
+        """The manager for a Speculation's decoders (a SpeculativeBatch's: each growing at its
+        own rate, at most k + 1 tokens a verify step), each holding its `lookahead` tokens
+        beyond its own (the drafts a verify step writes, and the scheduler's lookahead).
+        -> itself"""
+        self.lookahead = speculation.lookahead
+        self.verify_gains = speculation.decode_tokens.runs
         return self
 
 
@@ -303,9 +312,23 @@ class PagedBlocks(KVManager):
         first = self.gains - 1 if not to_prefill else 0  # (the tokens its first step writes
         # beyond its prompt)
         first += self.lookahead  # (speculating: the drafts' slots from its first decode step)
-        if self.watermark:
-            return self.blocks(cached + to_prefill + first)
-        return self.blocks(cached + chunk + (chunk == to_prefill) * first)
+        need = self.blocks(cached + to_prefill + first) if self.watermark else \
+            self.blocks(cached + chunk + (chunk == to_prefill) * first)
+        if self.verify_gains and not to_prefill:  # (speculating from its first step, which
+            # is the step it is admitted for: the blocks of its written tokens and its drafts'
+            # slots, and its growth a step, at most k + 1 tokens: see join)
+            need = max(need, self.blocks(cached - 1 + self.lookahead) + self.verify_gains)
+        return need
+
+    def alone(self, prompt, output):
+        """(Speculating, the most of what vLLM's blocks would hold and of what join accounts
+        a decoder: its written tokens' blocks with its drafts' slots, then the output - 1
+        tokens it grows by, at least a step's most where it decodes: see need.)"""
+        held = super().alone(prompt, output)
+        if not self.verify_gains:
+            return held
+        return np.maximum(held, self.blocks(prompt + self.lookahead) + np.where(
+            output > 1, np.maximum(output - 1, self.verify_gains), 0))
 
     def admit(self, seq, need):  # blocks are taken by the steps, but for what it holds already
         if seq.num_cached:

@@ -234,7 +234,7 @@ class ServingSim(Admission):
         self.kv = kv = kv_manager(replica.kv, replica.decode_tokens.gains)
         spec = replica.speculation
         if spec is not None:
-            kv.for_speculation(spec.lookahead)
+            kv.for_speculation(spec)
             unfit = kv.unfit(req) if kv.tracks and req is not None else None  # (its drafts'
             # slots too; a pool's stage checks its own requests: see pools.pool_stage)
             if unfit:

@@ -105,9 +105,8 @@ def pool_stage(req, pool, ledger, last, first):
     """A PoolStage for `pool` on the path; every request must fit its KV cache alone."""
     kv = pool.replica.kv  # (identical replicas: all or none fit)
     output = req.output if last else np.ones_like(req.output)  # (a prefill pool: one token)
-    spec = pool.replica.speculation
     unfit = kv is not None and check_kv_budget(dataclasses.replace(req, output=output), kv,
-                                               spec.lookahead if spec else 0)
+                                               pool.replica.speculation)
     if unfit:
         raise KVUnfit(kv.policy, unfit)
     if not first:  # (its own arrivals: the hand-offs' times; its own queues' marks)

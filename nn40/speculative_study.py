@@ -86,7 +86,7 @@ def check_drafting_fits(run, req, budgets):
         return
     spec, _, cache = run_speculation(run)
     tokens = kv.capacity_tokens if cache is None or cache.tokens is None else cache.tokens
-    why = check_kv_budget(req, dataclasses.replace(kv, capacity_tokens=tokens), spec.lookahead)
+    why = check_kv_budget(req, dataclasses.replace(kv, capacity_tokens=tokens), spec)
     if why and why["kind"] == "kv_too_long":
         raise UsageError(f"--speculative-config: beside its draft a replica's {kv.policy} KV "
                          f"cache holds {tokens:,} tokens (without it {kv.capacity_tokens:,}), "

@@ -578,3 +578,70 @@ def test_kv_memory_gb_is_shared_with_the_draft_where_the_engine_shares_it(profil
     from nn40.speculative_study import run_speculation
     run = parse_args(EAGLE3 + ["--engine-profile", profile, "--kv-memory-gb", "10"])
     assert run_speculation(run)[2].tokens == int(10e9 / scale // 131072)
+
+
+@pytest.mark.parametrize("policy, block", [("paged", 16), ("prefix", 16), ("radix", 1)])
+def test_a_speculating_decode_pool_stays_within_its_cache(policy, block, monkeypatch):
+    # a request handed to a speculating decode pool is admitted for a decode step at once, no
+    # step between to preempt for it: its admission must cover that step's growth (up to
+    # k + 1 tokens in the fluid account), or the cache allocates past its capacity (and a
+    # prefix cache takes more blocks than its free queue has)
+    from nn40 import kv as K
+    from nn40.kv import KVBudget
+    from nn40.pools import Pool, simulate_pools
+    from nn40.pricing import StepCosts
+    from nn40.replicas import Replica
+    from nn40.speculative import Speculation, SpeculativeCosts
+    from nn40.workload import PrefixWorkload, Requests, arrival_times, shared_prompts
+    over = []
+
+    def checked(advance):
+        def run(self, *args):
+            integral = advance(self, *args)
+            if self.total > self.capacity + 1e-9:
+                over.append((self.total, self.capacity))
+            return integral
+        return run
+
+    def take(self, blocks, _take=K.PrefixCache.take):
+        if blocks > 0 and self.preempts and self.free.blocks() < blocks:
+            over.append((blocks, self.free.blocks()))
+        return _take(self, blocks)
+    monkeypatch.setattr(K.PagedBlocks, "advance", checked(K.PagedBlocks.advance))
+    monkeypatch.setattr(K.PrefixCache, "advance", checked(K.PrefixCache.advance))
+    monkeypatch.setattr(K.PrefixCache, "take", take)
+    costs, waited = StepCosts((1, 16, 256), (0.01, 0.012, 0.03), 1e-6, "made up"), 0
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        req = Requests(arrival_times(150, 50.0, 1.0, rng), rng.integers(5, 60, 150),
+                       rng.integers(2, 80, 150))
+        if policy != "paged":
+            req = shared_prompts(req, PrefixWorkload(64, 3, 0.8, 1.0, 2, 0.0), rng)
+        spec = Speculation("eagle3", 3, (0.73, 0.52, 0.35), "given", 6, seed=seed)
+        prefill = Replica(4, costs, "chunked", 64, KVBudget(policy, 4000, block, 0, 0.0))
+        decode = Replica(int(rng.integers(4, 16)), SpeculativeCosts(costs, None, 3), "chunked",
+                         64, KVBudget(policy, 400, block, 0, 0.0), speculation=spec)
+        result = simulate_pools(req, [Pool("prefill", prefill), Pool("decode", decode)],
+                                path=["prefill", "decode"])
+        np.testing.assert_array_equal(result["generated"], req.output)
+        waited += result["hand_off"]["waited"]
+    assert not over, over[:3]
+    assert waited > 100  # (the decode pool's cache is what the hand-offs wait for)
+
+
+def test_a_speculating_request_alone_by_hand():
+    # EAGLE-3 at k = 3 holds 6 tokens beyond its own (3 drafts, 3 lookahead), 16-token blocks:
+    # vLLM's blocks at its longest (written prompt + output - 1 and the slots) or the fluid
+    # account's (its prompt's blocks with the slots, then output - 1 tokens, at least k + 1
+    # where it decodes, as a hand-off's first step may take), whichever is more
+    from nn40.kv import KVBudget, kv_manager
+    from nn40.speculative import Speculation
+    spec = Speculation("eagle3", 3, (0.73, 0.52, 0.35), "given", 6)
+    kv = kv_manager(KVBudget("paged", 10_000, 16)).for_speculation(spec)
+    prompt, output = np.array([20, 20, 26, 26, 20]), np.array([10, 2, 2, 7, 1])
+    # vLLM's: 20 + 9 + 6 = 35 -> 48 | 20 + 1 + 6 = 27 -> 32 | 26 + 1 + 6 -> 48 | 26 + 6 + 6 -> 48
+    # the fluid account's: 20 + 6 -> 32, + 9 = 41 | 32 + 4 (k + 1 > 1) = 36 | 32 + 4 | 32 + 6
+    # a request that never decodes: its prompt's last chunk with the slots, 20 + 6 -> 32
+    np.testing.assert_array_equal(kv.alone(prompt, output), [48, 36, 48, 48, 32])
+    plain = kv_manager(KVBudget("paged", 10_000, 16))
+    np.testing.assert_array_equal(plain.alone(prompt, output), [32, 32, 32, 32, 32])
