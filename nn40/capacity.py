@@ -257,7 +257,7 @@ PREFIX_STUDY_SHARES = (1 / 64, 1 / 16, 0.25, 0.5, 1.0, 2.0, 4.0)  # of the card'
 def prefix_study(run, req, replica, info, budgets):
     """--prefix-study: the prefix cache's hits and TTFT against its capacity (shares of the
     card's KV budget), on the card alone, with the host tier (--host-kv-gb, else four times
-    the card's budget) and unlimited; continuous batching; with an SLO, the capacity of one
+    the card's budget; and the disk tier below it, where given) and unlimited; continuous batching; with an SLO, the capacity of one
     replica without caching beside the capacity study's (with it). -> (result, Work)"""
     kv = study_budget(budgets)
     if kv is None or not KV_MANAGERS[kv.policy].tracks_prefixes:
@@ -278,6 +278,7 @@ def prefix_study(run, req, replica, info, budgets):
                          for tier, share, budget in runs], run.measurement.jobs)
     result = {"budget_tokens": info["budget_tokens"], "host_tokens": host,
               "host_link": info["host_link"], "host_link_gbs": info["host_link_gbs"],
+              "disk_tokens": int(kv.disk_tokens),  # (a disk tier given: below the host's)
               **{tier: [] for tier in ("card", "card_host", "unlimited", "optimum")}}
     for (tier, share, budget), sim in zip(runs, sims):
         m = kv_metrics(apart if tier == "optimum" else req, sim, budget)

@@ -8,7 +8,8 @@ import functools
 import os
 
 from nn40.config import (
-    CALIBRATION_CSV, CPU_KV_MEMORY_GB, CPU_PRESET, DTYPE_NAMES, ENGINE_CPU, ENGINE_QUICK,
+    CALIBRATION_CSV, CPU_KV_MEMORY_GB, CPU_PRESET, DISK_READ_GBS, DTYPE_NAMES, ENGINE_CPU,
+    ENGINE_QUICK,
     EXPERIMENTS, GPUS, KV_DTYPES, KV_MEMORY_FRACTION, LENGTH_MAX, MODELS, ModelConfig,
     PUBLISHED_CSV, RATES, REPLICAS_MAX, WEIGHT_FORMATS, read_model_config)
 from nn40.errors import UsageError
@@ -138,6 +139,14 @@ def prefix_flags(p):
     add_flag(w, "--host-write-policy", choices=tuple(HOST_TIERS), shown=KVBudget.host_write,
              metavar="WRITE", help="host tier: write-through (vLLM, LMCache) or write-back "
              "(SGLang)")
+    add_flag(w, "--disk-kv-gb", type=number(1e-3, 1e9), shown="none",
+             help="prefix cache: a disk or remote tier below the host's, GB (LMCache's "
+             "local_disk, SGLang HiCache's L3)")
+    add_flag(w, "--disk-kv-gbs", type=number(1e-3, 1e4), shown=f"{DISK_READ_GBS:g}, an NVMe "
+             "drive's", help="disk tier: its read bandwidth, GB/s")
+    add_flag(w, "--disk-prefetch", action="store_true",
+             help="disk tier: a read starts as its request arrives, not as it is admitted "
+             "(SGLang HiCache's L3 prefetch)")
     add_flag(w, "--eviction-policy", choices=tuple(EVICTION_ORDERS), metavar="ORDER",
              help="prefix cache: lru, fifo or lfu (SGLang's) first out")
     add_flag(w, "--prefix-len", type=integer(0, 10**6), help="system prompts' tokens (generated)")
@@ -662,6 +671,13 @@ def check_flags(args):
     caching = args.enable_prefix_caching or (manager and manager.tracks_prefixes)
     if args.host_write_policy and not args.host_kv_gb:
         raise UsageError("--host-write-policy is the host tier's: add --host-kv-gb")
+    if args.disk_kv_gb and not args.host_kv_gb:
+        raise UsageError("--disk-kv-gb: the disk tier is below host memory (LMCache's disk "
+                         "behind its CPU backend, SGLang's L3 behind L2): add --host-kv-gb")
+    for flag, given in (("--disk-kv-gbs", args.disk_kv_gbs), ("--disk-prefetch",
+                                                             args.disk_prefetch)):
+        if given and not args.disk_kv_gb:
+            raise UsageError(f"{flag} is the disk tier's: add --disk-kv-gb")
     cache_router = args.router in ROUTERS and not ROUTERS[args.router].in_all
     for flag, given in (("--host-kv-gb", args.host_kv_gb), (f"--router {args.router}",
                                                           cache_router),

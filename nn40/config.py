@@ -370,6 +370,10 @@ HOST_LINKS = {"a100-40gb": _PCIE4, "a100-80gb": _PCIE4, "h100": _PCIE5, "h200": 
 # 50 GB/s one way on an H100's PCIe 5.0 x16 (64 GB/s by spec; 83.4 GB/s both ways at once):
 # blog.vllm.ai, "Inside vLLM's New KV Offloading Connector" (2026), its copy-method benchmark
 HOST_LINK_SHARE = 50.0 / 64.0
+# A disk tier's read bandwidth when none is given (--disk-kv-gbs): one PCIe 4.0 NVMe data-center
+# drive's sequential read by its spec sheet (Samsung PM9A3, U.2: 6,900 MB/s). A replica's cards
+# all read from it (one drive a node), so a token's KV reads whole, not a card's share.
+DISK_READ_GBS = 6.9
 
 EXPERIMENTS = "ABCD"
 

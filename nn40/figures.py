@@ -477,7 +477,8 @@ def plot_prefix_cache(results, path):
         if not rows:
             continue
         x = [r["capacity_tokens"] for r in rows]
-        label = "card" if tier == "card" else f"card + host ({study['host_tokens']:,} tokens)"
+        label = "card" if tier == "card" else f"card + host ({study['host_tokens']:,} tokens)" + (
+            f" + disk ({study['disk_tokens']:,})" if study.get("disk_tokens") else "")
         ax1.plot(x, [r["hit_ratio"] for r in rows], marker + "-", color=color, label=label)
         if tier == "card_host":
             ax1.plot(x, [r["card_hit_ratio"] for r in rows], marker + ":", color=color,

@@ -14,7 +14,7 @@ import numpy as np
 
 from nn40.errors import UsageError
 from nn40.queues import EVICTION_ORDERS
-from nn40.tiers import HOST_TIERS
+from nn40.tiers import HOST_TIERS, TierLoads
 from nn40.workload import every_block_key
 
 
@@ -33,6 +33,10 @@ class KVBudget:
     host_token_s: float = 0.0  # prefix: seconds to load one token's KV from the host tier
     host_write: str = "write-through"  # prefix: the host tier's write policy (HOST_TIERS)
     eviction: str = "lru"      # prefix: the order cached blocks go in (EVICTION_ORDERS)
+    disk_tokens: float = 0     # prefix: tokens of blocks a disk or remote tier keeps, below the
+    #                            host's (its write policy the host's)
+    disk_token_s: float = 0.0  # prefix: seconds to read one token's KV from the disk tier
+    disk_prefetch: bool = False  # prefix: a disk read starts as its request arrives (SGLang's)
 
 
 class KVUnfit(UsageError):
@@ -80,11 +84,13 @@ class Seq:
 class CachedBlocks:
     """What a prefix cache keeps of one running request (PrefixCache.of[seq]): its prompt's
     block `keys`, the blocks it `held`s (hit or cached by it), how many of its keys are
-    `registered` (cached), and the tokens `loading` from the host tier before it runs."""
-    __slots__ = ("keys", "held", "registered", "loading")
+    `registered` (cached), the tokens `loading` from the tiers below the card before it runs,
+    and of those the tokens read from the disk tier (`from_disk`)."""
+    __slots__ = ("keys", "held", "registered", "loading", "from_disk")
 
-    def __init__(self, keys, held, registered, loading):
+    def __init__(self, keys, held, registered, loading, from_disk=0):
         self.keys, self.held, self.registered, self.loading = keys, held, registered, loading
+        self.from_disk = from_disk
 
 
 class KVManager:
@@ -526,26 +532,30 @@ class PrefixCache(PagedBlocks):
         if self.preempts:
             self.free.push_run(int(self.capacity // self.block))  # (every block never used)
         self.host_blocks = int(kv.host_tokens // self.block)
-        self.host = HOST_TIERS[kv.host_write](self.host_blocks, self.eviction) \
+        disk_blocks = int(kv.disk_tokens // self.block) if self.host_blocks else 0
+        self.disk = HOST_TIERS[kv.host_write](disk_blocks, self.eviction) if disk_blocks \
+            else None  # (the tier below the host's: a disk or remote store)
+        self.host = HOST_TIERS[kv.host_write](self.host_blocks, self.eviction, self.disk) \
             if self.host_blocks else None  # (its host tier, a HostTier)
-        self.host_token_s, self.loads = kv.host_token_s, self.host_blocks > 0
+        self.loads = self.host_blocks > 0
+        self.link = TierLoads(kv.host_token_s, kv.disk_token_s, kv.disk_prefetch)
         self.looked_up = None  # the last lookup: (r, keys, the card's hit blocks' holders,
-        # blocks hit in host memory, hit blocks no one holds)
+        # blocks hit in host memory, then in the disk tier, hit blocks no one holds)
         # prompt tokens at first admissions (asked, found per tier), blocks evicted, hits readmitted
-        self.queried = self.hit = self.host_hit = self.evicted = self.readmitted_hit = 0
-        self.load_wait_s = 0.0  # seconds requests waited, parked, for their host tier's loads
-        self.link_free_s = 0.0  # when the host link has carried every load asked of it
-        self.on_link = {}  # Seq -> (start, end) of its load on the link, till it lands
+        self.queried = self.hit = self.host_hit = self.disk_hit = self.evicted = \
+            self.readmitted_hit = 0
         self.hits = {}  # request -> tokens hit at its first admission
         self.of = {}  # Seq -> its CachedBlocks, while it runs
         self.own = set()  # preempted requests, whose own blocks are keyed (keys_of) till they end
         self.identity = None  # the prompts' (the ledger's, seen at lookup)
+        self.arrival = None  # the requests' arrival times (the ledger's, seen at lookup)
         self.pending = 0  # speculating decoders' growth short of a whole block (see advance)
         self.scheduled = 0  # prompt tokens whose blocks schedule took before their step ran
         self.ahead = 0  # blocks the decoders' next step took as it was scheduled
 
     def lookup(self, ledger, r):
         self.identity = identity = ledger.identity
+        self.arrival = ledger.arrival  # (a disk prefetch's start)
         if identity is None:
             self.looked_up = None
             return ledger.cached[r]
@@ -557,13 +567,15 @@ class PrefixCache(PagedBlocks):
         counts = leading(self.ref.get, keys, 0, most)  # (the card's hit blocks' holders)
         host = self.host.where if self.host is not None else None
         host = len(leading(host.get, keys, len(counts), most)) if host else 0
-        self.looked_up = (r, keys, counts, host, counts.count(0))
-        return max(ledger.cached[r], (len(counts) + host) * b)
+        disk = len(leading(self.disk.where.get, keys, len(counts) + host, most)) \
+            if self.disk is not None else 0
+        self.looked_up = (r, keys, counts, host, disk, counts.count(0))
+        return max(ledger.cached[r], (len(counts) + host + disk) * b)
 
     def need(self, prompt, cached, chunk, to_prefill):
         """As paged, less the hit blocks running requests hold already."""
         need, looked_up = super().need(prompt, cached, chunk, to_prefill), self.looked_up
-        return need - self.block * (len(looked_up[2]) - looked_up[4]) if looked_up else need
+        return need - self.block * (len(looked_up[2]) - looked_up[5]) if looked_up else need
 
     def admit(self, seq, need):
         b = self.block
@@ -574,8 +586,8 @@ class PrefixCache(PagedBlocks):
             self.total += seq.allocated
             self.take(seq.allocated // b)
             return
-        r, keys, counts, host, taken = looked_up  # (taken: hit blocks no one held, now taken
-        card = len(counts)                      # out of the free queue)
+        r, keys, counts, host, disk, taken = looked_up  # (taken: hit blocks no one held, now
+        card = len(counts)                            # taken out of the free queue)
         hit = keys[:card]
         if taken and self.preempts:
             self.free.remove(itertools.compress(hit, map((0).__eq__, counts)))
@@ -585,13 +597,16 @@ class PrefixCache(PagedBlocks):
         self.shared += b * (card - taken)
         if host:  # loaded back from the host tier
             self.host.loaded(keys[card:card + host])
-        self.of[seq] = blocks = CachedBlocks(keys, hit, card, host * b)
+        if disk:  # read from the disk tier through the host's, which keeps them
+            self.host.promoted(keys[card + host:card + host + disk])
+        self.of[seq] = blocks = CachedBlocks(keys, hit, card, (host + disk) * b, disk * b)
         if r in self.hits:  # readmitted after preemption: it finds what it had computed
-            self.readmitted_hit += (card + host) * b
+            self.readmitted_hit += (card + host + disk) * b
         else:  # (the counts of the first admission only: each prompt queried once)
             self.queried += seq.prompt_left + seq.num_cached
             self.hit, self.host_hit = self.hit + card * b, self.host_hit + host * b
-            self.hits[r] = (card + host) * b
+            self.disk_hit += disk * b
+            self.hits[r] = (card + host + disk) * b
         fresh = seq.allocated // b - card  # blocks it holds beyond the card's hits
         self.total += b * (taken + fresh)
         self.take(fresh)  # (its blocks loading from the host: cached once landed)
@@ -645,7 +660,7 @@ class PrefixCache(PagedBlocks):
         """Seq's blocks loaded from the host tier have landed: cached from now on (vLLM
         delays caching blocks still to be received), the host tier not told again."""
         blocks = self.of[seq]
-        self.on_link.pop(seq, None)
+        self.link.landed(seq)
         if blocks.loading:
             self.register(blocks, seq.num_cached, store=False)
             blocks.loading = 0
@@ -703,27 +718,16 @@ class PrefixCache(PagedBlocks):
         return integral
 
     def load_s(self, seq, t):
-        """Its hit blocks in the host tier load asynchronously (vLLM's offloading connector
-        and LMCache: the request waits for its KV, the batch runs on), over the card's host link
-        at a DMA copy's share, one load after another (the link is one: loads admitted
-        together queue on it, as the connector's transfers share the card's copy engine)."""
-        loading = self.of[seq].loading
-        if not loading:
+        """Its hit blocks in the tiers below load asynchronously (vLLM's offloading connector
+        and LMCache: the request waits for its KV, the batch runs on; see TierLoads)."""
+        blocks = self.of[seq]
+        if not blocks.loading:
             return 0.0
-        start = max(self.link_free_s, t)
-        self.link_free_s = start + self.host_token_s * loading
-        self.on_link[seq] = (start, self.link_free_s)
-        wait = start - t + self.host_token_s * loading
-        self.load_wait_s += wait
-        return wait
+        arrived = t if self.arrival is None else self.arrival[seq.id]  # (none: no lookup)
+        return self.link.load(seq, blocks.loading, blocks.from_disk, t, arrived)
 
     def cancel_load(self, seq, t):
-        """The time its load had not yet taken comes off its wait, and off the link where its
-        load was the last queued there (a load queued behind it keeps its slot)."""
-        start, end = self.on_link.pop(seq, (t, t))
-        self.load_wait_s -= max(end - max(start, t), 0.0)
-        if end == self.link_free_s:
-            self.link_free_s = max(start, t)
+        self.link.cancel(seq, t)
 
     def preempt(self, seq, ctx):
         """Its own blocks keep keys it will find when it comes back (keys_of)."""
@@ -777,8 +781,9 @@ class PrefixCache(PagedBlocks):
     def report(self):
         return {PREFIX_REPORT: {
             "queried_tokens": self.queried, "hit_tokens": self.hit,
-            "host_hit_tokens": self.host_hit, "evicted_blocks": self.evicted,
-            "readmitted_hit_tokens": self.readmitted_hit, "host_load_s": self.load_wait_s,
+            "host_hit_tokens": self.host_hit, "disk_hit_tokens": self.disk_hit,
+            "evicted_blocks": self.evicted,
+            "readmitted_hit_tokens": self.readmitted_hit, "host_load_s": self.link.wait_s,
             "hits": self.hits}}
 
 

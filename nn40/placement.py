@@ -150,10 +150,13 @@ def role_replica(run, role, output):
     policy = next((p for p in sched.kv_policies if KV_MANAGERS[p].served), "paged")
     host = host_tier(run, kv_bytes_per_token(cfg), role.gpu, role.tp) if \
         KV_MANAGERS[policy].tracks_prefixes else {"host_tokens": 0, "host_token_s": 0.0,
-                                                  "host_write": KVBudget.host_write}
+                                                  "host_write": KVBudget.host_write,
+                                                  "disk_tokens": 0, "disk_token_s": 0.0,
+                                                  "disk_prefetch": False}
     kv = KVBudget(policy, tokens, sched.block_tokens, 0, sched.watermark,
                   host["host_tokens"], host["host_token_s"], host["host_write"],
-                  sched.eviction_policy)
+                  sched.eviction_policy, host["disk_tokens"], host["disk_token_s"],
+                  host["disk_prefetch"])
     costs = pipeline_costs(card_costs(cfg, card, profile, role.tp), role.pp, cfg, card, role.tp)
     replica = pipelined(profile.replica(costs, slots=slots, chunk_tokens=chunk,
                                         scheduler="continuous", order=run_order(run, output),

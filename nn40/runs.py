@@ -16,7 +16,7 @@ import numpy as np
 
 from nn40.accounting import card_kv_bytes_per_token, kv_bytes_per_token
 from nn40.config import (
-    GPUS, HOST_LINK_SHARE, HOST_LINKS, LENGTH_MAX, LENGTH_MU, LENGTH_SIGMA, REFERENCE_BANDWIDTH_GBS,
+    DISK_READ_GBS, GPUS, HOST_LINK_SHARE, HOST_LINKS, LENGTH_MAX, LENGTH_MU, LENGTH_SIGMA, REFERENCE_BANDWIDTH_GBS,
     REFERENCE_TFLOPS, _PCIE4)
 from nn40.host import log_labelled
 from nn40.kv import KVBudget, KV_MANAGERS, PREFIX_REPORT, check_kv_budget, kv_manager
@@ -120,7 +120,8 @@ def kv_setup(run, req, device):
     for policy in run.scheduler.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.scheduler.block_tokens, max_output,
                       run.scheduler.watermark, info["host_tokens"], info["host_token_s"],
-                      info["host_write"], run.scheduler.eviction_policy)
+                      info["host_write"], run.scheduler.eviction_policy, info["disk_tokens"],
+                      info["disk_token_s"], info["disk_prefetch"])
         why = check_kv_budget(req, kv) if info["budget_tokens"] else no_memory(run, source)
         if why:
             info["unfit"][policy] = why
@@ -196,7 +197,8 @@ def prefix_metrics(req, sim):
     if p["hits"]:
         hit[list(p["hits"])] = list(p["hits"].values())
     share, ttft = hit / req.prompt, sim["times"].ttft()
-    queried, card, host = p["queried_tokens"], p["hit_tokens"], p["host_hit_tokens"]
+    queried, card, host, disk = p["queried_tokens"], p["hit_tokens"], p["host_hit_tokens"], \
+        p["disk_hit_tokens"]
     buckets = []
     for name, low, high in HIT_BUCKETS:
         mask = (share > low) & (share <= high) if high else share == 0
@@ -204,24 +206,30 @@ def prefix_metrics(req, sim):
                         "ttft_s": percentiles(ttft[mask])})
     return {PREFIX_REPORT: {
         "queried_tokens": queried, "hit_tokens": card, "host_hit_tokens": host,
-        "hit_ratio": (card + host) / queried if queried else 0.0,
+        "disk_hit_tokens": disk, "hit_ratio": (card + host + disk) / queried if queried else 0.0,
         "card_hit_ratio": card / queried if queried else 0.0,
         "host_hit_ratio": host / queried if queried else 0.0,
-        "prefill_tokens_computed": queried - card - host, "prefill_tokens_saved": card + host,
+        "disk_hit_ratio": disk / queried if queried else 0.0,
+        "prefill_tokens_computed": queried - card - host - disk,
+        "prefill_tokens_saved": card + host + disk,
         "evicted_blocks": p["evicted_blocks"], "ttft_by_hit": buckets,
         "readmitted_hit_tokens": p["readmitted_hit_tokens"],
         "host_load_s": p["host_load_s"],
-        "per_replica": [(row[PREFIX_REPORT]["hit_tokens"] + row[PREFIX_REPORT]["host_hit_tokens"])
+        "per_replica": [sum(row[PREFIX_REPORT][tier + "hit_tokens"] for tier in TIERS)
                         / max(row[PREFIX_REPORT]["queried_tokens"], 1)
                         for row in sim.get("per_replica", ()) if PREFIX_REPORT in row]}}
+
+
+TIERS = ("", "host_", "disk_")  # a prefix cache's hits: the card's, the host's, the disk's
 
 
 def host_tier(run, per_token, gpu=None, tp=None):
     """A prefix cache's host tier (--host-kv-gb): its tokens, its write policy, the card's
     link to it, and the seconds a token's KV takes to load: each of a replica's tp cards loads
     the share it keeps (card_kv_share) over its own link, all at once, at the share of the
-    link a DMA copy gets (HOST_LINK_SHARE). gpu, tp: a pool's card and TP (default:
-    the run's)."""
+    link a DMA copy gets (HOST_LINK_SHARE); and the disk tier below it (--disk-kv-gb), read
+    whole at its bandwidth (the node's drive feeds every card). gpu, tp: a pool's card and TP
+    (default: the run's)."""
     gpu, tp = gpu or run.hardware.gpu, tp or run.hardware.tp
     link, gbs = HOST_LINKS.get(gpu) or ((GPUS[gpu].link, GPUS[gpu].link_gbs) if gpu
                                         else _PCIE4)
@@ -230,4 +238,13 @@ def host_tier(run, per_token, gpu=None, tp=None):
             "host_link": link, "host_link_gbs": gbs, "host_load_share": HOST_LINK_SHARE,
             "host_write": run.scheduler.host_write_policy or KVBudget.host_write,
             "host_token_s": card_kv_bytes_per_token(run.hardware.model, tp)
-            / (HOST_LINK_SHARE * gbs * 1e9)}
+            / (HOST_LINK_SHARE * gbs * 1e9), **disk_tier(run, per_token)}
+
+
+def disk_tier(run, per_token):
+    """The disk tier's tokens and the seconds it takes to read one token's KV."""
+    disk_bytes = (run.scheduler.disk_kv_gb or 0) * 1e9 if run.scheduler.host_kv_gb else 0
+    gbs = run.scheduler.disk_kv_gbs or DISK_READ_GBS
+    return {"disk_bytes": disk_bytes, "disk_tokens": int(disk_bytes // per_token),
+            "disk_gbs": gbs, "disk_token_s": per_token / (gbs * 1e9),
+            "disk_prefetch": run.scheduler.disk_prefetch}

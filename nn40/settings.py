@@ -193,6 +193,9 @@ class SchedulerConfig:
     enable_prefix_caching: bool = False  # paged blocks keep computed prefixes (policy "prefix")
     host_kv_gb: float = None      # prefix: a second tier of blocks in host memory
     host_write_policy: str = None  # its write policy (nn40.tiers.HOST_TIERS; None: KVBudget's)
+    disk_kv_gb: float = None      # prefix: a third tier below the host's, on disk or remote
+    disk_kv_gbs: float = None     # its read bandwidth, GB/s (None: config.DISK_READ_GBS)
+    disk_prefetch: bool = False   # its reads start as a request arrives (SGLang's L3 prefetch)
     eviction_policy: str = "lru"  # prefix: the order cached blocks go (EVICTION_ORDERS)
     prefix_study: bool = False    # the prefix cache's hits against its capacity (a figure)
     kv_memory_gb: float = None    # memory for the KV cache (default: see kv_budget_bytes)

@@ -111,7 +111,9 @@ def speculating(replica, spec, draft, cache=None):
         kv = dataclasses.replace(
             kv, capacity_tokens=kv.capacity_tokens if cache.tokens is None else cache.tokens,
             host_tokens=int(kv.host_tokens / cache.scale),
-            host_token_s=kv.host_token_s * cache.scale)
+            host_token_s=kv.host_token_s * cache.scale,
+            disk_tokens=int(kv.disk_tokens / cache.scale),
+            disk_token_s=kv.disk_token_s * cache.scale)
     verify = replica.costs  # (on pipeline stages a decoder's k + 1 query tokens go whole
     if isinstance(verify, PipelineCosts):  # into one micro-batch)
         verify = dataclasses.replace(verify, row_tokens=spec.k + 1)

@@ -554,6 +554,7 @@ PREFIX_COLUMNS = [("policy", "label", "text"), ("queried", "prefix_cache.queried
                   ("prefill_computed", "prefix_cache.prefill_tokens_computed", ","),
                   ("prefill_saved", "prefix_cache.prefill_tokens_saved", ","),
                   ("evicted", "prefix_cache.evicted_blocks", ",")]
+DISK_COLUMN = ("hit_disk", "prefix_cache.disk_hit_ratio", ".1%")  # (with a disk tier)
 HIT_COLUMNS = [("policy", "label", "text"), ("found_cached", "bucket", "text"),
                ("count", "requests", ",")] + latency_columns("p50", "p99", keys=("ttft",))
 
@@ -567,9 +568,15 @@ def prefix_tables(T, rows, kv):
                                    gbs=kv["host_link_gbs"], link=kv["host_link"],
                                    write=kv["host_write"], share=kv["host_load_share"]) \
         if kv.get("host_tokens") else T["prefix_no_host"]
+    columns = PREFIX_COLUMNS
+    if kv.get("host_tokens") and kv.get("disk_tokens"):
+        host += T["prefix_disk"].format(gb=kv["disk_bytes"] / 1e9, tokens=kv["disk_tokens"],
+                                        gbs=kv["disk_gbs"], write=kv["host_write"]) + \
+            (T["prefix_prefetch"] if kv.get("disk_prefetch") else "")
+        columns = columns[:4] + [DISK_COLUMN] + columns[4:]
     by_hit = [{"label": row["label"], **b, "bucket": T[b["bucket"]]}
               for row in rows for b in row[PREFIX_REPORT]["ttft_by_hit"] if b["requests"]]
-    return ["", T["prefix_cache"].format(host=host), spec_table(T, rows, PREFIX_COLUMNS),
+    return ["", T["prefix_cache"].format(host=host), spec_table(T, rows, columns),
             T["prefix_by_hit"], spec_table(T, by_hit, HIT_COLUMNS)]
 
 
@@ -582,12 +589,17 @@ PREFIX_STUDY_COLUMNS = [("tier", "label", "text"), ("capacity_col", "capacity", 
 def prefix_study_text(T, study, capacity):
     """--prefix-study: hits and TTFT against the cache's capacity, per tier; with an SLO, one
     replica's capacity with and without caching."""
-    rows = [{"label": T["tier_" + tier], **row, "capacity": T["unlimited"] if row["share"] is None
+    disk = study.get("disk_tokens")
+    rows = [{"label": T["tier_card_host_disk" if disk and tier == "card_host" else "tier_" + tier],
+             **row, "capacity": T["unlimited"] if row["share"] is None
              else f"{row['capacity_tokens']:,}"}
             for tier in ("card", "card_host", "unlimited", "optimum") for row in study.get(tier, ())]
+    columns = PREFIX_STUDY_COLUMNS[:4] + [DISK_COLUMN[:1] + ("disk_hit_ratio", ".1%")] + \
+        PREFIX_STUDY_COLUMNS[4:] if disk else PREFIX_STUDY_COLUMNS
     lines = [T["prefix_study"].format(tokens=study["budget_tokens"], host=study["host_tokens"],
-                                      link=study["host_link"], gbs=study["host_link_gbs"]),
-             spec_table(T, rows, PREFIX_STUDY_COLUMNS)]
+                                      link=study["host_link"], gbs=study["host_link_gbs"]) +
+             (T["prefix_study_disk"].format(tokens=disk) if disk else ""),
+             spec_table(T, rows, columns)]
     if capacity and "capacity_without_caching_rps" in study:
         lines.append(T["prefix_capacity"].format(
             cached=capacity["one_replica"]["rate_rps"],

@@ -302,17 +302,22 @@ TEXT_EN = {**SHARED_TEXT,
     "allocation": "allocation", "reserve": "reserve", "paged": "paged",
     "prefix": "paged + prefix cache", "radix": "radix cache",
     "queried": "prompt tokens", "hit_card": "hit",
-    "hit_host": "hit in host", "prefill_computed": "prefilled", "prefill_saved": "not prefilled",
+    "hit_host": "hit in host", "hit_disk": "hit on disk", "prefill_computed": "prefilled", "prefill_saved": "not prefilled",
     "evicted": "blocks evicted", "found_cached": "its prompt found cached",
     "prefix_cache": "Prefix cache (paged blocks that keep what they computed; {host}): prompt "
                     "tokens looked up at admission and the share found cached, per tier",
     "prefix_host": "a {write} host tier of {gb:,.1f} GB ({tokens:,} tokens) over {link} at "
                    "{gbs:g} GB/s, {share:.0%} of it a load's",
     "prefix_no_host": "no host tier",
+    "prefix_disk": "; below it a {write} disk tier of {gb:,.1f} GB ({tokens:,} tokens) read at "
+                   "{gbs:g} GB/s",
+    "prefix_prefetch": ", each read starting as its request arrives",
     "prefix_by_hit": "TTFT by the share of its prompt a request found cached at admission:",
     "hit_none": "none", "hit_some": "up to half", "hit_most": "over half",
     "wait_p99": "queued p99 s", "tier": "cache", "capacity_col": "card tokens",
     "tier_card": "card", "tier_card_host": "card + host", "tier_unlimited": "unlimited",
+    "tier_card_host_disk": "card + host + disk",
+    "prefix_study_disk": "; below the host tier a disk tier of {tokens:,} tokens",
     "tier_optimum": "one at a time", "unlimited": "unlimited",
     "prefix_study": "Prefix cache against its capacity (continuous batching; shares of the card's "
                     "budget of {tokens:,} tokens, from 1/64 to 4x; the host tier {host:,} tokens "

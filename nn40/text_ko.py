@@ -253,17 +253,21 @@ TEXT_KO = {**SHARED_TEXT,
     "allocation": "할당", "reserve": "예약", "paged": "페이지",
     "prefix": "페이지 + 접두사 캐시", "radix": "기수 트리 캐시",
     "queried": "프롬프트 토큰", "hit_card": "적중",
-    "hit_host": "호스트 적중", "prefill_computed": "프리필함", "prefill_saved": "프리필 안 함",
+    "hit_host": "호스트 적중", "hit_disk": "디스크 적중", "prefill_computed": "프리필함", "prefill_saved": "프리필 안 함",
     "evicted": "축출된 블록", "found_cached": "캐시에서 찾은 프롬프트",
     "prefix_cache": "접두사 캐시 (계산한 것을 간직하는 페이지 블록; {host}): 입장 때 조회한 "
                     "프롬프트 토큰과 캐시에서 찾은 비율, 계층별",
     "prefix_host": "{link}({gbs:g} GB/s, 적재는 그 {share:.0%}) 너머 {gb:,.1f} GB "
                    "({tokens:,} 토큰)의 {write} 호스트 계층",
     "prefix_no_host": "호스트 계층 없음",
+    "prefix_disk": "; 그 아래 {gbs:g} GB/s로 읽는 {gb:,.1f} GB ({tokens:,} 토큰)의 {write} 디스크 계층",
+    "prefix_prefetch": ", 읽기는 요청이 도착할 때 시작",
     "prefix_by_hit": "입장 때 프롬프트 중 캐시에서 찾은 비율별 TTFT:",
     "hit_none": "없음", "hit_some": "절반 이하", "hit_most": "절반 초과",
     "wait_p99": "대기 p99 초", "tier": "캐시", "capacity_col": "카드 토큰",
     "tier_card": "카드", "tier_card_host": "카드 + 호스트", "tier_unlimited": "무제한",
+    "tier_card_host_disk": "카드 + 호스트 + 디스크",
+    "prefix_study_disk": "; 호스트 계층 아래 {tokens:,} 토큰의 디스크 계층",
     "tier_optimum": "하나씩", "unlimited": "무제한",
     "prefix_study": "용량에 따른 접두사 캐시 (연속 배칭; 카드 예산 {tokens:,} 토큰의 1/64에서 4배까지; "
                     "하나씩: 무제한 캐시에 요청을 하나씩 보낸 작업 부하 자체의 최적; "

@@ -1,8 +1,15 @@
-"""A prefix cache's host-memory tier: which blocks it stores, and when (pure Python)
+"""A prefix cache's tiers below the card: host memory, and a disk or remote store below it;
+which blocks each stores, and when (pure Python)
 
-The card's prefix cache (nn40.kv.PrefixCache) tells its tier three things: blocks computed on
-the card, blocks the card evicted, blocks loaded back from the tier. What the tier does with
-each is its write policy, one class each, registered by name in HOST_TIERS:
+The card's prefix cache (nn40.kv.PrefixCache) tells its host tier three things: blocks computed
+on the card, blocks the card evicted, blocks loaded back from the tier; the host tier tells the
+tier below it (its `below`: a disk, or a remote store) the same of its own: blocks computed,
+blocks it gave up, blocks loaded from it. What a tier does with each is its write policy, one
+class each, registered by name in HOST_TIERS, the same for both levels: SGLang's
+--hicache-write-policy moves blocks from L1 to L2 and from L2 to L3 alike, and a block found in
+L3 is prefetched into L2 (sglang docs/advanced_features/hicache_design.md); LMCache puts a chunk
+in every backend it has and writes one found on disk back into its CPU backend
+(lmcache/v1/storage_backend/storage_manager.py: batched_put, get):
 
 write-through  every block is stored as it is computed, and a load leaves the copy: vLLM's KV
                offloading connector (vllm/v1/kv_offload: the scheduler side stores each new full
@@ -22,8 +29,8 @@ class HostTier:
     keeps its copy and is stored again."""
     stores_computed = False  # computed blocks are stored at once (else: when evicted)
 
-    def __init__(self, blocks, order="lru"):
-        self.blocks, self.keys = blocks, EVICTION_ORDERS[order]()
+    def __init__(self, blocks, order="lru", below=None):
+        self.blocks, self.keys, self.below = blocks, EVICTION_ORDERS[order](), below
         self.where = self.keys.where
 
     def __len__(self):
@@ -40,12 +47,16 @@ class HostTier:
             self.keys.remove([key for key in keys if key in where])
         self.keys.push(list(keys))
         if len(self.keys) > self.blocks:
-            self.keys.pop(len(self.keys) - self.blocks)
+            gone = self.keys.pop(len(self.keys) - self.blocks)
+            if self.below is not None:
+                self.below.evicted(gone)
 
     def computed(self, keys):
         """Blocks just computed (cached) on the card."""
         if self.stores_computed:
             self.store(keys)
+            if self.below is not None:
+                self.below.computed(keys)
 
     def evicted(self, keys):
         """Blocks the card gave up."""
@@ -56,6 +67,12 @@ class HostTier:
         """Blocks loaded back to the card: the copy stays, stored again (a hit, for an order
         that counts them)."""
         self.keys.hit(keys)
+        self.store(keys)
+
+    def promoted(self, keys):
+        """Blocks loaded to the card from the tier below, through this one: stored here (SGLang
+        prefetches L3 into L2 before the card loads them), the tier below keeping its copy."""
+        self.below.loaded(keys)
         self.store(keys)
 
 
@@ -69,3 +86,49 @@ class WriteBack(HostTier):
 
 
 HOST_TIERS = {"write-through": WriteThrough, "write-back": WriteBack}  # by --host-write-policy
+
+
+class TierLoads:
+    """The loads from the tiers below the card, in time. A load crosses the card's host link
+    at `host_token_s` a token, one load after another (the link is one: loads admitted
+    together queue on it, as vLLM's offloading connector's transfers share the card's copy
+    engine). Blocks from the disk tier are read first, at `disk_token_s` a token, one read
+    after another, and stream on over the link as they come: a load ends when both the read
+    and the link's copy have. With `prefetch`, a disk read starts as its request arrives
+    (SGLang HiCache's L3 prefetch, its wait_complete policy: the request runs once all of it
+    is in), else as the request is admitted (LMCache's retrieve). `wait_s`: the seconds
+    requests have waited for their loads."""
+
+    def __init__(self, host_token_s, disk_token_s=0.0, prefetch=False):
+        self.host_token_s, self.disk_token_s, self.prefetch = host_token_s, disk_token_s, prefetch
+        self.link_free_s = 0.0  # when the host link has carried every load asked of it
+        self.disk_free_s = 0.0  # when the disk tier has read every block asked of it
+        self.wait_s = 0.0
+        self.on_link = {}  # request -> (start, end) of its load on the link, till it lands
+
+    def load(self, key, tokens, from_disk, t, arrived):
+        """A load of `tokens` (`from_disk` of them read from the disk tier first) for the
+        request `key`, admitted at `t` (arrived at `arrived`). -> the seconds it waits."""
+        start, copy = max(self.link_free_s, t), self.host_token_s * tokens
+        end, wait = start + copy, start - t + copy
+        if from_disk:
+            read = max(self.disk_free_s, arrived if self.prefetch else t)
+            self.disk_free_s = read + self.disk_token_s * from_disk
+            if self.disk_free_s > end:
+                end, wait = self.disk_free_s, self.disk_free_s - t
+        self.link_free_s = end
+        self.on_link[key] = (start, end)
+        self.wait_s += wait
+        return wait
+
+    def landed(self, key):
+        self.on_link.pop(key, None)
+
+    def cancel(self, key, t):
+        """The request leaves at `t` before its load has landed: the time its load had not yet
+        taken comes off its wait, and off the link where its load was the last queued there
+        (a load queued behind it keeps its slot)."""
+        start, end = self.on_link.pop(key, (t, t))
+        self.wait_s -= max(end - max(start, t), 0.0)
+        if end == self.link_free_s:
+            self.link_free_s = max(start, t)

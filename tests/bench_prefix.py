@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dataclasses  # noqa: E402
 from nn40.accounting import kv_bytes_per_token  # noqa: E402
 from nn40.capacity import SLO, fewest_replicas  # noqa: E402
-from nn40.config import GPUS, HOST_LINK_SHARE, HOST_LINKS, MODELS  # noqa: E402
+from nn40.config import DISK_READ_GBS, GPUS, HOST_LINK_SHARE, HOST_LINKS, MODELS  # noqa: E402
 from nn40.host import run_parallel  # noqa: E402
 from nn40.kv import KVBudget, PREFIX_REPORT  # noqa: E402
 from nn40.loop import simulate_serving  # noqa: E402
@@ -130,11 +130,13 @@ def main():
             timed(f"conversation trace, {policy}", trace, replica(policy))
 
 
-def budget(policy, capacity, host_gb=0, write="write-through"):
+def budget(policy, capacity, host_gb=0, write="write-through", disk_gb=0):
     cfg, card = MODELS["llama-3-8b"], GPUS["h100"]
     per_token = kv_bytes_per_token(cfg)
     return KVBudget(policy, capacity, 16, 0, 0.01, int(host_gb * 1e9 // per_token),
-                      per_token / (HOST_LINK_SHARE * HOST_LINKS["h100"][1] * 1e9), write)
+                      per_token / (HOST_LINK_SHARE * HOST_LINKS["h100"][1] * 1e9), write,
+                      disk_tokens=int(disk_gb * 1e9 // per_token),
+                      disk_token_s=per_token / (DISK_READ_GBS * 1e9))
 
 
 def fleet(label, req, kv, router, replicas=4):
@@ -146,19 +148,22 @@ def fleet(label, req, kv, router, replicas=4):
             f"{m['ttft_s']['p50']:.3f} p99 {m['ttft_s']['p99']:.3f} s  queued p99 "
             f"{np.percentile(sim['times'].start - req.arrival_s, 99):.3f} s")
     if p:
-        line += (f"  hit card {p['card_hit_ratio']:.3f} host {p['host_hit_ratio']:.3f}  saved "
+        line += (f"  hit card {p['card_hit_ratio']:.3f} host {p['host_hit_ratio']:.3f} disk "
+                 f"{p['disk_hit_ratio']:.3f}  saved "
                  f"{p['prefill_tokens_saved']:,} of {p['queried_tokens']:,}")
     print(line, flush=True)
 
 
-def traces(host_gb=200):
+def traces(host_gb=200, disk_gb=2000):
     """Both traces at their timestamps on 4 replicas: no caching, the card's cache, with a
-    host tier (write-through, write-back), unlimited (least-requests); then the conversation
-    trace under each router."""
+    host tier (write-through, write-back), with a disk tier below it, unlimited
+    (least-requests); then the conversation trace under each router."""
     card = replica("paged").kv.capacity_tokens
     tiers = [("no caching", budget("paged", card)), ("card", budget("prefix", card)),
              (f"card + {host_gb} GB host", budget("prefix", card, host_gb)),
              (f"card + {host_gb} GB write-back", budget("prefix", card, host_gb, "write-back")),
+             (f"card + {host_gb} GB + {disk_gb} GB disk", budget("prefix", card, host_gb,
+                                                               disk_gb=disk_gb)),
              ("unlimited", budget("prefix", float("inf")))]
     for name in ("conversation", "synthetic"):
         req = read_hashed_trace(CONVERSATION.replace("conversation", name), block=16)

@@ -1,5 +1,6 @@
 """C's prefix cache: prompts known by their blocks, the cache that keeps them, and its hits."""
 import collections
+import dataclasses
 import json
 import os
 
@@ -35,7 +36,7 @@ class FakeLedger:
 
     def __init__(self, identity, to_prefill):
         self.identity, self.to_prefill = identity, list(to_prefill)
-        self.cached = [0] * len(self.to_prefill)
+        self.cached, self.arrival = [0] * len(self.to_prefill), [0.0] * len(self.to_prefill)
 
 
 def system_prompts(n, system_tokens=8, own=2, system=0):
@@ -554,6 +555,35 @@ def test_a_hashed_trace_end_to_end(tmp_path, capsys):
                 out.out)
 
 
+def test_a_disk_tier_end_to_end(tmp_path, capsys):
+    # 16 system prompts of 512 tokens in 3-turn conversations on a 12,000-token card and a
+    # 0.2 GB host tier: a 5 GB disk tier below finds much of what the two above gave up
+    args = ["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100", "--requests", "300",
+            "--rate", "20", "--prefix-len", "512", "--num-prefixes", "16", "--turns", "3",
+            "--think-time-s", "5", "--enable-prefix-caching", "--kv-tokens", "12000",
+            "--host-kv-gb", "0.2", "--slots", "16", "--jobs", "1", "--no-figures"]
+    got = {}
+    for name, extra in (("host", []), ("disk", ["--disk-kv-gb", "5"]),
+                        ("prefetch", ["--disk-kv-gb", "5", "--disk-prefetch"])):
+        _, out = run_main(args + extra + ["--out", str(tmp_path / name)], capsys)
+        kv = json.loads((tmp_path / name / "results.json").read_text())["C"]["kv"]
+        got[name] = kv["prefix"]["continuous"]["prefix_cache"], kv, out.out
+    disk, kv, text = got["disk"]
+    assert disk["disk_hit_ratio"] > 0.1 and got["host"][0]["disk_hit_ratio"] == 0
+    assert disk["hit_ratio"] > got["host"][0]["hit_ratio"] + 0.1
+    assert disk["prefill_tokens_saved"] == disk["hit_tokens"] + disk["host_hit_tokens"] + \
+        disk["disk_hit_tokens"]
+    per_token = kv["bytes_per_token"]
+    assert kv["disk_tokens"] == int(5e9 // per_token)
+    assert kv["disk_token_s"] == pytest.approx(per_token / 6.9e9)  # (an NVMe drive's read)
+    assert said("below it a write-through disk tier of 5.0 GB", text) and "hit on disk" in text
+    assert "hit on disk" not in got["host"][2]
+    # reads begun as requests arrive: less of each wait is the disk's
+    prefetch = got["prefetch"][0]
+    assert prefetch["host_load_s"] < disk["host_load_s"] and \
+        said("read at 6.9 GB/s, each read starting as its request arrives", got["prefetch"][2])
+
+
 def test_the_prefix_study_end_to_end(tmp_path, capsys):
     results, out = run_main(["--experiments", "C", "--model", "llama-3-8b", "--gpu", "h100",
                              "--requests", "300", "--rate", "20", "--prefix-len", "512",
@@ -716,6 +746,11 @@ def test_a_host_tier_loads_over_each_tensor_parallel_cards_link_at_once():
     (["--router", "cache-aware", "--replicas", "2"], "--router cache-aware works with a prefix"),
     (["--host-kv-gb", "10", "--kv-policy", "paged"], "add --enable-prefix-caching"),
     (["--host-write-policy", "write-back", "--enable-prefix-caching"], "add --host-kv-gb"),
+    (["--disk-kv-gb", "100", "--enable-prefix-caching"], "the disk tier is below host memory"),
+    (["--disk-kv-gbs", "3", "--enable-prefix-caching", "--host-kv-gb", "10"],
+     "add --disk-kv-gb"),
+    (["--disk-kv-gb", "100", "--host-kv-gb", "10"], "--host-kv-gb works with a prefix cache"),
+    (["--disk-prefetch", "--enable-prefix-caching", "--host-kv-gb", "10"], "add --disk-kv-gb"),
     (["--router", "precise-prefix", "--replicas", "2"], "--router precise-prefix works with"),
 ])
 def test_the_cache_flags_without_a_cache_are_refused(flags, fragment, tmp_path, capsys):
@@ -759,6 +794,61 @@ def test_a_host_tier_load_parks_only_the_request_it_loads_for():
                                       identity=identity.take(np.arange(3))),
                              Replica(4, COSTS, kv=kv))
     assert times.finish[2] - alone["times"].finish[2] < 0.1 < loaded * 0.01
+
+
+@pytest.mark.parametrize("write", ["write-through", "write-back"])
+def test_the_disk_tier_keeps_what_host_memory_gave_up(write):
+    """A disk tier below a host tier of 4 blocks: request 1 (900 tokens) pushes request 0's
+    256-token system prompt out of the 64-block card and (most of it) out of host memory, and
+    request 3, opening with it, reads it from disk (0.05 s a token, slower than the host link's 0.01 s:
+    its load takes the disk's time); without the disk tier it recomputes what the card lost.
+    Write-through, the disk stored the prompt as it was computed; write-back, as host memory
+    gave it up."""
+    identity = SharedPrompts(np.array([0, -1, -1, 0]), np.array([256]), np.full(4, -1))
+    arrival, output = np.array([0.0, 10.0, 20.0, 21.0]), np.array([2, 2, 40, 2])
+    req = Requests(arrival, np.array([272, 900, 64, 272]), output, identity=identity)
+    kv = KVBudget("prefix", 1024, 16, host_tokens=64, host_token_s=0.01, host_write=write,
+                  disk_tokens=16_384, disk_token_s=0.05)
+    sim = simulate_serving(req, Replica(4, COSTS, kv=kv))
+    p = sim["prefix_cache"]
+    read = p["disk_hit_tokens"]
+    assert p["hits"][3] == 256 and read > 0 and p["hit_tokens"] == 0
+    # (write-back, host memory keeps the prompt's head: the card gave its blocks up tail first)
+    assert p["host_hit_tokens"] == (0 if write == "write-through" else 64)
+    assert p["host_load_s"] == pytest.approx(read * 0.05)  # (the disk read, not the link)
+    assert sim["times"].first_token[3] - arrival[3] >= read * 0.05
+    without = simulate_serving(req, Replica(4, COSTS, kv=dataclasses.replace(kv, disk_tokens=0)))
+    assert without["prefix_cache"]["hits"][3] == 256 - read
+
+
+def test_a_disk_read_prefetched_as_its_request_arrives():
+    # 8 tokens to load, 4 of them read from disk first at 1 s a token, the link's copy 0.25 s a
+    # token: admitted at 10 s, arrived at 3 s. Prefetched (SGLang's L3 prefetch), the read ran
+    # from 3 to 7 s and only the copy waits, 10 to 12 s; read at admission (LMCache's
+    # retrieve), 10 to 14 s decides. A second load admitted at 10.5 s queues behind both: its
+    # copy on the link from 12 to 13 s, its read after the first's
+    from nn40.tiers import TierLoads
+    for prefetch, waits in ((True, (2.0, 2.5)), (False, (4.0, 7.5))):
+        loads = TierLoads(0.25, 1.0, prefetch)
+        assert loads.load("a", 8, 4, 10.0, 3.0) == waits[0]
+        assert loads.load("b", 4, 4, 10.5, 3.5) == waits[1]
+        assert loads.wait_s == sum(waits)
+
+
+def test_the_tiers_pass_blocks_down_by_their_write_policy():
+    # write-through: computed blocks go to every tier; write-back: to a tier as the one above
+    # gives them up; a block read from the disk is stored in host memory, the disk keeping it
+    from nn40.tiers import HOST_TIERS
+    for write, host_after, disk_after in (("write-through", ["b", "c"], ["a", "b", "c"]),
+                                          ("write-back", [], [])):
+        disk = HOST_TIERS[write](10)
+        host = HOST_TIERS[write](2, below=disk)
+        host.computed(["a", "b", "c"])
+        assert list(host) == host_after and list(disk) == disk_after, write
+    host.evicted(["a", "b", "c"])  # (write-back: the card gave them up)
+    assert list(host) == ["b", "c"] and list(disk) == ["a"]
+    host.promoted(["a"])  # read from disk: host stores it, pushing b down
+    assert list(host) == ["c", "a"] and sorted(disk) == ["a", "b"]
 
 
 def test_blocks_still_loading_are_not_hit_and_a_pool_wakes_as_they_land():
@@ -977,7 +1067,7 @@ def test_loads_queue_on_the_host_link_and_a_cancelled_one_gives_its_time_back():
         cache.of[seq] = CachedBlocks([], [], 0, 8)
     assert cache.load_s(a, 0.0) == 4.0 and cache.load_s(b, 1.0) == 7.0
     cache.cancel_load(b, 2.0)
-    assert cache.link_free_s == 4.0 and cache.load_wait_s == 4.0 + 7.0 - 4.0
+    assert cache.link.link_free_s == 4.0 and cache.link.wait_s == 4.0 + 7.0 - 4.0
     assert cache.load_s(c, 3.0) == 5.0
     cache.cancel_load(a, 1.0)  # (c is queued behind it: the link stays booked to 8 s)
-    assert cache.link_free_s == 8.0 and cache.load_wait_s == 4.0 + 3.0 + 5.0 - 3.0
+    assert cache.link.link_free_s == 8.0 and cache.link.wait_s == 4.0 + 3.0 + 5.0 - 3.0
