@@ -158,7 +158,7 @@ class KVManager:
         needs = int(alone[worst]) + self.watermark
         if needs <= self.capacity:
             return None
-        return {"kind": "kv_too_long", "request": worst, "needs": needs,
+        return {"kind": "kv_too_long", "request": worst, "needs": needs, "block": self.block,
                 "prompt": int(req.prompt[worst]),
                 "output": int(self.output_held(req.output[worst])), "holds": int(self.capacity)}
 

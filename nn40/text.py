@@ -181,8 +181,9 @@ TEXT_EN = {**SHARED_TEXT,
     "kv_short": "the engine's rule leaves the KV cache nothing: {short_gib:.2f} GiB a card "
                 "short; it would fit with {would}",
     "kv_max_output": "--max-output {max_output:,} is below the longest output, {longest:,}",
-    "kv_too_long": "request {request:,} alone needs {needs:,} tokens (prompt {prompt:,} + "
-                   "output {output:,}), the budget holds {holds:,}",
+    "kv_too_long": "request {request:,} alone needs {needs:,} tokens at its longest (prompt "
+                   "{prompt:,} + output {output:,} as the policy holds them, in blocks of "
+                   "{block:,}), the budget holds {holds:,}",
     # C: replicas and capacity
     "one_share": "   one replica's share of {replicas} (every {replicas}th request, as "
                  "round-robin routes them); the replica table below serves them all",

@@ -139,8 +139,8 @@ TEXT_KO = {**SHARED_TEXT,
     "kv_short": "엔진의 규칙으로는 KV 캐시에 남는 것이 없다: 카드당 {short_gib:.2f} GiB 모자란다; "
                 "{would}(으)로는 들어간다",
     "kv_max_output": "--max-output {max_output:,}이 가장 긴 출력 {longest:,}보다 작다",
-    "kv_too_long": "요청 {request:,} 하나만으로 {needs:,}토큰이 필요한데 (질문 {prompt:,} + 출력 "
-                   "{output:,}) 예산은 {holds:,}토큰",
+    "kv_too_long": "요청 {request:,} 하나만으로 가장 길 때 {needs:,}토큰이 필요한데 (질문 {prompt:,} + "
+                   "출력 {output:,}을 정책이 {block:,}토큰 블록으로 잡은 만큼) 예산은 {holds:,}토큰",
     "one_share": "   복제본 {replicas}개 중 하나의 몫 ({replicas}번째 요청마다, 라운드 로빈이 보내는 "
                  "대로); 아래의 복제본 표는 전부를 다룬다",
     "fleet": "C  슬롯 {slots}개짜리 복제본 {replicas}개를 라우터 뒤에: 요청 {requests:,}개, "

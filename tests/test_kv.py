@@ -138,8 +138,8 @@ def test_paged_packs_more_requests_than_reserve():
 def test_a_request_that_cannot_fit_is_named():
     req = Requests(np.zeros(2), np.array([10, 500]), np.array([5, 5]))
     assert check_kv_budget(req, KVBudget("paged", 300, 16)) == {
-        "kind": "kv_too_long", "request": 1, "needs": 512, "prompt": 500, "output": 5,
-        "holds": 300}
+        "kind": "kv_too_long", "request": 1, "needs": 512, "block": 16, "prompt": 500,
+        "output": 5, "holds": 300}
     assert check_kv_budget(req, KVBudget("reserve", 10_000, 16, max_output=4))["kind"] \
         == "kv_max_output"
     assert check_kv_budget(req, KVBudget("paged", 512, 16)) is None
