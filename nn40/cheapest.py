@@ -46,7 +46,8 @@ def role_shapes(run, req, role, gpu):
                 replica = role_replica(run, shape, req.output)  # (a draft may leave no cache)
             except UsageError:
                 continue
-            if not check_kv_budget(held, replica.kv, replica.speculation):
+            if not check_kv_budget(held, replica.kv, replica.speculation,
+                                   handed=role == "decode"):
                 fits.append((tp * pp, pp, tp))
     return [(tp, pp) for _, pp, tp in sorted(fits)[:SHAPES_EACH]]
 

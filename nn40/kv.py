@@ -47,12 +47,14 @@ class KVUnfit(UsageError):
         self.policy, self.why = policy, why
 
 
-def check_kv_budget(req, kv, speculation=None):
+def check_kv_budget(req, kv, speculation=None, handed=False):
     """Every request must fit alone (speculating, as a Speculation's decoders hold: see
-    for_speculation), or the simulation could never finish it. -> None, or why not (a
-    description for the tables)."""
+    for_speculation; `handed`: each handed to this decode pool with its prompt computed), or
+    the simulation could never finish it. -> None, or why not (a description for the tables)."""
     manager = kv_manager(kv)
-    return (manager.for_speculation(speculation) if speculation else manager).unfit(req)
+    if speculation:
+        manager.for_speculation(speculation, handed)
+    return manager.unfit(req)
 
 
 class Seq:
@@ -119,6 +121,7 @@ class KVManager:
     gains = 1  # tokens a decode step adds to a decoder's cache (see for_decode_steps)
     lookahead = 0  # tokens a speculating decoder holds beyond its own (see for_speculation)
     verify_gains = None  # speculating: the most tokens a verify step adds to a decoder's cache
+    handed = False  # speculating in a decode pool: its requests' prompts computed elsewhere
     unwritten = 0  # tokens of a request whose KV its blocks never hold (paged: its last one's)
 
     def lookup(self, ledger, r):
@@ -230,12 +233,13 @@ class KVManager:
         self.gains = gains
         return self
 
-    def for_speculation(self, speculation):
+    def for_speculation(self, speculation, handed=False):
         """The manager for a Speculation's decoders (a SpeculativeBatch's: each growing at its
         own rate, at most k + 1 tokens a verify step), each holding its `lookahead` tokens
-        beyond its own (the drafts a verify step writes, and the scheduler's lookahead).
-        -> itself"""
-        self.lookahead = speculation.lookahead
+        beyond its own (the drafts a verify step writes, and the scheduler's lookahead);
+        `handed`: a decode pool's, whose requests come with their prompts computed (their
+        first step is a verify step: see PagedBlocks.need). -> itself"""
+        self.lookahead, self.handed = speculation.lookahead, handed
         self.verify_gains = speculation.decode_tokens.runs
         return self
 
@@ -329,12 +333,13 @@ class PagedBlocks(KVManager):
     def alone(self, prompt, output):
         """(Speculating, the most of what vLLM's blocks would hold and of what join accounts
         a decoder: its written tokens' blocks with its drafts' slots, then the output - 1
-        tokens it grows by, at least a step's most where it decodes: see need.)"""
+        tokens it grows by; handed to a decode pool, at least a step's most: see need.)"""
         held = super().alone(prompt, output)
         if not self.verify_gains:
             return held
-        return np.maximum(held, self.blocks(prompt + self.lookahead) + np.where(
-            output > 1, np.maximum(output - 1, self.verify_gains), 0))
+        grown = np.maximum(output - 1, self.verify_gains) if self.handed else output - 1
+        return np.maximum(held, self.blocks(prompt + self.lookahead) +
+                          np.where(output > 1, grown, 0))
 
     def admit(self, seq, need):  # blocks are taken by the steps, but for what it holds already
         if seq.num_cached:
@@ -597,8 +602,6 @@ class PrefixCache(PagedBlocks):
         self.shared += b * (card - taken)
         if host:  # loaded back from the host tier
             self.host.loaded(keys[card:card + host])
-        if disk:  # read from the disk tier through the host's, which keeps them
-            self.host.promoted(keys[card + host:card + host + disk])
         self.of[seq] = blocks = CachedBlocks(keys, hit, card, (host + disk) * b, disk * b)
         if r in self.hits:  # readmitted after preemption: it finds what it had computed
             self.readmitted_hit += (card + host + disk) * b
@@ -657,10 +660,12 @@ class PrefixCache(PagedBlocks):
         return self.total + prompt_left - self.scheduled
 
     def landed(self, seq):
-        """Seq's blocks loaded from the host tier have landed: cached from now on (vLLM
-        delays caching blocks still to be received), the host tier not told again."""
+        """Seq's blocks loaded from the tiers below have landed: cached from now on (vLLM
+        delays caching blocks still to be received), the host tier not told again (but of
+        those read from the disk tier: see promote)."""
         blocks = self.of[seq]
         self.link.landed(seq)
+        self.promote(blocks)
         if blocks.loading:
             self.register(blocks, seq.num_cached, store=False)
             blocks.loading = 0
@@ -724,7 +729,19 @@ class PrefixCache(PagedBlocks):
         if not blocks.loading:
             return 0.0
         arrived = t if self.arrival is None else self.arrival[seq.id]  # (none: no lookup)
-        return self.link.load(seq, blocks.loading, blocks.from_disk, t, arrived)
+        wait = self.link.load(seq, blocks.loading, blocks.from_disk, t, arrived)
+        if not wait:  # (landed at once)
+            self.promote(blocks)
+        return wait
+
+    def promote(self, blocks):
+        """A request's blocks read from the disk tier have landed: stored in host memory (the
+        disk keeping its copy), once; a request that leaves before they land has stored none,
+        and finds them on the disk again."""
+        if blocks.from_disk:
+            start = blocks.registered + (blocks.loading - blocks.from_disk) // self.block
+            self.host.promoted(blocks.keys[start:start + blocks.from_disk // self.block])
+            blocks.from_disk = 0
 
     def cancel_load(self, seq, t):
         self.link.cancel(seq, t)

@@ -106,7 +106,7 @@ def pool_stage(req, pool, ledger, last, first):
     kv = pool.replica.kv  # (identical replicas: all or none fit)
     output = req.output if last else np.ones_like(req.output)  # (a prefill pool: one token)
     unfit = kv is not None and check_kv_budget(dataclasses.replace(req, output=output), kv,
-                                               pool.replica.speculation)
+                                               pool.replica.speculation, handed=not first)
     if unfit:
         raise KVUnfit(kv.policy, unfit)
     if not first:  # (its own arrivals: the hand-offs' times; its own queues' marks)

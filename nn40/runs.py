@@ -242,8 +242,12 @@ def host_tier(run, per_token, gpu=None, tp=None):
 
 
 def disk_tier(run, per_token):
-    """The disk tier's tokens and the seconds it takes to read one token's KV."""
-    disk_bytes = (run.scheduler.disk_kv_gb or 0) * 1e9 if run.scheduler.host_kv_gb else 0
+    """The disk tier's tokens and the seconds it takes to read one token's KV (none where it,
+    or the host tier above it, holds no whole block)."""
+    block, host_gb = run.scheduler.block_tokens, run.scheduler.host_kv_gb or 0
+    disk_bytes = (run.scheduler.disk_kv_gb or 0) * 1e9
+    if host_gb * 1e9 // per_token < block or disk_bytes // per_token < block:
+        disk_bytes = 0
     gbs = run.scheduler.disk_kv_gbs or DISK_READ_GBS
     return {"disk_bytes": disk_bytes, "disk_tokens": int(disk_bytes // per_token),
             "disk_gbs": gbs, "disk_token_s": per_token / (gbs * 1e9),

@@ -93,8 +93,8 @@ class TierLoads:
     at `host_token_s` a token, one load after another (the link is one: loads admitted
     together queue on it, as vLLM's offloading connector's transfers share the card's copy
     engine). Blocks from the disk tier are read first, at `disk_token_s` a token, one read
-    after another, and stream on over the link as they come: a load ends when both the read
-    and the link's copy have. With `prefetch`, a disk read starts as its request arrives
+    after another, and stream on over the link as they come, the link busy with the copy
+    alone: a load ends when both the read and the copy have. With `prefetch`, a disk read starts as its request arrives
     (SGLang HiCache's L3 prefetch, its wait_complete policy: the request runs once all of it
     is in), else as the request is admitted (LMCache's retrieve). `wait_s`: the seconds
     requests have waited for their loads."""
@@ -104,20 +104,22 @@ class TierLoads:
         self.link_free_s = 0.0  # when the host link has carried every load asked of it
         self.disk_free_s = 0.0  # when the disk tier has read every block asked of it
         self.wait_s = 0.0
-        self.on_link = {}  # request -> (start, end) of its load on the link, till it lands
+        self.on_link = {}  # request -> (its copy's start and end on the link, its read's
+        # (start, end) on the disk or None, the load's end), till it lands
 
     def load(self, key, tokens, from_disk, t, arrived):
         """A load of `tokens` (`from_disk` of them read from the disk tier first) for the
         request `key`, admitted at `t` (arrived at `arrived`). -> the seconds it waits."""
         start, copy = max(self.link_free_s, t), self.host_token_s * tokens
-        end, wait = start + copy, start - t + copy
+        end = self.link_free_s = start + copy  # (the link busy with its copy alone)
+        wait, read = start - t + copy, None
         if from_disk:
-            read = max(self.disk_free_s, arrived if self.prefetch else t)
-            self.disk_free_s = read + self.disk_token_s * from_disk
+            begin = max(self.disk_free_s, arrived if self.prefetch else t)
+            self.disk_free_s = begin + self.disk_token_s * from_disk
+            read = (begin, self.disk_free_s)
             if self.disk_free_s > end:
                 end, wait = self.disk_free_s, self.disk_free_s - t
-        self.link_free_s = end
-        self.on_link[key] = (start, end)
+        self.on_link[key] = (start, self.link_free_s, read, end)
         self.wait_s += wait
         return wait
 
@@ -125,10 +127,12 @@ class TierLoads:
         self.on_link.pop(key, None)
 
     def cancel(self, key, t):
-        """The request leaves at `t` before its load has landed: the time its load had not yet
-        taken comes off its wait, and off the link where its load was the last queued there
-        (a load queued behind it keeps its slot)."""
-        start, end = self.on_link.pop(key, (t, t))
-        self.wait_s -= max(end - max(start, t), 0.0)
-        if end == self.link_free_s:
+        """The request leaves at `t` before its load has landed: the wait it had left comes off
+        its wait, and its time off the link and the disk where its copy or its read was the
+        last queued there (a load queued behind it keeps its slot)."""
+        start, link_end, read, end = self.on_link.pop(key, (t, t, None, t))
+        self.wait_s -= max(end - t, 0.0)
+        if link_end == self.link_free_s:
             self.link_free_s = max(start, t)
+        if read is not None and read[1] == self.disk_free_s:
+            self.disk_free_s = max(read[0], t)

@@ -835,6 +835,34 @@ def test_a_disk_read_prefetched_as_its_request_arrives():
         assert loads.wait_s == sum(waits)
 
 
+def test_a_read_left_unfinished_gives_the_disk_back_and_stores_nothing():
+    # a 32-token system prompt on the disk alone (1 s a token; the link 0.01 s): request 0
+    # admitted at 0 waits 32 s for it; preempted at 1 s, it has stored nothing in host memory,
+    # and the disk is free from 1 s: back at 1.5 s it reads all of it again, to 33.5 s
+    from nn40.tiers import TierLoads
+    ledger = system_prompts(2, system_tokens=32, own=2)
+    cache = PrefixCache(KVBudget("prefix", 256, 4, host_tokens=64, host_token_s=0.01,
+                                 disk_tokens=1024, disk_token_s=1.0))
+    keys = ledger.identity.block_keys(0, 34, 4)
+    cache.disk.store(keys[:8])
+    seq = admit(cache, ledger, 0)
+    assert cache.load_s(seq, 0.0) == 32.0
+    cache.cancel_load(seq, 1.0)
+    cache.preempt(seq, seq.num_cached)
+    assert not any(key in cache.host.where for key in keys[:8])
+    assert cache.link.disk_free_s == 1.0 and free_blocks(cache) == 64
+    again = admit(cache, ledger, 0)
+    assert cache.of[again].from_disk == 32 and cache.load_s(again, 1.5) == 32.0
+    assert cache.report()["prefix_cache"]["host_load_s"] == 1.0 + 32.0
+    cache.landed(again)  # (landed: now host memory keeps it too)
+    assert all(key in cache.host.where for key in keys[:8])
+    # the link is busy with a load's copy alone: a load from host memory behind a long read
+    # waits for the copy before it, not for the read
+    loads = TierLoads(0.1, 1.0)
+    assert loads.load("a", 10, 10, 0.0, 0.0) == 10.0 and loads.link_free_s == 1.0
+    assert loads.load("b", 10, 0, 0.5, 0.5) == pytest.approx(1.5)
+
+
 def test_the_tiers_pass_blocks_down_by_their_write_policy():
     # write-through: computed blocks go to every tier; write-back: to a tier as the one above
     # gives them up; a block read from the disk is stored in host memory, the disk keeping it
@@ -1058,8 +1086,9 @@ def test_sglangs_v04_router_blog_hit_rates_and_speedup():
 
 def test_loads_queue_on_the_host_link_and_a_cancelled_one_gives_its_time_back():
     # 8 tokens at 0.5 s each: a's load takes the link from 0 to 4 s, b's (asked at 1 s) from 4
-    # to 8; b preempted at 2 s gives the link back from 4 (it was the last queued), so c, asked
-    # at 3 s, loads from 4 to 8; a cancelled while b waits behind it leaves b's slot alone
+    # to 8; b preempted at 2 s gives the link back from 4 (it was the last queued) and has
+    # waited 1 s, so c, asked at 3 s, loads from 4 to 8; a cancelled at 1 s while c waits
+    # behind it leaves c's slot alone and has waited 1 s
     from nn40.kv import CachedBlocks
     cache = PrefixCache(KVBudget("prefix", 64, 4, host_tokens=8, host_token_s=0.5))
     a, b, c = (Seq(r, r, 4, 1) for r in range(3))
@@ -1067,7 +1096,7 @@ def test_loads_queue_on_the_host_link_and_a_cancelled_one_gives_its_time_back():
         cache.of[seq] = CachedBlocks([], [], 0, 8)
     assert cache.load_s(a, 0.0) == 4.0 and cache.load_s(b, 1.0) == 7.0
     cache.cancel_load(b, 2.0)
-    assert cache.link.link_free_s == 4.0 and cache.link.wait_s == 4.0 + 7.0 - 4.0
+    assert cache.link.link_free_s == 4.0 and cache.link.wait_s == 4.0 + (2.0 - 1.0)
     assert cache.load_s(c, 3.0) == 5.0
     cache.cancel_load(a, 1.0)  # (c is queued behind it: the link stays booked to 8 s)
-    assert cache.link.link_free_s == 8.0 and cache.link.wait_s == 4.0 + 3.0 + 5.0 - 3.0
+    assert cache.link.link_free_s == 8.0 and cache.link.wait_s == (1.0 - 0.0) + 1.0 + 5.0

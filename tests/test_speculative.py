@@ -632,16 +632,18 @@ def test_a_speculating_decode_pool_stays_within_its_cache(policy, block, monkeyp
 def test_a_speculating_request_alone_by_hand():
     # EAGLE-3 at k = 3 holds 6 tokens beyond its own (3 drafts, 3 lookahead), 16-token blocks:
     # vLLM's blocks at its longest (written prompt + output - 1 and the slots) or the fluid
-    # account's (its prompt's blocks with the slots, then output - 1 tokens, at least k + 1
-    # where it decodes, as a hand-off's first step may take), whichever is more
+    # account's (its prompt's blocks with the slots, then output - 1 tokens; handed to a decode
+    # pool, at least k + 1, as its first step, a verify step, may take), whichever is more
     from nn40.kv import KVBudget, kv_manager
     from nn40.speculative import Speculation
     spec = Speculation("eagle3", 3, (0.73, 0.52, 0.35), "given", 6)
     kv = kv_manager(KVBudget("paged", 10_000, 16)).for_speculation(spec)
+    handed = kv_manager(KVBudget("paged", 10_000, 16)).for_speculation(spec, handed=True)
     prompt, output = np.array([20, 20, 26, 26, 20]), np.array([10, 2, 2, 7, 1])
     # vLLM's: 20 + 9 + 6 = 35 -> 48 | 20 + 1 + 6 = 27 -> 32 | 26 + 1 + 6 -> 48 | 26 + 6 + 6 -> 48
-    # the fluid account's: 20 + 6 -> 32, + 9 = 41 | 32 + 4 (k + 1 > 1) = 36 | 32 + 4 | 32 + 6
-    # a request that never decodes: its prompt's last chunk with the slots, 20 + 6 -> 32
-    np.testing.assert_array_equal(kv.alone(prompt, output), [48, 36, 48, 48, 32])
+    # the fluid account's: 20 + 6 -> 32, + 9 = 41 | 32 + 1 = 33 (handed: + 4 = 36) | 32 + 1 |
+    # 32 + 6; a request that never decodes: its prompt's last chunk with the slots, 26 -> 32
+    np.testing.assert_array_equal(kv.alone(prompt, output), [48, 33, 48, 48, 32])
+    np.testing.assert_array_equal(handed.alone(prompt, output), [48, 36, 48, 48, 32])
     plain = kv_manager(KVBudget("paged", 10_000, 16))
     np.testing.assert_array_equal(plain.alone(prompt, output), [32, 32, 32, 32, 32])
