@@ -140,13 +140,11 @@ def prefix_flags(p):
              metavar="WRITE", help="host tier: write-through (vLLM, LMCache) or write-back "
              "(SGLang)")
     add_flag(w, "--disk-kv-gb", type=number(1e-3, 1e9), shown="none",
-             help="prefix cache: a disk or remote tier below the host's, GB (LMCache's "
-             "local_disk, SGLang HiCache's L3)")
+             help="prefix cache: a disk tier below the host's, GB")
     add_flag(w, "--disk-kv-gbs", type=number(1e-3, 1e4), shown=f"{DISK_READ_GBS:g}, an NVMe "
              "drive's", help="disk tier: its read bandwidth, GB/s")
     add_flag(w, "--disk-prefetch", action="store_true",
-             help="disk tier: a read starts as its request arrives, not as it is admitted "
-             "(SGLang HiCache's L3 prefetch)")
+             help="disk tier: reads start as requests arrive (SGLang's L3 prefetch)")
     add_flag(w, "--eviction-policy", choices=tuple(EVICTION_ORDERS), metavar="ORDER",
              help="prefix cache: lru, fifo or lfu (SGLang's) first out")
     add_flag(w, "--prefix-len", type=integer(0, 10**6), help="system prompts' tokens (generated)")
