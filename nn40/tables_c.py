@@ -555,6 +555,8 @@ PREFIX_COLUMNS = [("policy", "label", "text"), ("queried", "prefix_cache.queried
                   ("prefill_saved", "prefix_cache.prefill_tokens_saved", ","),
                   ("evicted", "prefix_cache.evicted_blocks", ",")]
 DISK_COLUMN = ("hit_disk", "prefix_cache.disk_hit_ratio", ".1%")  # (with a disk tier)
+LOAD_COLUMN = ("load_wait", "prefix_cache.host_load_s", ",.1f")  # (with a host tier: the
+# seconds requests waited, parked, for their loads)
 HIT_COLUMNS = [("policy", "label", "text"), ("found_cached", "bucket", "text"),
                ("count", "requests", ",")] + latency_columns("p50", "p99", keys=("ttft",))
 
@@ -568,7 +570,7 @@ def prefix_tables(T, rows, kv):
                                    gbs=kv["host_link_gbs"], link=kv["host_link"],
                                    write=kv["host_write"], share=kv["host_load_share"]) \
         if kv.get("host_tokens") else T["prefix_no_host"]
-    columns = PREFIX_COLUMNS
+    columns = PREFIX_COLUMNS + ([LOAD_COLUMN] if kv.get("host_tokens") else [])
     if kv.get("host_tokens") and kv.get("disk_tokens"):
         host += T["prefix_disk"].format(gb=kv["disk_bytes"] / 1e9, tokens=kv["disk_tokens"],
                                         gbs=kv["disk_gbs"], write=kv["host_write"]) + \

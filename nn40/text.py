@@ -303,7 +303,7 @@ TEXT_EN = {**SHARED_TEXT,
     "allocation": "allocation", "reserve": "reserve", "paged": "paged",
     "prefix": "paged + prefix cache", "radix": "radix cache",
     "queried": "prompt tokens", "hit_card": "hit",
-    "hit_host": "hit in host", "hit_disk": "hit on disk", "prefill_computed": "prefilled", "prefill_saved": "not prefilled",
+    "hit_host": "hit in host", "hit_disk": "hit on disk", "load_wait": "s waited for loads", "prefill_computed": "prefilled", "prefill_saved": "not prefilled",
     "evicted": "blocks evicted", "found_cached": "its prompt found cached",
     "prefix_cache": "Prefix cache (paged blocks that keep what they computed; {host}): prompt "
                     "tokens looked up at admission and the share found cached, per tier",

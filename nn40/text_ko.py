@@ -253,7 +253,7 @@ TEXT_KO = {**SHARED_TEXT,
     "allocation": "할당", "reserve": "예약", "paged": "페이지",
     "prefix": "페이지 + 접두사 캐시", "radix": "기수 트리 캐시",
     "queried": "프롬프트 토큰", "hit_card": "적중",
-    "hit_host": "호스트 적중", "hit_disk": "디스크 적중", "prefill_computed": "프리필함", "prefill_saved": "프리필 안 함",
+    "hit_host": "호스트 적중", "hit_disk": "디스크 적중", "load_wait": "적재 대기 초", "prefill_computed": "프리필함", "prefill_saved": "프리필 안 함",
     "evicted": "축출된 블록", "found_cached": "캐시에서 찾은 프롬프트",
     "prefix_cache": "접두사 캐시 (계산한 것을 간직하는 페이지 블록; {host}): 입장 때 조회한 "
                     "프롬프트 토큰과 캐시에서 찾은 비율, 계층별",

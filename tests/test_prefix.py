@@ -577,6 +577,7 @@ def test_a_disk_tier_end_to_end(tmp_path, capsys):
     assert kv["disk_tokens"] == int(5e9 // per_token)
     assert kv["disk_token_s"] == pytest.approx(per_token / 6.9e9)  # (an NVMe drive's read)
     assert said("below it a write-through disk tier of 5.0 GB", text) and "hit on disk" in text
+    assert "s waited for loads" in text  # (the seconds requests waited for their loads)
     assert "hit on disk" not in got["host"][2]
     # reads begun as requests arrive: less of each wait is the disk's
     prefetch = got["prefetch"][0]
