@@ -257,8 +257,9 @@ PREFIX_STUDY_SHARES = (1 / 64, 1 / 16, 0.25, 0.5, 1.0, 2.0, 4.0)  # of the card'
 def prefix_study(run, req, replica, info, budgets):
     """--prefix-study: the prefix cache's hits and TTFT against its capacity (shares of the
     card's KV budget), on the card alone, with the host tier (--host-kv-gb, else four times
-    the card's budget; and the disk tier below it, where given) and unlimited; continuous batching; with an SLO, the capacity of one
-    replica without caching beside the capacity study's (with it). -> (result, Work)"""
+    the card's budget; and the disk tier below it, where given) and unlimited; continuous
+    batching; with an SLO, the capacity of one replica without caching beside the capacity
+    study's (with it). -> (result, Work)"""
     kv = study_budget(budgets)
     if kv is None or not KV_MANAGERS[kv.policy].tracks_prefixes:
         raise UsageError("--prefix-study needs --enable-prefix-caching (or --kv-policy prefix)")

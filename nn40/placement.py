@@ -20,7 +20,7 @@ from nn40.metrics import serving_metrics
 from nn40.pools import Pool, simulate_pools
 from nn40.pricing import ENGINE_RULES, card_costs, card_kv_tokens
 from nn40.profiles import run_profile
-from nn40.runs import host_tier, prefix_metrics, run_order, timed_task, work_of
+from nn40.runs import host_tier, prefix_metrics, run_order, tier_fields, timed_task, work_of
 from nn40.speculative_study import run_speculation, speculating
 from nn40.stages import pipeline_costs, pipelined, stage_model
 from nn40.stats import percentiles
@@ -148,15 +148,10 @@ def role_replica(run, role, output):
     tokens = card_kv_tokens(stage_model(cfg, role.pp), card, profile, role.tp, 1, (slots, chunk))
     sched = run.scheduler  # (the policy engines serve with: paged, or its prefix cache)
     policy = next((p for p in sched.kv_policies if KV_MANAGERS[p].served), "paged")
-    host = host_tier(run, kv_bytes_per_token(cfg), role.gpu, role.tp) if \
-        KV_MANAGERS[policy].tracks_prefixes else {"host_tokens": 0, "host_token_s": 0.0,
-                                                  "host_write": KVBudget.host_write,
-                                                  "disk_tokens": 0, "disk_token_s": 0.0,
-                                                  "disk_prefetch": False}
+    tiers = tier_fields(host_tier(run, kv_bytes_per_token(cfg), role.gpu, role.tp)) if \
+        KV_MANAGERS[policy].tracks_prefixes else {}
     kv = KVBudget(policy, tokens, sched.block_tokens, 0, sched.watermark,
-                  host["host_tokens"], host["host_token_s"], host["host_write"],
-                  sched.eviction_policy, host["disk_tokens"], host["disk_token_s"],
-                  host["disk_prefetch"])
+                  eviction=sched.eviction_policy, **tiers)
     costs = pipeline_costs(card_costs(cfg, card, profile, role.tp), role.pp, cfg, card, role.tp)
     replica = pipelined(profile.replica(costs, slots=slots, chunk_tokens=chunk,
                                         scheduler="continuous", order=run_order(run, output),

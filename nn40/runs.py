@@ -16,8 +16,8 @@ import numpy as np
 
 from nn40.accounting import card_kv_bytes_per_token, kv_bytes_per_token
 from nn40.config import (
-    DISK_READ_GBS, GPUS, HOST_LINK_SHARE, HOST_LINKS, LENGTH_MAX, LENGTH_MU, LENGTH_SIGMA, REFERENCE_BANDWIDTH_GBS,
-    REFERENCE_TFLOPS, _PCIE4)
+    DISK_READ_GBS, GPUS, HOST_LINK_SHARE, HOST_LINKS, LENGTH_MAX, LENGTH_MU, LENGTH_SIGMA,
+    REFERENCE_BANDWIDTH_GBS, REFERENCE_TFLOPS, _PCIE4)
 from nn40.host import log_labelled
 from nn40.kv import KVBudget, KV_MANAGERS, PREFIX_REPORT, check_kv_budget, kv_manager
 from nn40.memory import kv_budget_bytes
@@ -119,9 +119,8 @@ def kv_setup(run, req, device):
     budgets = []
     for policy in run.scheduler.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.scheduler.block_tokens, max_output,
-                      run.scheduler.watermark, info["host_tokens"], info["host_token_s"],
-                      info["host_write"], run.scheduler.eviction_policy, info["disk_tokens"],
-                      info["disk_token_s"], info["disk_prefetch"])
+                      run.scheduler.watermark, eviction=run.scheduler.eviction_policy,
+                      **tier_fields(info))
         why = check_kv_budget(req, kv) if info["budget_tokens"] else no_memory(run, source)
         if why:
             info["unfit"][policy] = why
@@ -223,6 +222,12 @@ def prefix_metrics(req, sim):
 TIERS = ("", "host_", "disk_")  # a prefix cache's hits: the card's, the host's, the disk's
 
 
+def tier_fields(info):
+    """The KVBudget fields of the tiers below the card, from host_tier's description."""
+    return {field: info[field] for field in ("host_tokens", "host_token_s", "host_write",
+                                             "disk_tokens", "disk_token_s", "disk_prefetch")}
+
+
 def host_tier(run, per_token, gpu=None, tp=None):
     """A prefix cache's host tier (--host-kv-gb): its tokens, its write policy, the card's
     link to it, and the seconds a token's KV takes to load: each of a replica's tp cards loads
@@ -234,19 +239,21 @@ def host_tier(run, per_token, gpu=None, tp=None):
     link, gbs = HOST_LINKS.get(gpu) or ((GPUS[gpu].link, GPUS[gpu].link_gbs) if gpu
                                         else _PCIE4)
     host_bytes = (run.scheduler.host_kv_gb or 0) * 1e9
-    return {"host_bytes": host_bytes, "host_tokens": int(host_bytes // per_token),
+    host_tokens = int(host_bytes // per_token)
+    return {"host_bytes": host_bytes, "host_tokens": host_tokens,
             "host_link": link, "host_link_gbs": gbs, "host_load_share": HOST_LINK_SHARE,
             "host_write": run.scheduler.host_write_policy or KVBudget.host_write,
             "host_token_s": card_kv_bytes_per_token(run.hardware.model, tp)
-            / (HOST_LINK_SHARE * gbs * 1e9), **disk_tier(run, per_token)}
+            / (HOST_LINK_SHARE * gbs * 1e9),
+            **disk_tier(run, per_token, host_tokens)}
 
 
-def disk_tier(run, per_token):
+def disk_tier(run, per_token, host_tokens):
     """The disk tier's tokens and the seconds it takes to read one token's KV (none where it,
     or the host tier above it, holds no whole block)."""
-    block, host_gb = run.scheduler.block_tokens, run.scheduler.host_kv_gb or 0
+    block = run.scheduler.block_tokens
     disk_bytes = (run.scheduler.disk_kv_gb or 0) * 1e9
-    if host_gb * 1e9 // per_token < block or disk_bytes // per_token < block:
+    if host_tokens < block or disk_bytes // per_token < block:
         disk_bytes = 0
     gbs = run.scheduler.disk_kv_gbs or DISK_READ_GBS
     return {"disk_bytes": disk_bytes, "disk_tokens": int(disk_bytes // per_token),

@@ -586,18 +586,19 @@ PREFIX_STUDY_COLUMNS = [("tier", "label", "text"), ("capacity_col", "capacity", 
                         ("hit_card", "card_hit_ratio", ".1%"),
                         ("hit_host", "host_hit_ratio", ".1%")] + \
     latency_columns("p50", "p99", keys=("ttft",))
+STUDY_DISK_COLUMN = ("hit_disk", "disk_hit_ratio", ".1%")  # (with a disk tier)
 
 
 def prefix_study_text(T, study, capacity):
     """--prefix-study: hits and TTFT against the cache's capacity, per tier; with an SLO, one
     replica's capacity with and without caching."""
     disk = study.get("disk_tokens")
-    rows = [{"label": T["tier_card_host_disk" if disk and tier == "card_host" else "tier_" + tier],
-             **row, "capacity": T["unlimited"] if row["share"] is None
+    rows = [{"label": T["tier_card_host_disk" if disk and tier == "card_host" else
+                        "tier_" + tier], **row, "capacity": T["unlimited"] if row["share"] is None
              else f"{row['capacity_tokens']:,}"}
             for tier in ("card", "card_host", "unlimited", "optimum") for row in study.get(tier, ())]
-    columns = PREFIX_STUDY_COLUMNS[:4] + [DISK_COLUMN[:1] + ("disk_hit_ratio", ".1%")] + \
-        PREFIX_STUDY_COLUMNS[4:] if disk else PREFIX_STUDY_COLUMNS
+    columns = PREFIX_STUDY_COLUMNS[:4] + [STUDY_DISK_COLUMN] + PREFIX_STUDY_COLUMNS[4:] \
+        if disk else PREFIX_STUDY_COLUMNS
     lines = [T["prefix_study"].format(tokens=study["budget_tokens"], host=study["host_tokens"],
                                       link=study["host_link"], gbs=study["host_link_gbs"]) +
              (T["prefix_study_disk"].format(tokens=disk) if disk else ""),
