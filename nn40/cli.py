@@ -242,7 +242,7 @@ def scheduler_flags(p):
 
 
 def speculation_flags(p):
-    s = p.add_argument_group("speculative decoding (C; on --gpu)")
+    s = p.add_argument_group("speculative decoding (C on --gpu; D with method ngram)")
     add_flag(s, "--speculative-config", metavar="JSON", type=usage_type(parse_config),
              default=None, shown="off", help="vLLM's: method (ngram, eagle, eagle3, mtp, "
              "draft_model), num_speculative_tokens, model")
@@ -592,10 +592,16 @@ def speculation_fields(args, cfg):
             raise UsageError(f"{acceptance[0]} is speculative decoding's: add "
                              "--speculative-config")
         return {}
-    for flag, refused in (("--gpu", not args.gpu), ("--experiments C", set(
-            chosen_experiments(args)) - {"C"})):
+    chosen = set(chosen_experiments(args))
+    for flag, refused in (("--gpu", "C" in chosen and not args.gpu),
+                          ("--experiments C, D or CD", chosen - {"C", "D"})):
         if refused:
-            raise UsageError(f"--speculative-config is priced by C on a named card: give {flag}")
+            raise UsageError("--speculative-config is priced by C on a named card and run by D's "
+                             f"engine: give {flag}")
+    if "D" in chosen and config["method"] != "ngram":
+        raise UsageError(f"--speculative-config: D's engine drafts as an n-gram lookup does, at "
+                         f"no cost on the device, and has no {config['method']} draft: give "
+                         "method ngram with D")
     if max(args.pp, args.prefill_pp or 1, args.decode_pp or 1) > 1 and \
             config["method"] not in PP_METHODS:
         raise UsageError(f"--speculative-config: vLLM runs {', '.join(PP_METHODS)} alone on "

@@ -6,6 +6,7 @@ and, with system prompts, what its prefix cache saved.
 """
 import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -13,7 +14,8 @@ import torch
 from nn40.device import device_name, engine_attention
 from nn40.errors import UsageError
 from nn40.experiment_ab import attention_policy, decode_kernel
-from nn40.experiment_d import EngineBlocks, EngineRequests, engine_pool_blocks, run_engine
+from nn40.experiment_d import (
+    EngineBlocks, EngineDrafts, EngineRequests, engine_pool_blocks, run_engine)
 from nn40.host import free_host_memory_bytes, gib
 from nn40.kv import KVBudget, PREFIX_REPORT
 from nn40.loop import simulate_serving
@@ -22,6 +24,7 @@ from nn40.model import new_kv_cache
 from nn40.pricing import fit_passes, fit_step_costs
 from nn40.replicas import Replica
 from nn40.runs import arrivals, order_info, run_order
+from nn40.speculative_study import run_speculation, speculating
 from nn40.workload import (
     PrefixWorkload, Requests, SharedPrompts, arrival_times, lognormal_lengths, random_stream,
     seed_for, shared_prompts)
@@ -43,17 +46,19 @@ def engine_requests(run):
 
 
 def check_engine(run, lengths):
-    """D's requests must fit the model's positions; its system prompts (which open its
-    prompts, --prompt-len tokens of their own following) must be whole blocks."""
+    """D's requests must fit the model's positions (with their drafts, when it speculates);
+    its system prompts (which open its prompts, --prompt-len tokens of their own following)
+    must be whole blocks."""
     if run.workload.prefix_len % run.scheduler.block_tokens:
         raise UsageError(f"D: --prefix-len {run.workload.prefix_len} must be whole blocks of "
                          f"--block-tokens {run.scheduler.block_tokens}, as the engine keeps them")
-    longest = run.engine.engine_prompt_len + int(lengths.max())
+    drafts = run.scheduler.num_speculative_tokens if run.scheduler.speculative_method else 0
+    longest = run.engine.engine_prompt_len + int(lengths.max()) + drafts
     if longest > run.hardware.model.max_positions:
         raise UsageError(f"D: a request of {longest:,} tokens (prompt "
-                         f"{run.engine.engine_prompt_len} + output {lengths.max():,}) exceeds "
-                         "--max-positions "
-                         f"{run.hardware.model.max_positions:,}")
+                         f"{run.engine.engine_prompt_len} + output {lengths.max():,}"
+                         + (f" + {drafts} drafts" if drafts else "") + ") exceeds "
+                         f"--max-positions {run.hardware.model.max_positions:,}")
 
 
 def engine_costs(bench, prompt_len, pad):
@@ -134,11 +139,11 @@ def run_serving_engine(bench, lengths, arrival, log):
             f"{ENGINE_BOUND_S:.0f} s: outputs divided by {divisor} more ({priced_s[1]:.0f} s)")
     system = engine_system_prompts(run, arrival, lengths)
     prompts = engine_prompts(run, cfg.vocab, n, system).to(device)
-    cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2), device)
+    spec = run_speculation(run)[0] if run.scheduler.speculative_method else None
+    cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2) + (spec.k if spec else 0),
+                         device)
     warm = min(2, n, slots)  # warm the engine: a prefill and a decode step
     run_engine(bench.model, cache, EngineRequests(prompts[:warm], [2] * warm), "continuous", pad)
-    at_zero = arrival is None
-    req = Requests(np.zeros(n) if at_zero else arrival, np.full(n, P), lengths)
     replica = Replica(slots, one_span, order=run_order(run, lengths))
     result = {"requests": n, "slots": slots, "prompt_tokens": P,
               "shrink": run.engine.engine_shrink * divisor,
@@ -147,43 +152,99 @@ def run_serving_engine(bench, lengths, arrival, log):
               "lengths": {"median": float(np.median(lengths)), "mean": float(lengths.mean()),
                           "max": int(lengths.max()), "total": int(lengths.sum())},
               "order": order_info(replica.order, lengths, run.workload.seed),
-              "arrivals": arrivals(run) if not at_zero else {"kind": "arrivals_zero"},
+              "arrivals": arrivals(run) if arrival is not None else {"kind": "arrivals_zero"},
               "attention": "padded" if pad else "spans",
               **attention_policy(decode_kernel(bench, slots, P + int(lengths.max()), pad)),
               "cost_model": {**one_span.as_dict(), "rows": cost_rows},
               "cost_model_spread": spread.as_dict()}
-    for name, prefix, kv in engine_runs(run, prompts, system, slots, P + int(lengths.max())):
-        policy = "continuous" if prefix else name
-        generated, elog = run_engine(bench.model, cache, EngineRequests(
-            prompts, lengths.tolist(), arrival, prefix), policy, pad, replica.order)
-        served = req if not prefix else dataclasses.replace(req, identity=SharedPrompts(
-            system, np.full(run.workload.num_prefixes, run.workload.prefix_len), np.full(n, -1)))
-        result[name] = d = engine_against_simulation(
-            served, elog, dataclasses.replace(replica, scheduler=policy, kv=kv), spread, at_zero)
-        log(f"D {name}: {d['wall_s']:.2f} s measured, {d['predicted']['wall_s']:.2f} s "
-            f"predicted ({np.max(d['per_request']['passes_finish_s']):.2f} s with its own "
-            f"passes), {d['steps']} steps")
+    served = EngineServed(bench, prompts, system, lengths, arrival, cache, pad, replica, spread,
+                          spec)
+    for name, prefix, kv in engine_runs(run, prompts, system, slots, P + int(lengths.max()),
+                                        spec):
+        result[name], generated, elog = serve_and_simulate(served, name, prefix, kv)
+        log(f"D {name}: {result[name]['wall_s']:.2f} s measured, "
+            f"{result[name]['predicted']['wall_s']:.2f} s predicted "
+            f"({np.max(result[name]['per_request']['passes_finish_s']):.2f} s with its own "
+            f"passes), {result[name]['steps']} steps")
         if prefix:
             result["prefix_check"] = prefix_check(result, elog, generated, plain, run)
-        plain = generated
+        if name == "continuous":
+            plain = generated
     result["speedup_measured"] = result["static"]["wall_s"] / result["continuous"]["wall_s"]
     result["speedup_predicted"] = (result["static"]["predicted"]["wall_s"]
                                    / result["continuous"]["predicted"]["wall_s"])
+    if spec:
+        result["speculation_check"] = speculation_check(result, spec)
     result["verdict"] = engine_verdict(result)
     return result
 
 
-def engine_runs(run, prompts, system, slots, longest):
+class EngineServed(NamedTuple):
+    """What each of D's runs serves (run_serving_engine): the requests, the engine's cache and
+    attention, C's replica for them and its spread costs, and the Speculation (or None)."""
+    bench: object
+    prompts: torch.Tensor
+    system: object
+    lengths: np.ndarray
+    arrival: object
+    cache: torch.Tensor
+    pad: bool
+    replica: Replica
+    spread: object
+    spec: object
+
+
+def serve_and_simulate(served, name, prefix, kv):
+    """One of D's runs (engine_runs) on the engine, beside C's simulation of it. -> (its
+    result, the tokens it generated, the engine's log)"""
+    s, n = served, len(served.lengths)
+    policy = "static" if name == "static" else "continuous"
+    spec = s.spec if name == "speculative" else None
+    drafts = EngineDrafts(spec.k, spec.gains_for(s.lengths), spec.seed) if spec else None
+    generated, elog = run_engine(s.bench.model, s.cache, EngineRequests(
+        s.prompts, s.lengths.tolist(), s.arrival, prefix, drafts), policy, s.pad,
+        s.replica.order)
+    at_zero = s.arrival is None
+    req = Requests(np.zeros(n) if at_zero else s.arrival, np.full(n, s.prompts.shape[1]),
+                   s.lengths)
+    if prefix:
+        work = s.bench.run.workload
+        req = dataclasses.replace(req, identity=SharedPrompts(
+            s.system, np.full(work.num_prefixes, work.prefix_len), np.full(n, -1)))
+    d = engine_against_simulation(req, elog, dataclasses.replace(
+        s.replica, scheduler=policy, kv=kv), s.spread, at_zero, spec)
+    return d, generated, elog
+
+
+def engine_runs(run, prompts, system, slots, longest, spec=None):
     """D's runs: [(name, its prefix cache, C's KV budget for it)]: static and continuous, and
     where prompts share system prompts the continuous run again with a prefix cache, a block
-    pool of its rows' memory (`longest` tokens a row), C's PrefixCache on as many blocks."""
+    pool of its rows' memory (`longest` tokens a row), C's PrefixCache on as many blocks; with
+    a Speculation `spec`, the continuous run again speculating."""
     runs = [("static", None, None), ("continuous", None, None)]
     if system is not None:
         block = run.scheduler.block_tokens
         pool = engine_pool_blocks(slots, longest, block)
         runs.append(("prefix", EngineBlocks(prompts, pool, block),
                      KVBudget("prefix", pool * block, block)))
+    if spec is not None:
+        runs.append(("speculative", None, None))
     return runs
+
+
+def speculation_check(result, spec):
+    """D speculating against its plain continuous run: tokens emitted a verify step, and the
+    speedup (the plain run's wall time over the speculating one's), measured and as C's
+    simulation predicted it (each run priced beforehand)."""
+    plain, fast = result["continuous"], result["speculative"]
+    emitted = sum(max(n - 1, 0) for n in result["speculative"]["outputs"])
+    measured = plain["wall_s"] / fast["wall_s"]
+    predicted = plain["predicted"]["wall_s"] / fast["predicted"]["wall_s"]
+    return {"method": spec.method, "k": spec.k, "rates": list(spec.rates),
+            "expected_length": spec.expected_length,
+            "emitted_per_step": emitted / max(fast["verify_steps"], 1),
+            "measured": measured, "predicted": predicted, "off": measured / predicted - 1,
+            "within": abs(measured / predicted - 1) <= 0.15}
 
 
 def log_step_costs(log, name, costs):
@@ -270,16 +331,20 @@ def bounded_lengths(run, lengths, arrival, one_span, spread):
     return shrunk, divisor, (first, seconds)
 
 
-def engine_against_simulation(req, elog, replica, spread, at_zero):
+def engine_against_simulation(req, elog, replica, spread, at_zero, spec=None):
     """One policy's engine run (elog) beside the simulation of the same requests on a replica
     priced with the one-span costs, or with the spread ones where the run's rows sat at
-    several positions, and on one priced with the run's own passes."""
+    several positions, and on one priced with the run's own passes; both speculating by
+    `spec` (a Speculation, its drafts at no cost) where the engine did."""
     several = elog["attention_calls"] > elog["decode_steps"] or elog["padded_decode_steps"]
     if several:
         replica = dataclasses.replace(replica, costs=spread)
+    own = dataclasses.replace(replica, costs=fit_passes(elog["passes"],
+                                                         {"kind": "pricing_passes"}))
+    if spec is not None:
+        replica, own = (speculating(r, spec, None) for r in (replica, own))
     sim = simulate_serving(req, replica)
-    replay = simulate_serving(req, dataclasses.replace(
-        replica, costs=fit_passes(elog["passes"], {"kind": "pricing_passes"})))
+    replay = simulate_serving(req, own)
     passes = np.array(elog["passes"], dtype=np.float64)
     is_prefill = np.zeros(len(passes), bool)
     is_prefill[elog["prefill_passes"]] = True
@@ -289,10 +354,12 @@ def engine_against_simulation(req, elog, replica, spread, at_zero):
     t, running = zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))
     return {
         "wall_s": wall, "output_tokens_per_s": float(req.output.sum()) / wall, "steps": steps,
+        "outputs": req.output.tolist(),
         "occupancy": sum(elog["running"]) / (steps * slots),
         "prefill_s": elog["prefill_s"], "decode_s": elog["decode_s"],
         "other_s": wall - elog["prefill_s"] - elog["decode_s"] - elog["idle_s"],
         "idle_s": elog["idle_s"], "decode_steps": elog["decode_steps"],
+        "verify_steps": elog["verify_steps"],
         "padded_decode_steps": elog["padded_decode_steps"],
         "attention_calls_per_decode": elog["attention_calls"] / max(elog["decode_steps"], 1),
         "predicted": {"wall_s": float(sim["times"].finish.max()), "steps": sim["steps"],
@@ -328,7 +395,7 @@ def engine_verdict(D, tolerance=0.15):
     own passes, and of the one priced beforehand. The speedup against the predicted one; when
     it misses, the cost C priced worst: prefill passes, decode passes, or the host work between
     them (not priced at all)."""
-    policies = ("static", "continuous")
+    policies = [p for p in ("static", "continuous", "speculative") if p in D]
     checks = [D[p]["steps_check"] for p in policies]
     verdict = {"tolerance": tolerance, "steps_exact": None if None in checks else
                all(c["agree"] == c["requests"] for c in checks)}
@@ -343,13 +410,15 @@ def engine_verdict(D, tolerance=0.15):
         c, steps = D["prefix_check"], D["prefix"]["steps_check"]
         verdict["prefix_exact"] = c["hits_agree"] == c["requests"] and \
             (steps is None or steps["agree"] == steps["requests"])
+    if "speculation_check" in D:  # speculating against plain: the speedup within tolerance
+        verdict["speculation_within"] = D["speculation_check"]["within"]
     measured, predicted = D["speedup_measured"], D["speedup_predicted"]
     off = measured / predicted - 1
     verdict.update(measured=measured, predicted=predicted, off=off,
                    within=abs(off) <= tolerance)
     if not verdict["within"]:
         gaps = []
-        for mode in policies:
+        for mode in ("static", "continuous"):
             d, p = D[mode], D[mode]["predicted"]
             gaps += [(d["decode_s"], p["decode_s"], mode, "decode"),
                      (d["prefill_s"], p["prefill_s"], mode, "prefill"),

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from nn40.model import attention_spans, decode_step, prefill
+from nn40.model import attention_spans, decode_step, prefill, ragged_step
 from nn40.queues import Ledger, waiting_queue
 from nn40.workload import Requests
 
@@ -23,11 +23,24 @@ class EngineRequests(NamedTuple):
     tokens each request generates (exactly that many: end-of-sequence is ignored, as serving
     benchmarks do); arrival_s: each one's arrival on the wall clock, seconds after the start
     (None: all at once); prefix: its prefix cache, an EngineBlocks (None: every prompt prefilled
-    whole)."""
+    whole); drafts: its speculative decoding, EngineDrafts (None: a token a decode step)."""
     prompts: torch.Tensor
     output_lens: list
     arrival_s: object = None
     prefix: object = None
+    drafts: object = None
+
+
+class EngineDrafts(NamedTuple):
+    """D's speculative decoding: each decoder verifies its last token and k drafts in one
+    pass, and emits `gains[r][i]` tokens at request r's i-th verify step (the accepted drafts
+    and the target's own token after them), as C draws them for the same request
+    (Speculation.gains_for): vLLM's synthetic acceptance for benchmarks, which accepts by a
+    given law whatever the drafts are. The drafts are random tokens drawn on the host from
+    `seed`, as cheap as an n-gram lookup's."""
+    k: int
+    gains: list
+    seed: int = 0
 
 
 def run_engine(model, cache, requests, policy, pad=False, order=None):
@@ -36,8 +49,8 @@ def run_engine(model, cache, requests, policy, pad=False, order=None):
     first served), each from its arrival on the wall clock. Each step admits waiting requests
     into free rows (continuous: every step; static: only once the batch has emptied), prefills
     them (the prefill emits their first token), then decodes every other running request one
-    token. pad: a decode whose rows sit at several positions attends in one call padded to the
-    longest row (see decode_step).
+    token (or, with drafts, verifies each one's drafts). pad: a decode whose rows sit at several
+    positions attends in one call padded to the longest row (see decode_step).
     -> generated tokens per request, and a log: every pass timed, every step's time and
     occupancy, and log["times"], a RequestTimes: per request the seconds (from the run's start)
     of its admission, first token and last, and the steps of those two tokens.
@@ -157,7 +170,7 @@ class Engine:
     then the tokens recorded and the finished requests' rows refilled."""
 
     def __init__(self, model, cache, requests, policy, pad, order):
-        prompts, output_lens, arrival_s, self.prefix = requests
+        prompts, output_lens, arrival_s, self.prefix, self.drafts = requests
         self.model, self.cache, self.prompts, self.policy, self.pad = model, cache, prompts, \
             policy, pad
         self.device, self.prompt_len = prompts.device, prompts.shape[1]
@@ -168,6 +181,9 @@ class Engine:
                                       np.asarray(output_lens)))
         self.waiting = waiting_queue(self.ledger, range(n), order)
         self.generated = [[] for _ in output_lens]
+        self.verified = [0] * n  # each request's verify steps run (with drafts)
+        if self.drafts:
+            self.draw = torch.Generator(device="cpu").manual_seed(self.drafts.seed)
         self.hit_blocks = {}  # a newcomer -> its blocks found cached (with a prefix cache)
         self.admitted = {}  # a request -> its place in the order of admission
         self.running, self.position = [], []  # the request and next position of each row
@@ -175,6 +191,7 @@ class Engine:
         self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self.elog = {"t_s": [], "running": [], "prefill_s": 0.0, "decode_s": 0.0,
                     "attention_calls": 0, "decode_steps": 0, "padded_decode_steps": 0,
+                    "verify_steps": 0,  # (with drafts: the decoders' verify steps, all passes)
                     "passes": [],  # (tokens, cached tokens, seconds)
                     "prefill_passes": [],  # their indices in passes
                     "hit_tokens": [0] * n, "idle_s": 0.0}
@@ -248,7 +265,9 @@ class Engine:
     def decode_rows(self, old):
         """One decode step for the `old` rows running before this step's newcomers."""
         elog = self.elog
-        if old:
+        if old and self.drafts:
+            self.verify_rows(old)
+        elif old:
             t_pass = time.perf_counter()
             positions = self.position[:old]
             logits = decode_step(self.model, self.cache, self.next_token[:old], positions,
@@ -263,6 +282,34 @@ class Engine:
             self.sync()
             elog["passes"].append((old, sum(positions), time.perf_counter() - t_pass))
             elog["decode_s"] += elog["passes"][-1][2]
+
+    def verify_rows(self, old):
+        """One verify step for the `old` rows running before this step's newcomers: each
+        row's last token and k drafts in one pass at its own positions; the row emits its
+        drawn gain g: its first g - 1 drafts (accepted), then the target's token after them
+        (the last its next token). The rejected drafts' K/V is left where the next step
+        writes over it (vLLM's rollback)."""
+        elog, k = self.elog, self.drafts.k
+        t_pass = time.perf_counter()
+        positions = self.position[:old]
+        drafts = torch.randint(self.model.cfg.vocab, (old, k), generator=self.draw)
+        tokens = torch.cat((self.next_token[:old, None], drafts.to(self.device)), dim=1)
+        logits = ragged_step(self.model, self.cache, tokens, positions, pad=self.pad)
+        spans = len(attention_spans(range(old), positions, k + 1))
+        targets = logits.argmax(-1).tolist()
+        elog["attention_calls"] += 1 if self.pad and spans > 1 else spans
+        elog["padded_decode_steps"] += self.pad and spans > 1
+        elog["decode_steps"] += 1
+        elog["verify_steps"] += old
+        for row, r in enumerate(self.running[:old]):
+            gain = self.drafts.gains[r][self.verified[r]]
+            self.verified[r] += 1
+            self.generated[r] += drafts[row, :gain - 1].tolist()
+            self.next_token[row] = targets[row][gain - 1]
+            self.position[row] += gain
+        self.sync()
+        elog["passes"].append((old * (k + 1), sum(positions), time.perf_counter() - t_pass))
+        elog["decode_s"] += elog["passes"][-1][2]
 
     def prefill_rows(self, group, hit):
         """Prefill requests `group` into the next free rows, each with its first `hit` blocks

@@ -182,12 +182,14 @@ class Block(nn.Module):
             if G > 1:
                 k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-        else:  # decode (T = 1): each span of rows reads a view of its own cached keys, no mask;
-            # the G query heads of a K/V head attend as G rows of one (B, KVH, G, D) query
-            q = q.reshape(B, KVH, G, D)
+        else:  # decode (T tokens a row, each row at its own positions: one, or a verify
+            # pass's last token and drafts): each span of rows reads a view of its own cached
+            # keys; the G query heads of a K/V head attend as G x T rows of one query
+            q = q.reshape(B, KVH, G * T, D)
+            masks = mask or [None] * len(spans)
             parts = [F.scaled_dot_product_attention(
                 q[i:j], cache[0, row:row + j - i, :, :n], cache[1, row:row + j - i, :, :n],
-                attn_mask=None if mask is None else mask[i:j]) for i, j, row, n in spans]
+                attn_mask=m) for (i, j, row, n), m in zip(spans, masks)]
             y = (parts[0] if len(parts) == 1 else torch.cat(parts)).reshape(B, H, T, D)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, self.q_dim))
         if self.moe is not None:
@@ -200,9 +202,10 @@ class Block(nn.Module):
 
 class StepLayout(NamedTuple):
     """Where a step's tokens sit, the same for every block: index (B,) the cache row of each
-    batch row; positions (B, T); spans: see attention_spans (None for a prefill); mask: None,
-    or (B, 1, 1, keys) when one span pads its rows to the longest, or (B, 1, T, keys) for a
-    prefill after a cached prefix (spans None); rope: None or (cos, sin)."""
+    batch row; positions (B, T); spans: see attention_spans (None for a prefill); mask: with
+    spans, None or a mask for each span (G x T query rows a K/V head, keys: see ragged_step);
+    without, None or (B, 1, T, keys) for a prefill after a cached prefix; rope: None or
+    (cos, sin)."""
     index: torch.Tensor
     positions: torch.Tensor
     spans: list
@@ -229,10 +232,11 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
 
     def forward(self, tokens, positions, cache, rows=None, spans=None, mask=None):
-        """tokens, positions (B, T) -> logits of each row's last token (B, vocab).
+        """tokens, positions (B, T) -> a prefill's logits of each row's last token (B, vocab);
+        a step over spans (a decode, a verify pass) its logits of every token (B, T, vocab).
 
         rows: the cache row of each batch row (default: rows 0..B-1); spans: None for a prefill
-        into empty rows, else the decode's attention spans (see attention_spans) and their mask.
+        into empty rows, else the step's attention spans (see attention_spans) and their masks.
         """
         index = torch.arange(len(tokens), device=tokens.device) if rows is None else rows
         x, rope = self.tok_embed(tokens), None
@@ -244,7 +248,7 @@ class Transformer(nn.Module):
         at = StepLayout(index, positions, spans, mask, rope)
         for layer, block in enumerate(self.blocks):
             x = block(x, cache[layer], at)
-        return self.lm_head(self.ln_f(x[:, -1]))
+        return self.lm_head(self.ln_f(x if spans else x[:, -1]))
 
 
 def rope_frequencies(cfg):
@@ -337,18 +341,19 @@ def prefill(model, cache, tokens, rows=None, start=0):
     return model(tokens, positions, cache, rows, None, mask)
 
 
-def attention_spans(rows, positions):
+def attention_spans(rows, positions, width=1):
     """Group a decode's batch rows for attention: [(i, j, first cache row, keys), ...].
 
     A span is a run of batch rows i..j-1 whose cache rows are consecutive and whose positions
     are equal, so it attends to a view of the cache (rows row..row+j-i-1, the first `keys`
-    positions) with no mask and no padding: each row reads exactly its own context. One span
-    when every row is at the same position (A and B, a static batch).
+    positions: up to a row's last new token, `width` a row) with no padding: each row reads
+    exactly its own context. One span when every row is at the same position (A and B, a
+    static batch).
     """
     spans, i = [], 0
     for j in range(1, len(rows) + 1):
         if j == len(rows) or rows[j] != rows[j - 1] + 1 or positions[j] != positions[i]:
-            spans.append((i, j, rows[i], positions[i] + 1))
+            spans.append((i, j, rows[i], positions[i] + width))
             i = j
     return spans
 
@@ -366,17 +371,32 @@ def decode_step(model, cache, tokens, positions, rows=None, pad=False):
     B, device = len(tokens), tokens.device
     if isinstance(positions, int) and rows is None:  # the timed path of A and B: one span
         return model(tokens[:, None], torch.full((B, 1), positions, device=device), cache,
-                     None, [(0, B, 0, positions + 1)])
+                     None, [(0, B, 0, positions + 1)])[:, 0]
+    positions = [positions] * B if isinstance(positions, int) else positions
+    return ragged_step(model, cache, tokens[:, None], positions, rows, pad)[:, 0]
+
+
+def ragged_step(model, cache, tokens, positions, rows=None, pad=False):
+    """T tokens a row (B, T), row b's at positions p_b..p_b+T-1 (positions: each row's p_b),
+    each attending to its row's cached keys and to its own tokens before it: a decode step
+    (T = 1), or speculative decoding's verify pass (a row's last token and its T - 1 drafts).
+    rows, pad: as decode_step's. -> logits of each token (B, T, vocab)."""
+    (B, T), device = tokens.shape, tokens.device
     row_list = list(range(B)) if rows is None else [int(r) for r in rows]
-    positions = [positions] * B if isinstance(positions, int) else [int(p) for p in positions]
-    position_tensor = torch.tensor(positions, device=device)[:, None]
+    first = [int(p) for p in positions]
+    position_tensor = torch.tensor(first, device=device)[:, None] + torch.arange(T, device=device)
     index = None if rows is None else torch.as_tensor(row_list, device=device)
-    spans, mask = attention_spans(row_list, positions), None
+    G = model.cfg.heads // model.cfg.n_kv_heads  # (a K/V head's query rows: G x T, g major)
+    spans, masks = attention_spans(row_list, first, T), None
     if pad and len(spans) > 1 and row_list == list(range(row_list[0], row_list[0] + B)):
-        keys = max(positions) + 1
+        keys = max(first) + T  # (each row's keys up to each of its tokens, the rest padding)
         spans = [(0, B, row_list[0], keys)]
-        mask = (torch.arange(keys, device=device) <= position_tensor)[:, None, None, :]
-    return model(tokens[:, None], position_tensor, cache, index, spans, mask)
+        visible = torch.arange(keys, device=device) <= position_tensor[:, :, None]
+        masks = [visible[:, None].repeat(1, 1, G, 1)]  # (B, 1, G x T, keys)
+    elif T > 1:  # (each span's new tokens see the keys up to their own)
+        masks = [(torch.arange(n, device=device) <= torch.arange(n - T, n, device=device)[
+            :, None]).repeat(G, 1) for _, _, _, n in spans]  # (G x T, keys)
+    return model(tokens, position_tensor, cache, index, spans, masks)
 
 
 def random_tokens(cfg, shape, device, n=8, seed=0):

@@ -160,22 +160,37 @@ def step_gains(u, rates):
     return gains
 
 
-def verify_steps(tokens, rates, rng, columns=32):
+def verify_steps(tokens, rates, rng, columns=32, gains=None):
     """How many verify steps each request takes to emit `tokens` (an int array; 0: none), each
     step's gain drawn from the law; a step emits what is left at most. Drawn `columns` steps a
-    request at a time for the requests still short (a million requests: a second or two)."""
+    request at a time for the requests still short (a million requests: a second or two).
+    gains: a list of a list per request, given each of its steps' gains as drawn (D's engine
+    emits them)."""
     tokens = np.asarray(tokens, dtype=np.int64)
     steps = np.zeros(len(tokens), dtype=np.int64)
     left, short = tokens.copy(), np.flatnonzero(tokens > 0)
     while short.size:
-        gains = step_gains(rng.random((short.size, columns)), rates).cumsum(axis=1)
-        reached = gains >= left[short, None]
+        drawn = step_gains(rng.random((short.size, columns)), rates)
+        emitted = drawn.cumsum(axis=1)
+        reached = emitted >= left[short, None]
         done = reached.any(axis=1)
+        if gains is not None:
+            keep_gains(gains, short, drawn, np.where(done, reached.argmax(axis=1) + 1, columns),
+                       left)
         steps[short[done]] += reached[done].argmax(axis=1) + 1
         steps[short[~done]] += columns
-        left[short[~done]] -= gains[~done, -1]
+        left[short[~done]] -= emitted[~done, -1]
         short = short[~done]
     return steps
+
+
+def keep_gains(gains, short, drawn, taken, left):
+    """(verify_steps) Requests `short` take the first `taken` steps of their rows of `drawn`
+    gains, the last of a request's steps cut to what it has left."""
+    for r, row, n in zip(short.tolist(), drawn, taken.tolist()):
+        steps = row[:n].tolist()
+        steps[-1] -= max(sum(steps) - int(left[r]), 0)
+        gains[r] += steps
 
 
 @dataclass(frozen=True)
@@ -215,6 +230,15 @@ class Speculation:
                                  np.random.default_rng(self.seed))
             memo = _DRAWN[self] = (output, steps.tolist())
         return memo[1]
+
+
+    def gains_for(self, output):
+        """Each request's verify steps' gains, the tokens each emits, as steps_for draws them
+        (D's engine emits them)."""
+        gains = [[] for _ in range(len(output))]
+        verify_steps(np.maximum(np.asarray(output) - 1, 0), self.rates,
+                     np.random.default_rng(self.seed), gains=gains)
+        return gains
 
 
 _DRAWN = {}  # Speculation -> (the outputs it drew for, their steps): see steps_for

@@ -292,13 +292,17 @@ ENGINE_COLUMNS = [("policy", "label", "text"), ("wall_s", "wall_s", ",.2f"),
                   ("decode_s", "decode", "text"), ("between_s", "other_s", ",.2f")]
 
 
+ENGINE_LABELS = {"static": "static", "continuous": "continuous", "speculative": "D_spec_label"}
+
+
 def engine_table(T, D):
     """D: the engine's measured wall time and its parts beside what C's simulation priced."""
     rows = [{"label": T[label], **d, **{part: f"{d[part + '_s']:,.2f} / "
                                             f"{d['predicted'][part + '_s']:,.2f}"
                                         for part in ("prefill", "decode")}}
             for run, label in (("static", "static"), ("continuous", "continuous"),
-                               ("prefix", "D_prefix_label")) if run in D
+                               ("prefix", "D_prefix_label"), ("speculative", "D_spec_label"))
+            if run in D
             for d in (D[run],)]
     shrink = D.get("shrink", 1)
     source = T["D_source_shrunk"].format(shrink=shrink) if shrink > 1 else T["D_source"]
@@ -318,7 +322,7 @@ def engine_table(T, D):
            if D["continuous"]["padded_decode_steps"] else T["attention_spans"]),
         *kernels_text(T, D),
         "", request_table(T, D), verdict_text(T, D["verdict"])] + prefix_check_text(T, D)
-        + engine_machine_text(T, D))
+        + speculation_check_text(T, D) + engine_machine_text(T, D))
 
 
 def prefix_check_text(T, D):
@@ -333,6 +337,17 @@ def prefix_check_text(T, D):
     if c["off"] is None:
         return [text]
     return [text + T["D_prefix_within" if c["within"] else "D_prefix_outside"].format(**c)]
+
+
+def speculation_check_text(T, D):
+    """D speculating against the plain continuous run and against C's simulation of it."""
+    if "speculation_check" not in D:
+        return []
+    c, steps = D["speculation_check"], D["speculative"]["steps_check"]
+    return [T["D_spec"].format(**{**c, "rates": ", ".join(f"{a:.2f}" for a in c["rates"])},
+                               steps=T["D_steps_count"].format(**steps) if steps
+                               else T["not_checked"])
+            + T["D_prefix_within" if c["within"] else "D_prefix_outside"].format(**c)]
 
 
 def engine_machine_text(T, D):
@@ -354,11 +369,12 @@ REQUEST_COLUMNS = [("policy", "label", "text"), ("latency", "latency", "text"),
 def request_table(T, D):
     """D request by request: steps, then latencies measured against the two predictions."""
     rows, lines = [], [T["D_requests"]]
-    for policy in ("static", "continuous"):
+    policies = [p for p in ("static", "continuous", "speculative") if p in D]
+    for policy in policies:
         lat = D[policy]["latency"]
         for metric in LATENCIES:
             m, unit = lat["measured"][metric], "s" if metric == "makespan_s" else "ms"
-            rows.append({"label": T[policy], "latency": f"{T['lat_' + metric]} {T['unit_' + unit]}",
+            rows.append({"label": T[ENGINE_LABELS[policy]], "latency": f"{T['lat_' + metric]} {T['unit_' + unit]}",
                          "measured": render(m, unit), **{
                 pricing: {"s": render(lat[pricing][metric], unit),
                           "off": m / max(lat[pricing][metric], 1e-12) - 1}
@@ -371,14 +387,20 @@ def request_table(T, D):
         text = T["D_steps"].format(**{p: T["D_steps_count"].format(**c)
                                       for p, c in checks.items()})
         wrong = [(p, c["first_mismatch"]) for p, c in checks.items() if "first_mismatch" in c]
+        if "speculative" in D and D["speculative"]["steps_check"]:
+            text += T["D_steps_spec"].format(
+                speculative=T["D_steps_count"].format(**D["speculative"]["steps_check"]))
+            if "first_mismatch" in D["speculative"]["steps_check"]:
+                wrong.append(("speculative", D["speculative"]["steps_check"]["first_mismatch"]))
         if wrong:
             policy, first = wrong[0]
-            text += T["D_steps_mismatch"].format(policy=T[policy], **first)
+            text += T["D_steps_mismatch"].format(policy=T[ENGINE_LABELS[policy]], **first)
         lines.append(text)
-    for policy in ("static", "continuous"):
+    for policy in policies:
         p = D[policy]["passes_priced"]
         lines.append(T["D_passes"].format(
-            policy=T[policy], n_decode=p["decode"]["passes"], n_prefill=p["prefill"]["passes"],
+            policy=T[ENGINE_LABELS[policy]], n_decode=p["decode"]["passes"],
+            n_prefill=p["prefill"]["passes"],
             **{kind: p[kind]["priced_s"] / max(p[kind]["measured_s"], 1e-12) - 1
                for kind in ("decode", "prefill")}))
     return "\n".join(lines)
@@ -391,9 +413,12 @@ def verdict_text(T, v):
     text = T["verdict_steps"].format(answer=T[answer])
     if "prefix_exact" in v:
         text += T["verdict_prefix"].format(answer=T["yes" if v["prefix_exact"] else "no"])
+    if "speculation_within" in v:
+        text += T["verdict_spec"].format(answer=T["yes" if v["speculation_within"] else "no"])
     text += T["verdict_seconds"].format(
         tolerance=v["tolerance"], checked=v["passes"]["checked"], passes=v["passes"]["within"],
-        priced=v["priced"]["within"], mode=T[worst["mode"]], metric=T["lat_" + worst["metric"]],
+        priced=v["priced"]["within"], mode=T[ENGINE_LABELS[worst["mode"]]],
+        metric=T["lat_" + worst["metric"]],
         off=worst["off"])
     speedup = T["verdict"].format(speedup=T["speedup"], **v)
     if v["within"]:

@@ -381,6 +381,12 @@ TEXT_EN = {**SHARED_TEXT,
                 "{hits_agree} of {requests}); greedy tokens identical to "
                 "the run without: {identical}; steps as C's: {steps}; time saved {saved_s:,.2f} s "
                 "measured, {saved_predicted_s:,.2f} s predicted",
+    "D_spec_label": "continuous + speculating",
+    "D_spec": "speculative decoding: the continuous run again, each decoder verifying its last "
+              "token and {k} random drafts in one pass, accepting as C draws for the same "
+              "request (vLLM's synthetic acceptance: rates {rates}, E = {expected_length:.2f} "
+              "tokens a step; {emitted_per_step:.2f} emitted); steps as C's: {steps}; speedup "
+              "over the continuous run {measured:.2f}x measured, {predicted:.2f}x predicted",
     "D_prefix_within": " ({off:+.0%}): within 15%",
     "D_prefix_outside": " ({off:+.0%}): outside 15%",
     "D_cpu": "   on CPU, D serves the post's law shrunk: a CPU's decode step stays flat in the "
@@ -398,6 +404,7 @@ TEXT_EN = {**SHARED_TEXT,
     "D_steps": "steps: {static} requests (static) and {continuous} (continuous) emit their "
                "first token and their last at the same step in the engine and in C's "
                "simulation",
+    "D_steps_spec": "; speculating: {speculative}",
     "D_steps_count": "{agree} of {requests}",
     "D_steps_mismatch": "; the first that differs: request {request} ({policy}), first token "
                         "and finish at steps {engine} in the engine, {simulated} simulated",
@@ -408,6 +415,7 @@ TEXT_EN = {**SHARED_TEXT,
     "verdict_steps": "verdict: steps exact for every request: {answer}",
     "verdict_prefix": "; the prefix cache's hits (and steps, all waiting at t=0) as C's for every "
                       "request: {answer}",
+    "verdict_spec": "; speculation's speedup within 15% of C's: {answer}",
     "yes": "yes", "no": "no", "not_checked": "not checked (arrivals)",
     "verdict_seconds": "; seconds within {tolerance:.0%}: {passes} of {checked} priced with "
                        "the run's own passes, {priced} of {checked} priced beforehand (worst "

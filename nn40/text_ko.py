@@ -322,6 +322,12 @@ TEXT_KO = {**SHARED_TEXT,
                 "{requests}개 중 {hits_agree}개); 캐시 없이 돌린 실행과 그리디 토큰이 "
                 "같은가: {identical}; C와 같은 스텝: {steps}; 아낀 시간 측정 {saved_s:,.2f}초, 예측 "
                 "{saved_predicted_s:,.2f}초",
+    "D_spec_label": "연속 + 추측 디코딩",
+    "D_spec": "추측 디코딩: 연속 배칭을 다시 돌리되 디코더마다 마지막 토큰과 무작위 초안 {k}개를 "
+              "한 패스로 검증하고, 같은 요청에 C가 뽑은 만큼 받아들인다 (vLLM의 합성 수락: "
+              "비율 {rates}, 스텝당 E = {expected_length:.2f}토큰; 실제로 {emitted_per_step:.2f}"
+              "토큰); C와 같은 스텝: {steps}; 연속 배칭 대비 속도 향상 측정 {measured:.2f}배, "
+              "예측 {predicted:.2f}배",
     "D_prefix_within": " ({off:+.0%}): 15% 이내",
     "D_prefix_outside": " ({off:+.0%}): 15% 밖",
     "D_cpu": "   CPU에서 D는 글의 분포를 줄여서 쓴다: CPU의 디코드 스텝은 배치가 8행쯤까지만 "
@@ -337,6 +343,7 @@ TEXT_KO = {**SHARED_TEXT,
     "lat_e2e_p50_s": "E2E p50", "lat_e2e_p90_s": "E2E p90",
     "D_steps": "스텝: 첫 토큰과 마지막 토큰을 엔진과 C의 모의실험에서 같은 스텝에 내는 요청 "
                "{static} (정적), {continuous} (연속)",
+    "D_steps_spec": "; 추측 디코딩: {speculative}",
     "D_steps_count": "{requests}개 중 {agree}개",
     "D_steps_mismatch": "; 처음 다른 요청: {request} ({policy}), 첫 토큰과 끝 스텝이 엔진에서 "
                         "{engine}, 모의실험에서 {simulated}",
@@ -346,6 +353,7 @@ TEXT_KO = {**SHARED_TEXT,
     "verdict_steps": "판정: 모든 요청의 스텝이 정확히 같은가: {answer}",
     "verdict_prefix": "; 모든 요청의 접두사 캐시 적중(모두 t=0에 기다리면 스텝도)이 C와 같은가: "
                       "{answer}",
+    "verdict_spec": "; 추측 디코딩의 속도 향상이 C의 15% 안인가: {answer}",
     "yes": "예", "no": "아니오", "not_checked": "확인 안 함 (도착 시각)",
     "verdict_seconds": "; {tolerance:.0%} 안의 초: 자신의 패스로 매긴 {checked}개 중 "
                        "{passes}개, 미리 잰 비용으로 매긴 {checked}개 중 {priced}개 (가장 큰 "

@@ -11,6 +11,7 @@ import dataclasses
 import nn40.engine_check
 import nn40.experiment_d
 import nn40.model
+import nn40.speculative
 from nn40.cli import parse_args
 from nn40.config import ModelConfig
 from nn40.engine_check import (
@@ -553,3 +554,88 @@ def test_d_prefix_must_be_whole_blocks(tiny_args, capsys):
     for prefix_len in ("24", "8"):  # not whole blocks of 16
         expect_usage_error(tiny_args + ["--experiments", "D", "--prefix-len", prefix_len],
                            capsys, "--prefix-len", "whole blocks")
+
+
+# Speculative decoding in D: the verify pass on the model, C's draws for the gains
+
+@torch.inference_mode()
+def test_a_speculating_engine_emits_the_targets_own_tokens_after_its_accepted_drafts():
+    """Each verify step emits its accepted drafts, then the target's own token after them:
+    a full forward of the request's text up to each of those tokens picks it greedily. With
+    every gain 1 (nothing accepted) the engine generates what plain decoding does."""
+    model = build_model(TINY, "cpu", seed=3)
+    lengths = [7, 1, 12, 3, 9, 2, 15, 5]
+    prompts = torch.randint(TINY.vocab, (len(lengths), 6), generator=torch.Generator()
+                            .manual_seed(2))
+    k, rng = 3, np.random.default_rng(4)
+    gains = []
+    for n in lengths:  # each request's gains, 1..k+1 a step, adding up to its decode
+        g, left = [], n - 1
+        while left:
+            g.append(min(int(rng.integers(1, k + 2)), left))
+            left -= g[-1]
+        gains.append(g)
+    cache = new_kv_cache(TINY, 4, 6 + max(lengths) + k, "cpu")
+    generated, elog = run_engine(model, cache, EngineRequests(
+        prompts, lengths, drafts=nn40.experiment_d.EngineDrafts(k, gains, seed=1)), "continuous")
+    assert [len(t) for t in generated] == lengths
+    assert elog["verify_steps"] == sum(len(g) for g in gains)
+    for r, (tokens, g) in enumerate(zip(generated, gains)):
+        text = torch.cat((prompts[r], torch.tensor(tokens)))[None]
+        logits = nn40.model.ragged_step(model, new_kv_cache(TINY, 1, text.shape[1], "cpu"),
+                                        text, [0])[0]  # (every token's, from an empty row)
+        targets = [0] + np.cumsum(g).tolist()  # the prefill's token, then each step's last
+        for t in targets:
+            assert int(logits[6 + t - 1].argmax()) == tokens[t]
+    plain, _ = run_engine(model, cache, EngineRequests(prompts, lengths), "continuous")
+    ones = [[1] * (n - 1) for n in lengths]
+    same, _ = run_engine(model, cache, EngineRequests(
+        prompts, lengths, drafts=nn40.experiment_d.EngineDrafts(k, ones)), "continuous")
+    assert same == plain
+
+
+def spec_args(tiny_args, *more):
+    return tiny_args + ["--experiments", "D", "--engine-requests", "12", "--max-positions",
+                        "4096", "--no-figures", "--speculative-config",
+                        '{"method": "ngram", "num_speculative_tokens": 3}',
+                        "--acceptance-rate", "0.7", *more]
+
+
+def test_d_speculates_as_c_draws_end_to_end(tiny_args, capsys):
+    results, out = run_main(spec_args(tiny_args), capsys)
+    D = results["D"]
+    fast, check = D["speculative"], D["speculation_check"]
+    assert fast["steps_check"] == {"requests": 12, "agree": 12}
+    assert fast["steps"] == fast["predicted"]["steps"] < D["continuous"]["steps"]
+    assert D["verdict"]["steps_exact"] is True and "speculation_within" in D["verdict"]
+    assert check["k"] == 3 and check["rates"] == pytest.approx([0.7, 0.49, 0.343])
+    assert 1 < check["emitted_per_step"] <= 4 and check["measured"] > 0
+    assert said("continuous + speculating", out.out) and said("speculating: 12 of 12", out.out)
+    assert said("speculation's speedup within 15% of C's:", out.out)
+
+
+def test_ds_verdict_fails_where_c_draws_other_gains(tiny_args, capsys, monkeypatch):
+    """A wrong rule seeded into C: each request's verify steps drawn from another seed than
+    the one the engine emits by. The steps no longer agree request by request, and the
+    verdict says so."""
+    drawn = nn40.speculative.Speculation.steps_for
+    monkeypatch.setattr(nn40.speculative.Speculation, "steps_for", lambda self, output: drawn(
+        dataclasses.replace(self, seed=self.seed + 1), output))
+    results, out = run_main(spec_args(tiny_args), capsys)
+    D = results["D"]
+    assert D["speculative"]["steps_check"]["agree"] < 12
+    assert D["verdict"]["steps_exact"] is False
+    assert said("verdict: steps exact for every request: no", out.out)
+
+
+@pytest.mark.parametrize("more, says", [
+    (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}'],
+     "has no eagle3 draft: give method ngram with D"),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
+      "--acceptance-rate", "0.7", "--experiments", "AB"], "give --experiments C, D or CD"),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
+      "--acceptance-rate", "0.7", "--experiments", "CD"], "give --gpu"),
+])
+def test_a_speculation_d_cannot_run_is_one_line(tiny_args, capsys, more, says):
+    args = tiny_args + ["--experiments", "D"] + more
+    expect_usage_error(args, capsys, says)

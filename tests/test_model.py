@@ -13,7 +13,8 @@ from nn40.config import MODELS, ModelConfig
 from nn40.device import fits
 from nn40.experiment_ab import Bench, decode_row
 from nn40.model import (
-    MoE, PostProxy, build_model, decode_step, grouped_mm_works, new_kv_cache, prefill)
+    MoE, PostProxy, build_model, decode_step, grouped_mm_works, new_kv_cache, prefill,
+    ragged_step)
 from test_cli import said
 
 TINY = ModelConfig(layers=2, hidden=64, heads=4, vocab=97, max_positions=64, dtype="float32")
@@ -222,6 +223,33 @@ def test_padded_decode_equals_one_call_per_span(shape):
     spans = decode_step(model, cache.clone(), tokens, positions)
     padded = decode_step(model, cache.clone(), tokens, positions, pad=True)
     torch.testing.assert_close(padded, spans, rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("pad", [False, True])
+@pytest.mark.parametrize("shape", ["post", "gqa-2", "mqa", "moe"])
+def test_a_verify_pass_equals_a_full_forward_at_each_of_its_tokens(shape, pad):
+    """Speculative decoding's verify pass: each row's last token and its drafts (T = 4 a row),
+    rows at their own positions, two of them in one span: the logits at each of a row's tokens
+    are those of a plain forward of its sequence up to that token, and the row's cache past
+    its context is written with the drafts' K/V (rolled back by writing over it)."""
+    cfg = SHAPES[shape]
+    model = build_model(cfg, "cpu", seed=5)
+    g = torch.Generator().manual_seed(1)
+    contexts, T = [5, 5, 9, 2], 4  # rows 0 and 1 share a position: one span
+    seqs = [torch.randint(cfg.vocab, (n + T,), generator=g) for n in contexts]
+    cache = new_kv_cache(cfg, 4, 16, "cpu", seed=2)
+    for row, (seq, n) in enumerate(zip(seqs, contexts)):
+        prefill(model, cache, seq[None, :n], rows=torch.tensor([row]))
+    tokens = torch.stack([seq[n:n + T] for seq, n in zip(seqs, contexts)])
+    logits = ragged_step(model, cache, tokens, contexts, pad=pad)
+    assert logits.shape == (4, T, cfg.vocab)
+    for b, (seq, n) in enumerate(zip(seqs, contexts)):
+        for t in range(T):
+            torch.testing.assert_close(logits[b, t], full_forward_logits(model, seq[:n + t + 1]),
+                                       rtol=1e-4, atol=1e-4)
+    one = ragged_step(model, cache.clone(), tokens[:, :1], contexts, pad=pad)
+    torch.testing.assert_close(one[:, 0], logits[:, 0], rtol=1e-5, atol=1e-5)
 
 
 POST = ModelConfig(layers=3, hidden=64, heads=4, vocab=97, dtype="float32", arch="post")
