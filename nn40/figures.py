@@ -45,19 +45,22 @@ def save_figure(fig, results, path):
 
 
 def plot_slot_panels(results, path, slots, panels, xlabel, title):
-    """Occupied slots over time, static (red) over continuous (blue), the post's figure.
+    """Occupied slots over time, static (red) over continuous (blue), the post's figure (and
+    below them, where given, continuous speculating: purple).
 
-    panels: [(x, occupied, step, panel title)] for static, then continuous; step is
-    matplotlib's: "post" when each value holds from its x on, "pre" when it holds up to it.
+    panels: [(x, occupied, step, panel title)] for static, then continuous (then
+    speculating); step is matplotlib's: "post" when each value holds from its x on, "pre"
+    when it holds up to it.
     """
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 1, figsize=(8, 4.6), sharex=True, sharey=True)
-    for ax, (x, occupied, step, panel_title), color in zip(axes, panels, (RED, BLUE)):
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.3 * len(panels)), sharex=True,
+                             sharey=True)
+    for ax, (x, occupied, step, panel_title), color in zip(axes, panels, (RED, BLUE, DECODE)):
         ax.fill_between(x, occupied, step=step, color=color, alpha=0.8, linewidth=0)
         ax.set_ylim(0, slots * 1.05)
         ax.set_ylabel("occupied slots")
         ax.set_title(panel_title, fontsize=9, loc="left")
-    axes[1].set_xlabel(xlabel)
+    axes[-1].set_xlabel(xlabel)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     save_figure(fig, results, path)
@@ -450,18 +453,24 @@ def plot_engine(results, path):
     """D's measured occupancy over wall time, in the form of occupancy.png."""
     D = results["D"]
     panels = []
-    for policy in ("static", "continuous"):
+    for policy in ("static", "continuous", "speculative"):
+        if policy not in D:
+            continue
         d = D[policy]
         t, running = d["timeline"]["t_s"], d["timeline"]["running"]
         # each step's slots fill the interval that ends with it, the first from t = 0
+        name = "continuous, speculating" if policy == "speculative" else policy
         panels.append(([0.0, *t], [running[0], *running], "pre",
-                       f"{policy}: {d['wall_s']:,.1f} s measured ({d['predicted']['wall_s']:,.1f} "
+                       f"{name}: {d['wall_s']:,.1f} s measured ({d['predicted']['wall_s']:,.1f} "
                        f"s predicted), {d['steps']:,} steps, {100 * d['occupancy']:.1f}% "
                        "occupancy"))
+    spec = D.get("speculation_check")
     plot_slot_panels(results, path, D["slots"], panels, "wall time (s)",
                      f"D: a real engine, {D['requests']} requests, {D['slots']} slots: continuous "
                      f"is {D['speedup_measured']:.2f}x faster (C predicts "
-                     f"{D['speedup_predicted']:.2f}x)")
+                     f"{D['speedup_predicted']:.2f}x)" + (
+                         f";\nspeculating ({spec['k']} drafts) {spec['measured']:.2f}x faster "
+                         f"again (C predicts {spec['predicted']:.2f}x)" if spec else ""))
 
 
 def plot_prefix_cache(results, path):

@@ -596,13 +596,15 @@ def test_a_speculating_engine_emits_the_targets_own_tokens_after_its_accepted_dr
 
 def spec_args(tiny_args, *more):
     return tiny_args + ["--experiments", "D", "--engine-requests", "12", "--max-positions",
-                        "4096", "--no-figures", "--speculative-config",
+                        "4096", "--speculative-config",
                         '{"method": "ngram", "num_speculative_tokens": 3}',
                         "--acceptance-rate", "0.7", *more]
 
 
-def test_d_speculates_as_c_draws_end_to_end(tiny_args, capsys):
+def test_d_speculates_as_c_draws_end_to_end(tiny_args, tmp_path, capsys):
+    import matplotlib.image
     results, out = run_main(spec_args(tiny_args), capsys)
+    assert matplotlib.image.imread(tmp_path / "engine.png").shape[0] == 690  # (three panels)
     D = results["D"]
     fast, check = D["speculative"], D["speculation_check"]
     assert fast["steps_check"] == {"requests": 12, "agree": 12}
@@ -621,7 +623,7 @@ def test_ds_verdict_fails_where_c_draws_other_gains(tiny_args, capsys, monkeypat
     drawn = nn40.speculative.Speculation.steps_for
     monkeypatch.setattr(nn40.speculative.Speculation, "steps_for", lambda self, output: drawn(
         dataclasses.replace(self, seed=self.seed + 1), output))
-    results, out = run_main(spec_args(tiny_args), capsys)
+    results, out = run_main(spec_args(tiny_args, "--no-figures"), capsys)
     D = results["D"]
     assert D["speculative"]["steps_check"]["agree"] < 12
     assert D["verdict"]["steps_exact"] is False
