@@ -52,6 +52,12 @@ def check_engine(run, lengths):
     if run.workload.prefix_len % run.scheduler.block_tokens:
         raise UsageError(f"D: --prefix-len {run.workload.prefix_len} must be whole blocks of "
                          f"--block-tokens {run.scheduler.block_tokens}, as the engine keeps them")
+    block, pool = run.scheduler.block_tokens, run.scheduler.kv_tokens
+    alone = -(-(run.engine.engine_prompt_len + int(lengths.max())) // block)
+    if run.workload.prefix_len and pool is not None and pool // block < alone:
+        raise UsageError(f"D: --kv-tokens {pool:,} holds {pool // block} blocks of {block}, and "
+                         f"D's longest request alone needs {alone}: give at least "
+                         f"{alone * block:,}")
     drafts = run.scheduler.num_speculative_tokens if run.scheduler.speculative_method else 0
     longest = run.engine.engine_prompt_len + int(lengths.max()) + drafts
     if longest > run.hardware.model.max_positions:
@@ -219,12 +225,14 @@ def serve_and_simulate(served, name, prefix, kv):
 def engine_runs(run, prompts, system, slots, longest, spec=None):
     """D's runs: [(name, its prefix cache, C's KV budget for it)]: static and continuous, and
     where prompts share system prompts the continuous run again with a prefix cache, a block
-    pool of its rows' memory (`longest` tokens a row), C's PrefixCache on as many blocks; with
-    a Speculation `spec`, the continuous run again speculating."""
+    pool of --kv-tokens (it preempts where its rows outgrow it) or else of its rows' memory
+    (`longest` tokens a row), C's PrefixCache on as many blocks; with a Speculation `spec`,
+    the continuous run again speculating."""
     runs = [("static", None, None), ("continuous", None, None)]
     if system is not None:
         block = run.scheduler.block_tokens
-        pool = engine_pool_blocks(slots, longest, block)
+        pool = run.scheduler.kv_tokens // block if run.scheduler.kv_tokens else \
+            engine_pool_blocks(slots, longest, block)
         runs.append(("prefix", EngineBlocks(prompts, pool, block),
                      KVBudget("prefix", pool * block, block)))
     if spec is not None:
@@ -283,7 +291,8 @@ def engine_system_prompts(run, arrival, lengths):
 
 def prefix_check(result, elog, generated, plain, run):
     """D with its prefix cache against the plain continuous run of the same prompts: tokens
-    identical, prompt tokens found cached (engine and C), and the seconds caching saved,
+    identical, prompt tokens found cached (engine and C), preemptions and the tokens the
+    preempted found again on their return (engine and C), and the seconds caching saved,
     measured and as C's simulation predicted them (each run priced beforehand)."""
     cached, plain_run = result["prefix"], result["continuous"]
     saved = plain_run["wall_s"] - cached["wall_s"]
@@ -293,6 +302,9 @@ def prefix_check(result, elog, generated, plain, run):
             "hit_tokens": int(sum(elog["hit_tokens"])),
             "hit_tokens_simulated": cached.get("hit_tokens_simulated"),
             "requests": result["requests"], "hits_agree": cached.get("hits_agree"),
+            **{key: cached.get(key) for key in (
+                "preemptions", "preemptions_simulated", "readmitted_hit_tokens",
+                "readmitted_hit_tokens_simulated")},
             "saved_s": saved, "saved_predicted_s": predicted,
             "off": saved / predicted - 1 if predicted > 0 else None,
             "within": predicted > 0 and abs(saved / predicted - 1) <= 0.15}
@@ -384,7 +396,11 @@ def engine_against_simulation(req, elog, replica, spread, at_zero, spec=None):
         "timeline": {"t_s": t, "running": running},
         **({"hit_tokens_simulated": sim[PREFIX_REPORT]["hit_tokens"],
             "hits_agree": sum(sim[PREFIX_REPORT]["hits"].get(r) == hit
-                              for r, hit in enumerate(elog["hit_tokens"]))}
+                              for r, hit in enumerate(elog["hit_tokens"])),
+            "preemptions": elog["preemptions"],
+            "preemptions_simulated": sim["kv"]["preemptions"],
+            "readmitted_hit_tokens": elog["readmitted_hit_tokens"],
+            "readmitted_hit_tokens_simulated": sim[PREFIX_REPORT]["readmitted_hit_tokens"]}
            if PREFIX_REPORT in sim else {})}
 
 
@@ -409,7 +425,9 @@ def engine_verdict(D, tolerance=0.15):
     if "prefix_check" in D:  # every request's hit and steps as C's (the cache's rules)
         c, steps = D["prefix_check"], D["prefix"]["steps_check"]
         verdict["prefix_exact"] = c["hits_agree"] == c["requests"] and \
-            (steps is None or steps["agree"] == steps["requests"])
+            (steps is None or steps["agree"] == steps["requests"]) and \
+            c["preemptions"] == c["preemptions_simulated"] and \
+            c["readmitted_hit_tokens"] == c["readmitted_hit_tokens_simulated"]
     if "speculation_check" in D:  # speculating against plain: the speedup within tolerance
         verdict["speculation_within"] = D["speculation_check"]["within"]
     measured, predicted = D["speedup_measured"], D["speedup_predicted"]

@@ -7,6 +7,8 @@ rows admitted together share a position and one attention span.
 """
 import collections
 import hashlib
+import heapq
+import math
 import time
 from typing import NamedTuple
 
@@ -68,13 +70,16 @@ class EngineBlocks:
     blocks go back to the tail of the free queue when it ends, its last block first; an
     allocation takes the head, and a cached block taken there is evicted (its key and the K/V
     kept here dropped). The engine's rows hold the running requests' K/V; the pool counts their
-    blocks and keeps the K/V of the cached ones. Its rows never outgrow it (the engine does not
-    preempt): see engine_pool_blocks."""
+    blocks and keeps the K/V of the cached ones. Where a running request's next token finds no
+    free block, the engine preempts (see Engine.grow_running): the request's computed blocks,
+    its answer's too, are keyed and cached as vLLM keys every full block by its tokens, and it
+    hits them when it comes back, where no allocation has taken them meanwhile."""
 
     def __init__(self, prompts, capacity, block=16):
         self.block, self.capacity = block, capacity
-        rows = prompts.cpu().numpy()
-        self.keys = [block_keys(row, block) for row in rows]  # request -> its full blocks' keys
+        self.rows = prompts.cpu().numpy()
+        self.keys = [block_keys(row, block) for row in self.rows]  # request -> its full blocks'
+        # keys (of its prompt; of its prompt and answer once preempted)
         self.free = collections.OrderedDict.fromkeys(range(capacity))  # head: taken first
         self.ref = [0] * capacity  # block -> running requests holding it
         self.cached, self.key_of = {}, {}  # key -> the block caching it; block -> its key
@@ -83,9 +88,10 @@ class EngineBlocks:
         self.evicted = 0  # cached blocks taken by an allocation
 
     def admit(self, r, prompt_len):
-        """vLLM's get_computed_blocks then allocate_slots for a newcomer's whole prompt. ->
-        its hit blocks (their number), or None where the free blocks cannot hold it (it waits,
-        and those behind it)."""
+        """vLLM's get_computed_blocks then allocate_slots for a newcomer's whole prompt
+        (`prompt_len` tokens: a preempted request's prompt and answer). -> its hit blocks
+        (their number), or None where the free blocks cannot hold it (it waits, and those
+        behind it)."""
         hit = []
         for key in self.keys[r][:(prompt_len - 1) // self.block]:
             if key not in self.cached:
@@ -110,7 +116,7 @@ class EngineBlocks:
         table = self.table[r]
         while len(table) * self.block < tokens:
             if not self.free:
-                raise RuntimeError("D's block pool ran out of blocks (the engine cannot preempt)")
+                raise RuntimeError("D's block pool ran out of blocks (fits was not asked)")
             blk = self.free.popitem(last=False)[0]
             key = self.key_of.pop(blk, None)
             if key is not None:  # (a cached block: evicted)
@@ -119,6 +125,24 @@ class EngineBlocks:
                 self.evicted += 1
             self.ref[blk] = 1
             table.append(blk)
+
+    def fits(self, r, tokens):
+        """Whether the free blocks can make request r's blocks hold `tokens`."""
+        return -(-tokens // self.block) - len(self.table[r]) <= len(self.free)
+
+    def preempt(self, cache, r, row, tokens):
+        """Request r, running in row `row` with `tokens` (its prompt and answer, the newest
+        token's K/V not yet written), is preempted: the K/V of its computed full blocks is
+        kept and their keys cached (the answer's blocks keyed by its tokens as the prompt's
+        are), then its blocks go back as at its end."""
+        b, table = self.block, self.table[r]
+        self.keys[r] = keys = block_keys(tokens, b)
+        for i, (key, blk) in enumerate(zip(keys[:(len(tokens) - 1) // b], table)):
+            if key not in self.cached:
+                self.cached[key], self.key_of[blk] = blk, key
+            if key not in self.kv:
+                self.kv[key] = cache[:, :, row, :, i * b:(i + 1) * b].clone()
+        self.release(r)
 
     def release(self, r):
         """Request r has ended: the blocks no one else holds go to the free queue's tail, its
@@ -185,7 +209,10 @@ class Engine:
         if self.drafts:
             self.draw = torch.Generator(device="cpu").manual_seed(self.drafts.seed)
         self.hit_blocks = {}  # a newcomer -> its blocks found cached (with a prefix cache)
-        self.admitted = {}  # a request -> its place in the order of admission
+        self.admitted = {}  # a request -> its place in the order of admission (its last)
+        self.retry = []  # preempted requests (a heap: the oldest first, before the queue)
+        self.admissions = 0  # admissions so far (a preempted request's return is one more)
+        self.to_prefill = [self.prompt_len] * n  # tokens its next admission prefills
         self.running, self.position = [], []  # the request and next position of each row
         self.next_token = torch.zeros(self.slots, dtype=torch.long, device=self.device)
         self.sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
@@ -194,12 +221,13 @@ class Engine:
                     "verify_steps": 0,  # (with drafts: the decoders' verify steps, all passes)
                     "passes": [],  # (tokens, cached tokens, seconds)
                     "prefill_passes": [],  # their indices in passes
-                    "hit_tokens": [0] * n, "idle_s": 0.0}
+                    "hit_tokens": [0] * n, "idle_s": 0.0,
+                    "preemptions": 0, "readmitted_hit_tokens": 0}
 
     def serve(self):
         self.sync()
         self.t0 = time.perf_counter()
-        while self.waiting or self.running:
+        while self.waiting or self.running or self.retry:
             new = self.admit()
             if new is None:  # (nothing ran: it waited for the next arrival)
                 continue
@@ -212,33 +240,63 @@ class Engine:
     def admit(self):
         """Waiting requests into free rows (continuous: at every step; static: once the batch
         has emptied). With a prefix cache, as vLLM's scheduler orders it: the running requests'
-        blocks for this step first, then each newcomer's hit and blocks, the first that does
-        not fit holding back those behind it. -> the newcomers, or None after idling to the
-        next arrival."""
+        blocks for this step first (grow_running), then each newcomer's hit and blocks, the
+        preempted first, the first that does not fit holding back those behind it. -> the
+        newcomers, or None after idling to the next arrival."""
         new = []
         if self.prefix:
-            for r, p in zip(self.running, self.position):
-                self.prefix.grow(r, p + 1)  # (its decode writes position p)
+            self.grow_running()
         if self.policy == "continuous" or not self.running:
             now = time.perf_counter() - self.t0
             while len(self.running) + len(new) < self.slots:
-                r = self.waiting.head(now)
+                r = self.retry[0] if self.retry else self.waiting.head(now)
                 if r is None:
                     break
                 if self.prefix:
-                    hit = self.prefix.admit(r, self.prompt_len)
+                    hit = self.prefix.admit(r, self.to_prefill[r])
                     if hit is None:
                         break
-                    self.hit_blocks[r], self.admitted[r] = hit, len(self.admitted)
-                self.waiting.pop()
+                    self.hit_blocks[r], self.admitted[r] = hit, self.admissions
+                    self.admissions += 1
+                heapq.heappop(self.retry) if self.retry else self.waiting.pop()
                 new.append(r)
-                self.ledger.start[r] = now
+                if math.isnan(self.ledger.start[r]):  # (its first admission)
+                    self.ledger.start[r] = now
             if not self.running and not new:  # nothing runs: wait for the next arrival
                 pause = max(self.waiting.next_arrival() - now, 0.0)
                 time.sleep(pause)
                 self.elog["idle_s"] += pause
                 return None
         return new
+
+    def grow_running(self):
+        """The running requests' blocks for this step's token, oldest admission first; where
+        the free blocks cannot hold one, the newest running request is preempted, until they
+        can or it was the one growing (vLLM's scheduler: running requests allocate in order,
+        preempting from the end of the running list)."""
+        for r in sorted(self.running, key=self.admitted.get):
+            if r not in self.running:  # (preempted meanwhile)
+                continue
+            tokens = self.position[self.running.index(r)] + 1  # (its decode writes position p)
+            while not self.prefix.fits(r, tokens):
+                victim = max(self.running, key=self.admitted.get)
+                self.preempt(victim)
+                if victim == r:
+                    break
+            else:
+                self.prefix.grow(r, tokens)
+
+    def preempt(self, r):
+        """Request r leaves its row to come back later and prefill its prompt and answer
+        again, finding in the pool what is still cached of them."""
+        row = self.running.index(r)
+        tokens = np.concatenate((self.prefix.rows[r], np.asarray(self.generated[r],
+                                                                  dtype=self.prefix.rows.dtype)))
+        self.prefix.preempt(self.cache, r, row, tokens)
+        self.to_prefill[r] = len(tokens)
+        self.vacate(row)
+        heapq.heappush(self.retry, r)
+        self.elog["preemptions"] += 1
 
     def forward(self, new):
         """Prefill the newcomers into rows old..old+k-1 (the prefill emits their first tokens),
@@ -250,11 +308,11 @@ class Engine:
         old, prefix, left = len(self.running), self.prefix, list(new)
         while left:
             ready = [r for r in left if not prefix or prefix.stored(r, self.hit_blocks[r])]
-            hits = [self.hit_blocks[r] if prefix else 0 for r in ready]
-            for hit in dict.fromkeys(hits):
-                group = [r for r, h in zip(ready, hits) if h == hit]
+            hits = [(self.hit_blocks[r] if prefix else 0, self.to_prefill[r]) for r in ready]
+            for hit, length in dict.fromkeys(hits):
+                group = [r for r, h in zip(ready, hits) if h == (hit, length)]
                 first = len(self.running)
-                self.prefill_rows(group, hit)
+                self.prefill_rows(group, hit, length)
                 for row, r in enumerate(group, first):
                     if prefix:
                         prefix.keep(self.cache, r, row)
@@ -311,18 +369,25 @@ class Engine:
         elog["passes"].append((old * (k + 1), sum(positions), time.perf_counter() - t_pass))
         elog["decode_s"] += elog["passes"][-1][2]
 
-    def prefill_rows(self, group, hit):
-        """Prefill requests `group` into the next free rows, each with its first `hit` blocks
-        cached (copied into its row first, with the copy timed as part of the pass)."""
-        old, elog, P = len(self.running), self.elog, self.prompt_len
+    def prefill_rows(self, group, hit, length):
+        """Prefill requests `group` into the next free rows, `length` tokens each (a prompt;
+        a preempted request's prompt and answer), each with its first `hit` blocks cached
+        (copied into its row first, with the copy timed as part of the pass)."""
+        old, elog, P = len(self.running), self.elog, length
         cached = hit * self.prefix.block if hit else 0
         t_pass = time.perf_counter()
         rows = torch.arange(old, old + len(group), device=self.device)
         for row, r in enumerate(group, old):
             if hit:
                 self.prefix.load(self.cache, r, row, hit)
-            elog["hit_tokens"][r] = cached
-        logits = prefill(self.model, self.cache, self.prompts[group][:, cached:], rows, cached)
+            if self.generated[r]:  # (back after a preemption: its first hit stays)
+                elog["readmitted_hit_tokens"] += cached
+            else:
+                elog["hit_tokens"][r] = cached
+        tokens = self.prompts[group] if length == self.prompt_len else torch.stack([torch.cat((
+            self.prompts[r], torch.tensor(self.generated[r], device=self.device)))
+            for r in group])
+        logits = prefill(self.model, self.cache, tokens[:, cached:], rows, cached)
         self.next_token[old:old + len(group)] = logits.argmax(-1)
         self.running += group
         self.position += [P] * len(group)
@@ -341,7 +406,8 @@ class Engine:
         elog["t_s"].append(now)
         elog["running"].append(len(running))
         for r in new:
-            ledger.first_step[r], ledger.first_token[r] = step, now
+            if math.isnan(ledger.first_token[r]):  # (a readmitted request keeps its first)
+                ledger.first_step[r], ledger.first_token[r] = step, now
         finished = [i for i, r in enumerate(running)
                     if len(self.generated[r]) == self.output_lens[r]]
         if self.prefix:  # (in the order they were admitted: vLLM frees the finished requests
@@ -350,11 +416,16 @@ class Engine:
                 self.prefix.release(r)
         for row in reversed(finished):
             ledger.finish_step[running[row]], ledger.finish[running[row]] = step, now
-            last = len(running) - 1
-            if row != last:
-                m = position[last]
-                self.cache[:, :, row, :, :m].copy_(self.cache[:, :, last, :, :m])
-                self.next_token[row] = self.next_token[last]
-                running[row], position[row] = running[last], position[last]
-            running.pop()
-            position.pop()
+            self.vacate(row)
+
+    def vacate(self, row):
+        """The request in `row` leaves it: the last row moves into it."""
+        running, position = self.running, self.position
+        last = len(running) - 1
+        if row != last:
+            m = position[last]
+            self.cache[:, :, row, :, :m].copy_(self.cache[:, :, last, :, :m])
+            self.next_token[row] = self.next_token[last]
+            running[row], position[row] = running[last], position[last]
+        running.pop()
+        position.pop()

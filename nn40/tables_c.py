@@ -334,9 +334,11 @@ def prefix_check_text(T, D):
         **c, identical=T["yes" if c["tokens_identical"] else "no"],
         steps=T["D_steps_count"].format(**steps) if steps else T["not_checked"],
         hit_simulated=c["hit_tokens_simulated"] or 0)
-    if c["off"] is None:
-        return [text]
-    return [text + T["D_prefix_within" if c["within"] else "D_prefix_outside"].format(**c)]
+    if c["off"] is not None:
+        text += T["D_prefix_within" if c["within"] else "D_prefix_outside"].format(**c)
+    if c.get("preemptions") or c.get("preemptions_simulated"):
+        text += T["D_prefix_preempted"].format(**c)
+    return [text]
 
 
 def speculation_check_text(T, D):

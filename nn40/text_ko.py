@@ -328,6 +328,9 @@ TEXT_KO = {**SHARED_TEXT,
               "비율 {rates}, 스텝당 E = {expected_length:.2f}토큰; 실제로 {emitted_per_step:.2f}"
               "토큰); C와 같은 스텝: {steps}; 연속 배칭 대비 속도 향상 측정 {measured:.2f}배, "
               "예측 {predicted:.2f}배",
+    "D_prefix_preempted": "; 선점 {preemptions:,}번 (C: {preemptions_simulated:,}), 돌아와 자신의 "
+                          "K/V를 다시 찾은 토큰 {readmitted_hit_tokens:,}개 (C: "
+                          "{readmitted_hit_tokens_simulated:,}개)",
     "D_prefix_within": " ({off:+.0%}): 15% 이내",
     "D_prefix_outside": " ({off:+.0%}): 15% 밖",
     "D_cpu": "   CPU에서 D는 글의 분포를 줄여서 쓴다: CPU의 디코드 스텝은 배치가 8행쯤까지만 "

@@ -641,3 +641,97 @@ def test_ds_verdict_fails_where_c_draws_other_gains(tiny_args, capsys, monkeypat
 def test_a_speculation_d_cannot_run_is_one_line(tiny_args, capsys, more, says):
     args = tiny_args + ["--experiments", "D"] + more
     expect_usage_error(args, capsys, says)
+
+
+# D's pool smaller than its rows: the engine preempts as vLLM's scheduler does
+
+def preempting_case(seed, n=16, P=36, prefix_len=32, systems=4, slots=4, pool=6):
+    """n requests at t=0 (system prompts of 2 blocks as tight_pool_case's), 4 rows on a pool
+    of 6 blocks, where one request at its longest takes 5: the running requests outgrow it and
+    the newest is preempted, again and again. -> (D's log, its tokens, the plain run's tokens,
+    C's simulation of the same requests on the same pool)"""
+    rng = np.random.default_rng(seed)
+    system = rng.integers(-1, systems, n)
+    lengths = [int(x) for x in rng.integers(1, 30, n)]
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(TINY.vocab, (n, P), generator=g)
+    texts = torch.randint(TINY.vocab, (systems, prefix_len), generator=g)
+    prompts[system >= 0, :prefix_len] = texts[system[system >= 0]]
+    cache = new_kv_cache(TINY, slots, P + max(lengths), "cpu")
+    with torch.inference_mode():
+        model = build_model(TINY, "cpu", seed=3)
+        generated, log = run_engine(model, cache, EngineRequests(
+            prompts, lengths, prefix=EngineBlocks(prompts, pool, 16)), "continuous")
+        plain, _ = run_engine(model, cache, EngineRequests(prompts, lengths), "continuous")
+    identity = SharedPrompts(system, np.full(systems, prefix_len), np.full(n, -1))
+    req = Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
+
+    def simulated():
+        return simulate_serving(req, Replica(slots, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
+                                             kv=KVBudget("prefix", pool * 16, 16)))
+    return log, generated, plain, simulated
+
+
+def preemption_record(log, sim):
+    """(every request's hit at first admission, its first-token and finish steps, the
+    preemptions, the tokens the preempted found again on return): D's or C's."""
+    if sim is None:
+        times = log["times"]
+        return (dict(enumerate(log["hit_tokens"])), times.first_step.tolist(),
+                times.finish_step.tolist(), log["preemptions"], log["readmitted_hit_tokens"])
+    return (sim["prefix_cache"]["hits"], list(sim["times"].first_step),
+            list(sim["times"].finish_step), sim["kv"]["preemptions"],
+            sim["prefix_cache"]["readmitted_hit_tokens"])
+
+
+@pytest.mark.parametrize("seed", [0, 3, 11, 23])
+def test_the_engine_preempts_and_finds_its_own_blocks_again_as_c(seed):
+    """vLLM's rules written plainly in D (the running requests' blocks taken oldest first, the
+    newest preempted where none is free, its computed blocks keyed by their tokens, the
+    preempted back first, the oldest of them first) against C's on the same pool: hits,
+    steps, preemptions and the tokens found again on return all equal, and the tokens the
+    engine generates equal the run without a pool's (what it found again was its own K/V)."""
+    log, generated, plain, simulated = preempting_case(seed)
+    assert preemption_record(log, None) == preemption_record(None, simulated())
+    assert log["preemptions"] >= 3 and log["readmitted_hit_tokens"] > 0
+    assert generated == plain
+
+
+def oldest_preempted(monkeypatch):
+    """C seeded to preempt its oldest running request instead of its newest."""
+    from nn40.loop import Admission
+    make_room = Admission.make_room
+
+    def oldest_first(self):  # (make_room preempts the last of the running requests' order)
+        self.running = dict(reversed(list(self.running.items())))
+        try:
+            return make_room(self)
+        finally:
+            self.running = dict(reversed(list(self.running.items())))
+    monkeypatch.setattr(Admission, "make_room", oldest_first)
+
+
+@pytest.mark.parametrize("seed, wrong", [
+    (0, lambda monkeypatch: monkeypatch.setattr(
+        PrefixCache, "keys_of", lambda self, r, tokens: self.identity.block_keys(
+            r, tokens, self.block))),
+    (3, oldest_preempted)])
+def test_the_preempting_engine_fails_a_wrong_rule_in_c(seed, wrong, monkeypatch):
+    """Seeded into C: a preempted request finding only the blocks it shares with others (its
+    answer's blocks unkeyed); the oldest running request preempted. D disagrees with each."""
+    log, _, _, simulated = preempting_case(seed)
+    wrong(monkeypatch)
+    assert preemption_record(log, None) != preemption_record(None, simulated())
+
+
+def test_d_preempts_end_to_end_and_a_pool_too_small_is_one_line(tiny_args, capsys):
+    args = tiny_args + ["--experiments", "D", "--engine-requests", "24", "--prompt-len", "8",
+                        "--prefix-len", "32", "--num-prefixes", "2", "--max-positions", "4096",
+                        "--no-figures"]
+    results, out = run_main(args + ["--kv-tokens", "224"], capsys)
+    check = results["D"]["prefix_check"]
+    assert check["preemptions"] == check["preemptions_simulated"] > 0
+    assert check["readmitted_hit_tokens"] == check["readmitted_hit_tokens_simulated"] > 0
+    assert check["tokens_identical"] and results["D"]["verdict"]["prefix_exact"]
+    assert said(f"preempted {check['preemptions']} times (C: {check['preemptions']})", out.out)
+    expect_usage_error(args + ["--kv-tokens", "200"], capsys, "D's longest request alone needs")
