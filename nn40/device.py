@@ -302,8 +302,9 @@ def check_memory(run, device, engine_lengths=None):
     if cfg.experts and "A" in run.measurement.experiments:  # (A times its dense twin beside it)
         need += weight_bytes(dense_twin(cfg))
         what = "its weights and its dense twin's"
-    if engine_lengths is not None:
-        longest = run.engine.engine_prompt_len + int(engine_lengths.max())
+    if engine_lengths is not None:  # (a speculating engine's rows hold its drafts too)
+        longest = run.engine.engine_prompt_len + int(engine_lengths.max()) + (
+            run.scheduler.num_speculative_tokens if run.scheduler.speculative_method else 0)
         engine = weights + memory_needed_bytes(cfg, run.engine.engine_slots, longest,
                                                run.engine.engine_prompt_len) \
             + run.workload.num_prefixes * run.workload.prefix_len \

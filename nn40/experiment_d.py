@@ -322,7 +322,6 @@ class Engine:
 
     def decode_rows(self, old):
         """One decode step for the `old` rows running before this step's newcomers."""
-        elog = self.elog
         if old and self.drafts:
             self.verify_rows(old)
         elif old:
@@ -330,43 +329,44 @@ class Engine:
             positions = self.position[:old]
             logits = decode_step(self.model, self.cache, self.next_token[:old], positions,
                                  pad=self.pad)
-            spans = len(attention_spans(range(old), positions))
-            padded = self.pad and spans > 1
-            elog["attention_calls"] += 1 if padded else spans
-            elog["padded_decode_steps"] += padded
-            elog["decode_steps"] += 1
             self.next_token[:old] = logits.argmax(-1)
             self.position[:old] = [p + 1 for p in positions]
             self.sync()
-            elog["passes"].append((old, sum(positions), time.perf_counter() - t_pass))
-            elog["decode_s"] += elog["passes"][-1][2]
+            self.log_decode(old, positions, 1, t_pass)
 
     def verify_rows(self, old):
         """One verify step for the `old` rows running before this step's newcomers: each
         row's last token and k drafts in one pass at its own positions; the row emits its
         drawn gain g: its first g - 1 drafts (accepted), then the target's token after them
-        (the last its next token). The rejected drafts' K/V is left where the next step
-        writes over it (vLLM's rollback)."""
-        elog, k = self.elog, self.drafts.k
+        (its next token). The rejected drafts' K/V is left where the next step writes over it
+        (vLLM's rollback)."""
+        k = self.drafts.k
         t_pass = time.perf_counter()
         positions = self.position[:old]
         drafts = torch.randint(self.model.cfg.vocab, (old, k), generator=self.draw)
         tokens = torch.cat((self.next_token[:old, None], drafts.to(self.device)), dim=1)
         logits = ragged_step(self.model, self.cache, tokens, positions, pad=self.pad)
-        spans = len(attention_spans(range(old), positions, k + 1))
-        targets = logits.argmax(-1).tolist()
-        elog["attention_calls"] += 1 if self.pad and spans > 1 else spans
-        elog["padded_decode_steps"] += self.pad and spans > 1
-        elog["decode_steps"] += 1
-        elog["verify_steps"] += old
-        for row, r in enumerate(self.running[:old]):
-            gain = self.drafts.gains[r][self.verified[r]]
+        gains = [self.drafts.gains[r][self.verified[r]] for r in self.running[:old]]
+        taken = torch.tensor(gains, device=self.device)[:, None] - 1  # (the target's token)
+        self.next_token[:old] = logits.argmax(-1).gather(1, taken)[:, 0]
+        for row, (r, gain) in enumerate(zip(self.running[:old], gains)):
             self.verified[r] += 1
             self.generated[r] += drafts[row, :gain - 1].tolist()
-            self.next_token[row] = targets[row][gain - 1]
             self.position[row] += gain
         self.sync()
-        elog["passes"].append((old * (k + 1), sum(positions), time.perf_counter() - t_pass))
+        self.elog["verify_steps"] += old
+        self.log_decode(old, positions, k + 1, t_pass)
+
+    def log_decode(self, old, positions, width, t_pass):
+        """A decode (or verify) pass of `old` rows at `positions`, `width` tokens a row,
+        started at t_pass, has ended: its attention calls and seconds logged."""
+        elog = self.elog
+        spans = len(attention_spans(range(old), positions, width))
+        padded = self.pad and spans > 1
+        elog["attention_calls"] += 1 if padded else spans
+        elog["padded_decode_steps"] += padded
+        elog["decode_steps"] += 1
+        elog["passes"].append((old * width, sum(positions), time.perf_counter() - t_pass))
         elog["decode_s"] += elog["passes"][-1][2]
 
     def prefill_rows(self, group, hit, length):

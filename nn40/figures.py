@@ -459,7 +459,7 @@ def plot_engine(results, path):
         d = D[policy]
         t, running = d["timeline"]["t_s"], d["timeline"]["running"]
         # each step's slots fill the interval that ends with it, the first from t = 0
-        name = "continuous, speculating" if policy == "speculative" else policy
+        name = "continuous + speculating" if policy == "speculative" else policy
         panels.append(([0.0, *t], [running[0], *running], "pre",
                        f"{name}: {d['wall_s']:,.1f} s measured ({d['predicted']['wall_s']:,.1f} "
                        f"s predicted), {d['steps']:,} steps, {100 * d['occupancy']:.1f}% "

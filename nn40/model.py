@@ -392,7 +392,8 @@ def ragged_step(model, cache, tokens, positions, rows=None, pad=False):
         keys = max(first) + T  # (each row's keys up to each of its tokens, the rest padding)
         spans = [(0, B, row_list[0], keys)]
         visible = torch.arange(keys, device=device) <= position_tensor[:, :, None]
-        masks = [visible[:, None].repeat(1, 1, G, 1)]  # (B, 1, G x T, keys)
+        masks = [visible[:, None] if T == 1 else  # (B, 1, 1, keys): broadcast over G
+                 visible[:, None].repeat(1, 1, G, 1)]  # (B, 1, G x T, keys)
     elif T > 1:  # (each span's new tokens see the keys up to their own)
         masks = [(torch.arange(n, device=device) <= torch.arange(n - T, n, device=device)[
             :, None]).repeat(G, 1) for _, _, _, n in spans]  # (G x T, keys)

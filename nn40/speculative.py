@@ -231,7 +231,6 @@ class Speculation:
             memo = _DRAWN[self] = (output, steps.tolist())
         return memo[1]
 
-
     def gains_for(self, output):
         """Each request's verify steps' gains, the tokens each emits, as steps_for draws them
         (D's engine emits them)."""

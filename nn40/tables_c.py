@@ -376,7 +376,8 @@ def request_table(T, D):
         lat = D[policy]["latency"]
         for metric in LATENCIES:
             m, unit = lat["measured"][metric], "s" if metric == "makespan_s" else "ms"
-            rows.append({"label": T[ENGINE_LABELS[policy]], "latency": f"{T['lat_' + metric]} {T['unit_' + unit]}",
+            rows.append({"label": T[ENGINE_LABELS[policy]],
+                         "latency": f"{T['lat_' + metric]} {T['unit_' + unit]}",
                          "measured": render(m, unit), **{
                 pricing: {"s": render(lat[pricing][metric], unit),
                           "off": m / max(lat[pricing][metric], 1e-12) - 1}
@@ -416,7 +417,8 @@ def verdict_text(T, v):
     if "prefix_exact" in v:
         text += T["verdict_prefix"].format(answer=T["yes" if v["prefix_exact"] else "no"])
     if "speculation_within" in v:
-        text += T["verdict_spec"].format(answer=T["yes" if v["speculation_within"] else "no"])
+        text += T["verdict_spec"].format(tolerance=v["tolerance"],
+                                         answer=T["yes" if v["speculation_within"] else "no"])
     text += T["verdict_seconds"].format(
         tolerance=v["tolerance"], checked=v["passes"]["checked"], passes=v["passes"]["within"],
         priced=v["priced"]["within"], mode=T[ENGINE_LABELS[worst["mode"]]],

@@ -390,8 +390,8 @@ TEXT_EN = {**SHARED_TEXT,
     "D_prefix_preempted": "; preempted {preemptions:,} times (C: {preemptions_simulated:,}), "
                           "their own K/V found again on return {readmitted_hit_tokens:,} tokens "
                           "(C: {readmitted_hit_tokens_simulated:,})",
-    "D_prefix_within": " ({off:+.0%}): within 15%",
-    "D_prefix_outside": " ({off:+.0%}): outside 15%",
+    "D_prefix_within": " ({off:+.0%}): within {tolerance:.0%}",
+    "D_prefix_outside": " ({off:+.0%}): outside {tolerance:.0%}",
     "D_cpu": "   on CPU, D serves the post's law shrunk: a CPU's decode step stays flat in the "
              "batch only to about 8 rows (a GPU's past 100), and shorter outputs keep the "
              "run short (--engine-requests, --engine-slots, --engine-shrink)",
@@ -418,7 +418,7 @@ TEXT_EN = {**SHARED_TEXT,
     "verdict_steps": "verdict: steps exact for every request: {answer}",
     "verdict_prefix": "; the prefix cache's hits (and steps, all waiting at t=0) as C's for every "
                       "request: {answer}",
-    "verdict_spec": "; speculation's speedup within 15% of C's: {answer}",
+    "verdict_spec": "; speculation's speedup within {tolerance:.0%} of C's: {answer}",
     "yes": "yes", "no": "no", "not_checked": "not checked (arrivals)",
     "verdict_seconds": "; seconds within {tolerance:.0%}: {passes} of {checked} priced with "
                        "the run's own passes, {priced} of {checked} priced beforehand (worst "

@@ -331,8 +331,8 @@ TEXT_KO = {**SHARED_TEXT,
     "D_prefix_preempted": "; 선점 {preemptions:,}번 (C: {preemptions_simulated:,}), 돌아와 자신의 "
                           "K/V를 다시 찾은 토큰 {readmitted_hit_tokens:,}개 (C: "
                           "{readmitted_hit_tokens_simulated:,}개)",
-    "D_prefix_within": " ({off:+.0%}): 15% 이내",
-    "D_prefix_outside": " ({off:+.0%}): 15% 밖",
+    "D_prefix_within": " ({off:+.0%}): {tolerance:.0%} 이내",
+    "D_prefix_outside": " ({off:+.0%}): {tolerance:.0%} 밖",
     "D_cpu": "   CPU에서 D는 글의 분포를 줄여서 쓴다: CPU의 디코드 스텝은 배치가 8행쯤까지만 "
              "평평하고 (GPU는 100행 넘게), 짧은 출력은 실행을 짧게 한다 (--engine-requests, "
              "--engine-slots, --engine-shrink)",
@@ -356,7 +356,7 @@ TEXT_KO = {**SHARED_TEXT,
     "verdict_steps": "판정: 모든 요청의 스텝이 정확히 같은가: {answer}",
     "verdict_prefix": "; 모든 요청의 접두사 캐시 적중(모두 t=0에 기다리면 스텝도)이 C와 같은가: "
                       "{answer}",
-    "verdict_spec": "; 추측 디코딩의 속도 향상이 C의 15% 안인가: {answer}",
+    "verdict_spec": "; 추측 디코딩의 속도 향상이 C의 {tolerance:.0%} 안인가: {answer}",
     "yes": "예", "no": "아니오", "not_checked": "확인 안 함 (도착 시각)",
     "verdict_seconds": "; {tolerance:.0%} 안의 초: 자신의 패스로 매긴 {checked}개 중 "
                        "{passes}개, 미리 잰 비용으로 매긴 {checked}개 중 {priced}개 (가장 큰 "

@@ -220,6 +220,28 @@ def test_verdict_names_the_cost_the_simulation_missed():
                                                                   engine_verdict(D))
 
 
+def test_speculations_speedup_holds_or_misses_by_hand():
+    """The speculating run against the continuous one: a speedup of 5 / 4 = 1.25x measured,
+    against 5 / 4.2 = 1.19x predicted (+5%) holds; against 5 / 3 = 1.67x (-25%) it does
+    not, and the verdict says so."""
+    from nn40.engine_check import speculation_check
+    from nn40.speculative import Speculation
+    spec = Speculation("ngram", 2, (0.5, 0.25), "given", 2)
+    D = {"static": engine_run(10.0, 0.0), "continuous": engine_run(5.0, 0.0),
+         "speculative": {**engine_run(4.0, 0.0), "outputs": [1, 4, 7], "verify_steps": 4}}
+    D["speedup_measured"], D["speedup_predicted"] = 2.0, 2.0
+    for predicted, within in ((4.2, True), (3.0, False)):
+        D["speculative"]["predicted"]["wall_s"] = predicted
+        D["speculation_check"] = check = speculation_check(D, spec)
+        assert check["measured"] == 1.25 and check["predicted"] == pytest.approx(5 / predicted)
+        assert check["within"] is within and check["emitted_per_step"] == 2.25  # (9 / 4)
+        verdict = engine_verdict(D)
+        assert verdict["speculation_within"] is within and verdict["priced"]["checked"] == 15
+        answer = "yes" if within else "no"
+        assert f"speculation's speedup within 15% of C's: {answer}" in verdict_text(
+            TEXT["en"], verdict)
+
+
 def test_a_mispriced_cost_model_fails_the_seconds(tiny_args, capsys, monkeypatch):
     # every pass priced at a third of what it costs: the steps still agree request by
     # request, the run's own passes still price it, the costs timed beforehand do not
