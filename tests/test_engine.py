@@ -460,11 +460,21 @@ def test_the_engines_block_pool_by_hand():
     assert pool.admit(3, 5) == 1 and pool.table[3][0] == 0
 
 
-def tight_pool_case(seed, n=16, P=36, prefix_len=32, systems=4, slots=2):
+def tight_pool_case(seed):
     """n requests at t=0, each opening with one of `systems` system prompts of 2 blocks (or
     none), 4 tokens of its own after it, outputs of 1-29 tokens; D's block pool the memory of
     its 2 rows (8-10 blocks): cached blocks are evicted, some a prompt's tail alone.
     -> (D's hit tokens, its steps, C's simulation of the same requests on the same pool)"""
+    log, _, _, simulated = pool_case(seed, slots=2)
+    steps = (log["times"].first_step.tolist(), log["times"].finish_step.tolist())
+    return dict(enumerate(log["hit_tokens"])), steps, simulated
+
+
+def pool_case(seed, slots, pool=None, n=16, P=36, prefix_len=32, systems=4):
+    """n requests of P prompt tokens at t=0, each opening with one of `systems` system prompts
+    of `prefix_len` tokens (or none), outputs of 1-29 tokens, served by D on `slots` rows with a
+    block pool of `pool` blocks (None: its rows' memory) and by C on as many blocks. -> (D's
+    log, its tokens, the tokens of its run without a pool, C's simulation)"""
     rng = np.random.default_rng(seed)
     system = rng.integers(-1, systems, n)
     lengths = [int(x) for x in rng.integers(1, 30, n)]
@@ -472,20 +482,20 @@ def tight_pool_case(seed, n=16, P=36, prefix_len=32, systems=4, slots=2):
     prompts = torch.randint(TINY.vocab, (n, P), generator=g)
     texts = torch.randint(TINY.vocab, (systems, prefix_len), generator=g)
     prompts[system >= 0, :prefix_len] = texts[system[system >= 0]]
-    pool = engine_pool_blocks(slots, P + max(lengths), 16)
+    pool = pool or engine_pool_blocks(slots, P + max(lengths), 16)
     cache = new_kv_cache(TINY, slots, P + max(lengths), "cpu")
     with torch.inference_mode():
         model = build_model(TINY, "cpu", seed=3)
-        _, log = run_engine(model, cache, EngineRequests(
+        generated, log = run_engine(model, cache, EngineRequests(
             prompts, lengths, prefix=EngineBlocks(prompts, pool, 16)), "continuous")
+        plain, _ = run_engine(model, cache, EngineRequests(prompts, lengths), "continuous")
     identity = SharedPrompts(system, np.full(systems, prefix_len), np.full(n, -1))
     req = Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
 
     def simulated():
         return simulate_serving(req, Replica(slots, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
                                              kv=KVBudget("prefix", pool * 16, 16)))
-    steps = (log["times"].first_step.tolist(), log["times"].finish_step.tolist())
-    return dict(enumerate(log["hit_tokens"])), steps, simulated
+    return log, generated, plain, simulated
 
 
 @pytest.mark.parametrize("seed", [1, 8, 17, 54])
@@ -667,31 +677,11 @@ def test_a_speculation_d_cannot_run_is_one_line(tiny_args, capsys, more, says):
 
 # D's pool smaller than its rows: the engine preempts as vLLM's scheduler does
 
-def preempting_case(seed, n=16, P=36, prefix_len=32, systems=4, slots=4, pool=6):
-    """n requests at t=0 (system prompts of 2 blocks as tight_pool_case's), 4 rows on a pool
+def preempting_case(seed):
+    """16 requests at t=0 (system prompts of 2 blocks as tight_pool_case's), 4 rows on a pool
     of 6 blocks, where one request at its longest takes 5: the running requests outgrow it and
-    the newest is preempted, again and again. -> (D's log, its tokens, the plain run's tokens,
-    C's simulation of the same requests on the same pool)"""
-    rng = np.random.default_rng(seed)
-    system = rng.integers(-1, systems, n)
-    lengths = [int(x) for x in rng.integers(1, 30, n)]
-    g = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(TINY.vocab, (n, P), generator=g)
-    texts = torch.randint(TINY.vocab, (systems, prefix_len), generator=g)
-    prompts[system >= 0, :prefix_len] = texts[system[system >= 0]]
-    cache = new_kv_cache(TINY, slots, P + max(lengths), "cpu")
-    with torch.inference_mode():
-        model = build_model(TINY, "cpu", seed=3)
-        generated, log = run_engine(model, cache, EngineRequests(
-            prompts, lengths, prefix=EngineBlocks(prompts, pool, 16)), "continuous")
-        plain, _ = run_engine(model, cache, EngineRequests(prompts, lengths), "continuous")
-    identity = SharedPrompts(system, np.full(systems, prefix_len), np.full(n, -1))
-    req = Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
-
-    def simulated():
-        return simulate_serving(req, Replica(slots, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
-                                             kv=KVBudget("prefix", pool * 16, 16)))
-    return log, generated, plain, simulated
+    the newest is preempted, again and again. -> pool_case's"""
+    return pool_case(seed, slots=4, pool=6)
 
 
 def preemption_record(log, sim):
