@@ -232,7 +232,7 @@ def scheduler_flags(p):
     add_flag(s, "--kv-memory-gb", type=number(1e-6, 1e6), help="KV cache, GB",
              shown=f"{KV_MEMORY_FRACTION:g} x memory - weights; CPU {CPU_KV_MEMORY_GB:g}")
     add_flag(s, "--kv-tokens", type=integer(), shown="from GB",
-             help="KV cache, tokens (D: its prefix pool)")
+             help="KV cache, tokens (D: its block pool)")
     add_flag(s, "--kv-fraction", "--gpu-memory-utilization", "--mem-fraction-static",
              type=number(0.01, 1.0), shown="the engine's", help="memory share (vLLM: of the card; "
              "SGLang: for weights + KV; else: of what is free)")

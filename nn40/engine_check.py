@@ -54,7 +54,10 @@ def check_engine(run, lengths):
                          f"--block-tokens {run.scheduler.block_tokens}, as the engine keeps them")
     block, pool = run.scheduler.block_tokens, run.scheduler.kv_tokens
     alone = -(-(run.engine.engine_prompt_len + int(lengths.max())) // block)
-    if run.workload.prefix_len and pool is not None and pool // block < alone:
+    if pool is not None and run.scheduler.speculative_method:
+        raise UsageError("D: its speculating engine keeps no block pool: give --kv-tokens or "
+                         "--speculative-config, not both")
+    if pool is not None and pool // block < alone:
         raise UsageError(f"D: --kv-tokens {pool:,} holds {pool // block} blocks of {block}, and "
                          f"D's longest request alone needs {alone}: give at least "
                          f"{alone * block:,}")
@@ -148,11 +151,7 @@ def run_serving_engine(bench, lengths, arrival, log):
     spec = run_speculation(run)[0] if run.scheduler.speculative_method else None
     cache = new_kv_cache(cfg, slots, P + max(int(lengths.max()), 2) + (spec.k if spec else 0),
                          device)
-    warm = min(2, n, slots)  # warm the engine: a prefill and a decode step (and a verify step)
-    run_engine(bench.model, cache, EngineRequests(prompts[:warm], [2] * warm), "continuous", pad)
-    if spec:
-        run_engine(bench.model, cache, EngineRequests(prompts[:warm], [3] * warm, drafts=(
-            EngineDrafts(spec.k, [[2]] * warm))), "continuous", pad)
+    warm_engine(bench.model, cache, prompts[:min(2, n, slots)], pad, spec)
     replica = Replica(slots, one_span, order=run_order(run, lengths))
     result = {"requests": n, "slots": slots, "prompt_tokens": P,
               "shrink": run.engine.engine_shrink * divisor,
@@ -164,6 +163,7 @@ def run_serving_engine(bench, lengths, arrival, log):
               "arrivals": arrivals(run) if arrival is not None else {"kind": "arrivals_zero"},
               "attention": "padded" if pad else "spans",
               **attention_policy(decode_kernel(bench, slots, P + int(lengths.max()), pad)),
+              "kv_tokens": run.scheduler.kv_tokens,  # (a block pool for the continuous runs)
               "cost_model": {**one_span.as_dict(), "rows": cost_rows},
               "cost_model_spread": spread.as_dict()}
     served = EngineServed(bench, prompts, system, lengths, arrival, cache, pad, replica, spread,
@@ -175,7 +175,7 @@ def run_serving_engine(bench, lengths, arrival, log):
             f"{result[name]['predicted']['wall_s']:.2f} s predicted "
             f"({np.max(result[name]['per_request']['passes_finish_s']):.2f} s with its own "
             f"passes), {result[name]['steps']} steps")
-        if prefix:
+        if name == "prefix":
             result["prefix_check"] = prefix_check(result, elog, generated, plain, run)
         if name == "continuous":
             plain = generated
@@ -186,6 +186,16 @@ def run_serving_engine(bench, lengths, arrival, log):
         result["speculation_check"] = speculation_check(result, spec)
     result["verdict"] = engine_verdict(result)
     return result
+
+
+def warm_engine(model, cache, prompts, pad, spec):
+    """The engine warmed: a prefill and a decode step of `prompts`, and with a Speculation
+    a verify step too."""
+    warm = len(prompts)
+    run_engine(model, cache, EngineRequests(prompts, [2] * warm), "continuous", pad)
+    if spec:
+        run_engine(model, cache, EngineRequests(prompts, [3] * warm, drafts=EngineDrafts(
+            spec.k, [[2]] * warm)), "continuous", pad)
 
 
 class EngineServed(NamedTuple):
@@ -216,7 +226,7 @@ def serve_and_simulate(served, name, prefix, kv):
     at_zero = s.arrival is None
     req = Requests(np.zeros(n) if at_zero else s.arrival, np.full(n, s.prompts.shape[1]),
                    s.lengths)
-    if prefix:
+    if name == "prefix":
         work = s.bench.run.workload
         req = dataclasses.replace(req, identity=SharedPrompts(
             s.system, np.full(work.num_prefixes, work.prefix_len), np.full(n, -1)))
@@ -226,16 +236,19 @@ def serve_and_simulate(served, name, prefix, kv):
 
 
 def engine_runs(run, prompts, system, slots, longest, spec=None):
-    """D's runs: [(name, its prefix cache, C's KV budget for it)]: static and continuous, and
-    where prompts share system prompts the continuous run again with a prefix cache, a block
-    pool of --kv-tokens (it preempts where its rows outgrow it) or else of its rows' memory
-    (`longest` tokens a row), C's PrefixCache on as many blocks; with a Speculation `spec`,
-    the continuous run again speculating."""
-    runs = [("static", None, None), ("continuous", None, None)]
+    """D's runs: [(name, its block pool, C's KV budget for it)]: static, and continuous (with
+    --kv-tokens on a pool of paged blocks that many tokens, caching nothing, C's paged blocks
+    beside it: where the running requests outgrow it, the newest is preempted and computed
+    again); where prompts share system prompts the continuous run again with a prefix cache,
+    a block pool of --kv-tokens or else of its rows' memory (`longest` tokens a row), C's
+    PrefixCache on as many blocks; with a Speculation `spec`, the continuous run again
+    speculating."""
+    block, tokens = run.scheduler.block_tokens, run.scheduler.kv_tokens
+    pool = tokens // block if tokens else engine_pool_blocks(slots, longest, block)
+    runs = [("static", None, None), ("continuous", None, None) if not tokens else (
+        "continuous", EngineBlocks(prompts, pool, block, caching=False),
+        KVBudget("paged", pool * block, block))]
     if system is not None:
-        block = run.scheduler.block_tokens
-        pool = run.scheduler.kv_tokens // block if run.scheduler.kv_tokens else \
-            engine_pool_blocks(slots, longest, block)
         runs.append(("prefix", EngineBlocks(prompts, pool, block),
                      KVBudget("prefix", pool * block, block)))
     if spec is not None:
@@ -402,11 +415,11 @@ def engine_against_simulation(req, elog, replica, spread, at_zero, spec=None):
                         "passes_first_s": replay["times"].first_token,
                         "passes_finish_s": replay["times"].finish},
         "timeline": {"t_s": t, "running": running},
+        "preemptions": elog["preemptions"],  # (on a block pool; C's on as many blocks)
+        "preemptions_simulated": sim["kv"]["preemptions"] if "kv" in sim else 0,
         **({"hit_tokens_simulated": sim[PREFIX_REPORT]["hit_tokens"],
             "hits_agree": sum(sim[PREFIX_REPORT]["hits"].get(r) == hit
                               for r, hit in enumerate(elog["hit_tokens"])),
-            "preemptions": elog["preemptions"],
-            "preemptions_simulated": sim["kv"]["preemptions"],
             "readmitted_hit_tokens": elog["readmitted_hit_tokens"],
             "readmitted_hit_tokens_simulated": sim[PREFIX_REPORT]["readmitted_hit_tokens"]}
            if PREFIX_REPORT in sim else {})}

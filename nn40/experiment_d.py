@@ -73,13 +73,15 @@ class EngineBlocks:
     blocks and keeps the K/V of the cached ones. Where a running request's next token finds no
     free block, the engine preempts (see Engine.grow_running): the request's computed blocks,
     its answer's too, are keyed and cached as vLLM keys every full block by its tokens, and it
-    hits them when it comes back, where no allocation has taken them meanwhile."""
+    hits them when it comes back, where no allocation has taken them meanwhile. With `caching`
+    off (vLLM's --no-enable-prefix-caching) nothing is keyed: paged blocks alone, a preempted
+    request computing its prompt and answer again whole."""
 
-    def __init__(self, prompts, capacity, block=16):
-        self.block, self.capacity = block, capacity
+    def __init__(self, prompts, capacity, block=16, caching=True):
+        self.block, self.capacity, self.caching = block, capacity, caching
         self.rows = prompts.cpu().numpy()
-        self.keys = [block_keys(row, block) for row in self.rows]  # request -> its full blocks'
-        # keys (of its prompt; of its prompt and answer once preempted)
+        self.keys = [block_keys(row, block) if caching else [] for row in self.rows]  # request
+        # -> its full blocks' keys (of its prompt; of its prompt and answer once preempted)
         self.free = collections.OrderedDict.fromkeys(range(capacity))  # head: taken first
         self.ref = [0] * capacity  # block -> running requests holding it
         self.cached, self.key_of = {}, {}  # key -> the block caching it; block -> its key
@@ -136,7 +138,7 @@ class EngineBlocks:
         kept and their keys cached (the answer's blocks keyed by its tokens as the prompt's
         are), then its blocks go back as at its end."""
         b, table = self.block, self.table[r]
-        self.keys[r] = keys = block_keys(tokens, b)
+        self.keys[r] = keys = block_keys(tokens, b) if self.caching else []
         for i, (key, blk) in enumerate(zip(keys[:(len(tokens) - 1) // b], table)):
             if key not in self.cached:
                 self.cached[key], self.key_of[blk] = blk, key

@@ -321,8 +321,16 @@ def engine_table(T, D):
                                         steps=D["continuous"]["decode_steps"])
            if D["continuous"]["padded_decode_steps"] else T["attention_spans"]),
         *kernels_text(T, D),
+        *pool_text(T, D),
         "", request_table(T, D), verdict_text(T, D["verdict"])] + prefix_check_text(T, D)
         + speculation_check_text(T, D) + engine_machine_text(T, D))
+
+
+def pool_text(T, D):
+    """D's continuous run on a block pool of --kv-tokens: its preemptions and C's."""
+    if not D.get("kv_tokens"):
+        return []
+    return [T["D_pool"].format(tokens=D["kv_tokens"], **D["continuous"])]
 
 
 def prefix_check_text(T, D):

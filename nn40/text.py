@@ -387,6 +387,9 @@ TEXT_EN = {**SHARED_TEXT,
               "request (vLLM's synthetic acceptance: rates {rates}, E = {expected_length:.2f} "
               "tokens a step; {emitted_per_step:.2f} emitted); steps as C's: {steps}; speedup "
               "over the continuous run {measured:.2f}x measured, {predicted:.2f}x predicted",
+    "D_pool": "block pool: the continuous run on {tokens:,} tokens of paged blocks (--kv-tokens), "
+              "caching nothing, as vLLM without prefix caching: preempted {preemptions:,} "
+              "times (C's paged blocks: {preemptions_simulated:,})",
     "D_prefix_preempted": "; preempted {preemptions:,} times (C: {preemptions_simulated:,}), "
                           "their own K/V found again on return {readmitted_hit_tokens:,} tokens "
                           "(C: {readmitted_hit_tokens_simulated:,})",

@@ -328,6 +328,9 @@ TEXT_KO = {**SHARED_TEXT,
               "비율 {rates}, 스텝당 E = {expected_length:.2f}토큰; 실제로 {emitted_per_step:.2f}"
               "토큰); C와 같은 스텝: {steps}; 연속 배칭 대비 속도 향상 측정 {measured:.2f}배, "
               "예측 {predicted:.2f}배",
+    "D_pool": "블록 풀: 연속 배칭을 페이지 블록 {tokens:,}토큰 위에서 돌린다 (--kv-tokens), "
+              "프리픽스 캐시 없는 vLLM처럼 아무것도 캐시하지 않는다: 선점 {preemptions:,}번 "
+              "(C의 페이지 블록: {preemptions_simulated:,}번)",
     "D_prefix_preempted": "; 선점 {preemptions:,}번 (C: {preemptions_simulated:,}), 돌아와 자신의 "
                           "K/V를 다시 찾은 토큰 {readmitted_hit_tokens:,}개 (C: "
                           "{readmitted_hit_tokens_simulated:,}개)",

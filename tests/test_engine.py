@@ -470,11 +470,12 @@ def tight_pool_case(seed):
     return dict(enumerate(log["hit_tokens"])), steps, simulated
 
 
-def pool_case(seed, slots, pool=None, n=16, P=36, prefix_len=32, systems=4):
+def pool_case(seed, slots, pool=None, n=16, P=36, prefix_len=32, systems=4, caching=True):
     """n requests of P prompt tokens at t=0, each opening with one of `systems` system prompts
     of `prefix_len` tokens (or none), outputs of 1-29 tokens, served by D on `slots` rows with a
-    block pool of `pool` blocks (None: its rows' memory) and by C on as many blocks. -> (D's
-    log, its tokens, the tokens of its run without a pool, C's simulation)"""
+    block pool of `pool` blocks (None: its rows' memory), caching prefixes or (`caching` off)
+    paged blocks alone, and by C on as many blocks. -> (D's log, its tokens, the tokens of its
+    run without a pool, C's simulation)"""
     rng = np.random.default_rng(seed)
     system = rng.integers(-1, systems, n)
     lengths = [int(x) for x in rng.integers(1, 30, n)]
@@ -487,14 +488,15 @@ def pool_case(seed, slots, pool=None, n=16, P=36, prefix_len=32, systems=4):
     with torch.inference_mode():
         model = build_model(TINY, "cpu", seed=3)
         generated, log = run_engine(model, cache, EngineRequests(
-            prompts, lengths, prefix=EngineBlocks(prompts, pool, 16)), "continuous")
+            prompts, lengths, prefix=EngineBlocks(prompts, pool, 16, caching)), "continuous")
         plain, _ = run_engine(model, cache, EngineRequests(prompts, lengths), "continuous")
     identity = SharedPrompts(system, np.full(systems, prefix_len), np.full(n, -1))
     req = Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
 
     def simulated():
         return simulate_serving(req, Replica(slots, StepCosts((1, 2), (1.0, 1.0), 0.0, "unit"),
-                                             kv=KVBudget("prefix", pool * 16, 16)))
+                                             kv=KVBudget("prefix" if caching else "paged",
+                                                         pool * 16, 16)))
     return log, generated, plain, simulated
 
 
@@ -736,6 +738,23 @@ def test_the_preempting_engine_fails_a_wrong_rule_in_c(seed, wrong, monkeypatch)
     assert preemption_record(log, None) != preemption_record(None, simulated())
 
 
+@pytest.mark.parametrize("seed", [0, 4, 9])
+def test_the_engine_on_paged_blocks_preempts_and_recomputes_as_c(seed, monkeypatch):
+    """Caching nothing (vLLM without prefix caching), 4 rows on 7 blocks: the newest running
+    request preempted where the running ones outgrow the pool, and computed again whole on its
+    return; every step and preemption as C's paged blocks' (C preempting its oldest fails it),
+    the tokens as the run without a pool's."""
+    log, generated, plain, simulated = pool_case(seed, slots=4, pool=7, caching=False)
+    sim = simulated()
+    record = preemption_record(log, None)[1:4]
+    assert record == preemption_record(None, {**sim, "prefix_cache": {
+        "hits": {}, "readmitted_hit_tokens": 0}})[1:4]
+    assert log["preemptions"] >= 2 and log["readmitted_hit_tokens"] == 0 and generated == plain
+    oldest_preempted(monkeypatch)
+    assert preemption_record(None, {**simulated(), "prefix_cache": {
+        "hits": {}, "readmitted_hit_tokens": 0}})[1:4] != record
+
+
 def test_d_preempts_end_to_end_and_a_pool_too_small_is_one_line(tiny_args, capsys):
     args = tiny_args + ["--experiments", "D", "--engine-requests", "24", "--prompt-len", "8",
                         "--prefix-len", "32", "--num-prefixes", "2", "--max-positions", "4096",
@@ -746,4 +765,12 @@ def test_d_preempts_end_to_end_and_a_pool_too_small_is_one_line(tiny_args, capsy
     assert check["readmitted_hit_tokens"] == check["readmitted_hit_tokens_simulated"] > 0
     assert check["tokens_identical"] and results["D"]["verdict"]["prefix_exact"]
     assert said(f"preempted {check['preemptions']} times (C: {check['preemptions']})", out.out)
+    plain = results["D"]["continuous"]  # (on paged blocks of the same pool)
+    assert plain["preemptions"] == plain["preemptions_simulated"] > 0
+    assert plain["steps_check"] == {"requests": 24, "agree": 24}
+    assert said(f"preempted {plain['preemptions']} times (C's paged blocks: "
+                f"{plain['preemptions']})", out.out)
     expect_usage_error(args + ["--kv-tokens", "200"], capsys, "D's longest request alone needs")
+    expect_usage_error(args + ["--kv-tokens", "224", "--speculative-config", '{"method": '
+                               '"ngram", "num_speculative_tokens": 2}', "--acceptance-rate",
+                               "0.5"], capsys, "give --kv-tokens or --speculative-config")
