@@ -175,7 +175,7 @@ def run_serving_engine(bench, lengths, arrival, log):
             f"{result[name]['predicted']['wall_s']:.2f} s predicted "
             f"({np.max(result[name]['per_request']['passes_finish_s']):.2f} s with its own "
             f"passes), {result[name]['steps']} steps")
-        if name == "prefix":
+        if prefix is not None and prefix.caching:
             result["prefix_check"] = prefix_check(result, elog, generated, plain, run)
         if name == "continuous":
             plain = generated
@@ -226,7 +226,7 @@ def serve_and_simulate(served, name, prefix, kv):
     at_zero = s.arrival is None
     req = Requests(np.zeros(n) if at_zero else s.arrival, np.full(n, s.prompts.shape[1]),
                    s.lengths)
-    if name == "prefix":
+    if prefix is not None and prefix.caching:  # (the run with a prefix cache)
         work = s.bench.run.workload
         req = dataclasses.replace(req, identity=SharedPrompts(
             s.system, np.full(work.num_prefixes, work.prefix_len), np.full(n, -1)))
