@@ -168,14 +168,14 @@ def run_serving_engine(bench, lengths, arrival, log):
               "cost_model_spread": spread.as_dict()}
     served = EngineServed(bench, prompts, system, lengths, arrival, cache, pad, replica, spread,
                           spec)
-    for name, prefix, kv in engine_runs(run, prompts, system, slots, P + int(lengths.max()),
-                                        spec):
-        result[name], generated, elog = serve_and_simulate(served, name, prefix, kv)
+    for name, pool, kv in engine_runs(run, prompts, system, slots, P + int(lengths.max()),
+                                      spec):
+        result[name], generated, elog = serve_and_simulate(served, name, pool, kv)
         log(f"D {name}: {result[name]['wall_s']:.2f} s measured, "
             f"{result[name]['predicted']['wall_s']:.2f} s predicted "
             f"({np.max(result[name]['per_request']['passes_finish_s']):.2f} s with its own "
             f"passes), {result[name]['steps']} steps")
-        if prefix is not None and prefix.caching:
+        if pool is not None and pool.caching:
             result["prefix_check"] = prefix_check(result, elog, generated, plain, run)
         if name == "continuous":
             plain = generated
@@ -213,20 +213,21 @@ class EngineServed(NamedTuple):
     spec: object
 
 
-def serve_and_simulate(served, name, prefix, kv):
-    """One of D's runs (engine_runs) on the engine, beside C's simulation of it. -> (its
-    result, the tokens it generated, the engine's log)"""
+def serve_and_simulate(served, name, pool, kv):
+    """One of D's runs (engine_runs) on the engine, its KV in `pool` (an EngineBlocks, or None),
+    beside C's simulation of it on `kv`. -> (its result, the tokens it generated, the engine's
+    log)"""
     s, n = served, len(served.lengths)
     policy = "static" if name == "static" else "continuous"
     spec = s.spec if name == "speculative" else None
     drafts = EngineDrafts(spec.k, spec.gains_for(s.lengths), spec.seed) if spec else None
     generated, elog = run_engine(s.bench.model, s.cache, EngineRequests(
-        s.prompts, s.lengths.tolist(), s.arrival, prefix, drafts), policy, s.pad,
+        s.prompts, s.lengths.tolist(), s.arrival, pool, drafts), policy, s.pad,
         s.replica.order)
     at_zero = s.arrival is None
     req = Requests(np.zeros(n) if at_zero else s.arrival, np.full(n, s.prompts.shape[1]),
                    s.lengths)
-    if prefix is not None and prefix.caching:  # (the run with a prefix cache)
+    if pool is not None and pool.caching:  # (the run with a prefix cache)
         work = s.bench.run.workload
         req = dataclasses.replace(req, identity=SharedPrompts(
             s.system, np.full(work.num_prefixes, work.prefix_len), np.full(n, -1)))
@@ -261,7 +262,7 @@ def speculation_check(result, spec):
     speedup (the plain run's wall time over the speculating one's), measured and as C's
     simulation predicted it (each run priced beforehand)."""
     plain, fast = result["continuous"], result["speculative"]
-    emitted = sum(max(n - 1, 0) for n in result["speculative"]["outputs"])
+    emitted = result["lengths"]["total"] - result["requests"]  # (the first from each prefill)
     measured = plain["wall_s"] / fast["wall_s"]
     predicted = plain["predicted"]["wall_s"] / fast["predicted"]["wall_s"]
     return {"method": spec.method, "k": spec.k, "rates": list(spec.rates),
@@ -387,7 +388,6 @@ def engine_against_simulation(req, elog, replica, spread, at_zero, spec=None):
     t, running = zip(*thin(list(zip(elog["t_s"], elog["running"])), 1000))
     return {
         "wall_s": wall, "output_tokens_per_s": float(req.output.sum()) / wall, "steps": steps,
-        "outputs": req.output.tolist(),
         "occupancy": sum(elog["running"]) / (steps * slots),
         "prefill_s": elog["prefill_s"], "decode_s": elog["decode_s"],
         "other_s": wall - elog["prefill_s"] - elog["decode_s"] - elog["idle_s"],

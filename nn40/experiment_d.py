@@ -24,12 +24,13 @@ class EngineRequests(NamedTuple):
     """What D's engine serves. prompts: (n, P) tokens on the model's device; output_lens:
     tokens each request generates (exactly that many: end-of-sequence is ignored, as serving
     benchmarks do); arrival_s: each one's arrival on the wall clock, seconds after the start
-    (None: all at once); prefix: its prefix cache, an EngineBlocks (None: every prompt prefilled
-    whole); drafts: its speculative decoding, EngineDrafts (None: a token a decode step)."""
+    (None: all at once); pool: its KV blocks, an EngineBlocks (a prefix cache, or paged blocks
+    caching nothing; None: its rows alone, every prompt prefilled whole, nothing preempted);
+    drafts: its speculative decoding, EngineDrafts (None: a token a decode step)."""
     prompts: torch.Tensor
     output_lens: list
     arrival_s: object = None
-    prefix: object = None
+    pool: object = None
     drafts: object = None
 
 
@@ -61,7 +62,7 @@ def run_engine(model, cache, requests, policy, pad=False, order=None):
 
 
 class EngineBlocks:
-    """D's prefix cache, as vLLM's block pool runs it (vllm/v1/core/block_pool.py,
+    """D's KV blocks, a prefix cache as vLLM's block pool runs it (vllm/v1/core/block_pool.py,
     kv_cache_manager.py allocate_slots, the scheduler's order), written out plainly: `capacity`
     blocks of `block` tokens, held by the running requests or free. A prompt's full block is
     keyed by a hash of its tokens and all before them, and cached as the step that computes it
@@ -118,7 +119,7 @@ class EngineBlocks:
         table = self.table[r]
         while len(table) * self.block < tokens:
             if not self.free:
-                raise RuntimeError("D's block pool ran out of blocks (fits was not asked)")
+                raise RuntimeError("D's block pool ran out of blocks (ask fits first)")
             blk = self.free.popitem(last=False)[0]
             key = self.key_of.pop(blk, None)
             if key is not None:  # (a cached block: evicted)
@@ -196,7 +197,7 @@ class Engine:
     then the tokens recorded and the finished requests' rows refilled."""
 
     def __init__(self, model, cache, requests, policy, pad, order):
-        prompts, output_lens, arrival_s, self.prefix, self.drafts = requests
+        prompts, output_lens, arrival_s, self.pool, self.drafts = requests
         self.model, self.cache, self.prompts, self.policy, self.pad = model, cache, prompts, \
             policy, pad
         self.device, self.prompt_len = prompts.device, prompts.shape[1]
@@ -241,12 +242,12 @@ class Engine:
 
     def admit(self):
         """Waiting requests into free rows (continuous: at every step; static: once the batch
-        has emptied). With a prefix cache, as vLLM's scheduler orders it: the running requests'
+        has emptied). With a block pool, as vLLM's scheduler orders it: the running requests'
         blocks for this step first (grow_running), then each newcomer's hit and blocks, the
         preempted first, the first that does not fit holding back those behind it. -> the
         newcomers, or None after idling to the next arrival."""
         new = []
-        if self.prefix:
+        if self.pool:
             self.grow_running()
         if self.policy == "continuous" or not self.running:
             now = time.perf_counter() - self.t0
@@ -254,8 +255,8 @@ class Engine:
                 r = self.retry[0] if self.retry else self.waiting.head(now)
                 if r is None:
                     break
-                if self.prefix:
-                    hit = self.prefix.admit(r, self.to_prefill[r])
+                if self.pool:
+                    hit = self.pool.admit(r, self.to_prefill[r])
                     if hit is None:
                         break
                     self.hit_blocks[r], self.admitted[r] = hit, self.admissions
@@ -280,21 +281,21 @@ class Engine:
             if r not in self.running:  # (preempted meanwhile)
                 continue
             tokens = self.position[self.running.index(r)] + 1  # (its decode writes position p)
-            while not self.prefix.fits(r, tokens):
+            while not self.pool.fits(r, tokens):
                 victim = max(self.running, key=self.admitted.get)
                 self.preempt(victim)
                 if victim == r:
                     break
             else:
-                self.prefix.grow(r, tokens)
+                self.pool.grow(r, tokens)
 
     def preempt(self, r):
         """Request r leaves its row to come back later and prefill its prompt and answer
         again, finding in the pool what is still cached of them."""
         row = self.running.index(r)
-        tokens = np.concatenate((self.prefix.rows[r], np.asarray(self.generated[r],
-                                                                  dtype=self.prefix.rows.dtype)))
-        self.prefix.preempt(self.cache, r, row, tokens)
+        tokens = np.concatenate((self.pool.rows[r], np.asarray(self.generated[r],
+                                                                  dtype=self.pool.rows.dtype)))
+        self.pool.preempt(self.cache, r, row, tokens)
         self.to_prefill[r] = len(tokens)
         self.vacate(row)
         heapq.heappush(self.retry, r)
@@ -307,17 +308,17 @@ class Engine:
         newcomer of this step, as vLLM's blocks cached as scheduled are, runs in a pass after
         it); then one decode step for everyone else, each row at its own position; each pass
         timed. -> the newcomers in the order of their rows."""
-        old, prefix, left = len(self.running), self.prefix, list(new)
+        old, pool, left = len(self.running), self.pool, list(new)
         while left:
-            ready = [r for r in left if not prefix or prefix.stored(r, self.hit_blocks[r])]
-            hits = [(self.hit_blocks[r] if prefix else 0, self.to_prefill[r]) for r in ready]
+            ready = [r for r in left if not pool or pool.stored(r, self.hit_blocks[r])]
+            hits = [(self.hit_blocks[r] if pool else 0, self.to_prefill[r]) for r in ready]
             for hit, length in dict.fromkeys(hits):
                 group = [r for r, h in zip(ready, hits) if h == (hit, length)]
                 first = len(self.running)
                 self.prefill_rows(group, hit, length)
                 for row, r in enumerate(group, first):
-                    if prefix:
-                        prefix.keep(self.cache, r, row)
+                    if pool:
+                        pool.keep(self.cache, r, row)
             left = [r for r in left if r not in ready]
         self.decode_rows(old)
         return self.running[old:]
@@ -375,13 +376,13 @@ class Engine:
         """Prefill requests `group` into the next free rows, `length` tokens each (a prompt;
         a preempted request's prompt and answer), each with its first `hit` blocks cached
         (copied into its row first, with the copy timed as part of the pass)."""
-        old, elog, P = len(self.running), self.elog, length
-        cached = hit * self.prefix.block if hit else 0
+        old, elog = len(self.running), self.elog
+        cached = hit * self.pool.block if hit else 0
         t_pass = time.perf_counter()
         rows = torch.arange(old, old + len(group), device=self.device)
         for row, r in enumerate(group, old):
             if hit:
-                self.prefix.load(self.cache, r, row, hit)
+                self.pool.load(self.cache, r, row, hit)
             if self.generated[r]:  # (back after a preemption: its first hit stays)
                 elog["readmitted_hit_tokens"] += cached
             else:
@@ -392,16 +393,16 @@ class Engine:
         logits = prefill(self.model, self.cache, tokens[:, cached:], rows, cached)
         self.next_token[old:old + len(group)] = logits.argmax(-1)
         self.running += group
-        self.position += [P] * len(group)
+        self.position += [length] * len(group)
         self.sync()
         elog["prefill_passes"].append(len(elog["passes"]))
-        elog["passes"].append((len(group) * (P - cached), len(group) * cached,
+        elog["passes"].append((len(group) * (length - cached), len(group) * cached,
                                time.perf_counter() - t_pass))
         elog["prefill_s"] += elog["passes"][-1][2]
 
     def retire(self, new):
         """Record the step's tokens and times, and move the last row into each finished one."""
-        running, position, elog, ledger = self.running, self.position, self.elog, self.ledger
+        running, elog, ledger = self.running, self.elog, self.ledger
         for r, token in zip(running, self.next_token[:len(running)].tolist()):
             self.generated[r].append(token)
         now, step = time.perf_counter() - self.t0, len(elog["t_s"]) + 1
@@ -412,10 +413,10 @@ class Engine:
                 ledger.first_step[r], ledger.first_token[r] = step, now
         finished = [i for i, r in enumerate(running)
                     if len(self.generated[r]) == self.output_lens[r]]
-        if self.prefix:  # (in the order they were admitted: vLLM frees the finished requests
+        if self.pool:  # (in the order they were admitted: vLLM frees the finished requests
             # as its running list holds them)
             for r in sorted((running[row] for row in finished), key=self.admitted.get):
-                self.prefix.release(r)
+                self.pool.release(r)
         for row in reversed(finished):
             ledger.finish_step[running[row]], ledger.finish[running[row]] = step, now
             self.vacate(row)

@@ -379,7 +379,7 @@ REQUEST_COLUMNS = [("policy", "label", "text"), ("latency", "latency", "text"),
 def request_table(T, D):
     """D request by request: steps, then latencies measured against the two predictions."""
     rows, lines = [], [T["D_requests"]]
-    policies = [p for p in ("static", "continuous", "speculative") if p in D]
+    policies = [p for p in ENGINE_LABELS if p in D]
     for policy in policies:
         lat = D[policy]["latency"]
         for metric in LATENCIES:

@@ -94,9 +94,9 @@ class TierLoads:
     together queue on it, as vLLM's offloading connector's transfers share the card's copy
     engine). Blocks from the disk tier are read first, at `disk_token_s` a token, one read
     after another, and stream on over the link as they come, the link busy with the copy
-    alone: a load ends when both the read and the copy have. With `prefetch`, a disk read starts as its request arrives
-    (SGLang HiCache's L3 prefetch, its wait_complete policy: the request runs once all of it
-    is in), else as the request is admitted (LMCache's retrieve). `wait_s`: the seconds
+    alone: a load ends when both the read and the copy have. With `prefetch`, a disk read
+    starts as its request arrives (SGLang HiCache's L3 prefetch, its wait_complete policy: the
+    request runs once all of it is in), else as the request is admitted (LMCache's retrieve). `wait_s`: the seconds
     requests have waited for their loads."""
 
     def __init__(self, host_token_s, disk_token_s=0.0, prefetch=False):

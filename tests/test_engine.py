@@ -228,7 +228,8 @@ def test_speculations_speedup_holds_or_misses_by_hand():
     from nn40.speculative import Speculation
     spec = Speculation("ngram", 2, (0.5, 0.25), "given", 2)
     D = {"static": engine_run(10.0, 0.0), "continuous": engine_run(5.0, 0.0),
-         "speculative": {**engine_run(4.0, 0.0), "outputs": [1, 4, 7], "verify_steps": 4}}
+         "speculative": {**engine_run(4.0, 0.0), "verify_steps": 4},
+         "requests": 3, "lengths": {"total": 12}}  # (outputs 1, 4 and 7)
     D["speedup_measured"], D["speedup_predicted"] = 2.0, 2.0
     for predicted, within in ((4.2, True), (3.0, False)):
         D["speculative"]["predicted"]["wall_s"] = predicted
@@ -417,7 +418,7 @@ def test_the_engines_prefix_cache_keeps_its_tokens_and_takes_cs_steps(monkeypatc
     cache = new_kv_cache(TINY, 4, P + 10, "cpu")
     plain, _ = run_engine(model, cache, EngineRequests(prompts, lengths), "continuous")
     cached, log = run_engine(model, cache, EngineRequests(
-        prompts, lengths, prefix=EngineBlocks(prompts, 40, 16)), "continuous")
+        prompts, lengths, pool=EngineBlocks(prompts, 40, 16)), "continuous")
     assert cached == plain
     # the first four are admitted in one step: 0 and 1 compute system prompts 0 and 1, 3 has
     # none, and 2 shares 0's (vLLM caches a block as its step is scheduled); 9 opens with no
@@ -488,7 +489,7 @@ def pool_case(seed, slots, pool=None, n=16, P=36, prefix_len=32, systems=4, cach
     with torch.inference_mode():
         model = build_model(TINY, "cpu", seed=3)
         generated, log = run_engine(model, cache, EngineRequests(
-            prompts, lengths, prefix=EngineBlocks(prompts, pool, 16, caching)), "continuous")
+            prompts, lengths, pool=EngineBlocks(prompts, pool, 16, caching)), "continuous")
         plain, _ = run_engine(model, cache, EngineRequests(prompts, lengths), "continuous")
     identity = SharedPrompts(system, np.full(systems, prefix_len), np.full(n, -1))
     req = Requests(np.zeros(n), np.full(n, P), np.array(lengths), identity=identity)
