@@ -33,6 +33,7 @@ from nn40.stages import stage_model
 from nn40.text import DESCRIPTION, EPILOG, USAGE
 from nn40.text_ko import TEXT
 from nn40.tiers import HOST_TIERS
+from nn40.workload import engine_settings, is_engine_run
 
 
 class Goodput(argparse.Action):
@@ -562,9 +563,10 @@ def run_config(args):
 
 def serving_limits(run, args):
     """The seats and step budget C serves with where it answers for an engine (capacity,
-    fleets, the rate sweep, a trace's replay): the flags where given, else with --gpu the
-    engine profile's defaults on that card (see EngineRules.defaults), else the post's. The
-    post's own table keeps --slots or the post's 32 seats."""
+    fleets, the rate sweep, a trace's replay): the flags where given, else a logged engine
+    run's own (its meta.json: a replay of it runs as it ran, its KV cache too), else with --gpu
+    the engine profile's defaults on that card (see EngineRules.defaults), else the post's.
+    The post's own table keeps --slots or the post's 32 seats."""
     slots, chunk, source = run.scheduler.slots, run.scheduler.chunk_tokens, "post"
     if run.hardware.gpu:
         profile = run_profile(run)
@@ -572,10 +574,20 @@ def serving_limits(run, args):
         slots, chunk, source = ENGINE_RULES[profile.rules].defaults(
             profile, stage_model(run.hardware.model, run.hardware.pp), GPUS[run.hardware.gpu],
             run.hardware.tp, run.hardware.ep, drafting)
+    logged = engine_settings(args.trace) if args.trace and is_engine_run(args.trace) else {}
+    if "max_num_seqs" in logged or "max_num_batched_tokens" in logged:
+        slots, chunk = logged.get("max_num_seqs", slots), logged.get("max_num_batched_tokens",
+                                                                     chunk)
+        source = "logged"
     if args.slots or args.chunk_tokens:
         source = "flag" if args.slots and args.chunk_tokens else source + "+flag"
-    return {"serve_slots": args.slots or slots, "serve_chunk_tokens": args.chunk_tokens or chunk,
-            "serve_source": source}
+    limits = {"serve_slots": args.slots or slots,
+              "serve_chunk_tokens": args.chunk_tokens or chunk, "serve_source": source}
+    sized = args.kv_tokens or args.kv_memory_gb or args.kv_fraction is not None or \
+        args.prefill_replicas or searches_placements(args)  # (the pools size their own)
+    if logged.get("num_kv_tokens") and not sized:
+        limits["serve_kv_tokens"] = logged["num_kv_tokens"]
+    return limits
 
 
 def speculation_fields(args, cfg):

@@ -217,14 +217,15 @@ def schedulers_study(run, req, replica, kv_budgets, log):
     if kv_budgets:
         result["kv"] = kv_study(req, sims, *kv_budgets)
     if run.workload.trace and is_engine_run(run.workload.trace):
-        result["engine_run"] = engine_run_study(run, req, sims)
+        result["engine_run"] = engine_run_study(run, req, sims,
+                                                result.get("kv", {}).get("budget_tokens"))
     return result, work_of(list(sims.values()))
 
 
-def engine_run_study(run, req, sims):
+def engine_run_study(run, req, sims, kv_tokens=None):
     """C's simulation of a real engine's logged requests (their arrivals, this run's slots,
-    chunk and KV budget: the engine's own settings where given) beside what the engine
-    measured: TTFT, TPOT and E2E at p50, p90 and p99, and C's error on each, under each
+    chunk and KV budget, `kv_tokens`: the engine's own settings where given) beside what the
+    engine measured: TTFT, TPOT and E2E at p50, p90 and p99, and C's error on each, under each
     scheduler (with the paged KV budget where C has one)."""
     logged = read_engine_run(run.workload.trace, run.workload.trace_limit)
     keys, stats = ("ttft_s", "tpot_s", "e2e_s"), ("p50", "p90", "p99")
@@ -236,8 +237,9 @@ def engine_run_study(run, req, sims):
         simulated[label[2:]] = {**{k: metrics[k] for k in keys}, "error": {
             k: {p: metrics[k][p] / measured[k][p] - 1 for p in stats} for k in keys}}
     return {"settings": logged["settings"], "measured": measured, "simulated": simulated,
-            "run": {"slots": run.scheduler.slots, "chunk_tokens": run.scheduler.chunk_tokens,
-                    "kv_tokens": run.scheduler.kv_tokens, "rate": run.workload.rate}}
+            "run": {"slots": run.scheduler.serve_slots,
+                    "chunk_tokens": run.scheduler.serve_chunk_tokens,
+                    "kv_tokens": kv_tokens, "rate": run.workload.rate}}
 
 
 def kv_study(req, sims, info, budgets):

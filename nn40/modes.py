@@ -91,8 +91,9 @@ def calibration_result(runs, start):
                          "loo_error": loo[i][1][k] if loo and loo[i][1] else None})
     return {"profile": profile.fields(), "start": start.fields(), "rms_log_error": rms,
             "fields": list(CALIBRATE_FIELDS), "rows": rows,
-            "runs": [{"path": r.path, "kind": r.kind, "model": r.model, "gpu": r.gpu,
-                      "tp": r.tp, "ep": r.ep, "replicas": r.replicas, "slots": r.slots,
+            "runs": [{"path": r.path, "label": run_label(r), "kind": r.kind, "model": r.model,
+                      "gpu": r.gpu, "tp": r.tp, "ep": r.ep, "replicas": r.replicas,
+                      "slots": r.slots,
                       "chunk_tokens": r.chunk_tokens, "kv_tokens": r.kv_tokens,
                       "requests": len(r.requests.output), "settings": r.settings,
                       "measured": r.measured} for r in runs]}
@@ -109,7 +110,15 @@ def calibration_text(T, C, path):
                           step_ms=p["step_s"] * 1e3,
                           layer_us=p["layer_s"] * 1e6, bandwidth=p["bandwidth_share"],
                           matmul=p["matmul_share"], rms=math.expm1(C["rms_log_error"])),
-                      T["calibration_wrote"].format(path=path)])
+                      T["calibration_wrote"].format(path=path)] +
+                     cached_runs_text(T, [run["label"] for run in C["runs"]
+                                          if run["settings"].get("prefix_caching") == "on"]))
+
+
+def cached_runs_text(T, runs):
+    """[A line naming the measured runs whose engine cached prefixes, which C replays without
+    hits] (none: [])."""
+    return [T["replay_cached"].format(runs=", ".join(runs))] if runs else []
 
 
 def run_calibration(mode):

@@ -183,6 +183,8 @@ class SchedulerConfig:
     serve_slots: int = None       # capacity, fleets, the rate sweep and a trace's replay: the
     serve_chunk_tokens: int = None  # engine's max_num_seqs and max_num_batched_tokens (see
     serve_source: str = "post"    # serving_limits: "flag", the engine's defaults, or "post")
+    serve_kv_tokens: int = None   # a logged run's KV cache in tokens (its meta.json's): C's
+    # where no flag sizes it (D's pool is --kv-tokens alone)
     kv_fraction: float = None     # the engine's memory fraction, as its flag names it
     order: str = "fcfs"           # the waiting queue's order (see Order)
     predict_sigma: float = 0.8    # "predicted": log-normal error of the predicted lengths

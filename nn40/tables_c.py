@@ -471,10 +471,12 @@ def engine_run_table(T, E):
                                            for _, path, _ in columns])
     settings = ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}"
                          for k, v in E["settings"].items()) or "-"
+    cached = E["settings"].get("prefix_caching") == "on"
     return "\n".join([T["engine_run"].format(settings=settings, **{
         k: "-" if v is None else f"{v:,}" if isinstance(v, int) else v
         for k, v in E["run"].items()}),
-        table(T, rows, ["run_col"] + [h for h, _, _ in columns])])
+        table(T, rows, ["run_col"] + [h for h, _, _ in columns])] +
+        ([T["replay_cached"].format(runs=T["engine_measured"])] if cached else []))
 
 
 VALIDATION_COLUMNS = [("role_col", "role", "text"), ("source_col", "source", "text"),

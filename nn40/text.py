@@ -270,6 +270,7 @@ TEXT_EN = {**SHARED_TEXT,
     "serving_limits": "{slots:,} sequences a replica and {chunk:,} tokens a step ({source})",
     "limits_post": "the post's, as its table", "limits_flag": "the flags'",
     "limits_profile": "the engine profile's", "limits_flag_too": ", and a flag's",
+    "limits_logged": "the logged run's own, as its meta.json says",
     "limits_vllm_large": "vllm serve's defaults on a card of 70 GiB or more",
     "limits_vllm_small": "vllm serve's defaults on a card under 70 GiB or an A100",
     "limits_sglang": "SGLang's defaults for the card",
@@ -284,6 +285,7 @@ TEXT_EN = {**SHARED_TEXT,
           "{block}{admission}",
     "admit_watermark": ", admitted when the prompt's blocks fit and {share:.0%} stay free",
     "admit_naive": ", admitted when the first step's blocks fit",
+    "memory_logged": "{tokens:,} tokens, the logged run's own (its meta.json)",
     "memory_cpu": "the CPU default",
     "memory_card": "{fraction:g} x ({total_gb:.1f} GB of each of {tp} x {card} less its "
                    "{weights_gib:.2f} GiB of weights and {reserved_gb:g} GB reserved)",
@@ -482,6 +484,10 @@ TEXT_EN = {**SHARED_TEXT,
                        "{layer_us:.1f} us a layer, {bandwidth:.0%} of the bandwidth, "
                        "{matmul:.0%} of the FLOP/s; rms error on its runs {rms:.1%}",
     "calibration_wrote": "wrote {path} (pass it back: --engine-profile {path})",
+    "replay_cached": "{runs}: the engine cached prefixes (its settings say so), but a log of "
+                     "token counts names no prompt's tokens, so C replays it with no prompt "
+                     "sharing a block with another; where the prompts did share whole blocks, "
+                     "the engine computed less than C's replay",
     # --replay-distserve
     "distserve_replay": "DistServe's logged runs (OPT-13B, A100-80GB, ShareGPT) against C on "
                         "their own placements and arrivals, priced by {profiles} alone; SLO: "

@@ -221,6 +221,7 @@ TEXT_KO = {**SHARED_TEXT,
     "serving_limits": "복제본마다 시퀀스 {slots:,}개, 스텝마다 토큰 {chunk:,}개 ({source})",
     "limits_post": "글의 표와 같이", "limits_flag": "플래그대로",
     "limits_profile": "엔진 프로필대로", "limits_flag_too": ", 일부는 플래그대로",
+    "limits_logged": "기록된 실행의 설정대로 (meta.json)",
     "limits_vllm_large": "70 GiB 이상 카드에서 vllm serve의 기본값",
     "limits_vllm_small": "70 GiB 미만 카드나 A100에서 vllm serve의 기본값",
     "limits_sglang": "카드에 맞춘 SGLang의 기본값",
@@ -234,6 +235,7 @@ TEXT_KO = {**SHARED_TEXT,
           "{block}토큰 블록{admission}",
     "admit_watermark": ", 질문의 블록이 들어가고 {share:.0%}가 남을 때 받음",
     "admit_naive": ", 첫 스텝의 블록이 들어가면 받음",
+    "memory_logged": "기록된 실행의 {tokens:,} 토큰 (meta.json)",
     "memory_cpu": "CPU 기본값",
     "memory_card": "{card} {tp}장 각각의 {total_gb:.1f} GB에서 가중치 {weights_gib:.2f} GiB와 "
                    "예약 {reserved_gb:g} GB를 뺀 값 x {fraction:g}",
@@ -412,6 +414,10 @@ TEXT_KO = {**SHARED_TEXT,
                        "{layer_us:.1f} us, 대역폭의 {bandwidth:.0%}, FLOP/s의 {matmul:.0%}; "
                        "보정에 쓴 실행에서의 rms 오차 {rms:.1%}",
     "calibration_wrote": "저장: {path} (다시 쓰려면: --engine-profile {path})",
+    "replay_cached": "{runs}: 엔진은 프리픽스를 캐시했지만 (설정에 그렇게 적혀 있음) 토큰 수만 "
+                     "담은 기록으로는 프롬프트의 토큰을 알 수 없어, C는 어떤 프롬프트도 다른 "
+                     "프롬프트와 블록을 공유하지 않는 것으로 재현합니다. 프롬프트가 실제로 블록 "
+                     "전체를 공유했다면 엔진은 C의 재현보다 적게 계산했습니다",
     "distserve_replay": "DistServe가 기록한 실행 (OPT-13B, A100-80GB, ShareGPT)과 같은 배치, "
                         "같은 도착으로 돌린 C; 가격은 {profiles}만으로; SLO: TTFT <= 0.2 s, "
                         "TPOT <= 0.1 s",

@@ -366,8 +366,21 @@ def engine_settings(path):
                               "max_num_seqs": kw.get("max_num_seqs"),
                               "max_num_batched_tokens": kw.get("max_num_batched_tokens"),
                               "tensor_parallel_size": kw.get("tensor_parallel_size"),
-                              "num_kv_tokens": kv.get("num_kv_tokens")}.items()
+                              "num_kv_tokens": kv.get("num_kv_tokens"),
+                              "prefix_caching": logged_prefix_caching(info)}.items()
             if v is not None}
+
+
+def logged_prefix_caching(info):
+    """Whether a vLLM run cached prefixes, as its meta.json says (its kv_cache record, else
+    the resolved config's cache_config): "on", "off", or None where it does not say (vLLM v1
+    defaults it on; the log cannot tell)."""
+    resolved = (info.get("resolved_config") or {}).get("cache_config") or {}
+    for said in ((info.get("kv_cache") or {}).get("enable_prefix_caching"),
+                 resolved.get("enable_prefix_caching")):
+        if isinstance(said, bool):
+            return "on" if said else "off"
+    return None
 
 
 def read_bench_result(path, result, engine):
@@ -407,7 +420,16 @@ def read_bench_result(path, result, engine):
                          server.get("model_path"), "date": result.get("date"),
                          "request_rate": rate, "arrivals": "logged" if starts else "drawn",
                          "tp": server.get("tp_size"), "dp": server.get("dp_size"),
-                         "requests": n, "completed": len(done)}}
+                         "requests": n, "completed": len(done),
+                         "prefix_caching": radix_cache(server)}}
+
+
+def radix_cache(server):
+    """Whether an SGLang run cached prefixes, as its server_info says (its radix cache is on
+    unless --disable-radix-cache): "on", "off", or None where it does not say (vLLM's results
+    keep no server settings)."""
+    said = server.get("disable_radix_cache")
+    return None if not isinstance(said, bool) else "off" if said else "on"
 
 
 def read_run_meta(path):
@@ -428,7 +450,8 @@ def read_run_meta(path):
             "tp": kw.get("tensor_parallel_size") or 1, "dp": kw.get("data_parallel_size") or 1,
             "expert_parallel": bool(kw.get("enable_expert_parallel")),
             "slots": kw.get("max_num_seqs"), "chunk_tokens": kw.get("max_num_batched_tokens"),
-            "kv_tokens": kv.get("num_kv_tokens"), "date": info.get("started_at")}
+            "kv_tokens": kv.get("num_kv_tokens"), "date": info.get("started_at"),
+            "prefix_caching": logged_prefix_caching(info)}
 
 
 def arrival_times(n, rate, burstiness, rng):

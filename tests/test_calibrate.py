@@ -11,16 +11,18 @@ import pytest
 import NN_40_serving as S
 from nn40.accounting import active_param_count, param_count
 from nn40.calibration import (
-    calibrate, calibration_errors, leave_one_out, read_measured_run, replay_run)
+    calibrate, calibration_errors, leave_one_out, read_measured_run, replay_run, run_label)
 from nn40.cli import parse_args
 from nn40.config import GPUS, MODELS, PROJECT_DIR
 from nn40.kv import KVBudget
 from nn40.loop import simulate_serving
+from nn40.modes import cached_runs_text
 from nn40.names import NAME_ALIASES, find_name
 from nn40.pricing import ENGINE_PROFILES, card_costs, card_kv_tokens
 from nn40.profiles import engine_profile
 from nn40.replicas import Replica
-from nn40.workload import Requests
+from nn40.text_ko import TEXT
+from nn40.workload import Requests, read_engine_run
 from test_cli import expect_usage_error, run_main
 
 # (spelling, kind, C's name): vendors' sheets, benchmark tables, Hugging Face ids
@@ -335,20 +337,25 @@ def test_one_rtx_4090_run_fixes_its_card_and_predicts_the_other():
     assert abs(after["tpot_s"]) < 0.09
 
 
-def test_an_llmservingsim_run_says_its_model_card_and_parallelism(tmp_path):
-    """Its meta.json names the model and the engine's settings; its folder, the card."""
-    folder = tmp_path / "RTXPRO6000_Qwen3-30B-A3B-Instruct-2507_dp2-ep2"
+def llmservingsim_run(folder, meta):
+    """A vLLM run as LLMServingSim logs it: 8 requests and its meta.json."""
     folder.mkdir()
-    (folder / "meta.json").write_text(json.dumps({
-        "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "vllm_version": "0.19.0",
-        "engine_kwargs": {"tensor_parallel_size": 1, "data_parallel_size": 2,
-                          "enable_expert_parallel": True, "max_num_seqs": 128,
-                          "max_num_batched_tokens": 2048}}))
+    (folder / "meta.json").write_text(json.dumps(meta))
     rows = [{"request_id": f"bench-{i}", "input_toks": 100 + i, "output_toks": 20,
              "arrival_time": 1.7e9 + i, "queued_ts": 500.0 + i, "scheduled_ts": 500.0 + i,
              "first_token_ts": 500.1 + i, "last_token_ts": 501.0 + i} for i in range(8)]
     (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run = read_measured_run(str(folder / "requests.jsonl"), {"slots": 4, "gpu": "h100"})
+    return str(folder / "requests.jsonl")
+
+
+def test_an_llmservingsim_run_says_its_model_card_and_parallelism(tmp_path):
+    """Its meta.json names the model and the engine's settings; its folder, the card."""
+    path = llmservingsim_run(tmp_path / "RTXPRO6000_Qwen3-30B-A3B-Instruct-2507_dp2-ep2", {
+        "model": "Qwen/Qwen3-30B-A3B-Instruct-2507", "vllm_version": "0.19.0",
+        "engine_kwargs": {"tensor_parallel_size": 1, "data_parallel_size": 2,
+                          "enable_expert_parallel": True, "max_num_seqs": 128,
+                          "max_num_batched_tokens": 2048}})
+    run = read_measured_run(path, {"slots": 4, "gpu": "h100"})
     assert run.kind == "llmservingsim" and run.model == "qwen3-30b-a3b"
     assert run.gpu == "rtx-pro-6000"  # (the file's word over the flag's)
     assert (run.tp, run.ep, run.replicas, run.slots, run.chunk_tokens, run.kv_tokens) == \
@@ -356,6 +363,52 @@ def test_an_llmservingsim_run_says_its_model_card_and_parallelism(tmp_path):
     assert run.measured["tpot_s"]["p50"] == pytest.approx(0.9 / 19)
     assert run.measured["e2e_s"]["p50"] == pytest.approx(1.0)
     np.testing.assert_allclose(run.requests.arrival_s, np.arange(8.0))
+
+
+@pytest.mark.parametrize("meta, said", [
+    ({"kv_cache": {"enable_prefix_caching": True}}, "on"),
+    ({"resolved_config": {"cache_config": {"enable_prefix_caching": False}}}, "off"),
+    ({"kv_cache": {"enable_prefix_caching": None},  # (the record's word first, where it has
+      "resolved_config": {"cache_config": {"enable_prefix_caching": True}}}, "on"),  # one)
+    ({"kv_cache": {"enable_prefix_caching": "yes"}}, None), ({}, None)])
+def test_a_vllm_run_says_whether_it_cached_prefixes(tmp_path, meta, said):
+    path = llmservingsim_run(tmp_path / "RTX4090_Llama-3.1-8B_tp1", {
+        "model": "meta-llama/Llama-3.1-8B", "vllm_version": "0.19.0",
+        "engine_kwargs": {"max_num_seqs": 8, "max_num_batched_tokens": 2048}, **meta})
+    run = read_measured_run(path, {})
+    assert run.settings.get("prefix_caching") == said
+    logged = read_engine_run(path)  # (the trace replay's reading of the same run)
+    assert logged["settings"].get("prefix_caching") == said
+    assert cached_runs_text(TEXT["en"], [run_label(run)] if said == "on" else []) == (
+        [] if said != "on" else [TEXT["en"]["replay_cached"].format(
+            runs="RTX4090_Llama-3.1-8B_tp1")])
+
+
+@pytest.mark.parametrize("disable, said", [(False, "on"), (True, "off"), (None, None)])
+def test_calibrate_says_an_sglang_run_cached_prefixes(tmp_path, capsys, disable, said):
+    """SGLang's server_info keeps its server's flags: its radix cache is on unless
+    --disable-radix-cache; C's replay names the runs that cached (their logs name no tokens:
+    it replays them without hits)."""
+    result, _ = bench_result(n=30)
+    server = {"model_path": result["model_id"]}
+    if disable is not None:
+        server["disable_radix_cache"] = disable
+    sglang = {**{k: v for k, v in result.items() if k != "model_id"},
+              "server_info": server, "dataset_name": "sharegpt"}
+    path = tmp_path / "sglang-run.jsonl"
+    path.write_text(json.dumps(sglang) + "\n")
+    got, text = run_main(["--calibrate", str(path), "--gpu", "h100", "--out",
+                          str(tmp_path / "fit")], capsys)
+    assert got["calibration"]["runs"][0]["settings"]["prefix_caching"] == said
+    line = TEXT["en"]["replay_cached"].format(runs="sglang-run.jsonl")
+    assert (line in " ".join(text.out.split())) == (said == "on")
+
+
+@needs_runs
+def test_the_rtx_4090_run_cached_prefixes_and_the_superseded_one_does_not_say():
+    assert real_run("RTX4090_Llama-3.1-8B_tp1").settings["prefix_caching"] == "on"
+    assert real_run("RTX4090_Llama-3.1-8B_tp1-mns128_superseded",
+                    kv_tokens=41408).settings.get("prefix_caching") is None
 
 
 @pytest.mark.parametrize("profile, why", [

@@ -13,6 +13,7 @@ from nn40.accounting import (
     card_kv_bytes_per_token, card_share, card_weight_bytes, dense_twin, ep_card_cost,
     expert_inclusion, experts_touched, kv_bytes_per_token, layer_weights, moe_step_bytes,
     param_count, flops_and_bytes, weight_bytes)
+from nn40.cli import parse_args
 from nn40.config import (
     CALIBRATION_CSV, GPUS, MODELS, ModelConfig, PUBLISHED_CSV, read_model_config)
 from nn40.loop import simulate_serving
@@ -460,6 +461,8 @@ def test_a_bad_engine_log_is_one_line(tmp_path, capsys):
 def test_c_replays_an_engines_run_beside_its_measurements(tmp_path, capsys):
     log = tmp_path / "requests.jsonl"
     log.write_text("\n".join(json.dumps(r) for r in VLLM_LOG) + "\n")
+    (tmp_path / "meta.json").write_text(json.dumps({  # (vLLM v1's default, as it says)
+        "vllm_version": "0.19.0", "kv_cache": {"enable_prefix_caching": True}}))
     results, out = run_main(["--experiments", "C", "--trace", str(log), "--rate", "trace",
                              "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--engine-profile",
                              "vllm", "--slots", "4", "--chunk-tokens", "64", "--kv-tokens",
@@ -473,6 +476,39 @@ def test_c_replays_an_engines_run_beside_its_measurements(tmp_path, capsys):
         chunked["e2e_s"]["p50"] / 0.5 - 1)
     assert results["C"]["kv"]["budget_tokens"] == 4096
     assert said("C against the engine's own run", out.out) and "max_num_seqs 4" not in out.out
+    assert E["settings"]["prefix_caching"] == "on"  # (said, and C replays it without hits)
+    assert said(TEXT["en"]["replay_cached"].format(runs=TEXT["en"]["engine_measured"]),
+                out.out)
+
+
+def test_a_logged_runs_replay_runs_as_the_run_ran(tmp_path, capsys):
+    """Its seats, step budget and KV cache are its meta.json's where no flag gives them (the
+    engine profile's defaults on the card are another engine's settings); a flag still wins,
+    and D's block pool stays --kv-tokens's alone."""
+    log = tmp_path / "requests.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in VLLM_LOG) + "\n")
+    (tmp_path / "meta.json").write_text(json.dumps({
+        "vllm_version": "0.19.0", "engine_kwargs": {"max_num_seqs": 7,
+                                                    "max_num_batched_tokens": 64},
+        "kv_cache": {"num_kv_tokens": 4096}}))
+    flags = ["--experiments", "C", "--trace", str(log), "--rate", "trace", "--model",
+             "llama-3.1-8b", "--gpu", "rtx-4090", "--engine-profile", "vllm"]
+    run = parse_args(flags)
+    assert (run.scheduler.serve_slots, run.scheduler.serve_chunk_tokens,
+            run.scheduler.serve_source) == (7, 64, "logged")
+    assert run.scheduler.serve_kv_tokens == 4096 and run.scheduler.kv_tokens is None
+    given = parse_args(flags + ["--slots", "4", "--kv-tokens", "2048"]).scheduler
+    assert (given.serve_slots, given.serve_chunk_tokens, given.serve_source) == \
+        (4, 64, "logged+flag")
+    assert (given.kv_tokens, given.serve_kv_tokens) == (2048, None)
+    plain = parse_args(flags[:2] + flags[6:]).scheduler  # (no engine's log: the profile's)
+    assert plain.serve_source == "vllm_small" and plain.serve_slots == 256
+    results, out = run_main(flags + ["--rates", "5", "--no-figures", "--out",
+                                     str(tmp_path / "out")], capsys)
+    assert results["C"]["engine_run"]["run"] == {"slots": 7, "chunk_tokens": 64,
+                                                 "kv_tokens": 4096, "rate": "trace"}
+    assert results["C"]["kv"]["budget_tokens"] == 4096
+    assert said("C's: 7 slots, 64 tokens a step, 4,096 KV tokens", out.out)
 
 
 def test_the_capacity_answer_counts_gpus_as_replicas_times_tp():
