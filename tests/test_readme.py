@@ -21,6 +21,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import NN_40_serving as S  # noqa: E402
@@ -86,10 +88,43 @@ def stale(text, results, output):
 
 
 def refreshed(text, results, output):
-    """The text with every block and number rendered again from the results."""
+    """The text with every block and number rendered again from the results (LookupError
+    naming the first mark they cannot fill)."""
     text = BLOCK.sub(lambda m: m.group(0).replace(m["body"], expected_block(output, m)), text)
-    return VALUE.sub(lambda m: render(lookup(results, m["path"]), m["fmt"])
-                     + m.group(0)[len(m["number"]):], text)
+    return VALUE.sub(lambda m: marked(results, m) + m.group(0)[len(m["number"]):], text)
+
+
+def marked(results, m):
+    """A number's mark rendered from the results; LookupError where they hold no value there
+    (a run that chose another type, or shrunk by --quick, lacks rows the reference has)."""
+    try:
+        return render(lookup(results, m["path"]), m["fmt"])
+    except (KeyError, StopIteration, TypeError, IndexError, ValueError) as e:
+        raise LookupError(f"no value for the mark {m['path']} {m['fmt']} "
+                          f"({type(e).__name__})") from None
+
+
+def render_again(source, reference=RESULTS, readmes=READMES):
+    """Every README's marks rendered from the results at `source`, which become the reference:
+    all rendered before anything is written, so results that cannot fill a mark write nothing.
+    -> the READMEs rewritten."""
+    text = pathlib.Path(source).read_text(encoding="utf-8")
+    results = json.loads(text)
+    output = sample_output(results)
+    new = {}
+    for path in readmes:
+        if path.exists():
+            old = path.read_text(encoding="utf-8")
+            try:
+                new[path] = (old, refreshed(old, results, output))
+            except (KeyError, LookupError) as e:
+                raise LookupError(f"{path.name}: {str(e).strip(chr(34) + chr(39))}") from None
+    if pathlib.Path(source).resolve() != pathlib.Path(reference).resolve():
+        pathlib.Path(reference).write_text(text, encoding="utf-8")
+    changed = [path for path, (old, rendered) in new.items() if rendered != old]
+    for path in changed:
+        path.write_text(new[path][1], encoding="utf-8")
+    return changed
 
 
 def committed():
@@ -155,18 +190,33 @@ def test_a_run_into_the_reference_folder_leaves_the_reference(tmp_path, capsys):
     assert (tmp_path / "results.json").exists() and (tmp_path / "occupancy.png").exists()
 
 
-if __name__ == "__main__":  # render every README's marks again from the reference
-    if len(sys.argv) > 1:  # a run's results.json taken as the new reference
-        RESULTS.write_text(pathlib.Path(sys.argv[1]).read_text(encoding="utf-8"),
-                           encoding="utf-8")
-    results, output = committed()
-    for path in READMES:
-        if path.exists():
-            text = path.read_text(encoding="utf-8")
-            new = refreshed(text, results, output)
-            if new != text:
-                path.write_text(new, encoding="utf-8")
-                print(f"rendered {path.relative_to(ROOT)} again from figures/reference.json")
+def test_results_that_cannot_fill_a_mark_write_nothing(tmp_path):
+    """A run whose results lack a value the READMEs quote (its probe chose float32, so no
+    bfloat16 timing) is refused in one line, the reference and every README as they were."""
+    results = json.loads(RESULTS.read_text(encoding="utf-8"))
+    results["environment"]["dtype_probe"]["vs_float32"]["bfloat16"] = None
+    candidate = tmp_path / "results.json"
+    candidate.write_text(json.dumps(results), encoding="utf-8")
+    reference = tmp_path / "reference.json"
+    reference.write_bytes(RESULTS.read_bytes())
+    readme = tmp_path / "README.md"
+    readme.write_bytes((ROOT / "README.md").read_bytes())
+    with pytest.raises(LookupError, match="README.md: no value for the mark environment."
+                                          "dtype_probe.vs_float32.bfloat16"):
+        render_again(candidate, reference, [readme])
+    assert reference.read_bytes() == RESULTS.read_bytes()
+    assert readme.read_bytes() == (ROOT / "README.md").read_bytes()
+    assert render_again(reference, reference, [readme]) == []  # (the reference: as it is)
+
+
+if __name__ == "__main__":  # render every README's marks again from the reference, or from
+    # a run's results.json, which then becomes the reference
+    source = sys.argv[1] if len(sys.argv) > 1 else RESULTS
+    try:
+        for path in render_again(source):
+            print(f"rendered {path.relative_to(ROOT)} again from figures/reference.json")
+    except (OSError, ValueError, LookupError) as e:
+        sys.exit(f"tests/test_readme.py: {source}: {e}; nothing written")
 
 
 def documented_suite():
