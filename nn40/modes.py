@@ -22,6 +22,7 @@ from nn40.figures import draw_figures
 from nn40.handoff import kv_link
 from nn40.host import (
     dask_distributed, fit_lines, one_line, prepare_out_dir, to_json, write_atomic)
+from nn40.pricing import DEFAULT_PROFILE
 from nn40.profiles import engine_profile
 from nn40.published import Published, validate
 from nn40.tables import spec_table
@@ -195,8 +196,9 @@ def run_placement_search(mode):
 
 
 def run_catalog(mode):
-    """--catalog: every named model on every named card (the accounting alone); prints it."""
-    results = {"catalog": catalog()}
+    """--catalog: every named model on every named card (the accounting alone) under
+    --engine-profile's rules and prices (else the default profile's); prints it."""
+    results = {"catalog": catalog(profile_name=mode.engine_profile or DEFAULT_PROFILE)}
     print(fit_lines(catalog_table(TEXT[mode.lang], results["catalog"])))
     return results
 

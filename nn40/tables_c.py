@@ -448,7 +448,8 @@ def catalog_table(T, cat):
                                                   for key in ("decode_b1_ms", f"decode_b{b}_ms")}}
             for r in cat["rows"]]
     p = cat["profile"]
-    header = T["catalog"].format(**cat, **p, step_us=p["step_s"] * 1e6,
+    kv = T["catalog_kv_" + p["rules"]].format(**{**cat, **p})
+    header = T["catalog"].format(**cat, **p, kv=kv, step_us=p["step_s"] * 1e6,
                                  layer_us=p["layer_s"] * 1e6)
     return "\n".join([header, spec_table(T, rows, [
         ("model_col", "model", "text"), ("card_col", "card", "text"),

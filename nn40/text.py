@@ -448,8 +448,14 @@ TEXT_EN = {**SHARED_TEXT,
     "part_host": "host work between passes (scheduling, sampling, moving rows), which C "
                  "does not price",
     # --catalog
-    "catalog": "every named model on every named card: KV tokens that fit in {fraction:g} of "
-               "the card's memory after the weights and {reserved_gb:g} GB; decode steps "
+    "catalog_kv_fraction": "KV tokens that fit in {fraction:g} of the card's memory after the "
+                           "weights and {reserved_gb:g} GB",
+    "catalog_kv_vllm": "KV tokens that fit by vLLM's rule ({fraction:g} of the card's memory, "
+                       "less the weights, the activations at vllm serve's default limits on "
+                       "the card and the memory outside torch)",
+    "catalog_kv_sglang": "KV tokens that fit by SGLang's rule (its mem_fraction_static for the "
+                         "card, less the weights)",
+    "catalog": "every named model on every named card: {kv}; decode steps "
                "priced by the {name} profile ({bandwidth_share:.0%} of the card's bandwidth, "
                "{matmul_share:.0%} of its FLOP/s, {step_us:.0f} us a pass and {layer_us:.0f} us "
                "a layer), each row holding "

@@ -382,8 +382,13 @@ TEXT_KO = {**SHARED_TEXT,
                        "실측 {measured_s:.2f}초, 예측 {priced_s:.2f}초",
     "part_decode": "디코드 패스", "part_prefill": "프리필 패스",
     "part_host": "패스 사이의 호스트 작업 (스케줄링, 샘플링, 행 옮기기; C는 값을 매기지 않는다)",
-    "catalog": "이름 있는 모든 모델을 이름 있는 모든 카드에: 가중치와 {reserved_gb:g} GB를 뺀 카드 "
-               "메모리의 {fraction:g}에 들어가는 KV 토큰; 디코드 스텝은 {name} 프로파일로 값을 "
+    "catalog_kv_fraction": "가중치와 {reserved_gb:g} GB를 뺀 카드 메모리의 {fraction:g}에 "
+                           "들어가는 KV 토큰",
+    "catalog_kv_vllm": "vLLM의 규칙으로 들어가는 KV 토큰 (카드 메모리의 {fraction:g}에서 가중치, "
+                       "카드에서 vllm serve 기본 한도의 활성값, torch 밖 메모리를 뺀 값)",
+    "catalog_kv_sglang": "SGLang의 규칙으로 들어가는 KV 토큰 (카드에 맞춘 mem_fraction_static에서 "
+                         "가중치를 뺀 값)",
+    "catalog": "이름 있는 모든 모델을 이름 있는 모든 카드에: {kv}; 디코드 스텝은 {name} 프로파일로 값을 "
                "매기고 (대역폭의 {bandwidth_share:.0%}, FLOP/s의 {matmul_share:.0%}, 패스당 "
                "{step_us:.0f} us, 층당 {layer_us:.0f} us), 행마다 {context:,}토큰",
     "model_col": "모델", "card_col": "카드", "weights_gb": "가중치 GB",

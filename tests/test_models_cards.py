@@ -11,7 +11,7 @@ from nn40.accounting import kv_bytes_per_token, kv_crossover_batch, param_count,
 from nn40.config import GPUS, MODELS, ModelConfig
 from nn40.experiment_c import catalog
 from nn40.model import RMSNorm, build_model, new_kv_cache, rope_frequencies, rotate
-from nn40.pricing import ENGINE_PROFILES, measured
+from nn40.pricing import ENGINE_PROFILES, card_kv_tokens, measured
 from test_cli import expect_usage_error, run_main, said
 
 
@@ -187,6 +187,22 @@ def test_the_catalog(capsys):
     assert by["llama-3-8b", "h100"]["crossover_batch"] == kv_crossover_batch(llama, 1024) == \
         math.floor(flops_and_bytes(llama, 1, 1, 1024)["weight_bytes"] / (1024 * 131_072)) + 1
     assert said("does not fit", out.out) and said("H200 SXM", out.out)
+
+
+@pytest.mark.parametrize("profile, rule", [("vllm", "by vLLM's rule"),
+                                           ("sglang", "by SGLang's rule")])
+def test_the_catalog_under_an_engine_profile(capsys, profile, rule):
+    """--engine-profile sizes every card's cache by that engine's rule and prices its steps,
+    and the header says which rule (the default profile's 0.9 after 7 GB is another's)."""
+    results, out = run_main(["--catalog", "--engine-profile", profile], capsys)
+    by = {(r["model"], r["gpu"]): r for r in results["catalog"]["rows"]}
+    cfg, card = MODELS["llama-3.1-8b"], GPUS["rtx-4090"]
+    want = card_kv_tokens(cfg, card, ENGINE_PROFILES[profile])
+    assert by["llama-3.1-8b", "rtx-4090"]["kv_tokens"] == want
+    assert want != card_kv_tokens(cfg, card, ENGINE_PROFILES["tensorrt-llm"])
+    assert results["catalog"]["profile"]["name"] == profile
+    assert said(f"KV tokens that fit {rule}", out.out) and not said("after the weights and",
+                                                                    out.out)
 
 
 def test_the_catalogs_batch_1_price_of_llama_3_8b_on_an_h100_by_hand():
