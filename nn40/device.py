@@ -47,7 +47,8 @@ DTYPE_PREFERENCE = 1.1
 
 PROBE_ROUNDS = 5  # timed rounds at each shape (the median taken, p10/p90 kept)
 
-PROBE_EARLY_ROUNDS = 2  # rounds after which a type far behind leaves (both its calls slow)
+PROBE_EARLY_ROUNDS = 2  # rounds after which a type far behind may leave: as many again
+# confirm it (all its calls slow), so sustained contention over two calls drops nothing
 
 PROBE_NOISE = 0.1  # scores this close (relative) are tied, and a fixed order decides
 
@@ -115,9 +116,10 @@ def interleaved_ms(contenders, rounds=PROBE_ROUNDS, warm=True):
 def probe_dtypes(width, shapes):
     """F.linear in each type at each of shapes (see probe_shapes), smallest first, the types
     interleaved (see interleaved_ms). A 2-byte type whose PROBE_EARLY_ROUNDS calls at a shape
-    are each PROBE_DROP times the fastest call there leaves the probe (its shape not counted),
-    so a type on a 1000x slower path costs three calls. -> {dtype: [ms a round, per shape
-    it finished]}"""
+    are each PROBE_DROP times the fastest call there is timed as many rounds again with the
+    others, and leaves the probe (its shape not counted) where every call is still that slow:
+    a type on a 1000x slower path costs five calls, and other work slowing two calls of one
+    type drops nothing. -> {dtype: [ms a round, per shape it finished]}"""
     g = torch.Generator(device="cpu").manual_seed(7)
     rounds = {name: [] for name in PROBE_DTYPES}
     timed = list(PROBE_DTYPES)
@@ -129,14 +131,23 @@ def probe_dtypes(width, shapes):
         fns = {name: functools.partial(lambda ws_, x_: [F.linear(x_, w) for w in ws_],
                                        *cast[name]) for name in timed}
         ms = interleaved_ms(fns, PROBE_EARLY_ROUNDS)
-        fastest = min(min(ms[name]) for name in timed)
-        timed = [name for name in timed
-                 if name == "float32" or min(ms[name]) <= PROBE_DROP * fastest]
+        if far_behind(ms, timed):  # (confirmed by as many rounds again, every type timed)
+            again = interleaved_ms(fns, PROBE_EARLY_ROUNDS, warm=False)
+            ms = {name: ms[name] + again[name] for name in timed}
+            timed = [name for name in timed if name not in far_behind(ms, timed)]
         more = interleaved_ms({name: fns[name] for name in timed},
-                              PROBE_ROUNDS - PROBE_EARLY_ROUNDS, warm=False)
+                              max(PROBE_ROUNDS - len(ms["float32"]), 0), warm=False)
         for name in timed:
             rounds[name].append(ms[name] + more[name])
     return rounds
+
+
+def far_behind(ms, timed):
+    """The 2-byte types among `timed` each of whose calls (ms: {type: [ms a call]}) took
+    PROBE_DROP times the fastest call at the shape."""
+    fastest = min(min(ms[name]) for name in timed)
+    return [name for name in timed
+            if name != "float32" and min(ms[name]) > PROBE_DROP * fastest]
 
 
 def choose_dtype(rounds, shapes):

@@ -116,6 +116,10 @@ def kv_setup(run, req, device):
             "budget_tokens": max(int(memory_bytes // per_token), 0),
             "block_tokens": run.scheduler.block_tokens, "max_output": max_output,
             "watermark": run.scheduler.watermark, "unfit": {}, **host_tier(run, per_token)}
+    context = run.hardware.model.max_positions
+    if source.get("kind") == "memory_vllm" and 0 < info["budget_tokens"] < context:
+        info["engine_refuses"] = {"kind": "vllm_short_context", "context": context,
+                                  "tokens": info["budget_tokens"]}
     budgets = []
     for policy in run.scheduler.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.scheduler.block_tokens, max_output,

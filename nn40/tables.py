@@ -229,7 +229,8 @@ def ceilings_moved(before, after):
     return {"bandwidth": before["bandwidth_gbs"], "bandwidth_end": after["bandwidth_gbs"],
             "tflops": before["matmul_tflops"], "tflops_end": after["matmul_tflops"],
             "bandwidth_moved": change.get("bandwidth_gbs", 0.0),
-            "tflops_moved": change.get("matmul_tflops", 0.0), "share": CEILINGS_MOVED}
+            "tflops_moved": change.get("matmul_tflops", 0.0), "share": CEILINGS_MOVED,
+            "alone": CEILING_MOVED_ALONE}
 
 
 def summary_text(T, results):

@@ -112,6 +112,8 @@ def kv_table(T, kv):
                                                      if rows else [])
     lines += [T["kv_unfit_row"].format(policy=T.get(policy, policy), why=describe(T, why))
               for policy, why in kv.get("unfit", {}).items()]
+    if kv.get("engine_refuses"):
+        lines.append(describe(T, kv["engine_refuses"]))
     lines += prefix_tables(T, [row for row in rows if PREFIX_REPORT in row], kv)
     if kv.get("device_check"):
         lines.append(device_check_text(T, kv["device_check"]))

@@ -230,7 +230,8 @@ TEXT_EN = {**SHARED_TEXT,
                    "a quiet machine",
     "verdict_machine_held": "the machine's speed held around D: ceilings {bandwidth_moved:+.0%} "
                             "(bandwidth) and {tflops_moved:+.0%} (matmul) from before its "
-                            "pricing to after its run",
+                            "pricing to after its run (a move: both past {share:.0%} one way, "
+                            "or one past {alone:.0%})",
     "verdict_machine_moved": "the machine's speed moved between D's pricing and its run: "
                              "ceilings {bandwidth_moved:+.0%} (bandwidth) and {tflops_moved:+.0%}"
                              " (matmul), past {share:.0%}: the verdict is the machine's, not C's",
@@ -280,6 +281,11 @@ TEXT_EN = {**SHARED_TEXT,
     "answer_tie": " (as few as any router needs)",
     "answer_none": "answer: no count up to {n:,} replicas serves it",
     # C: the KV cache
+    "vllm_short_context": "C  vllm serve would not start here at the model's full "
+                          "{context:,}-token context (its default --max-model-len: one request "
+                          "that long must fit the cache), as the cache holds {tokens:,} tokens: "
+                          "start it with --max-model-len {tokens:,} or less; C serves these "
+                          "requests as it would then",
     "kv": "C  KV cache: {gb:,.2f} GB ({memory_source}) = {tokens:,} tokens of {bytes:,} "
           "bytes; reserve: prompt + {max_output:,} output tokens each; paged: blocks of "
           "{block}{admission}",

@@ -181,7 +181,9 @@ TEXT_KO = {**SHARED_TEXT,
                    "기계에서 잰 비용과 실행을 비교한다: 조용한 기계에서 --experiments D를 다시 "
                    "돌리라",
     "verdict_machine_held": "D 동안 기계의 속도는 그대로였다: 비용을 재기 전부터 실행 뒤까지 "
-                            "천장 {bandwidth_moved:+.0%} (대역폭), {tflops_moved:+.0%} (행렬곱)",
+                            "천장 {bandwidth_moved:+.0%} (대역폭), {tflops_moved:+.0%} (행렬곱) "
+                            "(바뀜: 둘 다 한 방향으로 {share:.0%} 넘게, 또는 하나가 {alone:.0%} "
+                            "넘게)",
     "verdict_machine_moved": "D의 비용 측정과 실행 사이에 기계의 속도가 바뀌었다: 천장 "
                              "{bandwidth_moved:+.0%} (대역폭), {tflops_moved:+.0%} (행렬곱), "
                              "{share:.0%} 넘게: 이 판정은 C가 아니라 기계의 것이다",
@@ -230,6 +232,11 @@ TEXT_KO = {**SHARED_TEXT,
     "answer_arrivals_gamma": "형상 {burstiness:g}의 감마 도착",
     "answer_tie": " (어느 라우터보다 적거나 같다)",
     "answer_none": "답: 복제본 {n:,}개까지 어느 개수로도 감당하지 못한다",
+    "vllm_short_context": "C  vllm serve는 여기서 모델의 전체 컨텍스트 {context:,} 토큰 (기본 "
+                          "--max-model-len: 그만큼 긴 요청 하나가 캐시에 들어가야 함)으로는 "
+                          "시작하지 않습니다. 캐시가 {tokens:,} 토큰이므로 --max-model-len "
+                          "{tokens:,} 이하로 시작하세요; C는 그렇게 시작한 엔진처럼 이 요청들을 "
+                          "처리합니다",
     "kv": "C  KV 캐시: {gb:,.2f} GB ({memory_source}) = 토큰 {tokens:,}개 (토큰당 "
           "{bytes:,}바이트); 예약: 요청마다 질문 + 출력 {max_output:,}토큰; 페이지: "
           "{block}토큰 블록{admission}",

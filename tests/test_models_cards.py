@@ -205,6 +205,28 @@ def test_the_catalog_under_an_engine_profile(capsys, profile, rule):
                                                                     out.out)
 
 
+@pytest.mark.parametrize("model, card, profile, refuses", [
+    ("llama-3.1-8b", "rtx-4090", "vllm", True),    # 45,184 tokens of 131,072
+    ("llama-3.1-8b", "h100", "vllm", False),       # 428,880 tokens
+    ("llama-3.1-8b", "rtx-4090", "sglang", False)])  # (SGLang caps a request, and starts)
+def test_vllm_refusing_to_start_short_of_the_models_context_is_said(
+        tmp_path, capsys, model, card, profile, refuses):
+    """vLLM's check_enough_kv_cache_memory (vllm/v1/core/kv_cache_utils.py) stops the engine
+    where one request of max_model_len (by default the model's context) does not fit its KV
+    cache; C says so, and what --max-model-len would start it."""
+    results, out = run_main(["--experiments", "C", "--model", model, "--gpu", card,
+                             "--engine-profile", profile, "--requests", "40", "--no-figures",
+                             "--out", str(tmp_path)], capsys)
+    kv = results["C"]["kv"]
+    assert ("engine_refuses" in kv) == refuses
+    assert said("vllm serve would not start here", out.out) == refuses
+    if refuses:
+        tokens = kv["budget_tokens"]
+        assert kv["engine_refuses"] == {"kind": "vllm_short_context", "context": 131072,
+                                        "tokens": tokens} and 0 < tokens < 131072
+        assert said(f"start it with --max-model-len {tokens:,} or less", out.out)
+
+
 def test_the_catalogs_batch_1_price_of_llama_3_8b_on_an_h100_by_hand():
     # bf16 weights read once per step: 8,030,261,248 parameters less the token table
     # (128,256 x 4,096 = 525,336,576), whose one looked-up row (4,096) is all a step reads:

@@ -150,8 +150,10 @@ def test_a_type_far_behind_leaves_the_probe_and_float32_never_does(monkeypatch):
     # bfloat16 out at 8 rows (30x the fastest call), float16 at the prefill (6x float32's)
     assert [len(rounds[d]) for d in PROBE_DTYPES] == [3, 1, 2]
     assert ("bfloat16", 256) not in ran and ("float32", 256) in ran
-    # (at 8 rows: its warm call and PROBE_EARLY_ROUNDS timed ones, no more)
-    assert ran.count(("bfloat16", 8)) == (1 + PROBE_EARLY_ROUNDS) * 4  # (four weights a call)
+    # (at 8 rows: its warm call, PROBE_EARLY_ROUNDS timed ones and as many confirming, no
+    # more)
+    assert ran.count(("bfloat16", 8)) == (1 + 2 * PROBE_EARLY_ROUNDS) * 4  # (four weights a
+    # call)
     probe = choose_dtype(rounds, SHAPES)
     assert probe["vs_float32"]["bfloat16"] is None and probe["vs_float32"]["float16"] is None
     assert probe["chosen"] == "float32" and probe["margin"] is None
@@ -160,6 +162,22 @@ def test_a_type_far_behind_leaves_the_probe_and_float32_never_does(monkeypatch):
     rounds = probe_dtypes(64, SHAPES[:2])
     assert all(len(r) == 2 and all(len(ms) == PROBE_ROUNDS and min(ms) > 0 for ms in r)
                for d, r in rounds.items() if d == "float32")
+
+
+def test_other_work_slowing_a_types_first_calls_does_not_drop_it(monkeypatch):
+    """Contention over bfloat16's first two timed calls at every shape (10x: past PROBE_DROP):
+    the confirming rounds find it fast, it stays, and it is chosen; with the confirmation
+    left out (the two calls decide) it leaves, and float32 is chosen."""
+    table = {"float32": [2, 2, 2], "bfloat16": [1, 1, 1], "float16": [1.5, 1.5, 9]}
+    burst = {("bfloat16", s.rows, call): 10.0 for s in SHAPES for call in (2, 3)}
+    rounds, probe = probed(monkeypatch, table, burst=burst)
+    assert probe["chosen"] == "bfloat16" and len(rounds["bfloat16"]) == len(SHAPES)
+    assert all(len(ms) == PROBE_ROUNDS for ms in rounds["bfloat16"])
+    monkeypatch.undo()
+    monkeypatch.setattr(nn40.device, "far_behind", lambda ms, timed: [
+        name for name in timed if name != "float32"
+        and min(ms[name][:PROBE_EARLY_ROUNDS]) > 4 * min(min(v) for v in ms.values())])
+    assert probed(monkeypatch, table, burst=burst)[1]["chosen"] == "float32"
 
 
 def test_the_probe_times_the_shapes_the_run_makes():
