@@ -285,7 +285,7 @@ def who_waits(run, req, replica, budgets):
                           for name in ("sjf", "predicted")}))
     edges = [int(e) for e in np.quantile(req.output, [1 / 3, 2 / 3])]
     predicted = order_info(orders["predicted"], req.output, run.workload.seed)
-    info = {"requests": n, "slots": run.scheduler.slots, "scheduler": "continuous",
+    info = {"requests": n, "slots": base.slots, "scheduler": "continuous",
             "kv_policy": budget.policy if budget else None, "arrivals": arrivals(run),
             "guard_s": guard, "guard_source": source, "length_edges": edges,
             "sigma": predicted["sigma"], "kendall_tau": predicted["kendall_tau"]}

@@ -509,6 +509,8 @@ def test_a_logged_runs_replay_runs_as_the_run_ran(tmp_path, capsys):
                                                  "kv_tokens": 4096, "rate": "trace"}
     assert results["C"]["kv"]["budget_tokens"] == 4096
     assert said("C's: 7 slots, 64 tokens a step, 4,096 KV tokens", out.out)
+    assert results["C"]["who_waits"]["slots"] == 7  # (its study runs the same replica)
+    assert said("through continuous batching, 7 slots", out.out)
 
 
 def test_the_capacity_answer_counts_gpus_as_replicas_times_tp():
