@@ -33,7 +33,7 @@ from nn40.stages import stage_model
 from nn40.text import DESCRIPTION, EPILOG, USAGE
 from nn40.text_ko import TEXT
 from nn40.tiers import HOST_TIERS
-from nn40.workload import engine_settings, is_engine_run
+from nn40.workload import is_engine_run, read_run_meta
 
 
 class Goodput(argparse.Action):
@@ -398,7 +398,7 @@ def mode_config(args, argv):
         name, getattr(args, name), out=args.out, lang=args.lang, jobs=args.jobs,
         figures=args.figures, dpi=args.dpi, format=args.format, seed=args.seed,
         calibration=args.calibration, engine_profile=args.engine_profile,
-        settings=given_settings(args, argv) if name == "calibrate" else {},
+        kv_fraction=args.kv_fraction, settings=given_settings(args, argv) if name == "calibrate" else {},
         link_flags=link_flags(args), link_name=args.kv_link, link_gbs=args.kv_link_gbs,
         link_latency_us=args.kv_link_latency_us, layerwise=args.kv_layerwise,
         pp_micro_batches=args.pp_micro_batches, gpu_budget=args.gpu_budget or 4,
@@ -574,20 +574,35 @@ def serving_limits(run, args):
         slots, chunk, source = ENGINE_RULES[profile.rules].defaults(
             profile, stage_model(run.hardware.model, run.hardware.pp), GPUS[run.hardware.gpu],
             run.hardware.tp, run.hardware.ep, drafting)
-    logged = engine_settings(args.trace) if args.trace and is_engine_run(args.trace) else {}
-    if "max_num_seqs" in logged or "max_num_batched_tokens" in logged:
-        slots, chunk = logged.get("max_num_seqs", slots), logged.get("max_num_batched_tokens",
-                                                                     chunk)
-        source = "logged"
+    logged = logged_limits(run, args)
+    if logged.get("slots") and logged.get("chunk_tokens"):
+        slots, chunk, source = logged["slots"], logged["chunk_tokens"], "logged"
+    elif logged.get("slots") or logged.get("chunk_tokens"):
+        slots, chunk = logged.get("slots") or slots, logged.get("chunk_tokens") or chunk
+        source += "+logged"
     if args.slots or args.chunk_tokens:
         source = "flag" if args.slots and args.chunk_tokens else source + "+flag"
-    limits = {"serve_slots": args.slots or slots,
-              "serve_chunk_tokens": args.chunk_tokens or chunk, "serve_source": source}
+    return {"serve_slots": args.slots or slots, "serve_chunk_tokens": args.chunk_tokens or chunk,
+            "serve_source": source, "serve_kv_tokens": logged.get("kv_tokens"),
+            "serve_max_model_len": logged.get("max_model_len")}
+
+
+def logged_limits(run, args):
+    """A replayed vLLM log's own limits (its meta.json: read_run_meta): its seats, step budget
+    and context; its KV tokens where no flag sizes the cache and the run is on the log's card
+    and TP (another card's cache is another size). {} for any other trace."""
+    if not (args.trace and args.trace.endswith(".jsonl") and is_engine_run(args.trace)):
+        return {}
+    logged = read_run_meta(args.trace)
     sized = args.kv_tokens or args.kv_memory_gb or args.kv_fraction is not None or \
         args.prefill_replicas or searches_placements(args)  # (the pools size their own)
-    if logged.get("num_kv_tokens") and not sized:
-        limits["serve_kv_tokens"] = logged["num_kv_tokens"]
-    return limits
+    try:
+        same_card = named(logged.get("gpu") or "", "card") == run.hardware.gpu
+    except UsageError:  # (a card C does not name: not the run's)
+        same_card = False
+    if sized or not same_card or logged.get("tp", 1) != run.hardware.tp:
+        logged = {**logged, "kv_tokens": None}
+    return logged
 
 
 def speculation_fields(args, cfg):

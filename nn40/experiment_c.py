@@ -33,12 +33,15 @@ from nn40.workload import (
     arrival_times, is_engine_run, lognormal_lengths, random_stream, read_engine_run)
 
 
-def catalog(context=1024, batch=64, profile_name=DEFAULT_PROFILE):
+def catalog(context=1024, batch=64, profile_name=DEFAULT_PROFILE, kv_fraction=None):
     """Every named model on every named card, from the accounting alone: the weights, the KV
     bytes per token, the KV tokens that fit on one card (see card_kv_tokens), the batch from
     which a decode step reads more KV than weights, and C's price of a decode step at batch 1
-    and `batch` under an engine profile, every row holding `context` tokens."""
+    and `batch` under an engine profile (its memory fraction `kv_fraction` where given),
+    every row holding `context` tokens."""
     profile = engine_profile(profile_name)
+    if kv_fraction is not None:
+        profile = dataclasses.replace(profile, kv_fraction=kv_fraction)
     rows = []
     for name, cfg in MODELS.items():
         weights, per_token = weight_bytes(cfg), kv_bytes_per_token(cfg)

@@ -197,8 +197,10 @@ def run_placement_search(mode):
 
 def run_catalog(mode):
     """--catalog: every named model on every named card (the accounting alone) under
-    --engine-profile's rules and prices (else the default profile's); prints it."""
-    results = {"catalog": catalog(profile_name=mode.engine_profile or DEFAULT_PROFILE)}
+    --engine-profile's rules and prices (else the default profile's), at --kv-fraction where
+    given; prints it."""
+    results = {"catalog": catalog(profile_name=mode.engine_profile or DEFAULT_PROFILE,
+                                  kv_fraction=mode.kv_fraction)}
     print(fit_lines(catalog_table(TEXT[mode.lang], results["catalog"])))
     return results
 

@@ -5,7 +5,7 @@ import dataclasses
 import math
 
 from nn40.errors import UsageError, read_json
-from nn40.pricing import ENGINE_PROFILES, EngineProfile
+from nn40.pricing import ENGINE_PROFILES, ENGINE_RULES, EngineProfile
 
 
 def profile_named(text):
@@ -48,4 +48,11 @@ def read_profile_file(path):
         if not (isinstance(value, kind) if kind else number) or \
                 key.endswith("share") and not value > 0:
             raise UsageError(f"{path}: {key} {value!r} is not a value an engine profile takes")
+    rules = fields.get("rules", EngineProfile.rules)
+    if rules not in ENGINE_RULES:
+        raise UsageError(f"{path}: rules {rules!r} is not a KV rule C knows "
+                         f"({', '.join(ENGINE_RULES)})")
+    if fields.get("kv_fraction", 0.0) is None and rules != "sglang":
+        raise UsageError(f"{path}: kv_fraction null (the card's own default) is SGLang's rule "
+                         f"alone, not {rules}'s: give the fraction")
     return EngineProfile(**fields)

@@ -104,6 +104,21 @@ def work_of(sims):
     return Work(len(sims), sum(s["iterations"] for s in sims), sum(s["wall_s"] for s in sims))
 
 
+def vllm_refuses(run, tokens):
+    """Where vllm serve would not start with a cache of `tokens`: one request of max_model_len
+    (a logged run's, else the model's context) must fit it (vLLM's
+    check_enough_kv_cache_memory, vllm/v1/core/kv_cache_utils.py). -> its description, or
+    None (another engine's rules, no named card, or a cache of none: said elsewhere)."""
+    if not run.hardware.gpu or run_profile(run).rules != "vllm":
+        return None
+    context = run.scheduler.serve_max_model_len or run.hardware.model.max_positions
+    if not 0 < tokens < context:
+        return None
+    kind = "vllm_short_context" if run.scheduler.serve_max_model_len is None else \
+        "vllm_short_max_model_len"
+    return {"kind": kind, "context": context, "tokens": tokens}
+
+
 def kv_setup(run, req, device):
     """C's KV budgets, one per policy, checked against every request before anything runs.
     -> (the budget's description, the budgets every request fits); a policy a request does not
@@ -116,10 +131,9 @@ def kv_setup(run, req, device):
             "budget_tokens": max(int(memory_bytes // per_token), 0),
             "block_tokens": run.scheduler.block_tokens, "max_output": max_output,
             "watermark": run.scheduler.watermark, "unfit": {}, **host_tier(run, per_token)}
-    context = run.hardware.model.max_positions
-    if source.get("kind") == "memory_vllm" and 0 < info["budget_tokens"] < context:
-        info["engine_refuses"] = {"kind": "vllm_short_context", "context": context,
-                                  "tokens": info["budget_tokens"]}
+    refuses = vllm_refuses(run, info["budget_tokens"])
+    if refuses:
+        info["engine_refuses"] = refuses
     budgets = []
     for policy in run.scheduler.kv_policies:
         kv = KVBudget(policy, info["budget_tokens"], run.scheduler.block_tokens, max_output,

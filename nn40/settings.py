@@ -182,9 +182,11 @@ class SchedulerConfig:
     chunk_tokens: int = 512       # chunked prefill: tokens per step, decodes included
     serve_slots: int = None       # capacity, fleets, the rate sweep and a trace's replay: the
     serve_chunk_tokens: int = None  # engine's max_num_seqs and max_num_batched_tokens (see
-    serve_source: str = "post"    # serving_limits: "flag", the engine's defaults, or "post")
+    serve_source: str = "post"    # serving_limits: "flag", "logged", the engine's defaults, or
+    # "post", with "+logged" or "+flag" where those gave one of the two)
     serve_kv_tokens: int = None   # a logged run's KV cache in tokens (its meta.json's): C's
     # where no flag sizes it (D's pool is --kv-tokens alone)
+    serve_max_model_len: int = None  # a logged run's max_model_len (else the model's context)
     kv_fraction: float = None     # the engine's memory fraction, as its flag names it
     order: str = "fcfs"           # the waiting queue's order (see Order)
     predict_sigma: float = 0.8    # "predicted": log-normal error of the predicted lengths
@@ -349,7 +351,8 @@ class ModeConfig:
     settings      --calibrate: the run settings the command line states ({field: value})
     link_flags    the KV link's flags given; link_name, link_gbs, link_latency_us,
                   layerwise: their values
-    pp_micro_batches, gpu_budget, cluster, calibration, engine_profile, seed: their flags'
+    pp_micro_batches, gpu_budget, cluster, calibration, engine_profile, kv_fraction, seed:
+                  their flags'
     out, lang, jobs, figures, dpi, format: as the main run's
     """
     name: str
@@ -363,6 +366,7 @@ class ModeConfig:
     seed: int = LENGTH_SEED
     calibration: str = None
     engine_profile: str = None
+    kv_fraction: float = None
     settings: dict = dataclasses.field(default_factory=dict)
     link_flags: tuple = ()
     link_name: str = None

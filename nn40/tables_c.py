@@ -238,8 +238,8 @@ def serving_text(T, serving):
     """The seats and step budget an answer used, and where they came from."""
     source = serving["source"].split("+")
     return T["serving_limits"].format(slots=serving["slots"], chunk=serving["chunk_tokens"],
-                                      source=T["limits_" + source[0]] + (
-                                          T["limits_flag_too"] if len(source) > 1 else ""))
+                                      source=T["limits_" + source[0]] + "".join(
+                                          T[f"limits_{part}_too"] for part in source[1:]))
 
 
 def counted(T, n, noun):
@@ -450,7 +450,8 @@ def catalog_table(T, cat):
                                                   for key in ("decode_b1_ms", f"decode_b{b}_ms")}}
             for r in cat["rows"]]
     p = cat["profile"]
-    kv = T["catalog_kv_" + p["rules"]].format(**{**cat, **p})
+    rule = p["rules"] + ("_given" if p["rules"] == "sglang" and p["kv_fraction"] else "")
+    kv = T["catalog_kv_" + rule].format(**{**cat, **p})
     header = T["catalog"].format(**cat, **p, kv=kv, step_us=p["step_s"] * 1e6,
                                  layer_us=p["layer_s"] * 1e6)
     return "\n".join([header, spec_table(T, rows, [
@@ -517,14 +518,17 @@ def a_tables(T, results):
     if results["config"]["model"].get("experts"):  # (measured, and the routing's law)
         cols += [("experts_touched", ".1f"), ("experts_expected", ".1f"),
                  ("bytes_vs_1", ".2f"), ("dense_twin_ms", ".3f")]
-    rows = [[cell(T, r, k, f) for k, f in cols] for r in A["rows"]
-            if r["context"] == A["context"]]
+    shown = [r for r in A["rows"] if r["context"] == A["context"]]
+    rows = [[cell(T, r, k, f) for k, f in cols] for r in shown]
     post = results["config"]["model"].get("arch") == "post"
     out = [T["A_post" if post else "A"].format(**A), "\n".join(
-        [table(T, rows, [k for k, _ in cols])] + roofline_notes(T, results, A["rows"])
+        [table(T, rows, [k for k, _ in cols])] + roofline_notes(T, results, shown)
         + kernels_text(T, A))]
-    if len(A["contexts"]) > 1:
-        out += [T["A_contexts"].format(mode=T[A["modes"][-1]]), context_table(T, A)]
+    if len(A["contexts"]) > 1:  # (its starred cells' note under it)
+        few = [T["few_reps"].format(budget=results["config"]["time_budget_s"])] \
+            if any(r.get("few_reps") for r in A["rows"]) else []
+        out += [T["A_contexts"].format(mode=T[A["modes"][-1]]),
+                "\n".join([context_table(T, A)] + few)]
     return out
 
 

@@ -272,6 +272,7 @@ TEXT_EN = {**SHARED_TEXT,
     "limits_post": "the post's, as its table", "limits_flag": "the flags'",
     "limits_profile": "the engine profile's", "limits_flag_too": ", and a flag's",
     "limits_logged": "the logged run's own, as its meta.json says",
+    "limits_logged_too": ", and the logged run's",
     "limits_vllm_large": "vllm serve's defaults on a card of 70 GiB or more",
     "limits_vllm_small": "vllm serve's defaults on a card under 70 GiB or an A100",
     "limits_sglang": "SGLang's defaults for the card",
@@ -286,6 +287,10 @@ TEXT_EN = {**SHARED_TEXT,
                           "that long must fit the cache), as the cache holds {tokens:,} tokens: "
                           "start it with --max-model-len {tokens:,} or less; C serves these "
                           "requests as it would then",
+    "vllm_short_max_model_len": "C  vllm serve would not start here at the logged run's "
+                                "--max-model-len {context:,} (one request that long must fit "
+                                "the cache), as the cache holds {tokens:,} tokens; C serves "
+                                "these requests as if it had",
     "kv": "C  KV cache: {gb:,.2f} GB ({memory_source}) = {tokens:,} tokens of {bytes:,} "
           "bytes; reserve: prompt + {max_output:,} output tokens each; paged: blocks of "
           "{block}{admission}",
@@ -461,6 +466,8 @@ TEXT_EN = {**SHARED_TEXT,
                        "the card and the memory outside torch)",
     "catalog_kv_sglang": "KV tokens that fit by SGLang's rule (its mem_fraction_static for the "
                          "card, less the weights)",
+    "catalog_kv_sglang_given": "KV tokens that fit by SGLang's rule (mem_fraction_static "
+                               "{fraction:g} of the card's memory, less the weights)",
     "catalog": "every named model on every named card: {kv}; decode steps "
                "priced by the {name} profile ({bandwidth_share:.0%} of the card's bandwidth, "
                "{matmul_share:.0%} of its FLOP/s, {step_us:.0f} us a pass and {layer_us:.0f} us "

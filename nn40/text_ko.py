@@ -224,6 +224,7 @@ TEXT_KO = {**SHARED_TEXT,
     "limits_post": "글의 표와 같이", "limits_flag": "플래그대로",
     "limits_profile": "엔진 프로필대로", "limits_flag_too": ", 일부는 플래그대로",
     "limits_logged": "기록된 실행의 설정대로 (meta.json)",
+    "limits_logged_too": ", 일부는 기록된 실행대로",
     "limits_vllm_large": "70 GiB 이상 카드에서 vllm serve의 기본값",
     "limits_vllm_small": "70 GiB 미만 카드나 A100에서 vllm serve의 기본값",
     "limits_sglang": "카드에 맞춘 SGLang의 기본값",
@@ -237,6 +238,10 @@ TEXT_KO = {**SHARED_TEXT,
                           "시작하지 않습니다. 캐시가 {tokens:,} 토큰이므로 --max-model-len "
                           "{tokens:,} 이하로 시작하세요; C는 그렇게 시작한 엔진처럼 이 요청들을 "
                           "처리합니다",
+    "vllm_short_max_model_len": "C  vllm serve는 기록된 실행의 --max-model-len {context:,} "
+                                "(그만큼 긴 요청 하나가 캐시에 들어가야 함)으로는 여기서 "
+                                "시작하지 않습니다. 캐시가 {tokens:,} 토큰이기 때문입니다; C는 "
+                                "시작한 것처럼 이 요청들을 처리합니다",
     "kv": "C  KV 캐시: {gb:,.2f} GB ({memory_source}) = 토큰 {tokens:,}개 (토큰당 "
           "{bytes:,}바이트); 예약: 요청마다 질문 + 출력 {max_output:,}토큰; 페이지: "
           "{block}토큰 블록{admission}",
@@ -395,6 +400,8 @@ TEXT_KO = {**SHARED_TEXT,
                        "카드에서 vllm serve 기본 한도의 활성값, torch 밖 메모리를 뺀 값)",
     "catalog_kv_sglang": "SGLang의 규칙으로 들어가는 KV 토큰 (카드에 맞춘 mem_fraction_static에서 "
                          "가중치를 뺀 값)",
+    "catalog_kv_sglang_given": "SGLang의 규칙으로 들어가는 KV 토큰 (카드 메모리의 mem_fraction_static "
+                               "{fraction:g}에서 가중치를 뺀 값)",
     "catalog": "이름 있는 모든 모델을 이름 있는 모든 카드에: {kv}; 디코드 스텝은 {name} 프로파일로 값을 "
                "매기고 (대역폭의 {bandwidth_share:.0%}, FLOP/s의 {matmul_share:.0%}, 패스당 "
                "{step_us:.0f} us, 층당 {layer_us:.0f} us), 행마다 {context:,}토큰",

@@ -354,29 +354,41 @@ def read_engine_run(path, limit=None):
 
 
 def engine_settings(path):
-    """What meta.json beside a vLLM log says of the engine's batch and cache (else {})."""
-    meta = os.path.join(os.path.dirname(path), "meta.json")
-    try:
-        with open(meta, encoding="utf-8") as f:
-            info = json.load(f)
-        kw, kv = info.get("engine_kwargs", {}), info.get("kv_cache") or {}
-    except (OSError, ValueError, AttributeError):
+    """What meta.json beside a vLLM log says of the engine's batch and cache, as the engine
+    names them (see logged_meta; {} where there is none)."""
+    logged = logged_meta(path)
+    return {k: logged[k] for k in ("engine", "max_num_seqs", "max_num_batched_tokens",
+                                   "tensor_parallel_size", "num_kv_tokens", "prefix_caching")
+            if logged.get(k) is not None}
+
+
+def meta_section(info, key, meta):
+    """info[key], an object (a dict; {} where it is absent or null), else a one-line error."""
+    section = info.get(key)
+    if section is None:
         return {}
-    return {k: v for k, v in {"engine": f"vLLM {info.get('vllm_version', '')}".strip(),
-                              "max_num_seqs": kw.get("max_num_seqs"),
-                              "max_num_batched_tokens": kw.get("max_num_batched_tokens"),
-                              "tensor_parallel_size": kw.get("tensor_parallel_size"),
-                              "num_kv_tokens": kv.get("num_kv_tokens"),
-                              "prefix_caching": logged_prefix_caching(info)}.items()
-            if v is not None}
+    if not isinstance(section, dict):
+        raise UsageError(f"{meta}: {key} must be an object, not {section!r}")
+    return section
 
 
-def logged_prefix_caching(info):
+def meta_count(section, key, meta):
+    """section[key], a whole number of at least 1 (None where it is absent or null), else a
+    one-line error: the engine's seats, step budget, cards and cache are counts."""
+    value = section.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{meta}: {key} must be a whole number of at least 1, not {value!r}")
+    return value
+
+
+def logged_prefix_caching(info, meta):
     """Whether a vLLM run cached prefixes, as its meta.json says (its kv_cache record, else
     the resolved config's cache_config): "on", "off", or None where it does not say (vLLM v1
     defaults it on; the log cannot tell)."""
-    resolved = (info.get("resolved_config") or {}).get("cache_config") or {}
-    for said in ((info.get("kv_cache") or {}).get("enable_prefix_caching"),
+    resolved = meta_section(meta_section(info, "resolved_config", meta), "cache_config", meta)
+    for said in (meta_section(info, "kv_cache", meta).get("enable_prefix_caching"),
                  resolved.get("enable_prefix_caching")):
         if isinstance(said, bool):
             return "on" if said else "off"
@@ -432,26 +444,51 @@ def radix_cache(server):
     return None if not isinstance(said, bool) else "off" if said else "on"
 
 
-def read_run_meta(path):
-    """What LLMServingSim's meta.json beside a requests.jsonl says of the run: the model, the
-    card (its hardware record, else the folder's first word: RTXPRO6000_...), the engine's
-    parallelism, batch limits and KV tokens, and the date (else {})."""
+def logged_meta(path):
+    """LLMServingSim's meta.json beside a vLLM requests.jsonl, checked (a field C uses that is
+    not what vLLM writes is one line naming it), in vLLM's names: the version, the model, the
+    card (its hardware record), the engine's counts (None where not logged), whether it
+    cached prefixes, and the date ({} where there is no meta.json)."""
+    meta = os.path.join(os.path.dirname(path), "meta.json")
     try:
-        with open(os.path.join(os.path.dirname(path), "meta.json"), encoding="utf-8") as f:
+        with open(meta, encoding="utf-8") as f:
             info = json.load(f)
-        kw, kv = info.get("engine_kwargs") or {}, info.get("kv_cache") or {}
-        hardware = info.get("hardware") or {}
-    except (OSError, ValueError, AttributeError):
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise UsageError(f"cannot read {meta}: {e.strerror}")
+    except ValueError as e:
+        raise UsageError(f"{meta}: not JSON ({one_line(e)})")
+    if not isinstance(info, dict):
+        raise UsageError(f"{meta}: expected a JSON object")
+    kw, kv, hardware = (meta_section(info, key, meta)
+                        for key in ("engine_kwargs", "kv_cache", "hardware"))
+    return {"engine": f"vLLM {info.get('vllm_version', '')}".strip(),
+            "model": info.get("model") or kw.get("model"), "gpu": hardware.get("device_name"),
+            **{key: meta_count(kw, key, meta) for key in (
+                "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                "data_parallel_size", "max_model_len")},
+            "num_kv_tokens": meta_count(kv, "num_kv_tokens", meta),
+            "enable_expert_parallel": bool(kw.get("enable_expert_parallel")),
+            "prefix_caching": logged_prefix_caching(info, meta), "date": info.get("started_at")}
+
+
+def read_run_meta(path):
+    """What LLMServingSim's meta.json beside a requests.jsonl says of the run (logged_meta), in
+    C's names: the model, the card (its hardware record, else the folder's first word:
+    RTXPRO6000_...), the engine's parallelism, batch limits, context and KV tokens, whether it
+    cached prefixes, and the date ({} where there is no meta.json)."""
+    logged = logged_meta(path)
+    if not logged:
         return {}
     folder = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    return {"engine": f"vLLM {info.get('vllm_version', '')}".strip(),
-            "model": info.get("model") or kw.get("model"),
-            "gpu": hardware.get("device_name") or folder.split("_")[0],
-            "tp": kw.get("tensor_parallel_size") or 1, "dp": kw.get("data_parallel_size") or 1,
-            "expert_parallel": bool(kw.get("enable_expert_parallel")),
-            "slots": kw.get("max_num_seqs"), "chunk_tokens": kw.get("max_num_batched_tokens"),
-            "kv_tokens": kv.get("num_kv_tokens"), "date": info.get("started_at"),
-            "prefix_caching": logged_prefix_caching(info)}
+    return {"engine": logged["engine"], "model": logged["model"],
+            "gpu": logged["gpu"] or folder.split("_")[0],
+            "tp": logged["tensor_parallel_size"] or 1, "dp": logged["data_parallel_size"] or 1,
+            "expert_parallel": logged["enable_expert_parallel"],
+            "slots": logged["max_num_seqs"], "chunk_tokens": logged["max_num_batched_tokens"],
+            "kv_tokens": logged["num_kv_tokens"], "max_model_len": logged["max_model_len"],
+            "date": logged["date"], "prefix_caching": logged["prefix_caching"]}
 
 
 def arrival_times(n, rate, burstiness, rng):

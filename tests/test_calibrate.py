@@ -16,7 +16,6 @@ from nn40.cli import parse_args
 from nn40.config import GPUS, MODELS, PROJECT_DIR
 from nn40.kv import KVBudget
 from nn40.loop import simulate_serving
-from nn40.modes import cached_runs_text
 from nn40.names import NAME_ALIASES, find_name
 from nn40.pricing import ENGINE_PROFILES, card_costs, card_kv_tokens
 from nn40.profiles import engine_profile
@@ -379,9 +378,7 @@ def test_a_vllm_run_says_whether_it_cached_prefixes(tmp_path, meta, said):
     assert run.settings.get("prefix_caching") == said
     logged = read_engine_run(path)  # (the trace replay's reading of the same run)
     assert logged["settings"].get("prefix_caching") == said
-    assert cached_runs_text(TEXT["en"], [run_label(run)] if said == "on" else []) == (
-        [] if said != "on" else [TEXT["en"]["replay_cached"].format(
-            runs="RTX4090_Llama-3.1-8B_tp1")])
+    assert run_label(run) == "RTX4090_Llama-3.1-8B_tp1"
 
 
 @pytest.mark.parametrize("disable, said", [(False, "on"), (True, "off"), (None, None)])
@@ -415,12 +412,17 @@ def test_the_rtx_4090_run_cached_prefixes_and_the_superseded_one_does_not_say():
     ({"name": "x"}, "not an engine profile"),  # (its shares missing)
     ({"name": "x", "bandwidth_share": "0.5", "matmul_share": 0.5}, "bandwidth_share '0.5'"),
     ({"name": "x", "bandwidth_share": 0, "matmul_share": 0.5}, "bandwidth_share 0"),
-    ({"name": "x", "bandwidth_share": 0.5, "matmul_share": 0.5, "fused": 1}, "fused 1")])
-def test_a_profile_file_of_bad_values_is_refused_in_one_line(tmp_path, capsys, profile, why):
+    ({"name": "x", "bandwidth_share": 0.5, "matmul_share": 0.5, "fused": 1}, "fused 1"),
+    ({"name": "x", "bandwidth_share": 0.5, "matmul_share": 0.5, "rules": "foo"},
+     "rules 'foo' is not a KV rule"),
+    ({"name": "x", "bandwidth_share": 0.5, "matmul_share": 0.5, "kv_fraction": None},
+     "kv_fraction null")])
+@pytest.mark.parametrize("mode", [["--experiments", "C", "--gpu", "h100"], ["--catalog"]])
+def test_a_profile_file_of_bad_values_is_refused_in_one_line(tmp_path, capsys, profile, why,
+                                                             mode):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"profile": profile}))
-    expect_usage_error(["--experiments", "C", "--gpu", "h100", "--engine-profile", str(path)],
-                       capsys, why)
+    expect_usage_error(mode + ["--engine-profile", str(path)], capsys, why)
 
 
 def test_a_profile_file_is_read_as_it_is_now(tmp_path):

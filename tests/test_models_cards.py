@@ -11,7 +11,7 @@ from nn40.accounting import kv_bytes_per_token, kv_crossover_batch, param_count,
 from nn40.config import GPUS, MODELS, ModelConfig
 from nn40.experiment_c import catalog
 from nn40.model import RMSNorm, build_model, new_kv_cache, rope_frequencies, rotate
-from nn40.pricing import ENGINE_PROFILES, card_kv_tokens, measured
+from nn40.pricing import ENGINE_PROFILES, measured
 from test_cli import expect_usage_error, run_main, said
 
 
@@ -189,41 +189,42 @@ def test_the_catalog(capsys):
     assert said("does not fit", out.out) and said("H200 SXM", out.out)
 
 
-@pytest.mark.parametrize("profile, rule", [("vllm", "by vLLM's rule"),
-                                           ("sglang", "by SGLang's rule")])
-def test_the_catalog_under_an_engine_profile(capsys, profile, rule):
-    """--engine-profile sizes every card's cache by that engine's rule and prices its steps,
-    and the header says which rule (the default profile's 0.9 after 7 GB is another's)."""
-    results, out = run_main(["--catalog", "--engine-profile", profile], capsys)
+@pytest.mark.parametrize("flags, tokens, rule", [
+    # Llama-3.1-8B on an RTX 4090 (vLLM 0.19 logged 41,408 there: C is 9% over, README)
+    (["--engine-profile", "vllm"], 45_184, "by vLLM's rule (0.9 of the card's memory"),
+    # (0.1 of the card's 23.52 GiB less: 19,266 tokens of 131,072 bytes, to whole blocks)
+    (["--engine-profile", "vllm", "--kv-fraction", "0.8"], 25_920,
+     "by vLLM's rule (0.8 of the card's memory"),
+    (["--engine-profile", "sglang"], 36_592, "by SGLang's rule (its mem_fraction_static"),
+    ([], 15_039, "in 0.9 of the card's memory after the weights and 7 GB")])
+def test_the_catalog_under_an_engine_profile(capsys, flags, tokens, rule):
+    """--engine-profile sizes every card's cache by that engine's rule (at --kv-fraction where
+    given) and prices its steps, and the header says which rule."""
+    results, out = run_main(["--catalog"] + flags, capsys)
     by = {(r["model"], r["gpu"]): r for r in results["catalog"]["rows"]}
-    cfg, card = MODELS["llama-3.1-8b"], GPUS["rtx-4090"]
-    want = card_kv_tokens(cfg, card, ENGINE_PROFILES[profile])
-    assert by["llama-3.1-8b", "rtx-4090"]["kv_tokens"] == want
-    assert want != card_kv_tokens(cfg, card, ENGINE_PROFILES["tensorrt-llm"])
-    assert results["catalog"]["profile"]["name"] == profile
-    assert said(f"KV tokens that fit {rule}", out.out) and not said("after the weights and",
-                                                                    out.out)
+    assert by["llama-3.1-8b", "rtx-4090"]["kv_tokens"] == tokens
+    assert results["catalog"]["profile"]["name"] == (flags[1] if flags else "tensorrt-llm")
+    assert said(f"KV tokens that fit {rule}", out.out)
 
 
-@pytest.mark.parametrize("model, card, profile, refuses", [
-    ("llama-3.1-8b", "rtx-4090", "vllm", True),    # 45,184 tokens of 131,072
-    ("llama-3.1-8b", "h100", "vllm", False),       # 428,880 tokens
-    ("llama-3.1-8b", "rtx-4090", "sglang", False)])  # (SGLang caps a request, and starts)
+@pytest.mark.parametrize("card, flags, tokens", [
+    ("rtx-4090", ["--engine-profile", "vllm"], 45_184),  # of 131,072
+    ("h100", ["--engine-profile", "vllm"], None),  # 428,880 tokens
+    ("h100", ["--engine-profile", "vllm", "--kv-tokens", "20000"], 20_000),  # (its size given)
+    ("rtx-4090", ["--engine-profile", "sglang"], None)])  # (SGLang caps a request, and starts)
 def test_vllm_refusing_to_start_short_of_the_models_context_is_said(
-        tmp_path, capsys, model, card, profile, refuses):
+        tmp_path, capsys, card, flags, tokens):
     """vLLM's check_enough_kv_cache_memory (vllm/v1/core/kv_cache_utils.py) stops the engine
     where one request of max_model_len (by default the model's context) does not fit its KV
     cache; C says so, and what --max-model-len would start it."""
-    results, out = run_main(["--experiments", "C", "--model", model, "--gpu", card,
-                             "--engine-profile", profile, "--requests", "40", "--no-figures",
-                             "--out", str(tmp_path)], capsys)
+    results, out = run_main(["--experiments", "C", "--model", "llama-3.1-8b", "--gpu", card,
+                             "--requests", "40", "--no-figures", "--out", str(tmp_path)] + flags,
+                            capsys)
     kv = results["C"]["kv"]
-    assert ("engine_refuses" in kv) == refuses
-    assert said("vllm serve would not start here", out.out) == refuses
-    if refuses:
-        tokens = kv["budget_tokens"]
-        assert kv["engine_refuses"] == {"kind": "vllm_short_context", "context": 131072,
-                                        "tokens": tokens} and 0 < tokens < 131072
+    assert said("vllm serve would not start here", out.out) == bool(tokens)
+    assert kv.get("engine_refuses") == (tokens and {"kind": "vllm_short_context",
+                                                    "context": 131072, "tokens": tokens})
+    if tokens:
         assert said(f"start it with --max-model-len {tokens:,} or less", out.out)
 
 

@@ -22,7 +22,7 @@ from nn40.accounting import param_count, flops_and_bytes
 from nn40.cli import parse_args
 from nn40.config import MODELS, ModelConfig
 from nn40.device import (
-    DTYPE_PREFERENCE, LAYOUT_ROWS, PROBE_DTYPES, PROBE_EARLY_ROUNDS, PROBE_NOISE,
+    DTYPE_PREFERENCE, LAYOUT_ROWS, PROBE_DROP, PROBE_DTYPES, PROBE_EARLY_ROUNDS, PROBE_NOISE,
     PROBE_PREFILL_OUT, PROBE_ROUNDS, ProbeShape, VIEW_ELEMENTS_MAX, check_cuda_arch,
     choose_dtype, device_memory, fits, free_memory_bytes, interleaved_ms, kv_view_elements,
     out_of_memory, probe_dtypes, probe_layouts, probe_shapes, with_probed_dtype,
@@ -176,7 +176,7 @@ def test_other_work_slowing_a_types_first_calls_does_not_drop_it(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(nn40.device, "far_behind", lambda ms, timed: [
         name for name in timed if name != "float32"
-        and min(ms[name][:PROBE_EARLY_ROUNDS]) > 4 * min(min(v) for v in ms.values())])
+        and min(ms[name][:PROBE_EARLY_ROUNDS]) > PROBE_DROP * min(min(v) for v in ms.values())])
     assert probed(monkeypatch, table, burst=burst)[1]["chosen"] == "float32"
 
 

@@ -23,6 +23,7 @@ from nn40.pricing import (
 from nn40.published import (
     Published, max_load_tokens_per_s, predict_published, read_published, row_model, validate)
 from nn40.replicas import Replica
+from nn40.runs import vllm_refuses
 from nn40.tables_c import capacity_text
 from nn40.text_ko import TEXT
 from nn40.workload import Requests, read_engine_run
@@ -489,8 +490,10 @@ def test_a_logged_runs_replay_runs_as_the_run_ran(tmp_path, capsys):
     log.write_text("\n".join(json.dumps(r) for r in VLLM_LOG) + "\n")
     (tmp_path / "meta.json").write_text(json.dumps({
         "vllm_version": "0.19.0", "engine_kwargs": {"max_num_seqs": 7,
-                                                    "max_num_batched_tokens": 64},
-        "kv_cache": {"num_kv_tokens": 4096}}))
+                                                    "max_num_batched_tokens": 64,
+                                                    "max_model_len": 2048},
+        "kv_cache": {"num_kv_tokens": 4096},
+        "hardware": {"device_name": "NVIDIA GeForce RTX 4090"}}))
     flags = ["--experiments", "C", "--trace", str(log), "--rate", "trace", "--model",
              "llama-3.1-8b", "--gpu", "rtx-4090", "--engine-profile", "vllm"]
     run = parse_args(flags)
@@ -508,9 +511,64 @@ def test_a_logged_runs_replay_runs_as_the_run_ran(tmp_path, capsys):
     assert results["C"]["engine_run"]["run"] == {"slots": 7, "chunk_tokens": 64,
                                                  "kv_tokens": 4096, "rate": "trace"}
     assert results["C"]["kv"]["budget_tokens"] == 4096
+    assert "engine_refuses" not in results["C"]["kv"]  # (its 2,048-token context fits)
     assert said("C's: 7 slots, 64 tokens a step, 4,096 KV tokens", out.out)
+    short = parse_args(flags + ["--kv-tokens", "1024"])  # (under its context: it would not
+    assert vllm_refuses(short, 1024) == {"kind": "vllm_short_max_model_len",  # start)
+                                         "context": 2048, "tokens": 1024}
     assert results["C"]["who_waits"]["slots"] == 7  # (its study runs the same replica)
     assert said("through continuous batching, 7 slots", out.out)
+
+
+def logged_run(tmp_path, meta):
+    """VLLM_LOG as LLMServingSim keeps it, with this meta.json beside it. -> the log's path."""
+    log = tmp_path / "requests.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in VLLM_LOG) + "\n")
+    (tmp_path / "meta.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
+    return str(log)
+
+
+@pytest.mark.parametrize("meta, why", [
+    ({"kv_cache": {"num_kv_tokens": "4096"}}, "num_kv_tokens must be a whole number"),
+    ({"engine_kwargs": {"max_num_seqs": "8"}}, "max_num_seqs must be a whole number"),
+    ({"engine_kwargs": {"max_num_seqs": 0}}, "max_num_seqs must be a whole number"),
+    ({"engine_kwargs": {"max_num_seqs": -4}}, "max_num_seqs must be a whole number"),
+    ({"kv_cache": {"num_kv_tokens": True}}, "num_kv_tokens must be a whole number"),
+    ({"kv_cache": {"num_kv_tokens": 4096.7}}, "num_kv_tokens must be a whole number"),
+    ({"resolved_config": {"cache_config": [1]}}, "cache_config must be an object"),
+    ({"kv_cache": "x"}, "kv_cache must be an object"),
+    ([1, 2], "expected a JSON object"), ("{not json", "not JSON")])
+def test_a_logged_runs_odd_meta_json_is_one_line(tmp_path, capsys, meta, why):
+    """Its values set C's seats, step budget and cache: each checked as vLLM writes it (a count
+    of at least 1, an object), else one line naming the file and the field."""
+    log = logged_run(tmp_path, meta)
+    out = expect_usage_error(["--experiments", "C", "--trace", log, "--rate", "trace",
+                              "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--engine-profile",
+                              "vllm", "--no-figures", "--out", str(tmp_path / "out")], capsys, why)
+    assert "meta.json" in out
+    logged_run(tmp_path, {"engine_kwargs": None, "kv_cache": None})  # (null: nothing logged)
+    nothing = parse_args(["--experiments", "C", "--trace", log, "--gpu", "rtx-4090"]).scheduler
+    assert (nothing.serve_source, nothing.serve_kv_tokens) == ("profile", None)
+
+
+def test_the_logged_cache_is_the_runs_only_on_its_own_card_and_when_no_flag_sizes_it(tmp_path):
+    """The log's seats and step budget are its engine's settings; its KV tokens are its card's
+    and TP's cache: another card, another TP, or a flag that sizes the cache (tokens, memory,
+    the engine's fraction) leaves them out. A log that gives one limit of two says both
+    sources."""
+    log = logged_run(tmp_path, {"hardware": {"device_name": "NVIDIA GeForce RTX 4090"},
+                                "engine_kwargs": {"max_num_seqs": 7},
+                                "kv_cache": {"num_kv_tokens": 4096}})
+    base = ["--experiments", "C", "--trace", log, "--model", "llama-3.1-8b", "--engine-profile",
+            "vllm"]
+    mine = parse_args(base + ["--gpu", "rtx-4090"]).scheduler
+    assert (mine.serve_slots, mine.serve_chunk_tokens, mine.serve_kv_tokens) == (7, 2048, 4096)
+    assert mine.serve_source == "vllm_small+logged"
+    for other in (["--gpu", "h100"], ["--gpu", "rtx-4090", "--tp", "2"],
+                  ["--gpu", "rtx-4090", "--kv-memory-gb", "3"],
+                  ["--gpu", "rtx-4090", "--kv-fraction", "0.8"]):
+        scheduler = parse_args(base + other).scheduler
+        assert scheduler.serve_kv_tokens is None and scheduler.serve_slots == 7, other
 
 
 def test_the_capacity_answer_counts_gpus_as_replicas_times_tp():

@@ -117,7 +117,7 @@ def render_again(source, reference=RESULTS, readmes=READMES):
             old = path.read_text(encoding="utf-8")
             try:
                 new[path] = (old, refreshed(old, results, output))
-            except (KeyError, LookupError) as e:
+            except LookupError as e:  # (KeyError too: an excerpt with no such line)
                 raise LookupError(f"{path.name}: {str(e).strip(chr(34) + chr(39))}") from None
     if pathlib.Path(source).resolve() != pathlib.Path(reference).resolve():
         pathlib.Path(reference).write_text(text, encoding="utf-8")
