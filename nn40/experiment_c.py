@@ -18,7 +18,7 @@ from nn40.loop import simulate_serving
 from nn40.metrics import quantile_curve, serving_metrics, thin
 from nn40.placement import disaggregation_study
 from nn40.pricing import DEFAULT_PROFILE, card_costs, card_kv_tokens
-from nn40.profiles import engine_profile
+from nn40.profiles import engine_profile, profile_at
 from nn40.queues import ORDERS
 from nn40.replicas import SCHEDULERS
 from nn40.runs import (
@@ -39,9 +39,7 @@ def catalog(context=1024, batch=64, profile_name=DEFAULT_PROFILE, kv_fraction=No
     which a decode step reads more KV than weights, and C's price of a decode step at batch 1
     and `batch` under an engine profile (its memory fraction `kv_fraction` where given),
     every row holding `context` tokens."""
-    profile = engine_profile(profile_name)
-    if kv_fraction is not None:
-        profile = dataclasses.replace(profile, kv_fraction=kv_fraction)
+    profile = profile_at(profile_name, kv_fraction)
     rows = []
     for name, cfg in MODELS.items():
         weights, per_token = weight_bytes(cfg), kv_bytes_per_token(cfg)

@@ -69,12 +69,11 @@ def kv_budget_bytes(run, device, draft=NO_DRAFT):
     cache's (bytes of the model's own KV are returned)."""
     cfg = run.hardware.model
     weights = weight_bytes(cfg)
-    if run.scheduler.kv_tokens:
-        return run.scheduler.kv_tokens * kv_bytes_per_token(cfg), {"kind": "memory_tokens",
-                                                         "tokens": run.scheduler.kv_tokens}
-    if run.scheduler.serve_kv_tokens:  # (a logged run's own)
-        return run.scheduler.serve_kv_tokens * kv_bytes_per_token(cfg), {
-            "kind": "memory_logged", "tokens": run.scheduler.serve_kv_tokens}
+    tokens = run.scheduler.kv_tokens or run.scheduler.serve_kv_tokens  # (a flag's, a log's)
+    if tokens:
+        return tokens * kv_bytes_per_token(cfg), {
+            "kind": "memory_tokens" if run.scheduler.kv_tokens else "memory_logged",
+            "tokens": tokens}
     if run.scheduler.kv_memory_gb:
         return run.scheduler.kv_memory_gb * 1e9 / draft_scale(run, draft), {"kind": "memory_flag"}
     if run.hardware.gpu:  # (the card C plans for, whatever this machine has; tp of them)

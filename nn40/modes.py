@@ -94,8 +94,7 @@ def calibration_result(runs, start):
             "fields": list(CALIBRATE_FIELDS), "rows": rows,
             "runs": [{"path": r.path, "label": run_label(r), "kind": r.kind, "model": r.model,
                       "gpu": r.gpu, "tp": r.tp, "ep": r.ep, "replicas": r.replicas,
-                      "slots": r.slots,
-                      "chunk_tokens": r.chunk_tokens, "kv_tokens": r.kv_tokens,
+                      "slots": r.slots, "chunk_tokens": r.chunk_tokens, "kv_tokens": r.kv_tokens,
                       "requests": len(r.requests.output), "settings": r.settings,
                       "measured": r.measured} for r in runs]}
 

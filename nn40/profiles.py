@@ -20,11 +20,16 @@ def profile_named(text):
 
 
 def run_profile(run):
-    """The run's EngineProfile: --engine-profile's, with --kv-fraction (the engine's own
-    memory flag) where given."""
-    profile = engine_profile(run.hardware.engine_profile)
-    if run.scheduler.kv_fraction is not None:
-        profile = dataclasses.replace(profile, kv_fraction=run.scheduler.kv_fraction)
+    """The run's EngineProfile (see profile_at)."""
+    return profile_at(run.hardware.engine_profile, run.scheduler.kv_fraction)
+
+
+def profile_at(name, kv_fraction=None):
+    """--engine-profile's EngineProfile, with --kv-fraction (the engine's own memory flag)
+    where given: a run's, and the catalogue's."""
+    profile = engine_profile(name)
+    if kv_fraction is not None:
+        profile = dataclasses.replace(profile, kv_fraction=kv_fraction)
     return profile
 
 
